@@ -1,0 +1,45 @@
+"""Errors that reach the user, kept apart from bugs.
+
+An EdgetrainError is the user's to fix (or a budget the run did not meet); the CLI prints it as one
+line ``Error: <what> (<where>); <how to fix>`` and exits with its ``exit_code``. Any other exception is
+a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+
+class EdgetrainError(Exception):
+    """Base class: a failure the user can act on. Exit code 1: the run failed."""
+
+    exit_code = 1
+
+    def __init__(self, what: str, where: str | None = None, fix: str | None = None):
+        self.what = what
+        self.where = where
+        self.fix = fix
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        text = self.what
+        if self.where:
+            text += f" ({self.where})"
+        if self.fix:
+            text += f"; {self.fix}"
+        return text
+
+
+class RunFailed(EdgetrainError):
+    """The work itself failed (a child process crashed, a runtime refused the model). Exit 1."""
+
+    exit_code = 1
+
+
+class UsageError(EdgetrainError):
+    """Bad usage, configuration or input: a missing file, a wrong value, a model that does not fit. Exit 2."""
+
+    exit_code = 2
+
+
+class BudgetExceeded(EdgetrainError):
+    """The run finished but a budget or validation failed; artifacts and report are kept. Exit 3."""
+
+    exit_code = 3

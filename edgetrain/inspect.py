@@ -1,0 +1,45 @@
+"""What a MODEL reference (and optionally a DATA reference) resolves to: the check before real work."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class InspectResult:
+    model: str
+    kind: str
+    input_shape: list[int]
+    input_name: str
+    num_classes: int
+    parameters: int
+    random_weights: bool
+    preprocess: dict
+    notes: list[str] = field(default_factory=list)
+    data: dict | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def inspect(model_ref: str, data_ref: str | None = None, params: str | None = None,
+            input_shape: tuple[int, int, int] | None = None) -> InspectResult:
+    from .data import load_data
+    from .errors import UsageError
+    from .models import load_gluon
+
+    model = load_gluon(model_ref, params=params, input_shape=input_shape)
+    n_params = sum(int(p.data().size) for p in model.block.collect_params().values())
+    result = InspectResult(model_ref, model.ref.kind, [1, *model.preprocess.input_shape], model.preprocess.input_name,
+                           model.num_classes, n_params, model.random_weights, model.preprocess.to_dict(),
+                           list(model.notes))
+    if data_ref:
+        ds = load_data(data_ref, model.preprocess)
+        if ds.num_classes > model.num_classes:
+            raise UsageError(f"data has {ds.num_classes} classes but the model has {model.num_classes} outputs",
+                             data_ref, "fine-tune the model on this data first (edgetrain finetune)")
+        sample = ds.batch([0])
+        counts = {name: int((ds.labels == i).sum()) for i, name in enumerate(ds.class_names)}
+        result.data = {"source": data_ref, "samples": len(ds), "classes": ds.class_names, "per_class": counts,
+                       "skipped_files": ds.skipped, "sample_shape": list(sample.shape),
+                       "sample_mean": float(sample.mean()), "sample_std": float(sample.std()), "notes": ds.notes}
+    return result

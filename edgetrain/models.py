@@ -1,0 +1,318 @@
+"""MODEL references -> Gluon blocks or ONNX files, each with the preprocessing it expects.
+
+A MODEL is ``PREFIX`` (PREFIX-symbol.json + PREFIX-NNNN.params from ``HybridBlock.export``),
+``zoo:NAME`` (Gluon model zoo; random weights unless ``params`` is given), ``pkg.module:function``
+(a factory returning a Block; trusted code only) or a ``.onnx`` file where a command takes one.
+Parsing a reference imports nothing heavy; loading one imports mxnet (or onnx).
+"""
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UsageError
+from .preprocess import Preprocess, default_for_shape, read_sidecar, sidecar_path, sidecar_text
+
+ZOO_PREFIX = "zoo:"
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_PARAMS_EPOCH = re.compile(r"-(\d{4})\.params$")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    kind: str  # "prefix" | "zoo" | "factory" | "onnx"
+    text: str
+    prefix: Path | None = None
+    symbol_file: Path | None = None
+    params_file: Path | None = None
+    onnx_file: Path | None = None
+    zoo_name: str | None = None
+    factory: str | None = None
+
+
+@dataclass
+class GluonModel:
+    """A loaded Gluon block ready to run, with what it expects as input."""
+
+    block: object  # mxnet.gluon.HybridBlock
+    ref: ModelRef
+    preprocess: Preprocess
+    num_classes: int
+    random_weights: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        import mxnet as mx
+
+        out = self.block(mx.nd.array(x, dtype="float32"))
+        if isinstance(out, (list, tuple)):
+            out = out[0]
+        return out.asnumpy()
+
+
+def parse_model_ref(text: str, accept_onnx: bool = False, where: str = "MODEL") -> ModelRef:
+    """Classify a MODEL reference and check its files exist; nothing heavy is imported."""
+    text = str(text)
+    if text.startswith(ZOO_PREFIX):
+        name = text[len(ZOO_PREFIX):]
+        if not name:
+            raise UsageError("empty model zoo name", where, "write zoo:NAME, e.g. zoo:mobilenetv2_1.0")
+        return ModelRef("zoo", text, zoo_name=name)
+    if text.lower().endswith(".onnx"):
+        path = Path(text)
+        if not accept_onnx:
+            raise UsageError("this command takes a Gluon model, not an ONNX file", text,
+                             "pass the PREFIX, zoo:NAME or pkg.module:function the ONNX file came from")
+        if not path.is_file():
+            raise UsageError("ONNX file not found", text, "check the path")
+        return ModelRef("onnx", text, onnx_file=path)
+    if _FACTORY.match(text) and not Path(text).exists():
+        return ModelRef("factory", text, factory=text)
+    return _parse_prefix(text, where)
+
+
+def _parse_prefix(text: str, where: str) -> ModelRef:
+    prefix = Path(text)
+    for suffix in ("-symbol.json", ".params"):  # accept the symbol or params file given by mistake
+        if text.endswith(suffix):
+            prefix = Path(_PARAMS_EPOCH.sub("", text) if suffix == ".params" else text[: -len(suffix)])
+    symbol = Path(f"{prefix}-symbol.json")
+    if not symbol.is_file():
+        raise UsageError(f"model not found: no {symbol.name}", str(symbol.parent),
+                         "give PREFIX as written by HybridBlock.export (PREFIX-symbol.json + PREFIX-0000.params), "
+                         "zoo:NAME or pkg.module:function")
+    candidates = sorted(symbol.parent.glob(f"{prefix.name}-[0-9][0-9][0-9][0-9].params"))
+    if not candidates:
+        raise UsageError(f"model weights not found: no {prefix.name}-NNNN.params", str(symbol.parent),
+                         "export the model with its parameters (HybridBlock.export)")
+    return ModelRef("prefix", text, prefix=prefix, symbol_file=symbol, params_file=candidates[-1])
+
+
+def load_gluon(text: str, params: str | None = None, input_shape: tuple[int, int, int] | None = None,
+               hybridize: bool = True) -> GluonModel:
+    """Load a MODEL reference as a Gluon block and check it runs on its input shape."""
+    ref = parse_model_ref(text)
+    if ref.kind == "prefix":
+        model = _load_prefix(ref, input_shape)
+    elif ref.kind == "zoo":
+        model = _load_zoo(ref, params, input_shape)
+    else:
+        model = _load_factory(ref, params, input_shape)
+    if hybridize:
+        model.block.hybridize()
+    model.num_classes = _check_runs(model)
+    if model.preprocess.class_names is not None and len(model.preprocess.class_names) != model.num_classes:
+        model.notes.append(f"recorded {len(model.preprocess.class_names)} class names but the model has "
+                           f"{model.num_classes} outputs; class names dropped")
+        model.preprocess = model.preprocess.with_classes(None)
+    return model
+
+
+def _mx_error(exc: Exception) -> str:
+    """The informative line of an MXNetError (which embeds a C++ stack trace in its text)."""
+    skip = ("Traceback", "File ", "Stack trace", "[bt]", "  ")
+    lines = [ln.strip() for ln in str(exc).splitlines()
+             if ln.strip() and not ln.startswith(skip) and not ln.strip().startswith(skip)]
+    text = lines[0] if lines else type(exc).__name__
+    return text.replace("MXNetError: ", "")[:300]
+
+
+def _load_prefix(ref: ModelRef, input_shape) -> GluonModel:
+    import mxnet as mx
+    from mxnet import gluon
+
+    pre = read_sidecar(ref.prefix)
+    try:
+        sym = mx.sym.load(str(ref.symbol_file))
+    except Exception as exc:  # MXNetError or json errors: the file is not a symbol
+        raise UsageError(f"cannot read the symbol file: {_mx_error(exc)}", str(ref.symbol_file),
+                         "re-export the model with HybridBlock.export") from None
+    try:
+        saved = mx.nd.load(str(ref.params_file))
+    except Exception as exc:
+        raise UsageError(f"cannot read the params file (corrupt or truncated): {_mx_error(exc)}",
+                         str(ref.params_file), "re-export the model or restore the file") from None
+    names = {k.split(":", 1)[-1] for k in saved} if isinstance(saved, dict) else set()
+    inputs = [n for n in sym.list_inputs() if n not in names]
+    if len(inputs) != 1:
+        missing = ", ".join(inputs[:5])
+        raise UsageError(f"params file does not match the symbol: {len(inputs)} inputs have no weights "
+                         f"({missing})", str(ref.params_file),
+                         "use the params file exported together with this symbol")
+    unused = names - set(sym.list_inputs())
+    if unused:
+        raise UsageError(f"params file does not match the symbol: {len(unused)} weights the symbol does not use "
+                         f"(e.g. {sorted(unused)[0]})", str(ref.params_file),
+                         "use the params file exported together with this symbol")
+    if pre is None:
+        pre = default_for_shape(input_shape or (3, 224, 224))
+    elif input_shape and tuple(input_shape) != pre.input_shape:
+        pre = pre.with_shape(input_shape)
+    if pre.input_name != inputs[0]:
+        pre = Preprocess(**{**pre.__dict__, "input_name": inputs[0]})
+    try:
+        with _quiet_warnings():
+            block = gluon.SymbolBlock.imports(str(ref.symbol_file), [inputs[0]], str(ref.params_file))
+    except Exception as exc:
+        raise UsageError(f"params file does not match the symbol: {_mx_error(exc)}", str(ref.params_file),
+                         "use the params file exported together with this symbol") from None
+    return GluonModel(block, ref, pre, num_classes=0)
+
+
+def _load_zoo(ref: ModelRef, params, input_shape) -> GluonModel:
+    from mxnet.gluon.model_zoo import vision
+
+    name = ref.zoo_name
+    try:
+        block = vision.get_model(name.lower(), pretrained=False)
+    except ValueError as exc:  # get_model lists the names it knows in its message
+        known = [ln.strip() for ln in str(exc).splitlines()[1:] if ln.strip()]
+        close = [k for k in known if k.startswith(name.lower()[:4])][:6] or known[:6]
+        raise UsageError(f"unknown model zoo name '{name}'", ref.text,
+                         f"try one of: {', '.join(close)} ({len(known)} names in all)") from None
+    default = (3, 299, 299) if "inception" in name.lower() else (3, 224, 224)
+    pre = default_for_shape(tuple(input_shape or default))
+    if params:
+        _load_params(block, params)
+        return GluonModel(block, ref, pre, num_classes=0)
+    block.initialize()
+    return GluonModel(block, ref, pre, num_classes=0, random_weights=True,
+                      notes=["random weights (no --params given)"])
+
+
+def _load_factory(ref: ModelRef, params, input_shape) -> GluonModel:
+    from mxnet import gluon
+
+    module_name, func_name = ref.factory.split(":")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # a factory in the user's working folder
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import module '{module_name}': {exc}", ref.text,
+                         "check the module is importable from here (PYTHONPATH)") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise UsageError(f"module '{module_name}' has no function '{func_name}'", ref.text, "check the name")
+    import inspect
+
+    try:
+        inspect.signature(func).bind()
+    except TypeError:
+        raise UsageError(f"factory '{func_name}' cannot be called without arguments", ref.text,
+                         "give every parameter a default, or wrap it in a function that takes none") from None
+    except ValueError:  # builtins without a signature: just call them
+        pass
+    block = func()
+    if not isinstance(block, gluon.HybridBlock):
+        kind = "a Block that cannot be hybridized" if isinstance(block, gluon.Block) else type(block).__name__
+        raise UsageError(f"factory returned {kind}, not a gluon.HybridBlock", ref.text,
+                         "return a HybridBlock (HybridSequential, a model zoo network, ...)")
+    pre = getattr(block, "edgetrain_preprocess", None)
+    pre = Preprocess.from_dict(pre, ref.text) if isinstance(pre, dict) else default_for_shape(input_shape or (3, 224, 224))
+    if input_shape and tuple(input_shape) != pre.input_shape:
+        pre = pre.with_shape(input_shape)
+    if params:
+        _load_params(block, params)
+        return GluonModel(block, ref, pre, num_classes=0)
+    uninitialised = [p for p in block.collect_params().values() if p._data is None and not p._deferred_init]
+    if uninitialised:
+        block.initialize()
+        return GluonModel(block, ref, pre, num_classes=0, random_weights=True,
+                          notes=["random weights (factory returned an uninitialised block; no --params given)"])
+    return GluonModel(block, ref, pre, num_classes=0)
+
+
+def _load_params(block, params: str) -> None:
+    path = Path(params)
+    if not path.is_file():
+        raise UsageError("params file not found", params, "check the path")
+    try:
+        block.load_parameters(str(path))
+    except Exception as exc:
+        raise UsageError(f"params file does not match the model: {_mx_error(exc)}", params,
+                         "use the params saved from this architecture (save_parameters)") from None
+
+
+def _check_runs(model: GluonModel) -> int:
+    """Run one zero batch: proves the shape fits and gives the number of outputs (classes)."""
+    x = np.zeros(model.preprocess.batch_shape(1), dtype="float32")
+    try:
+        y = model.predict(x)
+    except Exception as exc:
+        raise UsageError(f"input shape {','.join(map(str, model.preprocess.batch_shape(1)))} does not fit the "
+                         f"model: {_mx_error(exc)}", model.ref.text,
+                         "pass the shape the model was built for with --input-shape") from None
+    if y.ndim != 2:
+        raise UsageError(f"model output has shape {y.shape}; edgetrain expects (batch, classes)", model.ref.text,
+                         "use an image-classification model")
+    return int(y.shape[1])
+
+
+class _quiet_warnings:
+    def __enter__(self):
+        import warnings
+
+        self._cm = warnings.catch_warnings()
+        self._cm.__enter__()
+        warnings.simplefilter("ignore")
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+def save_prefix(model: GluonModel, prefix: str | Path, extra: dict | None = None) -> dict[str, Path]:
+    """Write ``PREFIX-symbol.json``, ``PREFIX-0000.params`` and the preprocessing record, each atomically."""
+    import tempfile
+
+    from .fileio import atomic_path, check_output_path
+
+    prefix = Path(prefix)
+    check_output_path(Path(f"{prefix}-symbol.json"), "model")
+    with tempfile.TemporaryDirectory(dir=prefix.parent, prefix=f".{prefix.name}.") as tmp:
+        tmp_prefix = Path(tmp) / "model"
+        model.block.hybridize()
+        model.predict(np.zeros(model.preprocess.batch_shape(1), dtype="float32"))
+        model.block.export(str(tmp_prefix), epoch=0)
+        out = {"symbol": Path(f"{prefix}-symbol.json"), "params": Path(f"{prefix}-0000.params"),
+               "preprocess": sidecar_path(prefix)}
+        for key, src in (("symbol", Path(f"{tmp_prefix}-symbol.json")), ("params", Path(f"{tmp_prefix}-0000.params"))):
+            with atomic_path(out[key], "model") as dst:
+                dst.write_bytes(src.read_bytes())
+        with atomic_path(out["preprocess"], "model") as dst:
+            dst.write_text(sidecar_text(model.preprocess, extra), encoding="utf-8")
+    return out
+
+
+@dataclass
+class OnnxModel:
+    path: Path
+    proto: object  # onnx.ModelProto
+    preprocess: Preprocess | None
+    metadata: dict
+
+
+def load_onnx(path: str | Path) -> OnnxModel:
+    """Read an ONNX file and the edgetrain preprocessing stored in its metadata_props (if any)."""
+    import json
+
+    import onnx
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError("ONNX file not found", str(path), "check the path")
+    try:
+        proto = onnx.load(str(path))
+    except Exception as exc:
+        raise UsageError(f"not a readable ONNX model: {str(exc).splitlines()[0][:200]}", str(path),
+                         "export it again") from None
+    meta = {p.key: p.value for p in proto.metadata_props}
+    pre = None
+    if "edgetrain.preprocess" in meta:
+        pre = Preprocess.from_dict(json.loads(meta["edgetrain.preprocess"]), f"{path} metadata")
+    return OnnxModel(path, proto, pre, meta)

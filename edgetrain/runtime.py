@@ -1,0 +1,75 @@
+"""Thread caps and environment, applied before mxnet or onnxruntime is imported.
+
+OpenMP, OpenBLAS and MXNet's engine read their thread variables once, when the library loads, so
+``apply_threads`` must run before the first heavy import; after that it can only refuse.
+ONNX Runtime takes its cap per session: ``ort_session_options`` builds options that honour it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+_threads: int | None = None
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The environment variables that cap every pool to ``threads``."""
+    n = str(threads)
+    return {
+        "OMP_NUM_THREADS": n,           # OpenMP: MXNet operators, OpenBLAS's OpenMP build
+        "OPENBLAS_NUM_THREADS": n,
+        "MKL_NUM_THREADS": n,
+        "MXNET_OMP_MAX_THREADS": n,     # MXNet's own ceiling on the OpenMP pool
+        "MXNET_CPU_WORKER_NTHREADS": "1",   # engine workers that run ops; each op uses the OMP pool
+        "MXNET_CPU_PRIORITY_NTHREADS": "1",
+        "MXNET_MP_WORKER_NTHREADS": "1",
+    }
+
+
+def apply_threads(threads: int | None) -> int:
+    """Cap all thread pools to ``threads`` (None: leave them as they are) and return the cap in force."""
+    global _threads
+    if threads is None:
+        return current_threads()
+    if threads < 1:
+        from .errors import UsageError
+        raise UsageError(f"--threads must be at least 1, got {threads}", "--threads", "pass a positive count")
+    if "mxnet" in sys.modules and _threads != threads:
+        # ONNX Runtime takes the cap per session, but MXNet's pools are sized at import.
+        raise RuntimeError(f"thread cap {threads} requested after mxnet was imported; "
+                           "apply_threads must run before the first heavy import")
+    os.environ.update(thread_env(threads))
+    _threads = threads
+    return threads
+
+
+def current_threads() -> int:
+    """The cap in force: the one applied here, else OMP_NUM_THREADS, else the usable cores."""
+    if _threads is not None:
+        return _threads
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return usable_cores()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def ort_session_options(threads: int | None = None, optimize: bool = True):
+    """ONNX Runtime session options with the thread cap applied (intra-op threads, sequential)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or current_threads()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # ORT's own spinning workers burn a core after each run; on a battery-powered board that is waste.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                     else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    return opts

@@ -1,0 +1,38 @@
+"""Running the CLI as a real child process and checking its user-facing errors."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    def json(self):
+        return json.loads(self.out)
+
+
+def run_edgetrain(*args, cwd=None, env=None, timeout=600) -> CliResult:
+    """Run `python -m edgetrain ARGS` as a real child process, as a user would."""
+    full_env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-m", "edgetrain", *map(str, args)], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def assert_user_error(res: CliResult, code: int, *fragments: str) -> None:
+    """A user's error: the given exit code, one `Error:` line on stderr, no traceback."""
+    assert res.code == code, f"exit {res.code}, expected {code}\nstdout:{res.out}\nstderr:{res.err}"
+    lines = [ln for ln in res.err.strip().splitlines() if ln.strip()]
+    assert "Traceback" not in res.err, res.err
+    error_lines = [ln for ln in lines if ln.startswith("Error:")]
+    assert len(error_lines) == 1, res.err
+    for frag in fragments:
+        assert frag in error_lines[0], f"{frag!r} not in {error_lines[0]!r}"

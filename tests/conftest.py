@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny models built in code, real image files, and a CLI runner in a child process."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clitools import run_edgetrain
+
+
+@pytest.fixture
+def cli():
+    return run_edgetrain
+
+
+@pytest.fixture(scope="session")
+def tiny_prefix(tmp_path_factory) -> Path:
+    """A small digits CNN with random weights, exported as PREFIX (symbol.json + params + preprocessing)."""
+    from edgetrain.models import load_gluon, save_prefix
+
+    folder = tmp_path_factory.mktemp("tiny")
+    model = load_gluon("edgetrain.nets:digits_cnn")
+    save_prefix(model, folder / "digits")
+    return folder / "digits"
+
+
+@pytest.fixture(scope="session")
+def digits_folder(tmp_path_factory) -> Path:
+    """A real image folder: 3 digit classes as PNG (grayscale) and JPEG (colour), plus a stray text file."""
+    from PIL import Image
+
+    from edgetrain.data import load_data
+    from edgetrain.preprocess import default_for_shape
+
+    root = tmp_path_factory.mktemp("images")
+    ds = load_data("builtin:digits", default_for_shape((1, 8, 8)))
+    for cls in (0, 1, 2):
+        (root / f"digit{cls}").mkdir()
+        idx = np.flatnonzero(ds.labels == cls)[:12]
+        for k, i in enumerate(idx):
+            pix = (ds._raw(int(i))[..., 0] * 255).astype(np.uint8)
+            img = Image.fromarray(pix, mode="L").resize((24, 24))
+            if k % 2:
+                img.convert("RGB").save(root / f"digit{cls}" / f"{k}.jpg", quality=95)
+            else:
+                img.save(root / f"digit{cls}" / f"{k}.png")
+    (root / "digit0" / "notes.txt").write_text("not an image")
+    return root

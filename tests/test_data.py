@@ -1,0 +1,99 @@
+"""DATA references: image folders, .npz and builtin:digits, preprocessed for the model."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgetrain.data import load_data
+from edgetrain.errors import UsageError
+from edgetrain.preprocess import Preprocess, default_for_shape
+
+
+def test_builtin_digits_is_the_real_uci_set():
+    ds = load_data("builtin:digits", default_for_shape((1, 8, 8)))
+    assert len(ds) == 1797 and ds.num_classes == 10
+    assert np.bincount(ds.labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    x = ds.batch([0])
+    # first sample of the UCI test set is a zero: its centre column is dark, its ring bright
+    raw = ds._raw(0)[..., 0]
+    assert 0.5 < raw.max() <= 1.0 and raw[3, 3] < raw[3, 2]
+    assert x.shape == (1, 1, 8, 8)
+
+
+def test_digits_resized_to_colour_model_input():
+    pre = default_for_shape((3, 32, 32))
+    x = load_data("builtin:digits", pre).batch([0, 5])
+    assert x.shape == (2, 3, 32, 32)
+    np.testing.assert_allclose(x[:, 0] * 0.229 + 0.485, x[:, 1] * 0.224 + 0.456, atol=1e-5)
+
+
+def test_image_folder_mixed_formats_and_non_images(digits_folder):
+    ds = load_data(str(digits_folder), default_for_shape((3, 16, 16)))
+    assert ds.class_names == ["digit0", "digit1", "digit2"]
+    assert len(ds) == 36 and ds.skipped == 1
+    assert ds.batch(np.arange(36)).shape == (36, 3, 16, 16)
+    gray = load_data(str(digits_folder), default_for_shape((1, 16, 16))).batch([1])  # a JPEG stored as RGB
+    assert gray.shape == (1, 1, 16, 16)
+
+
+def test_folder_errors(tmp_path):
+    pre = default_for_shape((3, 8, 8))
+    with pytest.raises(UsageError, match="no class sub-folders"):
+        load_data(str(tmp_path), pre)
+    (tmp_path / "only").mkdir()
+    with pytest.raises(UsageError, match="1 class"):
+        load_data(str(tmp_path), pre)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x.txt").write_text("hello")
+    with pytest.raises(UsageError, match="no readable images"):
+        load_data(str(tmp_path), pre)
+
+
+def test_npz_layouts_and_class_names(tmp_path):
+    rng = np.random.RandomState(0)
+    f = tmp_path / "d.npz"
+    np.savez(f, data=rng.randint(0, 255, (6, 3, 10, 10)).astype(np.uint8), label=np.array([0, 1, 2, 0, 1, 2]),
+             class_names=np.array(["cat", "dog", "owl"]))
+    ds = load_data(str(f), default_for_shape((3, 10, 10)))
+    assert ds.class_names == ["cat", "dog", "owl"]
+    assert ds.batch([0]).shape == (1, 3, 10, 10)
+
+
+@pytest.mark.parametrize("arrays, fragment", [
+    ({"data": np.zeros((4, 8, 8))}, "no 'label'"),
+    ({"data": np.zeros((4, 8, 8)), "label": np.array([0, 1, 0])}, "4 samples but 'label' has 3"),
+    ({"data": np.zeros((4, 8, 8)), "label": np.zeros(4)}, "1-D integer array"),
+    ({"data": np.zeros((4, 8, 8)), "label": np.zeros(4, int)}, "1 class"),
+    ({"data": np.zeros((4, 2, 2, 2, 2)), "label": np.array([0, 1, 0, 1])}, "expected images"),
+])
+def test_npz_errors(tmp_path, arrays, fragment):
+    f = tmp_path / "bad.npz"
+    np.savez(f, **arrays)
+    with pytest.raises(UsageError, match=fragment):
+        load_data(str(f), default_for_shape((1, 8, 8)))
+
+
+def test_npz_with_objects_is_never_unpickled(tmp_path):
+    f = tmp_path / "evil.npz"
+    np.savez(f, data=np.array([{"a": 1}], dtype=object), label=np.array([0]))
+    with pytest.raises(UsageError, match="never unpickles"):
+        load_data(str(f), default_for_shape((1, 8, 8)))
+
+
+def test_split_is_stratified_and_disjoint():
+    ds = load_data("builtin:digits", default_for_shape((1, 8, 8)))
+    train, val = ds.split(0.2, seed=1)
+    assert len(train) + len(val) == len(ds)
+    assert set(np.unique(val.labels)) == set(range(10))
+    assert not set(train._index) & set(val._index)
+
+
+def test_bad_references(tmp_path):
+    pre = default_for_shape((1, 8, 8))
+    with pytest.raises(UsageError, match="unknown built-in"):
+        load_data("builtin:mnist", pre)
+    with pytest.raises(UsageError, match="data not found"):
+        load_data(str(tmp_path / "missing"), pre)
+    (tmp_path / "x.csv").write_text("1,2")
+    with pytest.raises(UsageError, match="unsupported data file"):
+        load_data(str(tmp_path / "x.csv"), pre)
