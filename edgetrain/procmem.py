@@ -1,0 +1,37 @@
+"""Resident memory of this process, read from /proc (Linux): current RSS and its peak (VmHWM)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+_STATUS = Path("/proc/self/status")
+
+
+def _status_kb(field: str, status: Path = _STATUS) -> int | None:
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def rss_mb(pid: int | None = None) -> float | None:
+    """Current resident set size in MiB (None where /proc is not available)."""
+    kb = _status_kb("VmRSS", Path(f"/proc/{pid}/status") if pid else _STATUS)
+    return kb / 1024 if kb is not None else None
+
+
+def peak_rss_mb(pid: int | None = None) -> float | None:
+    """Peak resident set size (VmHWM) in MiB since the process started or the last reset."""
+    kb = _status_kb("VmHWM", Path(f"/proc/{pid}/status") if pid else _STATUS)
+    return kb / 1024 if kb is not None else None
+
+
+def reset_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs). False if not permitted."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
