@@ -1,0 +1,474 @@
+"""`edgetrain doctor`: check the installation, say what is wrong and how to fix it.
+
+Every library that can fail to load (numpy, mxnet, onnx, onnxruntime) is imported in a child process,
+so a missing shared library (the aarch64 mxnet wheel's ArmPL), a crash in native code (onnxruntime's
+CPU detection under emulation) or a wrong version is reported instead of taking doctor down with it.
+The parent imports none of them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import runtime
+from .compat import armpl
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+NOTHING = "nothing to do"
+PIP_PINS = '"mxnet==1.9.1" "numpy<1.24"'
+# Under QEMU a child importing mxnet takes tens of seconds; on a Pi Zero 2 W about as long.
+PROBE_TIMEOUT = float(os.environ.get("EDGETRAIN_DOCTOR_TIMEOUT", "600"))
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "MXNET_OMP_MAX_THREADS",
+               "MXNET_CPU_WORKER_NTHREADS", "MXNET_CPU_PRIORITY_NTHREADS", "MXNET_MP_WORKER_NTHREADS")
+
+# ISA features that change which kernels run. x86: /proc/cpuinfo "flags"; ARM: "Features".
+ISA_KEYS = {
+    "x86_64": ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx_vnni"),
+    "aarch64": ("asimd", "fphp", "asimdhp", "asimddp", "i8mm", "bf16", "sve"),
+}
+
+# The probes run as `python -P -c PROBE NAME` and print one JSON line.
+PROBE = r'''
+import json, sys, time
+name = sys.argv[1]
+out = {"name": name}
+def done():
+    print("EDGETRAIN-PROBE " + json.dumps(out), flush=True)
+    sys.exit(0)
+t0 = time.time()
+try:
+    if name == "numpy":
+        import numpy
+        out["version"] = numpy.__version__
+        out["file"] = numpy.__file__
+    elif name == "mxnet":
+        import mxnet as mx
+        out["version"] = mx.__version__
+        out["file"] = mx.__file__
+        out["import_s"] = round(time.time() - t0, 2)
+        try:
+            feats = mx.runtime.Features()
+            out["features"] = sorted(k for k in ("BLAS_OPEN", "BLAS_MKL", "BLAS_APPLE", "LAPACK", "MKLDNN",
+                                               "OPENMP", "DIST_KVSTORE", "INT8") if feats.is_enabled(k))
+        except Exception as exc:  # features are informative only
+            out["features_error"] = repr(exc)
+        import numpy as np
+        rng = np.random.RandomState(0)
+        a = rng.uniform(-1, 1, (48, 32)).astype("float32")
+        b = rng.uniform(-1, 1, (32, 40)).astype("float32")
+        got = mx.nd.dot(mx.nd.array(a), mx.nd.array(b)).asnumpy()   # BLAS (cblas_sgemm)
+        out["dot_max_abs_err"] = float(np.abs(got - a.dot(b)).max())
+        spd = a.T.dot(a) + 32 * np.eye(32, dtype="float32")
+        chol = mx.nd.linalg.potrf(mx.nd.array(spd)).asnumpy()        # LAPACK (spotrf)
+        out["potrf_max_abs_err"] = float(np.abs(chol - np.linalg.cholesky(spd)).max())
+    elif name == "onnx":
+        import onnx
+        from onnx import TensorProto, helper
+        out["version"] = onnx.__version__
+        node = helper.make_node("MatMul", ["a", "b"], ["y"])
+        graph = helper.make_graph([node], "doctor",
+                                  [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3]),
+                                   helper.make_tensor_value_info("b", TensorProto.FLOAT, [3, 4])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+        onnx.checker.check_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    elif name == "onnxruntime":
+        import onnxruntime as ort
+        out["version"] = ort.__version__
+        out["providers"] = ort.get_available_providers()
+        try:
+            import numpy as np
+            from onnx import TensorProto, helper
+        except Exception as exc:
+            out["compute_skipped"] = repr(exc)
+        else:
+            node = helper.make_node("MatMul", ["a", "b"], ["y"])
+            graph = helper.make_graph([node], "doctor",
+                                      [helper.make_tensor_value_info("a", TensorProto.FLOAT, [8, 16]),
+                                       helper.make_tensor_value_info("b", TensorProto.FLOAT, [16, 4])],
+                                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+            model.ir_version = 7
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 1
+            sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            rng = np.random.RandomState(0)
+            a = rng.uniform(-1, 1, (8, 16)).astype("float32")
+            b = rng.uniform(-1, 1, (16, 4)).astype("float32")
+            (got,) = sess.run(None, {"a": a, "b": b})
+            out["matmul_max_abs_err"] = float(np.abs(got - a.dot(b)).max())
+except BaseException as exc:
+    out["error_type"] = type(exc).__name__
+    out["error"] = str(exc)
+out["seconds"] = round(time.time() - t0, 2)
+done()
+'''
+
+_MISSING_LIB = re.compile(r"([\w.+-]+\.so[\w.]*): cannot open shared object file")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    message: str
+    fix: str = NOTHING
+    details: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "message": self.message, "fix": self.fix,
+                "details": self.details}
+
+
+@dataclass
+class DoctorReport:
+    checks: list[Check]
+    fix_requested: bool = False
+    fixed: list[dict] = field(default_factory=list)
+    machine: str = field(default_factory=platform.machine)
+
+    @property
+    def healthy(self) -> bool:
+        return all(c.status != FAIL for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.healthy else 1
+
+    def check(self, name: str) -> Check | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(c.status == s for c in self.checks) for s in (OK, WARN, FAIL)}
+
+    def to_dict(self) -> dict:
+        return {
+            "healthy": self.healthy,
+            "exit_code": self.exit_code,
+            "machine": self.machine,
+            "python": platform.python_version(),
+            "executable": sys.executable,
+            "counts": self.counts(),
+            "fix_requested": self.fix_requested,
+            "fixed": self.fixed,
+            "checks": [c.to_dict() for c in self.checks],
+        }
+
+
+# --- probes -----------------------------------------------------------------------------------------
+
+def probe(name: str, timeout: float | None = None) -> dict:
+    """Import one library in a child Python and return what it reported (or how it died)."""
+    cmd = [sys.executable, "-P", "-c", PROBE, name]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout or PROBE_TIMEOUT,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"name": name, "error_type": "Timeout",
+                "error": f"the child importing {name} did not finish in {timeout or PROBE_TIMEOUT:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("EDGETRAIN-PROBE "):
+            try:
+                return json.loads(line[len("EDGETRAIN-PROBE "):])
+            except json.JSONDecodeError:
+                break
+    if proc.returncode < 0:
+        try:
+            sig = signal.Signals(-proc.returncode).name
+        except ValueError:
+            sig = f"signal {-proc.returncode}"
+        what = f"the child importing {name} was killed by {sig}"
+    else:
+        what = f"the child importing {name} exited {proc.returncode} without a report"
+    tail = (proc.stderr.strip().splitlines() or [""])[-1][:300]
+    return {"name": name, "error_type": "Crash", "error": what + (f": {tail}" if tail else ""),
+            "returncode": proc.returncode}
+
+
+def ldd_missing(lib: Path) -> list[str]:
+    """Libraries `ldd` reports as 'not found' for ``lib`` ([] when ldd is unavailable)."""
+    exe = shutil.which("ldd")
+    if not exe or not lib.exists():
+        return []
+    try:
+        out = subprocess.run([exe, str(lib)], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted({line.split("=>")[0].strip() for line in out.splitlines() if "not found" in line})
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        m = re.match(r"\d+", piece)
+        if not m:
+            break
+        parts.append(int(m.group()))
+    return tuple(parts)
+
+
+# --- checks -----------------------------------------------------------------------------------------
+
+def check_python() -> Check:
+    v = sys.version_info
+    text = platform.python_version()
+    details = {"version": text, "executable": sys.executable}
+    if (v.major, v.minor) == (3, 11):
+        return Check("python", OK, f"Python {text}", details=details)
+    return Check("python", FAIL,
+                 f"Python {text}: edgetrain needs 3.11 (mxnet 1.9.1 needs numpy<1.24, which has no wheels "
+                 "for 3.12+)", "install Python 3.11 (Raspberry Pi OS / Debian bookworm ship it) and reinstall "
+                 "edgetrain in a 3.11 venv", details)
+
+
+def check_numpy(result: dict) -> Check:
+    if "error" in result:
+        return Check("numpy", FAIL, f"numpy does not import: {result['error_type']}: {result['error']}",
+                     f"pip install {PIP_PINS.split()[1]}", result)
+    version = result.get("version", "?")
+    details = {"version": version, "file": result.get("file")}
+    if _version_tuple(version) >= (1, 24):
+        return Check("numpy", FAIL, f"numpy {version} is too new: mxnet 1.9.1 uses np.bool, removed in 1.24",
+                     'pip install "numpy<1.24"', details)
+    return Check("numpy", OK, f"numpy {version} (< 1.24, as mxnet 1.9.1 needs)", details=details)
+
+
+def check_armpl(machine: str, libmxnet: Path | None) -> tuple[Check, armpl.Plan | None]:
+    name = "aarch64-armpl"
+    if machine not in ("aarch64", "arm64"):
+        return Check(name, OK, f"not applicable on {machine} (only the aarch64 mxnet wheel needs ArmPL)",
+                     details={"applicable": False}), None
+    if libmxnet is None:
+        return Check(name, WARN, "mxnet is not installed, so its libraries cannot be checked",
+                     f"pip install {PIP_PINS}", {"applicable": True}), None
+    p = armpl.plan(libmxnet)
+    details = {"applicable": True, **p.to_dict()}
+    if p.ok:
+        how = ", ".join(f"{k} -> {os.path.realpath(v)}" for k, v in p.satisfied.items()) or "none needed"
+        return Check(name, OK, f"ARM Performance Libraries resolved ({how})", details=details), p
+    names = ", ".join(p.needed if not p.satisfied else [n for n in p.needed if n not in p.satisfied])
+    if p.missing_packages:
+        return Check(name, FAIL, f"libmxnet.so needs {names}, not shipped in the mxnet wheel; the stand-ins "
+                     f"({', '.join(p.missing_libs)}) are not installed",
+                     f"{p.apt_command()} && edgetrain doctor --fix", details), p
+    return Check(name, FAIL, f"libmxnet.so needs {names}, not shipped in the mxnet wheel",
+                 "edgetrain doctor --fix (links OpenBLAS+LAPACKE, libm and libc under those names beside "
+                 "libmxnet.so)", details), p
+
+
+def check_mxnet(result: dict, libmxnet: Path | None, machine: str) -> list[Check]:
+    if "error" in result:
+        err = f"{result['error_type']}: {result['error']}"
+        if result["error_type"] == "ModuleNotFoundError" and libmxnet is None:
+            fail = Check("mxnet-import", FAIL, "mxnet is not installed", f"pip install {PIP_PINS}", result)
+        else:
+            missing = sorted(set(_MISSING_LIB.findall(result["error"])) |
+                             set(ldd_missing(libmxnet) if libmxnet else []))
+            details = {**result, "missing_libraries": missing, "libmxnet": str(libmxnet) if libmxnet else None}
+            if missing:
+                message = f"mxnet does not import: missing {', '.join(missing)} ({err})"
+                armpl_names = [m for m in missing if m in armpl.STAND_INS]
+                fix = ("edgetrain doctor --fix" if armpl_names and machine in ("aarch64", "arm64")
+                       else f"install the package that provides {', '.join(missing)}")
+            else:
+                message = f"mxnet does not import ({err})"
+                fix = f"reinstall: pip install --force-reinstall {PIP_PINS}"
+            fail = Check("mxnet-import", FAIL, message, fix, details)
+        return [fail, Check("mxnet-compute", FAIL, "not run: mxnet does not import", fail.fix)]
+    version = result.get("version", "?")
+    imp = Check("mxnet-import", OK, f"mxnet {version} imports in {result.get('import_s', '?')} s",
+                details={k: result.get(k) for k in ("version", "file", "import_s", "features")})
+    if version != "1.9.1":
+        imp.status, imp.fix = WARN, 'pip install "mxnet==1.9.1"'
+        imp.message += " (edgetrain is tested with 1.9.1)"
+    dot, potrf = result.get("dot_max_abs_err"), result.get("potrf_max_abs_err")
+    details = {"dot_max_abs_err": dot, "potrf_max_abs_err": potrf, "tolerance": 1e-3}
+    if dot is None or potrf is None:
+        comp = Check("mxnet-compute", FAIL, "mxnet imported but the compute check did not run",
+                     f"reinstall: pip install --force-reinstall {PIP_PINS}", details)
+    elif dot <= 1e-3 and potrf <= 1e-3:
+        comp = Check("mxnet-compute", OK, f"dot (BLAS) and potrf (LAPACK) match numpy (max abs error "
+                     f"{max(dot, potrf):.1e})", details=details)
+    else:
+        comp = Check("mxnet-compute", FAIL, f"mxnet computes wrong results: max abs error dot {dot:.2e}, "
+                     f"potrf {potrf:.2e} (tolerance 1e-3)",
+                     "check which BLAS libmxnet.so loads (ldd libmxnet.so); on aarch64 reinstall "
+                     "libopenblas0-openmp and run edgetrain doctor --fix", details)
+    return [imp, comp]
+
+
+def check_onnx(result: dict) -> Check:
+    if "error" in result:
+        return Check("onnx", FAIL, f"onnx does not import: {result['error_type']}: {result['error']}",
+                     'pip install --force-reinstall "onnx>=1.15"', result)
+    return Check("onnx", OK, f"onnx {result.get('version')} builds and checks a model",
+                 details={"version": result.get("version")})
+
+
+def check_onnxruntime(result: dict, emulated: bool) -> Check:
+    if "error" in result:
+        fix = 'pip install --force-reinstall "onnxruntime>=1.17"'
+        if result.get("error_type") == "Crash" and emulated:
+            fix = ("under QEMU, bind-mount an ARM /proc/cpuinfo into the root (tools/arm64/cpuinfo); "
+                   "onnxruntime's CPU detection crashes on the host's")
+        return Check("onnxruntime", FAIL,
+                     f"onnxruntime does not work: {result['error_type']}: {result['error']}", fix, result)
+    details = {k: result.get(k) for k in ("version", "providers", "matmul_max_abs_err", "compute_skipped")}
+    err = result.get("matmul_max_abs_err")
+    if err is not None and err > 1e-4:
+        return Check("onnxruntime", FAIL, f"onnxruntime MatMul differs from numpy by {err:.2e}",
+                     'pip install --force-reinstall "onnxruntime>=1.17"', details)
+    extra = f", MatMul matches numpy ({err:.1e})" if err is not None else ""
+    return Check("onnxruntime", OK, f"onnxruntime {result.get('version')} runs{extra}", details=details)
+
+
+def check_threads() -> Check:
+    cores = runtime.usable_cores()
+    online = os.cpu_count() or cores
+    env = {k: os.environ.get(k) for k in THREAD_VARS}
+    details = {"usable_cores": cores, "online_cores": online, "env": env,
+               "threads_in_force": runtime.current_threads()}
+    bad = {k: v for k, v in env.items() if v is not None and not (v.isdigit() and int(v) > 0)}
+    if bad:
+        return Check("threads", FAIL, "invalid thread settings: " + ", ".join(f"{k}={v!r}" for k, v in bad.items()),
+                     f"unset them or set positive integers, e.g. export OMP_NUM_THREADS={cores}", details)
+    over = {k: v for k, v in env.items() if v is not None and int(v) > cores and k in THREAD_VARS[:4]}
+    set_vars = ", ".join(f"{k}={v}" for k, v in env.items() if v is not None)
+    where = f"{cores} usable core{'s' if cores != 1 else ''}" + (f" of {online}" if online != cores else "")
+    if over:
+        return Check("threads", WARN, f"{', '.join(f'{k}={v}' for k, v in over.items())} exceeds the {where}: "
+                     "threads will contend", f"export OMP_NUM_THREADS={cores} or pass --threads {cores}", details)
+    if not set_vars:
+        return Check("threads", OK, f"{where}; no thread variables set (libraries use every usable core; "
+                     "--threads N caps them)", details=details)
+    return Check("threads", OK, f"{where}; {set_vars}", details=details)
+
+
+def read_cpuinfo(path: str = "/proc/cpuinfo") -> dict:
+    info: dict = {"flags": [], "model": None, "processors": 0}
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return info
+    for line in text.splitlines():
+        if ":" not in line:
+            continue
+        key, value = (s.strip() for s in line.split(":", 1))
+        if key == "processor":
+            info["processors"] += 1
+        elif key in ("flags", "Features") and not info["flags"]:
+            info["flags"] = value.split()
+        elif key in ("model name", "Model", "Hardware") and not info["model"]:
+            info["model"] = value
+        elif key == "CPU part" and "cpu_part" not in info:
+            info["cpu_part"] = value
+    return info
+
+
+def check_isa(machine: str) -> Check:
+    info = read_cpuinfo()
+    flags = set(info["flags"])
+    arch = "aarch64" if machine in ("aarch64", "arm64") else machine
+    keys = ISA_KEYS.get(arch, ())
+    present = [k for k in keys if k in flags]
+    details = {"machine": machine, "model": info["model"], "cpu_part": info.get("cpu_part"),
+               "features": present, "absent": [k for k in keys if k not in flags]}
+    if not info["flags"]:
+        return Check("isa", WARN, "could not read CPU features from /proc/cpuinfo",
+                     "nothing to do unless you need the feature list (mount /proc)", details)
+    label = ", ".join(present) or "none of " + ", ".join(keys)
+    if arch == "x86_64" and "avx2" not in flags:
+        return Check("isa", WARN, f"{label}: no AVX2, MXNet and ONNX Runtime fall back to slower kernels",
+                     "nothing to fix in software; expect lower throughput", details)
+    if arch == "aarch64" and "asimd" not in flags:
+        return Check("isa", WARN, f"{label}: no NEON (asimd), the aarch64 wheels expect it",
+                     "use a Cortex-A53 or newer core", details)
+    note = ""
+    if arch == "aarch64" and "asimddp" not in flags:
+        note = " (no dot-product instructions: int8 gains are smaller, as on a Pi 3/4)"
+    return Check("isa", OK, f"{label}{note}", details=details)
+
+
+def _emulated() -> bool:
+    """A cheap guess used only to word a fix: is an aarch64 Python running on an x86 kernel via QEMU?"""
+    try:
+        from .devices import detect_host  # written alongside; optional here
+        return bool(detect_host().emulated)
+    except Exception:
+        return False
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+def run_checks(fix: bool = False, progress=None) -> DoctorReport:
+    """Run every check; with ``fix``, repair what can be repaired (the aarch64 ArmPL links) and re-check.
+
+    ``progress`` (optional) is called with the name of each check before it runs.
+    """
+    say = progress or (lambda name: None)
+    machine = platform.machine()
+    report = DoctorReport(checks=[], fix_requested=fix, machine=machine)
+    say("python")
+    report.checks.append(check_python())
+    say("numpy")
+    report.checks.append(check_numpy(probe("numpy")))
+
+    libmxnet = armpl.find_libmxnet()
+    say("aarch64-armpl")
+    armpl_check, p = check_armpl(machine, libmxnet)
+    if fix and p is not None and p.fixable:
+        try:
+            changed = armpl.apply(p)
+        except PermissionError as exc:
+            armpl_check.message += f"; --fix could not write beside libmxnet.so ({exc.strerror})"
+            armpl_check.fix = "run `edgetrain doctor --fix` as the user that installed mxnet (or with sudo)"
+        else:
+            report.fixed += [{"action": "symlink", **link.to_dict()} for link in changed]
+            armpl_check, p = check_armpl(machine, libmxnet)
+            if report.fixed:
+                armpl_check.message += f" (--fix linked {', '.join(link.name for link in changed)})"
+    report.checks.append(armpl_check)
+
+    say("mxnet")
+    report.checks += check_mxnet(probe("mxnet"), libmxnet, machine)
+    say("onnx")
+    report.checks.append(check_onnx(probe("onnx")))
+    say("onnxruntime")
+    ort_result = probe("onnxruntime")
+    report.checks.append(check_onnxruntime(ort_result, "error" in ort_result and _emulated()))
+    numpy_check = report.check("numpy")
+    if numpy_check.status == FAIL:
+        # mxnet, onnx and onnxruntime all import numpy: a broken numpy is the likely cause of their failures.
+        for c in report.checks:
+            if c.status == FAIL and c.name in ("mxnet-import", "mxnet-compute", "onnx", "onnxruntime"):
+                c.fix = f"fix numpy first ({numpy_check.fix}), then run edgetrain doctor again"
+    say("threads")
+    report.checks.append(check_threads())
+    say("isa")
+    report.checks.append(check_isa(machine))
+    return report
+
+
+def render(report: DoctorReport) -> str:
+    """The human report: one line per check, a fix line under each that is not ok."""
+    lines = [f"edgetrain doctor: Python {platform.python_version()} on {report.machine} "
+             f"({sys.executable})"]
+    for c in report.checks:
+        lines.append(f"  {c.status.upper():<4}  {c.name:<14} {c.message}")
+        if c.status != OK:
+            lines.append(f"        {'':<14} fix: {c.fix}")
+    for action in report.fixed:
+        lines.append(f"  fixed: {action['path']} -> {action['target']}")
+    n = report.counts()
+    verdict = "healthy" if report.healthy else "NOT healthy"
+    lines.append(f"{verdict}: {n[OK]} ok, {n[WARN]} warning(s), {n[FAIL]} failed")
+    return "\n".join(lines)

@@ -1,0 +1,223 @@
+"""edgetrain doctor: the healthy host, broken environments in a child process, and the aarch64 ArmPL
+repair on a real folder with real symlinks to real system libraries."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgetrain.compat import armpl
+
+
+def run_doctor(*args, pythonpath: Path | None = None, env_extra: dict | None = None, cwd=None):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    env.update(env_extra or {})
+    proc = subprocess.run([sys.executable, "-m", "edgetrain", "doctor", *args], capture_output=True,
+                          text=True, env=env, timeout=600, cwd=cwd)
+    return proc
+
+
+def parsed(proc) -> dict:
+    assert proc.stdout.strip(), proc.stderr
+    return json.loads(proc.stdout)
+
+
+def by_name(report: dict) -> dict:
+    return {c["name"]: c for c in report["checks"]}
+
+
+EXPECTED = {"python", "numpy", "aarch64-armpl", "mxnet-import", "mxnet-compute", "onnx", "onnxruntime",
+            "threads", "isa"}
+
+
+def test_healthy_host_exits_0_with_json(tmp_path):
+    proc = run_doctor("--json", "-", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = parsed(proc)
+    checks = by_name(report)
+    assert set(checks) == EXPECTED
+    assert report["healthy"] is True and report["exit_code"] == 0
+    for c in report["checks"]:
+        assert c["status"] in ("ok", "warn"), c
+        assert c["message"] and c["fix"]
+    assert checks["mxnet-compute"]["details"]["dot_max_abs_err"] < 1e-3
+    assert checks["mxnet-compute"]["details"]["potrf_max_abs_err"] < 1e-3
+    if platform.machine() == "x86_64":
+        assert "not applicable" in checks["aarch64-armpl"]["message"]
+    # the human report went to stderr, the JSON alone to stdout
+    assert "healthy" in proc.stderr
+
+
+def test_fix_on_healthy_host_changes_nothing(tmp_path):
+    proc = run_doctor("--fix", "--json", str(tmp_path / "doctor.json"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    assert report["fix_requested"] is True
+    assert report["fixed"] == []
+    assert "healthy: " in proc.stdout
+
+
+def test_too_new_numpy_fails_with_the_pin(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "numpy").mkdir(parents=True)
+    (fake / "numpy" / "__init__.py").write_text('__version__ = "1.26.0"\n')
+    proc = run_doctor("--json", "-", pythonpath=fake, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    checks = by_name(parsed(proc))
+    numpy = checks["numpy"]
+    assert numpy["status"] == "fail"
+    assert "1.26.0" in numpy["message"] and "1.24" in numpy["message"]
+    assert 'numpy<1.24' in numpy["fix"]
+    # mxnet cannot work with it either, and its fix points back at numpy
+    assert checks["mxnet-import"]["status"] == "fail"
+    assert "numpy" in checks["mxnet-import"]["fix"]
+
+
+def test_mxnet_missing_armpl_is_reported_not_crashed(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "mxnet").mkdir(parents=True)
+    (fake / "mxnet" / "__init__.py").write_text(
+        'raise OSError("libarmpl_lp64_mp.so: cannot open shared object file: No such file or directory")\n')
+    proc = run_doctor("--json", "-", pythonpath=fake, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    checks = by_name(parsed(proc))
+    imp = checks["mxnet-import"]
+    assert imp["status"] == "fail"
+    assert "libarmpl_lp64_mp.so" in imp["message"]
+    assert imp["details"]["missing_libraries"] == ["libarmpl_lp64_mp.so"]
+    assert checks["mxnet-compute"]["status"] == "fail"
+    assert checks["numpy"]["status"] == "ok"
+    assert checks["onnxruntime"]["status"] == "ok"
+
+
+def test_native_crash_in_a_library_is_caught(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "onnxruntime").mkdir(parents=True)
+    # what onnxruntime does under QEMU with the host's x86 /proc/cpuinfo: abort in native code
+    (fake / "onnxruntime" / "__init__.py").write_text("import os\nos.abort()\n")
+    proc = run_doctor(pythonpath=fake, cwd=tmp_path)
+    assert proc.returncode == 1
+    line = next(line for line in proc.stdout.splitlines() if "onnxruntime" in line and "FAIL" in line)
+    assert "SIGABRT" in line
+    assert "healthy" in proc.stdout
+
+
+def test_bad_thread_setting_fails(tmp_path):
+    proc = run_doctor("--json", "-", env_extra={"OMP_NUM_THREADS": "lots"}, cwd=tmp_path)
+    assert proc.returncode == 1
+    threads = by_name(parsed(proc))["threads"]
+    assert threads["status"] == "fail" and "OMP_NUM_THREADS" in threads["message"]
+
+
+# --- the ArmPL repair on a real folder --------------------------------------------------------------
+
+def system_lib(soname: str) -> Path:
+    path = armpl.locate(soname)
+    if path is None:
+        pytest.skip(f"{soname} not found on this system")
+    return path
+
+
+@pytest.fixture
+def fake_site(tmp_path):
+    """site/mxnet/libmxnet.so (a stand-in file: DT_NEEDED unreadable, so the wheel's known list applies),
+    and a library folder where liblapacke/libopenblas are real ELF libraries under those names."""
+    site = tmp_path / "site" / "mxnet"
+    site.mkdir(parents=True)
+    (site / "libmxnet.so").write_bytes(b"not really libmxnet")
+    libm, libc = system_lib("libm.so.6"), system_lib("libc.so.6")
+    libs = tmp_path / "lib"
+    libs.mkdir()
+    for name, real in {"liblapacke.so.3": libm, "libopenblas.so.0": libm,
+                       "libm.so.6": libm, "libc.so.6": libc}.items():
+        (libs / name).symlink_to(real)
+    return site / "libmxnet.so", libs
+
+
+def test_elf_needed_reads_real_libraries():
+    libm = system_lib("libm.so.6")
+    assert "libc.so.6" in armpl.elf_needed(libm)
+    with pytest.raises(ValueError):
+        armpl.elf_needed(Path(__file__))
+
+
+def test_installed_mxnet_needs_no_armpl_on_x86():
+    lib = armpl.find_libmxnet()
+    assert lib is not None and lib.name == "libmxnet.so"
+    if platform.machine() != "x86_64":
+        pytest.skip("the x86-64 wheel is the one without ArmPL")
+    p = armpl.plan(lib)
+    assert p.needed == [] and p.ok and p.links == []
+
+
+def test_repair_links_idempotently_and_atomically(fake_site):
+    libmxnet, libs = fake_site
+    folder = libmxnet.parent
+    p = armpl.plan(libmxnet, lib_dirs=[libs], use_cache=False)
+    assert p.needed_from == "known"
+    assert p.needed == ["libarmpl_lp64_mp.so", "libamath.so", "libastring.so"]
+    assert p.fixable and not p.ok
+    assert {link.name: link.target for link in p.links} == {
+        "libarmpl_lp64_mp.so": libs / "liblapacke.so.3",
+        "libamath.so": libs / "libm.so.6",
+        "libastring.so": libs / "libc.so.6",
+    }
+
+    changed = armpl.apply(p)
+    assert [link.name for link in changed] == ["libarmpl_lp64_mp.so", "libamath.so", "libastring.so"]
+    for link in changed:
+        assert link.path.is_symlink() and link.path.exists()
+        assert os.readlink(link.path) == str(link.target)
+    assert os.path.realpath(folder / "libamath.so") == os.path.realpath(system_lib("libm.so.6"))
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "libamath.so", "libarmpl_lp64_mp.so", "libastring.so", "libmxnet.so"]   # no temp files left
+
+    before = {p.name: os.lstat(p) for p in folder.iterdir()}
+    again = armpl.plan(libmxnet, lib_dirs=[libs], use_cache=False)
+    assert again.ok and again.links == [] and set(again.satisfied) == set(again.needed)
+    assert armpl.apply(again) == []
+    assert armpl.apply(p) == []          # re-applying the old plan is a no-op too
+    after = {p.name: os.lstat(p) for p in folder.iterdir()}
+    assert {k: (v.st_ino, v.st_mtime_ns) for k, v in before.items()} == \
+           {k: (v.st_ino, v.st_mtime_ns) for k, v in after.items()}
+
+
+def test_repair_replaces_a_dangling_link_and_keeps_a_real_library(fake_site):
+    libmxnet, libs = fake_site
+    folder = libmxnet.parent
+    (folder / "libamath.so").symlink_to(folder / "gone.so")            # dangling: must be replaced
+    (folder / "libastring.so").write_bytes(b"a real ArmPL library")   # present: must be left alone
+    p = armpl.plan(libmxnet, lib_dirs=[libs], use_cache=False)
+    assert [link.name for link in p.links] == ["libarmpl_lp64_mp.so", "libamath.so"]
+    assert p.satisfied == {"libastring.so": str(folder / "libastring.so")}
+    armpl.apply(p)
+    assert os.readlink(folder / "libamath.so") == str(libs / "libm.so.6")
+    assert (folder / "libastring.so").read_bytes() == b"a real ArmPL library"
+
+
+def test_missing_debian_packages_give_the_apt_command_and_change_nothing(fake_site):
+    libmxnet, libs = fake_site
+    (libs / "liblapacke.so.3").unlink()
+    (libs / "libopenblas.so.0").unlink()
+    p = armpl.plan(libmxnet, lib_dirs=[libs], use_cache=False)
+    assert p.missing_libs == ["liblapacke.so.3", "libopenblas.so.0"]
+    assert p.missing_packages == ["liblapacke", "libopenblas0-openmp"]
+    assert not p.fixable
+    assert p.apt_command().endswith("apt-get install -y liblapacke libopenblas0-openmp")
+    with pytest.raises(ValueError):
+        armpl.apply(p)
+    assert sorted(x.name for x in libmxnet.parent.iterdir()) == ["libmxnet.so"]
+
+
+def test_doctor_armpl_check_not_applicable_off_arm():
+    from edgetrain.doctor import check_armpl
+
+    check, plan = check_armpl("x86_64", armpl.find_libmxnet())
+    assert check.status == "ok" and "not applicable" in check.message and plan is None
