@@ -1,0 +1,313 @@
+"""What runs in the fresh child process of one profile configuration.
+
+``python -m edgetrain.profile_child SPEC.json`` reads a spec written by ``edgetrain.profile``, runs
+load -> first inference -> warm-up -> timed runs -> per-op timings, and writes one JSON result to
+``spec["result"]``. The parent set the thread caps in our environment before this interpreter started,
+so OpenMP/MXNet read them at import. A user's error (a model that does not load) is written as
+``{"error": ...}``; anything else (a crash, a signal) is left for the parent to notice.
+
+``python -m edgetrain.profile_child --baseline RUNTIME`` prints the resident memory of a process that
+has only imported the runtime and run a trivial graph: the baseline the memory model adds to.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .procmem import peak_rss_mb, rss_mb
+
+# Per-op timings come from a second, profiled session after the timed runs: the profiler slows every
+# node down, so its figures are for "where the time goes", never for the latency itself.
+OP_PROFILE_RUNS = 20
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "--baseline":
+        print(json.dumps(baseline(argv[1])), flush=True)
+        return 0
+    if len(argv) != 1:
+        print("usage: python -m edgetrain.profile_child SPEC.json | --baseline RUNTIME", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    from .errors import EdgetrainError
+
+    try:
+        result = run(spec)
+    except EdgetrainError as exc:
+        result = {"error": {"type": type(exc).__name__, "what": exc.what, "where": exc.where, "fix": exc.fix}}
+    Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
+    return 0
+
+
+# --- the stages ---------------------------------------------------------------------------------------
+
+def run(spec: dict) -> dict:
+    runtime = spec["runtime"]
+    out: dict = {"runtime": runtime, "threads": spec["threads"], "pid": os.getpid()}
+    mem = {"start_rss_mb": rss_mb()}
+    t0 = time.perf_counter()
+    if runtime == "onnxruntime":
+        import numpy  # noqa: F401  (part of the runtime's baseline, as in a deployed app)
+        import onnxruntime  # noqa: F401
+        out["runtime_version"] = onnxruntime.__version__
+    else:
+        import numpy  # noqa: F401
+        import mxnet
+        out["runtime_version"] = mxnet.__version__
+    out["import_s"] = time.perf_counter() - t0
+    mem["after_import_rss_mb"], mem["after_import_hwm_mb"] = rss_mb(), peak_rss_mb()
+
+    rapl = _rapl_reader()
+    t0 = time.perf_counter()
+    runner = OrtRunner(spec) if runtime == "onnxruntime" else MxnetRunner(spec)
+    out["load_s"] = time.perf_counter() - t0
+    mem["after_load_rss_mb"], mem["after_load_hwm_mb"] = rss_mb(), peak_rss_mb()
+    out["input"] = {"name": runner.input_name, "shape": list(runner.x.shape), "dtype": str(runner.x.dtype)}
+
+    t0 = time.perf_counter()
+    runner.infer()
+    out["first_inference_ms"] = (time.perf_counter() - t0) * 1000
+    for _ in range(spec["warmup"]):
+        runner.infer()
+
+    lat = []
+    energy_start = rapl() if rapl else None
+    wall0 = time.perf_counter()
+    for _ in range(spec["runs"]):
+        t0 = time.perf_counter()
+        runner.infer()
+        lat.append((time.perf_counter() - t0) * 1000)
+    wall = time.perf_counter() - wall0
+    energy_end = rapl() if rapl else None
+    out["latencies_ms"] = lat
+    out["timed_wall_s"] = wall
+    mem["final_rss_mb"], mem["peak_rss_mb"] = rss_mb(), peak_rss_mb()
+    out["memory"] = mem
+    if energy_start is not None and energy_end is not None:
+        from .energy import rapl_delta_j
+
+        joules = rapl_delta_j(energy_start, energy_end)
+        if joules is not None:
+            out["rapl"] = {"joules": joules, "seconds": wall, "runs": spec["runs"],
+                           "domains": sorted(energy_start["domains"])}
+    # After VmHWM is read: the profiled session's own memory must not count.
+    out["ops"] = runner.op_profile(min(OP_PROFILE_RUNS, spec["runs"])) if spec.get("op_profile", True) else \
+        {"available": False, "note": "per-op profiling switched off"}
+    return out
+
+
+def _rapl_reader():
+    try:
+        from .energy import read_rapl
+    except ImportError:
+        return None
+    return read_rapl if read_rapl() is not None else None
+
+
+def _random_input(shape, dtype="float32"):
+    import numpy as np
+
+    # Real-looking values rather than zeros: some kernels take shortcuts on zeros/denormals.
+    return np.random.RandomState(0).standard_normal(shape).astype(dtype)
+
+
+class OrtRunner:
+    def __init__(self, spec: dict):
+        import onnxruntime as ort
+
+        from .errors import UsageError
+        from .runtime import ort_session_options
+
+        self.spec = spec
+        self.path = spec["model_file"]
+        try:
+            self.session = ort.InferenceSession(self.path, ort_session_options(spec["threads"]),
+                                                providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise UsageError(f"ONNX Runtime cannot load the model: {str(exc).splitlines()[0][:300]}",
+                             self.path, "check the model with `edgetrain inspect` or re-export it") from None
+        inputs = self.session.get_inputs()
+        self.feeds = {}
+        for i, arg in enumerate(inputs):
+            shape = _concrete_shape(arg.shape, spec, arg.name)
+            dtype = _ORT_TYPES.get(arg.type)
+            if dtype is None:
+                raise UsageError(f"input '{arg.name}' has type {arg.type}, which profile cannot fill",
+                                 self.path, "profile a model with float or integer tensor inputs")
+            self.feeds[arg.name] = _random_input(shape, dtype) if dtype.startswith("float") else \
+                __import__("numpy").zeros(shape, dtype)
+        self.input_name = inputs[0].name
+        self.x = self.feeds[self.input_name]
+
+    def infer(self):
+        return self.session.run(None, self.feeds)
+
+    def op_profile(self, runs: int) -> dict:
+        import onnxruntime as ort
+
+        from .runtime import ort_session_options
+
+        with tempfile.TemporaryDirectory(prefix="edgetrain-ortprof-") as tmp:
+            opts = ort_session_options(self.spec["threads"])
+            opts.enable_profiling = True
+            opts.profile_file_prefix = str(Path(tmp) / "ort")
+            sess = ort.InferenceSession(self.path, opts, providers=["CPUExecutionProvider"])
+            sess.run(None, self.feeds)  # the first run also allocates; keep it out of the table
+            first_file = None
+            for _ in range(runs):
+                sess.run(None, self.feeds)
+            first_file = sess.end_profiling()
+            events = json.loads(Path(first_file).read_text(encoding="utf-8"))
+        nodes = [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
+        # Drop the warm-up run's events: they are the first len(graph nodes) kernel events.
+        per_run = len(nodes) // (runs + 1) if nodes else 0
+        nodes = nodes[per_run:]
+        return _op_table([(e["args"].get("op_name", "?"), e["dur"] / 1000.0) for e in nodes], runs,
+                         "ONNX Runtime profiler (SessionOptions.enable_profiling), kernel time per node "
+                         "after graph optimisation (fused nodes appear under the fused op type)")
+
+
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+              "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8"}
+
+
+def _concrete_shape(shape, spec: dict, name: str) -> list[int]:
+    from .errors import UsageError
+
+    wanted = spec.get("input_shape")  # [N, C, H, W] the parent resolved (from --input-shape or metadata)
+    out = []
+    for i, d in enumerate(shape):
+        if isinstance(d, int) and d > 0:
+            out.append(d)
+        elif i == 0:
+            out.append(spec["batch"])
+        elif wanted and len(wanted) == len(shape):
+            out.append(int(wanted[i]))
+        else:
+            raise UsageError(f"input '{name}' has a dynamic dimension {i} ({d})", spec["model_file"],
+                             "give the shape with --input-shape N,C,H,W")
+    return out
+
+
+class MxnetRunner:
+    def __init__(self, spec: dict):
+        import mxnet as mx
+
+        from .errors import UsageError
+
+        self.mx = mx
+        self.spec = spec
+        model = _load_gluon_unrun(spec["model"], spec.get("params"), spec.get("chw"))
+        model.block.hybridize()
+        self.block = model.block
+        self.input_name = model.preprocess.input_name
+        self.x_np = _random_input(model.preprocess.batch_shape(spec["batch"]))
+        self.x = self.x_np
+        self.x_nd = mx.nd.array(self.x_np, dtype="float32")
+        self.ref_text = spec["model"]
+        self._error = UsageError
+
+    def infer(self):
+        out = self.block(self.x_nd)
+        if isinstance(out, (list, tuple)):
+            out = out[0]
+        # Gluon is asynchronous: the time of an inference is until its output is readable.
+        return out.asnumpy()
+
+    def op_profile(self, runs: int) -> dict:
+        from mxnet import profiler
+
+        with tempfile.TemporaryDirectory(prefix="edgetrain-mxprof-") as tmp:
+            # mx.runtime.Features() reports PROFILER off in the PyPI 1.9.1 wheel, yet the operator
+            # profiler works there (measured); if it does not on some build, say so instead of guessing.
+            try:
+                profiler.set_config(profile_all=True, aggregate_stats=True, filename=str(Path(tmp) / "mx.json"))
+                profiler.set_state("run")
+                for _ in range(runs):
+                    self.infer()
+                self.mx.nd.waitall()
+                profiler.set_state("stop")
+                stats = json.loads(profiler.dumps(reset=True, format="json"))
+            except Exception as exc:  # the profiler is optional; latency does not depend on it
+                return {"available": False,
+                        "note": f"MXNet's profiler is not usable in this build ({type(exc).__name__}: {exc})"}
+        ops = (stats.get("Time") or {}).get("operator") or {}
+        rows = []
+        for name, st in ops.items():
+            if name in ("WaitForVar", "DeleteVariable"):
+                continue  # engine bookkeeping, not model operators
+            rows.append((name, float(st.get("Total", 0.0)), int(st.get("Count", 0))))
+        if not rows:
+            return {"available": False, "note": "MXNet's profiler recorded no operator events in this build"}
+        return _op_table_agg(rows, runs, "MXNet profiler (mx.profiler, aggregate operator stats) over the "
+                                         "hybridized graph; works although mx.runtime.Features() lists "
+                                         "PROFILER as off in the PyPI 1.9.1 wheel")
+
+
+def _load_gluon_unrun(text: str, params, chw):
+    """Load a Gluon MODEL without its check-run, so the first inference timed here is the real first."""
+    from . import models
+
+    ref = models.parse_model_ref(text)
+    shape = tuple(chw) if chw else None
+    if ref.kind == "prefix":
+        return models._load_prefix(ref, shape)
+    if ref.kind == "zoo":
+        return models._load_zoo(ref, params, shape)
+    return models._load_factory(ref, params, shape)
+
+
+def _op_table(events: list[tuple[str, float]], runs: int, source: str) -> dict:
+    agg: dict[str, list[float]] = {}
+    for op, ms in events:
+        a = agg.setdefault(op, [0.0, 0])
+        a[0] += ms
+        a[1] += 1
+    return _op_table_agg([(op, v[0], v[1]) for op, v in agg.items()], runs, source)
+
+
+def _op_table_agg(rows: list[tuple[str, float, int]], runs: int, source: str) -> dict:
+    total = sum(r[1] for r in rows) or 1.0
+    table = [{"op": op, "calls_per_run": calls / runs, "ms_per_run": ms / runs, "share": ms / total}
+             for op, ms, calls in sorted(rows, key=lambda r: -r[1])]
+    return {"available": True, "runs": runs, "table": table, "total_ms_per_run": total / runs,
+            "source": source, "provenance": "measured"}
+
+
+# --- the runtime baseline -----------------------------------------------------------------------------
+
+def baseline(runtime: str) -> dict:
+    """RSS after importing ``runtime`` and running a one-node graph (runtime + allocator start-up)."""
+    import numpy as np
+
+    if runtime == "onnxruntime":
+        import onnxruntime as ort
+
+        after_import = rss_mb()
+        from onnx import TensorProto, helper
+
+        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "baseline",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 8
+        data = model.SerializeToString()
+        before_session = rss_mb()
+        sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        sess.run(None, {"x": np.ones((1, 4), "float32")})
+        # A deployed app does not import onnx: count ORT's import and its session start-up, not onnx.
+        rss = after_import + (rss_mb() - before_session)
+    else:
+        import mxnet as mx
+
+        mx.nd.relu(mx.nd.ones((1, 4))).asnumpy()
+        rss = rss_mb()
+    return {"runtime": runtime, "rss_mb": rss}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
