@@ -195,3 +195,107 @@ class DeviceProfile(Strict):
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
+
+
+# --- Recipes (recipes/*.yaml) -------------------------------------------------------------------
+# A recipe names one model, one data set, one device and the steps to run, each step's options
+# spelled as the matching command's flags (max_drop <-> --max-drop). Paths are relative to the
+# recipe file's folder.
+
+StepName = Literal["finetune", "quantize", "export", "profile", "report"]
+
+
+class FinetuneStep(Strict):
+    epochs: int = Field(default=5, ge=1)
+    batch_size: int = Field(default=32, ge=1)
+    lr: Optional[float] = Field(default=None, gt=0)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    train_layers: str = "head"
+    memory_budget: Optional[str] = None
+    seed: int = 0
+
+
+class QuantizeStep(Strict):
+    max_drop: float = Field(default=1.0, ge=0)
+    method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    samples: int = Field(default=300, ge=1)
+    per_channel: bool = True
+    backend: Literal["onnxruntime", "mxnet"] = "onnxruntime"
+
+
+class ExportStep(Strict):
+    opset: int = Field(default=13, ge=7)
+    dynamic_batch: bool = False
+    atol: float = Field(default=1e-4, gt=0)
+    rtol: float = Field(default=1e-3, ge=0)
+
+
+class ProfileStep(Strict):
+    target: Literal["deployed", "fp32", "int8"] = "deployed"  # deployed: int8 if quantized, else fp32
+    threads: Optional[list[int]] = None
+    batch: int = Field(default=1, ge=1)
+    warmup: int = Field(default=5, ge=0)
+    runs: int = Field(default=50, ge=1)
+    battery_wh: Optional[float] = Field(default=None, gt=0)
+    rate: Optional[str] = Field(default=None, pattern=r"^\d+(\.\d+)?/h$")
+    budget_mj: Optional[float] = Field(default=None, gt=0)
+
+
+class ReportStep(Strict):
+    format: Literal["html", "md"] = "html"
+
+
+class Step(Strict):
+    """One entry of ``steps``: exactly one of the keys below."""
+
+    finetune: Optional[FinetuneStep] = None
+    quantize: Optional[QuantizeStep] = None
+    export: Optional[ExportStep] = None
+    profile: Optional[ProfileStep] = None
+    report: Optional[ReportStep] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_options_allowed(cls, data):
+        # `- export:` (no options) parses as {"export": None}: treat as the defaults
+        if isinstance(data, dict):
+            return {k: ({} if v is None else v) for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Step":
+        set_ = [name for name in StepName.__args__ if getattr(self, name) is not None]
+        if len(set_) != 1:
+            raise ValueError(f"each step is exactly one of {', '.join(StepName.__args__)}; got "
+                             f"{', '.join(set_) or 'none'}")
+        return self
+
+    @property
+    def name(self) -> str:
+        return next(n for n in StepName.__args__ if getattr(self, n) is not None)
+
+    @property
+    def options(self):
+        return getattr(self, self.name)
+
+
+class Recipe(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    device: str
+    model: str
+    data: str                            # training / calibration data
+    val: Optional[str] = None            # held-out data for every accuracy figure
+    val_split: Optional[float] = Field(default=None, gt=0, lt=1)  # or: hold out this fraction of data
+    seed: int = 0
+    threads: Optional[int] = Field(default=None, ge=1)
+    steps: list[Step] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_validation_source(self) -> "Recipe":
+        if self.val is not None and self.val_split is not None:
+            raise ValueError("give either 'val' or 'val_split', not both")
+        return self
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json", exclude_none=True)

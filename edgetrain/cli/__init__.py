@@ -13,7 +13,10 @@ COMMANDS = {
     # name: module under edgetrain.cli holding a click command of the same name
     "devices": "devices",
     "doctor": "doctor",
+    "export": "export",
     "inspect": "inspect",
+    "recipes": "recipes",
+    "run": "run",
 }
 
 

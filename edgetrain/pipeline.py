@@ -1,0 +1,312 @@
+"""`edgetrain run`: the steps of a recipe, in order, into one run folder.
+
+Each step runs as the matching edgetrain command in its own child process (`python -m edgetrain VERB
+... --json RUNDIR/steps/VERB.json`), so a recipe is exactly the chain of commands a user could type,
+each step gets its thread cap applied before mxnet loads and its own peak-memory figure, and a step
+that crashes cannot take the run down with it. Its output goes to RUNDIR/logs/VERB.log.
+
+Run folder::
+
+    recipe.yaml            the recipe as run (resume refuses a different one)
+    data/train.npz, data/val.npz   the held-out split, when the recipe asks for one (same for every step)
+    finetune/              the fine-tuned PREFIX model, metrics.json, checkpoint
+    model.onnx, model_int8.onnx   export and quantize artifacts
+    profile.html           the profile step's report
+    steps/VERB.json        each step's result;  logs/VERB.log  each step's output
+    result.json, report.html
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .errors import UsageError
+from .recipes import LoadedRecipe
+
+EXIT_STATUS = {0: "done", 1: "failed", 2: "bad input", 3: "budget not met"}
+
+
+@dataclass
+class StepRun:
+    name: str
+    status: str              # done | failed | bad input | budget not met | skipped (complete) | not run
+    exit_code: int | None
+    seconds: float
+    command: list[str]
+    log: str
+    result: dict | None = None
+    error: str | None = None
+
+
+@dataclass
+class RunResult:
+    recipe: str
+    source: str
+    rundir: str
+    device: str
+    steps: list[StepRun] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+    report: str | None = None
+    exit_code: int = 0
+    failed_step: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Artifacts:
+    """What the steps so far have made; each step takes its input from here."""
+
+    model: str                    # the current Gluon MODEL (the recipe's, then the fine-tuned one)
+    train: str
+    val: str | None
+    fp32_onnx: str | None = None
+    int8_onnx: str | None = None
+
+
+def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: str | None = None,
+               threads: int | None = None, resume: bool = False,
+               progress: Callable[[str], None] | None = None) -> RunResult:
+    """Run every step of ``loaded``; stop at the first that fails. Returns the whole run's result."""
+    from .recipes import check_recipe
+
+    say = progress or (lambda msg: None)
+    recipe = loaded.recipe
+    profile = check_recipe(loaded, device)
+    rundir = Path(rundir) if rundir else Path(f"edgetrain-run-{recipe.name}")
+    _prepare_rundir(rundir, loaded, resume)
+    threads = threads or recipe.threads
+    result = RunResult(recipe.name, loaded.source, str(rundir), profile.name)
+
+    art = _Artifacts(model=loaded.resolve(recipe.model), train=loaded.resolve(recipe.data),
+                     val=loaded.resolve(recipe.val))
+    if recipe.val_split:
+        art.train, art.val = _split_data(loaded, rundir, art.model, say)
+
+    device_ref = device or (loaded.resolve(recipe.device) if recipe.device.endswith((".yaml", ".yml"))
+                            else recipe.device)
+    total = len(recipe.steps)
+    for i, step in enumerate(recipe.steps, 1):
+        json_path = rundir / "steps" / f"{step.name}.json"
+        log_path = rundir / "logs" / f"{step.name}.log"
+        if step.name == "report":
+            run = _report_step(result, rundir, step.options, art)
+            result.steps.append(run)
+            say(f"[{i}/{total}] report: {run.result['path'] if run.result else run.error}")
+            continue
+        argv = _command(step, art, rundir, device_ref, threads, json_path, resume)
+        if resume and _complete(json_path):
+            run = StepRun(step.name, "skipped (complete)", 0, 0.0, argv, str(log_path), _read_json(json_path))
+            say(f"[{i}/{total}] {step.name}: already complete, skipped")
+        else:
+            say(f"[{i}/{total}] {step.name}: edgetrain {' '.join(argv)}")
+            run = _run_child(step.name, argv, json_path, log_path, say)
+        result.steps.append(run)
+        if run.exit_code not in (0, 3):
+            result.exit_code = 1 if run.exit_code != 2 else 2
+            result.failed_step = step.name
+            say(f"[{i}/{total}] {step.name} {run.status} (exit {run.exit_code}): {run.error or 'see ' + run.log}")
+            break
+        if run.exit_code == 3:
+            result.exit_code = 3
+            result.failed_step = result.failed_step or step.name
+        say(f"[{i}/{total}] {step.name} {run.status} in {run.seconds:.1f} s")
+        _advance(step.name, run, art, rundir)
+
+    result.summary = summarize(result)
+    _write_json_atomic(rundir / "result.json", result.to_dict())
+    return result
+
+
+def _prepare_rundir(rundir: Path, loaded: LoadedRecipe, resume: bool) -> None:
+    recipe_copy = rundir / "recipe.yaml"
+    if resume:
+        if not recipe_copy.is_file():
+            raise UsageError("nothing to resume: no recipe.yaml in the run folder", str(rundir),
+                             "run without --resume to start a new run there")
+        if recipe_copy.read_text(encoding="utf-8") != loaded.text:
+            raise UsageError("the run folder was made by a different recipe", str(rundir),
+                             "resume with the same recipe, or start a new run folder with -o")
+        return
+    if rundir.exists() and (not rundir.is_dir() or any(rundir.iterdir())):
+        raise UsageError("run folder already exists and is not empty", str(rundir),
+                         "choose a new one with -o, or continue it with --resume")
+    try:
+        for sub in ("steps", "logs"):
+            (rundir / sub).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the run folder: {exc.strerror}", str(rundir), "choose another -o") from None
+    from .fileio import atomic_write_text
+
+    atomic_write_text(recipe_copy, loaded.text, "run folder")
+
+
+def _split_data(loaded: LoadedRecipe, rundir: Path, model_ref: str, say) -> tuple[str, str]:
+    """Hold out ``val_split`` of the data once, as .npz files every step reads (the same held-out set)."""
+    train_path, val_path = rundir / "data" / "train.npz", rundir / "data" / "val.npz"
+    if train_path.is_file() and val_path.is_file():
+        return str(train_path), str(val_path)
+    import numpy as np
+
+    from .data import load_data
+    from .fileio import atomic_path
+    from .models import load_gluon
+
+    recipe = loaded.recipe
+    pre = load_gluon(model_ref).preprocess  # the raw pixels are stored at the model's input size
+    ds = load_data(loaded.resolve(recipe.data), pre)
+    train, val = ds.split(recipe.val_split, seed=recipe.seed)
+    train_path.parent.mkdir(parents=True, exist_ok=True)
+    for part, path in ((train, train_path), (val, val_path)):
+        raw = np.stack([part._raw(int(j)) for j in part._index]).astype(np.float32)
+        with atomic_path(path, "run folder") as tmp:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, data=raw, label=part.labels, class_names=np.array(ds.class_names))
+    say(f"held out {len(val)} of {len(ds)} samples ({recipe.val_split:.0%}, seed {recipe.seed}) for validation")
+    return str(train_path), str(val_path)
+
+
+def _command(step, art: _Artifacts, rundir: Path, device: str, threads, json_path: Path, resume: bool) -> list[str]:
+    o = step.options
+    common = ["--device", device, "--json", str(json_path)] + (["--threads", str(threads)] if threads else [])
+    if step.name == "finetune":
+        argv = ["finetune", art.model, "--data", art.train, "-o", str(rundir / "finetune"),
+                "--epochs", str(o.epochs), "--batch-size", str(o.batch_size), "--optimizer", o.optimizer,
+                "--train-layers", o.train_layers, "--seed", str(o.seed)]
+        argv += ["--val", art.val] if art.val else []
+        argv += ["--lr", str(o.lr)] if o.lr else []
+        argv += ["--memory-budget", o.memory_budget] if o.memory_budget else []
+        argv += ["--resume"] if resume and (rundir / "finetune").is_dir() else []
+    elif step.name == "quantize":
+        out = rundir / ("model_int8" if o.backend == "mxnet" else "model_int8.onnx")
+        argv = ["quantize", art.model, "--calib", art.train, "-o", str(out), "--max-drop", str(o.max_drop),
+                "--method", o.method, "--samples", str(o.samples), "--backend", o.backend,
+                "--per-channel" if o.per_channel else "--per-tensor"]
+        argv += ["--val", art.val] if art.val else []
+    elif step.name == "export":
+        argv = ["export", art.model, "-o", str(rundir / "model.onnx"), "--opset", str(o.opset),
+                "--atol", str(o.atol), "--rtol", str(o.rtol)]
+        argv += ["--dynamic-batch"] if o.dynamic_batch else []
+        argv += ["--data", art.val or art.train]
+    elif step.name == "profile":
+        target = {"fp32": art.fp32_onnx, "int8": art.int8_onnx}.get(o.target) or art.int8_onnx or art.fp32_onnx
+        if target is None:
+            raise UsageError(f"profile target '{o.target}' has no model yet", "recipe steps",
+                             "put an export or quantize step before profile")
+        argv = ["profile", target, "--batch", str(o.batch), "--warmup", str(o.warmup), "--runs", str(o.runs),
+                "--report", str(rundir / "profile.html")]
+        if o.threads:  # the sweep replaces the single cap
+            common = ["--device", device, "--json", str(json_path)]
+            argv += ["--threads", ",".join(map(str, o.threads))]
+        argv += ["--battery-wh", str(o.battery_wh)] if o.battery_wh else []
+        argv += ["--rate", o.rate] if o.rate else []
+        argv += ["--budget-mj", str(o.budget_mj)] if o.budget_mj else []
+    else:  # pragma: no cover - the schema allows no other step
+        raise AssertionError(step.name)
+    return argv + common
+
+
+def _run_child(name: str, argv: list[str], json_path: Path, log_path: Path, say) -> StepRun:
+    """Run one step; its output is logged in full and echoed line by line as progress."""
+    if json_path.exists():
+        json_path.unlink()  # a stale result must not pass for this run's
+    started = time.monotonic()
+    env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
+    env["PYTHONUNBUFFERED"] = "1"
+    last_error = None
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write("$ edgetrain " + " ".join(argv) + "\n")
+        log.flush()
+        proc = subprocess.Popen([sys.executable, "-m", "edgetrain", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
+        for line in proc.stdout:
+            log.write(line)
+            text = line.rstrip("\r\n")
+            if text.startswith("Error:"):
+                last_error = text[len("Error:"):].strip()
+            if text.strip():
+                say(f"    {text.splitlines()[-1][-160:]}")
+        code = proc.wait()
+    seconds = time.monotonic() - started
+    status = EXIT_STATUS.get(code, "failed")
+    if code < 0:
+        last_error = f"killed by signal {-code}"
+    return StepRun(name, status, code, seconds, argv, str(log_path), _read_json(json_path), last_error)
+
+
+def _advance(name: str, run: StepRun, art: _Artifacts, rundir: Path) -> None:
+    """Record the step's artifact so the next step takes it."""
+    res = run.result or {}
+    if name == "finetune":
+        prefix = res.get("model") or res.get("prefix")
+        if prefix:
+            art.model = str(prefix)
+    elif name == "quantize":
+        out = res.get("output") or res.get("path")
+        if out and str(out).endswith(".onnx"):
+            art.int8_onnx = str(out)
+    elif name == "export":
+        art.fp32_onnx = str(res.get("path") or rundir / "model.onnx")
+
+
+def _complete(json_path: Path) -> bool:
+    res = _read_json(json_path)
+    return bool(res) and res.get("exit_code", 0) == 0 and res.get("passed", True) is not False
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    from .fileio import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n", "run folder")
+
+
+def _report_step(result: RunResult, rundir: Path, options, art: _Artifacts) -> StepRun:
+    from .run_report import write_run_report
+
+    started = time.monotonic()
+    result.summary = summarize(result)
+    path = rundir / f"report.{options.format}"
+    write_run_report(result, path)
+    result.report = str(path)
+    return StepRun("report", "done", 0, time.monotonic() - started, [], "", {"path": str(path)})
+
+
+def summarize(result: RunResult) -> dict:
+    """The figures a user looks for first, from the steps' results (None where a step did not run)."""
+    by = {s.name: (s.result or {}) for s in result.steps}
+    q, e, p, f = by.get("quantize", {}), by.get("export", {}), by.get("profile", {}), by.get("finetune", {})
+    return {k: v for k, v in {
+        "finetune_accuracy": _dig(f, "final", "val_accuracy") or _dig(f, "val_accuracy"),
+        "accuracy_fp32": _dig(q, "accuracy", "fp32"),
+        "accuracy_int8": _dig(q, "accuracy", "int8"),
+        "size_fp32_bytes": _dig(q, "size", "fp32_bytes") or e.get("size_bytes"),
+        "size_int8_bytes": _dig(q, "size", "int8_bytes"),
+        "export_passed": e.get("passed"),
+        "latency_p50_ms": _dig(p, "summary", "latency_p50_ms"),
+        "latency_provenance": _dig(p, "summary", "latency_provenance"),
+        "peak_rss_mb": _dig(p, "summary", "peak_rss_mb"),
+        "energy_per_inference_mj": _dig(p, "summary", "energy_per_inference_mj"),
+        "battery_life_days": _dig(p, "summary", "battery_life_days"),
+    }.items()}
+
+
+def _dig(d: dict, *keys):
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d

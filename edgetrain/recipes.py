@@ -1,0 +1,119 @@
+"""Recipes: find them (bundled or a path), validate them whole before any step runs.
+
+Validation is schema (config.Recipe: unknown keys, types) plus what the schema cannot know: the device
+profile exists, the model reference resolves, every data path exists. Each problem is one UsageError
+naming the file, the field path and what is expected.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from .config import Recipe, validate
+from .errors import UsageError
+
+BUNDLED_PACKAGE = "edgetrain._recipes"
+DEFAULT_RECIPE = "quickstart"
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    recipe: Recipe
+    source: str      # what error messages name: a path, or "bundled recipe recipes/NAME.yaml"
+    base: Path       # relative paths in the recipe are relative to this folder
+    text: str        # the YAML as read, kept in the run folder
+
+    def resolve(self, ref: str | None) -> str | None:
+        """A DATA/MODEL reference with relative paths made relative to the recipe's folder."""
+        if ref is None or ref.startswith(("builtin:", "zoo:")) or _is_factory(ref):
+            return ref
+        path = Path(ref)
+        return str(path if path.is_absolute() else (self.base / path))
+
+
+def _is_factory(ref: str) -> bool:
+    from .models import _FACTORY
+
+    return bool(_FACTORY.match(ref)) and not Path(ref).exists()
+
+
+def _bundled() -> dict[str, object]:
+    root = resources.files(BUNDLED_PACKAGE)
+    return {e.name[:-5]: e for e in root.iterdir() if e.is_file() and e.name.endswith(".yaml")}
+
+
+def bundled_names() -> list[str]:
+    return sorted(_bundled())
+
+
+def read_recipe(name_or_path: str | None) -> LoadedRecipe:
+    """Parse and schema-validate a recipe: a bundled name, a path, or None for the quickstart."""
+    name_or_path = name_or_path or DEFAULT_RECIPE
+    bundled = _bundled()
+    if name_or_path in bundled:
+        entry = bundled[name_or_path]
+        text, source, base = entry.read_text(encoding="utf-8"), f"bundled recipe recipes/{entry.name}", Path.cwd()
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise UsageError(f"recipe not found: {name_or_path}", "RECIPE",
+                             f"give a recipe YAML path or one of: {', '.join(sorted(bundled))}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot read recipe: {exc.strerror}", str(path), "check its permissions") from None
+        source, base = str(path), path.resolve().parent
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise UsageError(f"not valid YAML: {getattr(exc, 'problem', exc)}",
+                         f"{source}:{mark.line + 1}" if mark else source, "fix the syntax") from None
+    return LoadedRecipe(validate(data, Recipe, source), source, base, text)
+
+
+def check_recipe(loaded: LoadedRecipe, device_override: str | None = None):
+    """Everything the schema cannot check, before any step runs. Returns the device profile."""
+    from .devices import load_device
+    from .models import parse_model_ref
+
+    r = loaded.recipe
+    device = device_override or r.device
+    if not device_override and device.endswith((".yaml", ".yml")):
+        device = loaded.resolve(device)  # a profile file beside the recipe
+    try:
+        profile = load_device(device)
+    except UsageError as exc:
+        where = "--device" if device_override else f"{loaded.source}, field 'device'"
+        raise UsageError(exc.what, where, exc.fix) from None
+    try:
+        parse_model_ref(loaded.resolve(r.model))
+    except UsageError as exc:
+        raise UsageError(exc.what, f"{loaded.source}, field 'model'", exc.fix) from None
+    _check_data(loaded, r.data, "data")
+    if r.val is not None:
+        _check_data(loaded, r.val, "val")
+    seen = set()
+    for i, step in enumerate(r.steps):
+        if step.name in seen:
+            raise UsageError(f"step '{step.name}' appears twice", f"{loaded.source}, field 'steps[{i}]'",
+                             "give each step once")
+        seen.add(step.name)
+    return profile
+
+
+def _check_data(loaded: LoadedRecipe, ref: str, field: str) -> None:
+    from .data import BUILTIN_PREFIX, BUILTINS
+
+    if ref.startswith(BUILTIN_PREFIX):
+        if ref[len(BUILTIN_PREFIX):] not in BUILTINS:
+            raise UsageError(f"unknown built-in data set '{ref}'", f"{loaded.source}, field '{field}'",
+                             "use " + ", ".join(BUILTIN_PREFIX + b for b in BUILTINS))
+        return
+    path = Path(loaded.resolve(ref))
+    if not path.exists():
+        raise UsageError(f"data path does not exist: {path}", f"{loaded.source}, field '{field}'",
+                         "expected an image folder, an .npz file or builtin:digits (paths are relative to the recipe)")
