@@ -22,3 +22,26 @@ def digits_cnn(classes: int = 10):
                 nn.Dense(classes))
     net.edgetrain_preprocess = {"input_shape": list(DIGITS_INPUT), "mean": [0.3], "std": [0.4]}
     return net
+
+
+def pretrained_digits():
+    """``digits_cnn(classes=5)`` trained on builtin:digits 0-4 (tools/train_digits_base.py), as shipped.
+
+    The starting point for on-device fine-tuning demos and tests: it knows five digits; `edgetrain
+    finetune` teaches it the other five.
+    """
+    import json
+    import warnings
+    from importlib import resources
+
+    from mxnet import gluon
+
+    root = resources.files("edgetrain._builtin")
+    with resources.as_file(root.joinpath("digits5-symbol.json")) as sym, \
+            resources.as_file(root.joinpath("digits5-0000.params")) as params:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            net = gluon.SymbolBlock.imports(str(sym), ["data"], str(params))
+    record = json.loads(root.joinpath("digits5-edgetrain.json").read_text(encoding="utf-8"))
+    net.edgetrain_preprocess = record["preprocess"]
+    return net
