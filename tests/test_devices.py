@@ -31,7 +31,10 @@ def test_every_bundled_profile_loads_and_validates():
             if fig.kind == "estimate":
                 assert "ESTIMATE" in fig.source
         if p.speed.method == "reference_latency":
-            assert p.speed.reference is not None and p.speed.reference.latency_ms > 0
+            ref = p.speed.reference
+            assert ref is not None and ref.latency_ms > 0
+            assert 1 <= ref.threads <= p.cores  # the device must be able to run the reference thread count
+            assert len(ref.source) > 40
         assert p.to_dict()["name"] == p.name
 
 
