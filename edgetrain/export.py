@@ -1,0 +1,362 @@
+"""Gluon -> ONNX, proven equal: translate, repair, record the preprocessing, then validate.
+
+``export_onnx`` only writes the file. ``export`` is the command's work: it also loads the exact bytes in
+an ONNX Runtime session with every graph optimisation on, runs the Gluon model (MXNet) and that session
+on the same inputs (random batches shaped like real preprocessed images, plus real samples from DATA)
+and compares every output (``compare.py``). An out-of-tolerance result is still written (so it can be
+inspected) and reported with ``passed=False``; the CLI turns that into exit 3.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .errors import RunFailed, UsageError
+
+DEFAULT_OPSET = 13
+OPSETS = (12, 13)  # the opsets mxnet 1.9.1's translations are written for
+FP32_TOLERANCE = (1e-4, 1e-3)  # atol, rtol
+FP16_TOLERANCE = (1e-2, 1e-2)  # fp16 keeps ~3 significant digits
+RANDOM_BATCHES = 3
+DATA_SAMPLES = 16
+DYNAMIC_BATCH_SIZES = (1, 3)  # a dynamic-batch export is validated at both
+META_PREFIX = "edgetrain."
+
+
+@dataclass
+class ExportResult:
+    path: str
+    size_bytes: int
+    model: str
+    opset: int
+    precision: str  # "fp32" | "fp16"
+    dynamic_batch: bool
+    inputs: list[dict]
+    outputs: list[dict]
+    ops: dict[str, int]
+    comparison: object  # compare.Comparison
+    validated_with: list[dict]  # what each compared batch was
+    device: str | None
+    threads: int
+    seconds: dict[str, float]
+    metadata_keys: list[str]
+    random_weights: bool = False
+    notes: list[str] = field(default_factory=list)
+    # Filled by edgetrain.energy (the profile issue): the energy budget of running this model on --device.
+    energy: dict | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.comparison.passed
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["comparison"] = self.comparison.to_dict()
+        d["passed"] = self.passed
+        return d
+
+
+def export_onnx(model, path, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False) -> Path:
+    """Translate ``model`` (a GluonModel), repair it, record its preprocessing, and write it atomically.
+
+    No validation: ``export`` does that. Raises UsageError for an operator the exporter cannot translate.
+    """
+    from .fileio import check_output_path
+
+    path = check_output_path(Path(path), "output")
+    proto = build_onnx(model, opset=opset, dynamic_batch=dynamic_batch)
+    _write(proto.SerializeToString(), path)
+    return path
+
+
+def build_onnx(model, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False, fp16: bool = False):
+    """The checked ONNX ModelProto for ``model`` (nothing written)."""
+    import onnx
+
+    from .compat import mxnet_onnx
+
+    opset = check_opset(opset)
+    sym, params = _symbol_and_params(model)
+    try:
+        proto = mxnet_onnx.translate(sym, params, model.preprocess.input_name, model.preprocess.batch_shape(1),
+                                     opset=opset, dynamic_batch=dynamic_batch)
+    except mxnet_onnx.TranslationError as exc:
+        raise UsageError(f"cannot export operator '{exc.op}' to ONNX: {exc.reason}", f"layer {exc.layer}",
+                         "replace that layer with one built from supported operators "
+                         "(see mxnet.onnx.get_operator_support())") from None
+    if fp16:
+        proto = to_fp16(proto)
+    _add_metadata(proto, model, opset, "fp16" if fp16 else "fp32")
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as exc:  # a translation bug, not the user's doing: keep it visible
+        raise RunFailed(f"the translated model fails onnx.checker: {str(exc).splitlines()[0][:300]}",
+                        model.ref.text, "report this with the model; EDGETRAIN_DEBUG=1 shows the details") from exc
+    return proto
+
+
+def export(model_ref: str, output, *, params=None, input_shape=None, opset: int = DEFAULT_OPSET,
+           dynamic_batch: bool = False, atol: float | None = None, rtol: float | None = None, data=None,
+           device=None, fp16: bool = False, progress: Callable[[str], None] | None = None) -> ExportResult:
+    """Export MODEL to ``output`` and validate it against the Gluon model.
+
+    ``atol``/``rtol`` default to 1e-4/1e-3 (fp32) or 1e-2/1e-2 (``fp16``). ``device`` is a profile name,
+    path or DeviceProfile; the thread cap in force (runtime.apply_threads) is used for ONNX Runtime.
+    """
+    from .compare import Comparison
+    from .fileio import check_output_path
+    from .models import load_gluon
+    from .runtime import current_threads
+
+    say = progress or (lambda msg: None)
+    atol = check_tolerance(FP16_TOLERANCE[0] if fp16 and atol is None else FP32_TOLERANCE[0] if atol is None
+                           else atol, "--atol")
+    rtol = check_tolerance(FP16_TOLERANCE[1] if fp16 and rtol is None else FP32_TOLERANCE[1] if rtol is None
+                           else rtol, "--rtol")
+    opset = check_opset(opset)
+    output = check_output_path(Path(output), "output")
+    profile = _profile(device)
+    threads = current_threads()
+
+    t0 = time.perf_counter()
+    say(f"loading {model_ref}")
+    model = load_gluon(model_ref, params=params, input_shape=input_shape)
+    samples = _real_samples(data, model) if data else None
+    t1 = time.perf_counter()
+    say(f"translating to ONNX opset {opset}" + (" (fp16)" if fp16 else ""))
+    proto = build_onnx(model, opset=opset, dynamic_batch=dynamic_batch, fp16=fp16)
+    blob = proto.SerializeToString()
+    t2 = time.perf_counter()
+    say("loading in ONNX Runtime (all graph optimisations)")
+    session = _session(blob, threads, model.ref.text)
+    say("validating: Gluon (MXNet) vs ONNX Runtime")
+    batches = _validation_batches(model, dynamic_batch, samples)
+    expected, actual, described = [], [], []
+    out_names = [o.name for o in proto.graph.output]
+    for what, x in batches:
+        expected.append(_gluon_outputs(model, x, out_names))
+        actual.append(_ort_outputs(session, model.preprocess.input_name, x, out_names, model.ref.text))
+        described.append({"source": what, "batch": int(x.shape[0])})
+    comparison: Comparison = _compare(expected, actual, atol, rtol)
+    comparison.batches = len(batches)
+    t3 = time.perf_counter()
+    _write(blob, output)
+
+    notes = list(model.notes)
+    ref_mag = max((o.expected_max_abs for o in comparison.outputs), default=0.0)
+    if ref_mag < 10 * atol:
+        notes.append(f"the Gluon model's outputs are tiny (max |y| = {ref_mag:.3g}), so an absolute tolerance of "
+                     f"{atol:g} proves little; compare with real weights (--params) or judge by max rel error")
+    if samples is not None and samples[1]:
+        notes.extend(samples[1])
+    return ExportResult(
+        path=str(output), size_bytes=output.stat().st_size, model=model.ref.text, opset=opset,
+        precision="fp16" if fp16 else "fp32", dynamic_batch=dynamic_batch,
+        inputs=_io(proto.graph.input), outputs=_io(proto.graph.output),
+        ops=dict(sorted(Counter(n.op_type for n in proto.graph.node).items())),
+        comparison=comparison, validated_with=described,
+        device=profile.name if profile is not None else None, threads=threads,
+        seconds={"load": round(t1 - t0, 3), "translate": round(t2 - t1, 3), "validate": round(t3 - t2, 3)},
+        metadata_keys=[p.key for p in proto.metadata_props], random_weights=model.random_weights, notes=notes,
+    )
+
+
+def check_opset(opset) -> int:
+    try:
+        value = int(opset)
+    except (TypeError, ValueError):
+        value = None
+    if value not in OPSETS:
+        raise UsageError(f"unsupported opset {opset!r}", "--opset",
+                         f"use {' or '.join(map(str, OPSETS))}: the opsets mxnet 1.9.1's exporter translates to")
+    return value
+
+
+def check_tolerance(value, where: str) -> float:
+    from .compare import _tolerance
+
+    try:
+        return _tolerance(value, where)
+    except ValueError as exc:
+        raise UsageError(str(exc), where, "give a non-negative number, e.g. 1e-4") from None
+
+
+def to_fp16(proto):
+    """fp16 weights and compute, fp32 inputs and outputs, by onnxruntime's maintained converter.
+
+    Why onnxruntime.transformers.float16: it ships with onnxruntime (no new dependency) and is the
+    maintained descendant of onnxconverter-common's converter. Its Cast nodes for the kept fp32 inputs
+    are appended at the end of the graph, which the ONNX checker rejects, so the graph is re-sorted.
+    """
+    import logging
+
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    logging.getLogger("onnxruntime.transformers.float16").setLevel(logging.ERROR)
+    proto = convert_float_to_float16(proto, keep_io_types=True)
+    _topological_sort(proto.graph)
+    return proto
+
+
+def _topological_sort(graph) -> None:
+    produced = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    consumers: dict[str, list[int]] = {}
+    waiting = []
+    for k, node in enumerate(graph.node):
+        missing = {i for i in node.input if i not in produced}
+        waiting.append(len(missing))
+        for name in missing:
+            consumers.setdefault(name, []).append(k)
+    ready = [k for k, n in enumerate(waiting) if n == 0]
+    order, seen = [], set()
+    while ready:
+        k = ready.pop(0)
+        order.append(k)
+        for name in graph.node[k].output:
+            if name in seen:
+                continue
+            seen.add(name)
+            for c in consumers.get(name, ()):
+                waiting[c] -= 1
+                if waiting[c] == 0:
+                    ready.append(c)
+    if len(order) != len(graph.node):
+        raise RunFailed("the fp16 graph has a cycle or a dangling input", "--fp16", "export without --fp16")
+    nodes = [graph.node[k] for k in order]
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _symbol_and_params(model):
+    """The model's symbol (input named as recorded) and its parameters by name, as Block.export would save."""
+    import mxnet as mx
+
+    out = model.block(mx.sym.var(model.preprocess.input_name))
+    sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
+    wanted = set(sym.list_inputs())
+    params = {}
+    for name, p in model.block.collect_params().items():
+        if name in wanted:
+            params[name] = p._reduce() if hasattr(p, "_reduce") else p.data()
+    return sym, params
+
+
+def _add_metadata(proto, model, opset: int, precision: str) -> None:
+    from . import __version__
+
+    pre = model.preprocess
+    meta = {
+        "preprocess": json.dumps(pre.to_dict()),
+        "class_names": json.dumps(list(pre.class_names) if pre.class_names is not None else None),
+        "num_classes": str(model.num_classes),
+        "source_model": model.ref.text,
+        "random_weights": "true" if model.random_weights else "false",
+        "version": __version__,
+        "opset": str(opset),
+        "precision": precision,
+    }
+    for key, value in meta.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = META_PREFIX + key, value
+    proto.doc_string = (f"Exported by edgetrain {__version__} from {model.ref.text}; preprocessing in metadata "
+                        f"'{META_PREFIX}preprocess' (JSON): pixels to [0,1], resize, (x-mean)/std, NCHW.")
+
+
+def _write(blob: bytes, path: Path) -> None:
+    from .fileio import atomic_write_bytes
+
+    atomic_write_bytes(path, blob, "output")
+
+
+def _session(blob: bytes, threads: int, where: str):
+    import onnxruntime as ort
+
+    from .runtime import ort_session_options
+
+    try:
+        return ort.InferenceSession(blob, ort_session_options(threads, optimize=True),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise RunFailed(f"ONNX Runtime refused the exported model: {str(exc).splitlines()[0][:300]}", where,
+                        "report this with the model; EDGETRAIN_DEBUG=1 shows the details") from exc
+
+
+def _profile(device):
+    if device is None or hasattr(device, "name"):
+        return device
+    from .devices import load_device
+
+    return load_device(device)
+
+
+def _real_samples(data, model):
+    from .data import load_data
+
+    ds = load_data(data, model.preprocess)
+    x, _ = ds.arrays(DATA_SAMPLES)
+    return x, list(ds.notes)
+
+
+def _validation_batches(model, dynamic_batch: bool, samples) -> list[tuple[str, np.ndarray]]:
+    """Random batches that look like preprocessed images (uniform pixels, then mean/std), then real data."""
+    pre = model.preprocess
+    sizes = DYNAMIC_BATCH_SIZES if dynamic_batch else (1,)
+    mean = np.asarray(pre.mean, dtype=np.float32).reshape(-1, 1, 1)
+    std = np.asarray(pre.std, dtype=np.float32).reshape(-1, 1, 1)
+    out = []
+    for k in range(RANDOM_BATCHES):
+        n = sizes[k % len(sizes)]
+        pix = np.random.RandomState(k).rand(n, *pre.input_shape).astype(np.float32)
+        out.append((f"random{k}", ((pix - mean) / std).astype(np.float32)))
+    if samples is not None:
+        x = samples[0]
+        step = max(sizes)
+        for start in range(0, len(x), step):
+            chunk = x[start:start + step]
+            if not dynamic_batch:  # a fixed-batch model takes one sample at a time
+                out.extend(("data", chunk[i:i + 1]) for i in range(len(chunk)))
+            else:
+                out.append(("data", chunk))
+    return out
+
+
+def _gluon_outputs(model, x: np.ndarray, names: list[str]) -> dict:
+    import mxnet as mx
+
+    out = model.block(mx.nd.array(x, dtype="float32"))
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    return {n: o.asnumpy() for n, o in zip(names, outs)}
+
+
+def _ort_outputs(session, input_name: str, x: np.ndarray, names: list[str], where: str) -> dict:
+    try:
+        res = session.run(names, {input_name: x})
+    except Exception as exc:
+        raise RunFailed(f"ONNX Runtime failed to run the exported model: {str(exc).splitlines()[0][:300]}", where,
+                        "report this with the model; EDGETRAIN_DEBUG=1 shows the details") from exc
+    return dict(zip(names, res))
+
+
+def _compare(expected: list[dict], actual: list[dict], atol: float, rtol: float):
+    """One comparison over every batch: concatenated along the batch axis."""
+    from .compare import compare_outputs, merge
+
+    return compare_outputs(merge(expected), merge(actual), atol=atol, rtol=rtol)
+
+
+def _io(values) -> list[dict]:
+    from onnx import helper
+
+    out = []
+    for v in values:
+        t = v.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+        out.append({"name": v.name, "shape": shape,
+                    "dtype": str(np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))})
+    return out
