@@ -16,6 +16,7 @@ _API = {
     "load_data": "data", "Dataset": "data",
     "load_device": "devices", "list_profiles": "devices", "detect_host": "devices",
     "apply_threads": "runtime",
+    "quantize_model": "quantize", "QuantizeResult": "quantize",
     "export_onnx": "export", "ExportResult": "export", "compare_outputs": "compare", "Comparison": "compare",
 }
 

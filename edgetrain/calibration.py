@@ -1,0 +1,62 @@
+"""Feeding a Dataset to ONNX Runtime's calibrators, one sample per run, with progress."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .data import Dataset
+
+Progress = Callable[[int, int], None]  # (done, total)
+
+
+def calibration_reader(dataset: Dataset, input_name: str, progress: Progress | None = None):
+    """A ``CalibrationDataReader`` over ``dataset``.
+
+    One sample per run on purpose: ORT's histogram calibrators (entropy, percentile) stack the runs'
+    outputs into one array and fail on a shorter last batch. ``set_range``/``len`` let quantize_static
+    calibrate in strides (``CalibStridedMinMax``), so activations of only one stride are held in memory.
+    """
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class DatasetReader(CalibrationDataReader):
+        def __init__(self):
+            self.start, self.end = 0, len(dataset)
+            self.pos = 0
+            self.done = 0
+
+        def __len__(self):
+            return len(dataset)
+
+        def set_range(self, start_index: int, end_index: int):
+            self.start, self.end = start_index, min(end_index, len(dataset))
+            self.pos = self.start
+
+        def rewind(self):
+            self.pos = self.start
+
+        def get_next(self):
+            if self.pos >= self.end:
+                return None
+            x = dataset.batch([self.pos])
+            self.pos += 1
+            self.done += 1
+            if progress is not None:
+                progress(min(self.done, len(dataset)), len(dataset))
+            return {input_name: x}
+
+    return DatasetReader()
+
+
+def stride_for(n: int, most: int = 32) -> int:
+    """The largest stride <= ``most`` dividing ``n`` (quantize_static requires an exact division)."""
+    for s in range(min(most, n), 0, -1):
+        if n % s == 0:
+            return s
+    return 1
+
+
+def pick_samples(dataset: Dataset, samples: int, seed: int = 0) -> Dataset:
+    """Up to ``samples`` samples, drawn across classes (a sorted folder would otherwise give class 0 only)."""
+    n = min(samples, len(dataset))
+    return dataset.subset(np.random.RandomState(seed).permutation(len(dataset))[:n])

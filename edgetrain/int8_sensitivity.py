@@ -1,0 +1,49 @@
+"""Which quantized nodes cost the most accuracy: per-node error between fp32 and int8 activations.
+
+Uses ONNX Runtime's QDQ debugging tools (onnxruntime.quantization.qdq_loss_debug): both models are run
+on the same samples with every activation exposed, and each activation's signal-to-quantization-noise
+ratio (SQNR, dB; higher is better) is measured against the fp32 model. Errors accumulate down the
+graph, so a node is charged with the SQNR it *loses*: that of its worst input minus that of its output.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+
+def rank_nodes(fp32_path: Path, int8_path: Path, candidates: list[str], reader: Callable[[], object],
+               workdir: Path) -> list[tuple[str, float]]:
+    """``candidates`` (node names of the fp32 model) sorted by the SQNR they lose, worst first.
+
+    ``reader()`` returns a fresh CalibrationDataReader over the samples to compare on.
+    """
+    import onnx
+    from onnxruntime.quantization.qdq_loss_debug import (collect_activations, compute_activation_error,
+                                                         create_activation_matching,
+                                                         modify_model_output_intermediate_tensors)
+
+    from .quantize_ort import _quiet_ort_logging
+
+    workdir = Path(workdir)
+    fp32_aug, int8_aug = workdir / "fp32_debug.onnx", workdir / "int8_debug.onnx"
+    with _quiet_ort_logging():
+        modify_model_output_intermediate_tensors(str(fp32_path), str(fp32_aug))
+        modify_model_output_intermediate_tensors(str(int8_path), str(int8_aug))
+        float_acts = collect_activations(str(fp32_aug), reader())
+        int8_acts = collect_activations(str(int8_aug), reader())
+    matched = {name: m for name, m in create_activation_matching(int8_acts, float_acts).items() if "float" in m}
+    sqnr = {name: e["xmodel_err"] for name, e in compute_activation_error(matched).items()}
+
+    nodes = {n.name: n for n in onnx.load(str(fp32_path)).graph.node}
+    best = max(sqnr.values(), default=0.0)
+    costs = []
+    for name in candidates:
+        node = nodes.get(name)
+        outs = [sqnr[o] for o in (node.output if node is not None else []) if o in sqnr]
+        if not outs:
+            costs.append((name, 0.0))  # its output is not quantized: nothing measurable to win back
+            continue
+        ins = [sqnr[i] for i in node.input if i in sqnr]
+        costs.append((name, (min(ins) if ins else best) - min(outs)))
+    costs.sort(key=lambda c: -c[1])
+    return costs

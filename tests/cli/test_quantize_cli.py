@@ -1,0 +1,113 @@
+"""`edgetrain quantize` end to end in a child process: reports, JSON, exit codes, bad input."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clitools import assert_user_error
+
+from test_quantize import trained_digits_dir  # one training run, shared by both modules
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    return trained_digits_dir(tmp_path_factory)
+
+
+def _no_outputs(folder, *keep):
+    left = sorted(p.name for p in folder.iterdir() if p.name not in keep)
+    assert left == [], f"left behind: {left}"
+
+
+def test_json_report_on_stdout_and_progress_stays_off_it(cli, tiny_prefix, digits_folder, tmp_path):
+    res = cli("quantize", tiny_prefix, "--calib", digits_folder, "-o", tmp_path / "q.onnx", "--samples", "20",
+              "--threads", "1", "--json", "-", cwd=tmp_path)
+    assert res.code == 0, res.err
+    out = res.json()
+    assert out["backend"] == "onnxruntime" and out["output"].endswith("q.onnx") and (tmp_path / "q.onnx").is_file()
+    assert out["calibration"]["samples"] == 20 and out["accuracy"]["checked"] is False
+    assert out["budget_met"] is None and out["latency"]["threads"] == 1
+    assert out["size"]["ratio"] > 1 and out["scheme"]["format"] == "QDQ"
+    assert any("not checked" in n for n in out["notes"])
+
+
+def test_human_report_for_a_device_without_vnni(cli, trained, tmp_path):
+    res = cli("quantize", trained / "digits10", "--calib", trained / "calib.npz", "--val", trained / "val.npz",
+              "-o", tmp_path / "q.onnx", "--device", "x86-64-generic", "--threads", "1", "--samples", "100",
+              "--json", tmp_path / "r.json", cwd=tmp_path)
+    assert res.code == 0, res.err
+    assert "QDQ S8S8 (per-channel, reduce_range) for x86-64-generic" in res.out
+    assert "saturat" in res.out and "warning    x86-64-generic has neither x86 VNNI nor ARM dot-product" in res.out
+    assert "accuracy   fp32 " in res.out and "measured on this host" in res.out and "not on x86-64-generic" in res.out
+    import json
+
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["scheme"]["reduce_range"] is True and report["accuracy"]["drop"] <= 1.0
+
+
+def test_budget_not_met_exits_3_and_keeps_the_best_model(cli, trained, tmp_path):
+    np.savez(tmp_path / "blank.npz", data=np.zeros((8, 8, 8), np.float32), label=np.arange(8) % 2)
+    res = cli("quantize", trained / "digits10", "--calib", tmp_path / "blank.npz", "--val", trained / "val.npz",
+              "-o", tmp_path / "q.onnx", "--max-fp32-nodes", "0", "--threads", "1", "--json", tmp_path / "r.json",
+              cwd=tmp_path)
+    assert_user_error(res, 3, "exceeds --max-drop 1", "best model kept")
+    assert (tmp_path / "q.onnx").is_file() and (tmp_path / "r.json").is_file()
+    assert "no mix of int8 and fp32 nodes met --max-drop 1" in res.out
+
+
+def test_mxnet_backend_says_it_cannot_go_to_onnx(cli, tiny_prefix, digits_folder, tmp_path):
+    res = cli("quantize", tiny_prefix, "--calib", digits_folder, "-o", tmp_path / "mx", "--backend", "mxnet",
+              "--samples", "12", "--threads", "1", cwd=tmp_path)
+    assert res.code == 0, res.err
+    assert "cannot be exported to ONNX" in res.out and (tmp_path / "mx-symbol.json").is_file()
+    assert (tmp_path / "mx-0000.params").is_file() and (tmp_path / "mx-edgetrain.json").is_file()
+
+
+@pytest.mark.parametrize("value,fragment", [("-1", "zero or more"), ("abc", "a number"), ("nan", "zero or more")])
+def test_bad_max_drop(cli, tiny_prefix, tmp_path, value, fragment):
+    res = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "-o", tmp_path / "q.onnx", "--max-drop", value,
+              cwd=tmp_path)
+    assert_user_error(res, 2, "--max-drop", fragment)
+    _no_outputs(tmp_path)
+
+
+def test_calibration_data_that_is_not_images(cli, tiny_prefix, tmp_path):
+    np.savez(tmp_path / "vectors.npz", data=np.zeros((10, 7), np.float32), label=np.arange(10) % 2)
+    res = cli("quantize", tiny_prefix, "--calib", tmp_path / "vectors.npz", "-o", tmp_path / "q.onnx", cwd=tmp_path)
+    assert_user_error(res, 2, "'data' has shape (10, 7)", "vectors.npz")
+    _no_outputs(tmp_path, "vectors.npz")
+
+
+def test_calibration_images_that_do_not_fit_the_onnx_input(cli, trained, tmp_path):
+    fp32 = tmp_path / "fp32.onnx"
+    res = cli("export", trained / "digits10", "-o", fp32, cwd=tmp_path)
+    assert res.code == 0, res.err
+    res = cli("quantize", fp32, "--calib", trained / "calib.npz", "-o", tmp_path / "q.onnx",
+              "--input-shape", "1,1,20,20", cwd=tmp_path)
+    assert_user_error(res, 2, "do not fit the model input", "--calib")
+    _no_outputs(tmp_path, "fp32.onnx")
+
+
+def test_empty_calibration_set(cli, tiny_prefix, tmp_path):
+    for cls in ("a", "b"):
+        (tmp_path / "empty" / cls).mkdir(parents=True)
+    res = cli("quantize", tiny_prefix, "--calib", tmp_path / "empty", "-o", tmp_path / "q.onnx", cwd=tmp_path)
+    assert_user_error(res, 2, "no readable images", "empty")
+    _no_outputs(tmp_path, "empty")
+
+
+def test_val_labels_outside_the_model(cli, tiny_prefix, tmp_path):
+    np.savez(tmp_path / "val.npz", data=np.zeros((12, 8, 8), np.float32), label=np.arange(12))
+    res = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "--val", tmp_path / "val.npz",
+              "-o", tmp_path / "q.onnx", cwd=tmp_path)
+    assert_user_error(res, 2, "12 classes", "10 outputs", "val.npz")
+    _no_outputs(tmp_path, "val.npz")
+
+
+def test_already_quantized_model(cli, tiny_prefix, tmp_path):
+    res = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "-o", tmp_path / "q.onnx", "--samples", "10",
+              "--threads", "1", cwd=tmp_path)
+    assert res.code == 0, res.err
+    res = cli("quantize", tmp_path / "q.onnx", "--calib", "builtin:digits", "-o", tmp_path / "q2.onnx", cwd=tmp_path)
+    assert_user_error(res, 2, "already quantized", "fp32 model")
+    _no_outputs(tmp_path, "q.onnx")

@@ -1,0 +1,186 @@
+"""edgetrain.quantize: real MXNet export, real ONNX Runtime calibration/quantization, real data."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgetrain.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def trained_digits_dir(tmp_path_factory) -> Path:
+    """digits_cnn trained on builtin:digits by tools/train_digits_cnn.py (a child process), once per session."""
+    out = tmp_path_factory.getbasetemp() / "trained_digits"
+    if not (out / "val.npz").exists():
+        proc = subprocess.run([sys.executable, str(REPO / "tools" / "train_digits_cnn.py"), str(out)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory) -> Path:
+    return trained_digits_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def zeros_npz(tmp_path_factory) -> Path:
+    """Calibration data that represents nothing: blank images give useless activation ranges."""
+    path = tmp_path_factory.mktemp("zeros") / "zeros.npz"
+    np.savez(path, data=np.zeros((8, 8, 8), np.float32), label=np.arange(8) % 2)
+    return path
+
+
+@pytest.fixture(scope="session")
+def int8_result(trained, tmp_path_factory):
+    from edgetrain.quantize import quantize
+
+    out = tmp_path_factory.mktemp("int8") / "digits_int8.onnx"
+    return quantize(str(trained / "digits10"), str(trained / "calib.npz"), out, val=str(trained / "val.npz"),
+                    max_drop=1.0, max_fp32_nodes=0, threads=1)
+
+
+def test_trained_digits_lose_at_most_one_point_in_int8(int8_result):
+    a = int8_result.accuracy
+    assert a["checked"] and a["samples"] == 539           # the held-out 30%, never trained on
+    assert a["fp32_top1"] > 95.0                          # a real model, not chance
+    assert a["drop"] <= 1.0, a
+    assert int8_result.budget_met is True and int8_result.nodes_kept_fp32 == []  # all int8, no fallback
+    assert int8_result.calibration["method"] == "minmax" and int8_result.calibration["samples"] == 300
+
+
+def test_int8_file_is_smaller_and_carries_the_fp32_metadata(int8_result, trained, tmp_path):
+    import onnx
+
+    from edgetrain.export import export_onnx
+    from edgetrain.models import load_gluon, load_onnx
+
+    fp32 = load_onnx(export_onnx(load_gluon(str(trained / "digits10")), tmp_path / "fp32.onnx", opset=13))
+    int8 = load_onnx(int8_result.output)
+    assert int8.preprocess == fp32.preprocess
+    for key, value in fp32.metadata.items():
+        assert int8.metadata[key] == value
+    record = json.loads(int8.metadata["edgetrain.quantization"])
+    assert record["scheme"] == int8_result.scheme["name"] and record["nodes_kept_fp32"] == []
+    ops = {n.op_type for n in onnx.load(int8_result.output).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
+    assert int8_result.size["int8_bytes"] < int8_result.size["fp32_bytes"]
+    lat = int8_result.latency
+    assert lat["fp32_p50_ms"] > 0 and lat["int8_p50_ms"] > 0 and lat["threads"] == 1
+    assert lat["measured_on"].startswith("this host")
+
+
+def test_int8_runs_in_plain_onnxruntime_without_edgetrain(int8_result, trained):
+    script = r"""
+import json, sys
+sys.modules["edgetrain"] = None          # any attempt to import edgetrain now fails
+import numpy as np, onnxruntime as ort
+try:
+    import edgetrain
+    raise SystemExit("edgetrain importable")
+except ImportError:
+    pass
+sess = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+d = np.load(sys.argv[2])
+meta = json.loads(sess.get_modelmeta().custom_metadata_map["edgetrain.preprocess"])
+mean, std = np.float32(meta["mean"][0]), np.float32(meta["std"][0])
+x = np.stack([np.kron(img, np.ones((2, 2), np.float32)) for img in d["data"][:64]])[:, None]  # 8x8 -> 16x16
+y = sess.run(None, {sess.get_inputs()[0].name: ((x - mean) / std).astype(np.float32)})[0]
+print(json.dumps({"shape": list(y.shape), "top1": float((y.argmax(1) == d["label"][:64]).mean())}))
+"""
+    proc = subprocess.run([sys.executable, "-I", "-c", script, int8_result.output, str(trained / "val.npz")],
+                          capture_output=True, text=True, timeout=120, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["shape"] == [64, 10] and out["top1"] > 0.8  # nearest-neighbour upscaling, still clearly right
+
+
+def test_budget_search_keeps_the_costliest_nodes_in_fp32(trained, zeros_npz, tmp_path):
+    from edgetrain.quantize import quantize
+
+    res = quantize(str(trained / "digits10"), str(zeros_npz), tmp_path / "m.onnx", val=str(trained / "val.npz"),
+                   max_drop=1.0, threads=1, measure_latency=False)
+    first, last = res.steps[0], res.steps[-1]
+    assert first.kept_fp32 == [] and first.drop > 10.0        # useless ranges wreck the all-int8 model
+    assert res.budget_met is True and last.drop <= 1.0 and len(res.steps) >= 2
+    assert res.nodes_kept_fp32 == last.kept_fp32 and res.nodes_kept_fp32
+    for before, after in zip(res.steps, res.steps[1:]):       # cumulative, one report per step
+        assert after.kept_fp32 == before.kept_fp32 + after.added
+    from edgetrain.models import load_onnx
+
+    record = json.loads(load_onnx(tmp_path / "m.onnx").metadata["edgetrain.quantization"])
+    assert record["nodes_kept_fp32"] == res.nodes_kept_fp32
+
+
+def test_no_mix_within_budget_keeps_the_best_model(trained, zeros_npz, tmp_path):
+    from edgetrain.quantize import quantize
+
+    res = quantize(str(trained / "digits10"), str(zeros_npz), tmp_path / "m.onnx", val=str(trained / "val.npz"),
+                   max_drop=0.5, max_fp32_nodes=0, threads=1, measure_latency=False)
+    assert res.budget_met is False and (tmp_path / "m.onnx").is_file()
+    assert any("no mix" in w for w in res.warnings)
+
+
+@pytest.mark.parametrize("method", ["entropy", "percentile"])
+def test_histogram_methods_with_an_uneven_sample_count(trained, tmp_path, method):
+    from edgetrain.quantize import quantize
+
+    res = quantize(str(trained / "digits10"), str(trained / "calib.npz"), tmp_path / "m.onnx", method=method,
+                   samples=7, threads=1, measure_latency=False)
+    assert res.calibration["samples"] == 7 and res.accuracy == {"checked": False, "max_drop": 1.0}
+    assert any("not checked" in n for n in res.notes)
+
+
+def test_exported_onnx_input_and_requantizing_is_refused(int8_result, trained, tmp_path):
+    from edgetrain.export import export_onnx
+    from edgetrain.models import load_gluon
+    from edgetrain.quantize import quantize
+
+    fp32 = export_onnx(load_gluon(str(trained / "digits10")), tmp_path / "fp32.onnx", opset=13)
+    res = quantize(str(fp32), str(trained / "calib.npz"), tmp_path / "q.onnx", samples=20, threads=1,
+                   measure_latency=False)
+    assert Path(res.output).is_file()
+    with pytest.raises(UsageError, match="already quantized"):
+        quantize(int8_result.output, str(trained / "calib.npz"), tmp_path / "again.onnx", samples=5)
+    assert not (tmp_path / "again.onnx").exists()
+
+
+def test_mxnet_backend_writes_a_loadable_prefix(trained, tmp_path):
+    from edgetrain.models import load_gluon
+    from edgetrain.quantize import quantize
+
+    res = quantize(str(trained / "digits10"), str(trained / "calib.npz"), tmp_path / "mx_int8", backend="mxnet",
+                   val=str(trained / "val.npz"), samples=64, threads=1)
+    assert res.backend == "mxnet" and res.onnx_exportable is False and res.budget_met is True
+    assert res.accuracy["drop"] <= 1.0
+    model = load_gluon(str(tmp_path / "mx_int8"))
+    assert model.num_classes == 10 and model.preprocess.input_shape == (1, 16, 16)
+    with pytest.raises(UsageError, match="already quantized"):
+        quantize(str(tmp_path / "mx_int8"), str(trained / "calib.npz"), tmp_path / "again.onnx")
+    with pytest.raises(UsageError, match="cannot be exported to ONNX"):
+        quantize(str(trained / "digits10"), str(trained / "calib.npz"), tmp_path / "m.onnx", backend="mxnet")
+
+
+@pytest.mark.parametrize("value", [-0.5, "abc", "nan", float("inf")])
+def test_max_drop_must_be_a_non_negative_number(value):
+    from edgetrain.quantize import check_max_drop
+
+    with pytest.raises(UsageError, match="--max-drop"):
+        check_max_drop(value)
+
+
+def test_val_labels_outside_the_models_classes(tmp_path):
+    from edgetrain.quantize import quantize
+
+    np.savez(tmp_path / "val.npz", data=np.random.RandomState(0).rand(12, 8, 8).astype(np.float32),
+             label=np.arange(12))
+    with pytest.raises(UsageError, match="12 classes .* 5 outputs"):
+        quantize("edgetrain.nets:pretrained_digits", "builtin:digits", tmp_path / "m.onnx",
+                 val=str(tmp_path / "val.npz"), samples=5)
+    assert list(tmp_path.iterdir()) == [tmp_path / "val.npz"]

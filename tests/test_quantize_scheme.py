@@ -1,0 +1,57 @@
+"""The int8 scheme chosen per device, and the calibration reader's sampling and striding."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgetrain.devices import load_device
+from edgetrain.int8_scheme import choose_scheme, scheme_for
+
+
+def test_x86_without_vnni_reduces_range_and_warns():
+    s = scheme_for(load_device("x86-64-generic"))
+    assert (s.format, s.activations, s.weights, s.reduce_range) == ("QDQ", "int8", "int8", True)
+    assert "saturat" in s.reason and "VNNI" in s.warning
+    assert s.to_dict()["name"] == "QDQ S8S8 (per-channel, reduce_range)"
+
+
+def test_x86_with_vnni_uses_the_full_range_without_warning():
+    s = choose_scheme("x86_64", {"avx2": True, "vnni": True}, "gateway", per_channel=False)
+    assert not s.reduce_range and s.warning is None and s.name == "QDQ S8S8 (per-tensor)"
+
+
+@pytest.mark.parametrize("name,warns", [("rpi5-8gb", False), ("rpi4b-4gb", True), ("rpi3bplus", True),
+                                        ("rpi-zero2w", True), ("jetson-nano-5w", True)])
+def test_arm_boards_get_s8s8_and_a_warning_without_dot_product(name, warns):
+    profile = load_device(name)
+    s = scheme_for(profile)
+    assert (s.activations, s.weights, s.reduce_range) == ("int8", "int8", False)
+    assert (s.warning is not None) == warns == (not profile.isa.dotprod)
+    assert s.target.startswith(name)
+
+
+def test_without_a_device_the_host_decides():
+    from edgetrain.devices import detect_host
+
+    host = detect_host()
+    s = scheme_for(None, host=host)
+    assert s.target.startswith("this host") and s.reduce_range == (host.arch == "x86_64" and not host.isa["vnni"])
+
+
+def test_calibration_reader_strides_and_picks_across_classes():
+    from edgetrain.calibration import calibration_reader, pick_samples, stride_for
+    from edgetrain.data import load_data
+    from edgetrain.preprocess import Preprocess
+
+    assert [stride_for(n) for n in (300, 7, 64, 1)] == [30, 7, 32, 1]
+    ds = load_data("builtin:digits", Preprocess((1, 8, 8), mean=(0.0,), std=(1.0,)))
+    picked = pick_samples(ds, 50)
+    assert len(picked) == 50 and len(np.unique(picked.labels)) >= 8
+    assert len(pick_samples(ds, 5000)) == len(ds)
+    seen = []
+    reader = calibration_reader(picked, "data", progress=lambda done, total: seen.append((done, total)))
+    reader.set_range(10, 20)
+    batches = list(iter(reader.get_next, None))
+    assert len(batches) == 10 and batches[0]["data"].shape == (1, 1, 8, 8)
+    assert np.array_equal(batches[0]["data"], picked.batch([10]))
+    assert seen[-1] == (10, 50) and len(reader) == 50
