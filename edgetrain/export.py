@@ -67,9 +67,7 @@ def export_onnx(model, path, opset: int = DEFAULT_OPSET, dynamic_batch: bool = F
 
     No validation: ``export`` does that. Raises UsageError for an operator the exporter cannot translate.
     """
-    from .fileio import check_output_path
-
-    path = check_output_path(Path(path), "output")
+    path = _writable(Path(path))
     proto = build_onnx(model, opset=opset, dynamic_batch=dynamic_batch)
     _write(proto.SerializeToString(), path)
     return path
@@ -110,7 +108,6 @@ def export(model_ref: str, output, *, params=None, input_shape=None, opset: int 
     path or DeviceProfile; the thread cap in force (runtime.apply_threads) is used for ONNX Runtime.
     """
     from .compare import Comparison
-    from .fileio import check_output_path
     from .models import load_gluon
     from .runtime import current_threads
 
@@ -120,7 +117,7 @@ def export(model_ref: str, output, *, params=None, input_shape=None, opset: int 
     rtol = check_tolerance(FP16_TOLERANCE[1] if fp16 and rtol is None else FP32_TOLERANCE[1] if rtol is None
                            else rtol, "--rtol")
     opset = check_opset(opset)
-    output = check_output_path(Path(output), "output")
+    output = _writable(Path(output))
     profile = _profile(device)
     threads = current_threads()
 
@@ -268,10 +265,32 @@ def _add_metadata(proto, model, opset: int, precision: str) -> None:
                         f"'{META_PREFIX}preprocess' (JSON): pixels to [0,1], resize, (x-mean)/std, NCHW.")
 
 
+def _writable(path: Path) -> Path:
+    """Fail before any work if ``path`` cannot be written (root passes os.access checks, /sys still refuses)."""
+    import os
+    import tempfile
+
+    from .fileio import check_output_path
+
+    path = check_output_path(path, "output")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+    except OSError as exc:
+        raise UsageError(f"output folder is not writable: {exc.strerror}", str(path.parent),
+                         "choose another location for -o") from None
+    os.close(fd)
+    os.unlink(probe)
+    return path
+
+
 def _write(blob: bytes, path: Path) -> None:
     from .fileio import atomic_write_bytes
 
-    atomic_write_bytes(path, blob, "output")
+    try:
+        atomic_write_bytes(path, blob, "output")
+    except OSError as exc:  # disk full, folder removed meanwhile: the temp file is already gone
+        raise RunFailed(f"cannot write the ONNX file: {exc.strerror or exc}", str(path),
+                        "free space or choose another location for -o") from None
 
 
 def _session(blob: bytes, threads: int, where: str):

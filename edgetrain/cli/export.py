@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 import click
 
@@ -63,7 +64,9 @@ def _render(json_path, res) -> None:
         say(json_path, f"output     {o['name']} {shape(o['shape'])} {o['dtype']}")
     say(json_path, f"ops        {sum(res.ops.values())} nodes: "
                    + ", ".join(f"{k} {v}" for k, v in sorted(res.ops.items(), key=lambda kv: -kv[1])))
-    batches = ", ".join(f"{b['source']} x{b['batch']}" for b in res.validated_with)
+    kinds = Counter(("random" if b["source"].startswith("random") else b["source"], b["batch"])
+                    for b in res.validated_with)
+    batches = ", ".join(f"{n} {kind} x{size}" for (kind, size), n in kinds.items())
     say(json_path, f"validated  Gluon (MXNet) vs ONNX Runtime on {len(res.validated_with)} batches ({batches}), "
                    f"atol {res.comparison.atol:g}, rtol {res.comparison.rtol:g}")
     for line in res.comparison.summaries():
