@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     from .errors import EdgetrainError
 
     try:
-        result = run(spec)
+        result = plan(spec) if spec.get("mode") == "plan" else run(spec)
     except EdgetrainError as exc:
         result = {"error": {"type": type(exc).__name__, "what": exc.what, "where": exc.where, "fix": exc.fix}}
     Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
@@ -276,6 +276,46 @@ def _op_table_agg(rows: list[tuple[str, float, int]], runs: int, source: str) ->
              for op, ms, calls in sorted(rows, key=lambda r: -r[1])]
     return {"available": True, "runs": runs, "table": table, "total_ms_per_run": total / runs,
             "source": source, "provenance": "measured"}
+
+
+# --- the plan: export if needed, graph statistics for the memory model ---------------------------------
+
+def plan(spec: dict) -> dict:
+    """Everything the parent needs before the timed children, done here so model code cannot crash it.
+
+    A Gluon MODEL to be run by ONNX Runtime is exported first (``spec["export_to"]``); the graph
+    statistics come from the file that will run (ONNX) or from the symbol (MXNet).
+    """
+    from . import memory_model
+
+    out: dict = {"notes": []}
+    if spec.get("export_to"):
+        from .export import export_onnx
+        from .models import load_gluon
+
+        model = load_gluon(spec["model"], params=spec.get("params"),
+                           input_shape=tuple(spec["chw"]) if spec.get("chw") else None)
+        export_onnx(model, spec["export_to"], opset=13, dynamic_batch=spec["batch"] != 1)
+        out["preprocess"] = model.preprocess.to_dict()
+        out["random_weights"] = model.random_weights
+        out["notes"] += model.notes
+        out["model_file"] = spec["export_to"]
+    if spec["runtime"] == "onnxruntime":
+        path = out.get("model_file") or spec["model_file"]
+        if "preprocess" not in out:
+            from .models import load_onnx
+
+            onnx_model = load_onnx(path)
+            out["preprocess"] = onnx_model.preprocess.to_dict() if onnx_model.preprocess else None
+            out["random_weights"] = False
+        chw = spec.get("chw") or (out["preprocess"] or {}).get("input_shape")
+        stats = memory_model.onnx_stats(path, [spec["batch"], *chw] if chw else None, spec["batch"])
+    else:
+        stats, info = memory_model.mxnet_stats(spec["model"], spec.get("params"), spec.get("chw"), spec["batch"],
+                                               with_info=True)
+        out.update(info)
+    out["stats"] = stats.to_dict()
+    return out
 
 
 # --- the runtime baseline -----------------------------------------------------------------------------

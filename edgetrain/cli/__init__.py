@@ -15,6 +15,7 @@ COMMANDS = {
     "doctor": "doctor",
     "export": "export",
     "inspect": "inspect",
+    "profile": "profile",
     "quantize": "quantize",
     "recipes": "recipes",
     "run": "run",

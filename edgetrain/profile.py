@@ -1,0 +1,523 @@
+"""`edgetrain profile`: latency, peak memory and energy of a model, each figure labelled with how it
+was obtained.
+
+Orchestration only. Every configuration (one thread count) runs in a fresh child process
+(``edgetrain.profile_child``) with the thread caps in its environment before anything loads, so
+figures are not polluted by this process or by each other; a child that crashes, is killed or hangs is
+reported as a failed run, never waited on forever. This process imports neither mxnet nor onnxruntime.
+
+Before any timed child, the memory model predicts the peak RSS from the graph (in a "plan" child that
+also exports a Gluon MODEL when ONNX Runtime is asked for), so the prediction can be checked against
+the measurement it precedes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import energy, memory_model, runtime
+from .errors import RunFailed, UsageError
+
+RUNTIMES = ("onnxruntime", "mxnet")
+# Generous: a zoo model under QEMU or on a Pi Zero takes minutes; a hang still ends.
+DEFAULT_TIMEOUT_S = float(os.environ.get("EDGETRAIN_PROFILE_TIMEOUT", "900"))
+REFERENCE_RUNS, REFERENCE_WARMUP = 20, 3
+MAX_THREADS = 256
+
+
+# --- input checks -------------------------------------------------------------------------------------
+
+def parse_threads(text) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (order kept, duplicates dropped)."""
+    if isinstance(text, (list, tuple)):
+        items = [str(t) for t in text]
+    else:
+        items = [p.strip() for p in str(text).split(",")]
+    out: list[int] = []
+    for item in items:
+        if not item.isdigit():
+            raise UsageError(f"cannot read thread count '{item}' in '{text}'", "--threads",
+                             "give positive whole numbers separated by commas, e.g. 1,2,4")
+        n = int(item)
+        if n < 1 or n > MAX_THREADS:
+            raise UsageError(f"thread count must be between 1 and {MAX_THREADS}, got {n}", "--threads",
+                             "give positive whole numbers separated by commas, e.g. 1,2,4")
+        if n not in out:
+            out.append(n)
+    if not out:
+        raise UsageError("no thread counts given", "--threads", "give e.g. 1,2,4")
+    return out
+
+
+def _check_count(value: int, where: str, minimum: int) -> int:
+    if not isinstance(value, int) or value < minimum:
+        raise UsageError(f"{where} must be at least {minimum}, got {value}", where,
+                         f"give a whole number >= {minimum}")
+    return value
+
+
+# --- the result ---------------------------------------------------------------------------------------
+
+def figure(name: str, value, unit: str, provenance: str, source: str) -> dict:
+    """One reported number with how it was obtained: measured / estimated / modelled / emulated."""
+    return {"figure": name, "value": value, "unit": unit, "provenance": provenance, "source": source}
+
+
+@dataclass
+class ProfileResult:
+    model: str
+    runtime: str
+    model_file: str | None
+    input_shape: list[int]
+    batch: int
+    warmup: int
+    runs: int
+    host: dict
+    device: dict | None
+    prediction: dict
+    configs: list[dict]
+    best: dict
+    verdict: dict
+    energy: dict | None
+    host_energy: dict | None
+    figures: list[dict]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failed_checks(self) -> list[str]:
+        """Budgets the run did not meet (memory fit, energy budget): the CLI exits 3 on any."""
+        out = []
+        mem = self.verdict.get("memory")
+        if mem and mem.get("fits") is False:
+            out.append(f"peak memory {mem['peak_rss_mb']:.0f} MB does not fit the {mem['available_mb']} MB "
+                       f"the device leaves (RAM {mem['ram_mb']} MB - OS reserve {mem['os_reserve_mb']} MB)")
+        budget = (self.energy or {}).get("budget")
+        if budget and not budget["passed"]:
+            out.append(f"energy per inference {budget['energy_mj']:.3g} mJ is over the budget of "
+                       f"{budget['budget_mj']:g} mJ")
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["failed_checks"] = self.failed_checks
+        d["passed"] = not self.failed_checks
+        return d
+
+
+# --- children -----------------------------------------------------------------------------------------
+
+def _child_env(threads: int | None) -> dict:
+    env = dict(os.environ)
+    if threads is not None:
+        env.update(runtime.thread_env(threads))
+    here = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("EDGETRAIN_DEBUG", None)
+    return env
+
+
+def run_child(spec: dict, threads: int | None, what: str, timeout: float = DEFAULT_TIMEOUT_S) -> dict:
+    """Run one ``edgetrain.profile_child`` and return its result; a crash or hang is RunFailed."""
+    with tempfile.TemporaryDirectory(prefix="edgetrain-profile-") as tmp:
+        spec = {**spec, "result": str(Path(tmp) / "result.json")}
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        # Own session: on a timeout the child and anything it started are killed together.
+        proc = subprocess.Popen([sys.executable, "-m", "edgetrain.profile_child", str(spec_path)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=_child_env(threads), start_new_session=True, cwd=os.getcwd())
+        try:
+            _out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise RunFailed(f"{what} did not finish within {timeout:g} s and was stopped", "profile child",
+                            "raise --timeout if the model is just slow, or check it runs with `edgetrain inspect`") \
+                from None
+        if proc.returncode != 0:
+            raise RunFailed(f"{what} {_death(proc.returncode)}{_last_line(err)}", "profile child",
+                            "check the model loads and runs (`edgetrain inspect MODEL`); "
+                            "EDGETRAIN_DEBUG=1 keeps the child's output") from None
+        path = Path(spec["result"])
+        if not path.exists():
+            raise RunFailed(f"{what} exited without a result{_last_line(err)}", "profile child",
+                            "check the model with `edgetrain inspect MODEL`")
+        result = json.loads(path.read_text(encoding="utf-8"))
+    if "error" in result:
+        e = result["error"]
+        cls = UsageError if e["type"] == "UsageError" else RunFailed
+        raise cls(e["what"], e.get("where"), e.get("fix"))
+    return result
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.communicate()
+
+
+def _death(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (killed: out of memory?)" if name == "SIGKILL" else ""
+        return f"crashed with {name}{hint}"
+    return f"failed with exit code {code}"
+
+
+def _last_line(err: str) -> str:
+    lines = [ln.strip() for ln in (err or "").splitlines() if ln.strip()]
+    return f": {lines[-1][:300]}" if lines else ""
+
+
+# --- statistics ---------------------------------------------------------------------------------------
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), without importing numpy here."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def latency_summary(lat: list[float]) -> dict:
+    n = len(lat)
+    mean = sum(lat) / n
+    std = math.sqrt(sum((x - mean) ** 2 for x in lat) / n)
+    p50 = percentile(lat, 50)
+    p99 = percentile(lat, 99)
+    return {"mean_ms": mean, "p50_ms": p50, "p90_ms": percentile(lat, 90), "p99_ms": p99,
+            "min_ms": min(lat), "max_ms": max(lat), "std_ms": std, "spread_p99_p50": p99 / p50 if p50 else None,
+            "runs": n}
+
+
+def _summarise_config(raw: dict, label: str, source: str) -> dict:
+    mem = raw["memory"]
+    return {
+        "threads": raw["threads"],
+        "runtime_version": raw.get("runtime_version"),
+        "import_s": raw["import_s"],
+        "load_s": raw["load_s"],
+        "first_inference_ms": raw["first_inference_ms"],
+        "latency": latency_summary(raw["latencies_ms"]),
+        "latencies_ms": raw["latencies_ms"],
+        "memory": {
+            "peak_rss_mb": mem["peak_rss_mb"],
+            "runtime_mb": mem["after_import_hwm_mb"],
+            "load_mb": mem["after_load_hwm_mb"] - mem["after_import_hwm_mb"],
+            "inference_mb": mem["peak_rss_mb"] - mem["after_load_hwm_mb"],
+            "raw": mem,
+        },
+        "ops": raw.get("ops"),
+        "rapl": raw.get("rapl"),
+        "input": raw.get("input"),
+        "provenance": label,
+        "source": source,
+    }
+
+
+# --- the work -----------------------------------------------------------------------------------------
+
+def profile(model: str, *, runtime_name: str | None = None, threads=None, batch: int = 1, warmup: int = 10,
+            runs: int = 100, device=None, battery_wh: float | None = None, rate=None,
+            budget_mj: float | None = None, input_shape=None, params: str | None = None,
+            timeout: float = DEFAULT_TIMEOUT_S, op_profile: bool = True,
+            progress: Callable[[str], None] | None = None) -> ProfileResult:
+    """Profile MODEL: one fresh child per thread count, then the device verdict and energy budget.
+
+    ``device`` is a profile name, a YAML path or a DeviceProfile (None: host only). ``rate`` is
+    inferences per hour (a number or 'N/h'). Raises UsageError for bad input before any work.
+    """
+    from .devices import detect_host, load_device
+    from .models import parse_model_ref
+
+    say = progress or (lambda msg: None)
+    thread_list = parse_threads(threads) if threads is not None else None
+    _check_count(batch, "--batch", 1)
+    _check_count(warmup, "--warmup", 0)
+    _check_count(runs, "--runs", 1)
+    rate_per_h = energy.parse_rate(rate) if isinstance(rate, str) else rate
+    if rate_per_h is not None and not (rate_per_h > 0):
+        raise UsageError(f"rate must be more than zero, got {rate}", "--rate", "give e.g. 120/h")
+    battery_wh = energy.check_positive(battery_wh, "--battery-wh", "watt-hours")
+    budget_mj = energy.check_positive(budget_mj, "--budget-mj", "millijoules")
+    if timeout is None or not timeout > 0:
+        raise UsageError(f"--timeout must be more than zero, got {timeout}", "--timeout", "give seconds, e.g. 600")
+    prof = load_device(device) if isinstance(device, (str, Path)) else device
+    if prof is None and (battery_wh or rate_per_h or budget_mj):
+        raise UsageError("the energy budget needs the device's power figures", "--device",
+                         "add --device NAME (see `edgetrain devices list`)")
+    host = detect_host()
+    if prof is not None and budget_mj is not None and not host.matches(prof) and prof.speed.method == "unknown":
+        raise UsageError(f"cannot check --budget-mj: {prof.name} has no speed figure to estimate its latency "
+                         "from this host", "--budget-mj",
+                         "run `edgetrain profile` on the device itself, or use a profile with a speed reference")
+    if thread_list is None:
+        thread_list = [prof.default_threads if prof is not None else runtime.current_threads()]
+
+    ref = parse_model_ref(model, accept_onnx=True)
+    is_onnx = ref.kind == "onnx"
+    runtime_name = runtime_name or ("onnxruntime" if is_onnx else "mxnet")
+    if runtime_name not in RUNTIMES:
+        raise UsageError(f"unknown runtime '{runtime_name}'", "--runtime", "use onnxruntime or mxnet")
+    if is_onnx and runtime_name == "mxnet":
+        raise UsageError("an .onnx file cannot run in MXNet", "--runtime",
+                         "use --runtime onnxruntime, or give the Gluon MODEL it came from")
+    chw = list(input_shape) if input_shape else None
+    notes: list[str] = []
+
+    with tempfile.TemporaryDirectory(prefix="edgetrain-profile-model-") as tmp:
+        base_spec = {"runtime": runtime_name, "batch": batch, "chw": chw, "params": params, "model": str(model)}
+        if is_onnx:
+            base_spec["model_file"] = str(Path(model).resolve())
+        plan_spec = {**base_spec, "mode": "plan"}
+        if runtime_name == "onnxruntime" and not is_onnx:
+            plan_spec["export_to"] = str(Path(tmp) / "model.onnx")
+            say("exporting the Gluon model to ONNX (opset 13) for ONNX Runtime")
+        say("analysing the graph (memory prediction)")
+        planned = run_child(plan_spec, 1, "the model analysis", timeout)
+        if planned.get("model_file"):
+            base_spec["model_file"] = planned["model_file"]
+        notes += planned.get("notes", [])
+        stats = memory_model.GraphStats(**planned["stats"])
+        prediction = memory_model.predict(runtime_name, stats, bool(planned.get("random_weights")))
+        pre = planned.get("preprocess") or {}
+        if chw is None and pre.get("input_shape"):
+            chw = list(pre["input_shape"])
+            base_spec["chw"] = chw
+        base_spec["input_shape"] = [batch, *chw] if chw else None
+
+        label, where = _timing_label(host)
+        configs = []
+        for i, t in enumerate(thread_list):
+            say(f"running {runtime_name} with {t} thread(s) ({i + 1}/{len(thread_list)}): "
+                f"{warmup} warm-up + {runs} timed runs, in a fresh process")
+            raw = run_child({**base_spec, "threads": t, "warmup": warmup, "runs": runs, "op_profile": op_profile},
+                            t, f"the {runtime_name} run with {t} thread(s)", timeout)
+            configs.append(_summarise_config(raw, label, where))
+    input_shape_full = (configs[0].get("input") or {}).get("shape") or base_spec["input_shape"] or []
+
+    best = min(configs, key=lambda c: c["latency"]["p50_ms"])
+    best_summary = {"threads": best["threads"], "p50_ms": best["latency"]["p50_ms"],
+                    "mean_ms": best["latency"]["mean_ms"], "p99_ms": best["latency"]["p99_ms"],
+                    "spread_p99_p50": best["latency"]["spread_p99_p50"],
+                    "provenance": label, "source": where}
+    peak = max(c["memory"]["peak_rss_mb"] for c in configs)
+    prediction_d = prediction.to_dict()
+    prediction_d["measured_peak_rss_mb"] = best["memory"]["peak_rss_mb"]
+    prediction_d["error_pct"] = 100.0 * (prediction.peak_rss_mb - best["memory"]["peak_rss_mb"]) / \
+        best["memory"]["peak_rss_mb"]
+
+    verdict: dict = {}
+    energy_d = None
+    if prof is not None:
+        verdict["memory"] = _memory_verdict(peak, prof, host)
+        verdict["latency"] = _latency_verdict(best, prof, host, label, base_spec, timeout, say)
+        lat = verdict["latency"]
+        if lat.get("mean_ms") is not None:
+            energy_d = energy.energy_report(lat["mean_ms"], prof, battery_wh=battery_wh, rate_per_h=rate_per_h,
+                                            budget_mj=budget_mj, latency_label=lat["provenance"],
+                                            latency_source=lat["source"])
+        else:
+            energy_d = {"device": prof.name, "available": False,
+                        "note": f"no energy estimate: {lat['note']}"}
+    host_energy = _host_energy(configs)
+    result = ProfileResult(
+        model=str(model), runtime=runtime_name,
+        model_file=str(model) if is_onnx else None,
+        input_shape=list(input_shape_full), batch=batch, warmup=warmup, runs=runs,
+        host=_host_summary(host), device=_device_summary(prof) if prof is not None else None,
+        prediction=prediction_d, configs=configs, best=best_summary, verdict=verdict, energy=energy_d,
+        host_energy=host_energy, figures=[], notes=notes)
+    result.figures = collect_figures(result)
+    return result
+
+
+def _timing_label(host) -> tuple[str, str]:
+    if host.emulated:
+        return "emulated", (f"timed under emulation on this host ({'; '.join(host.emulation_evidence)}): "
+                            "says nothing about the device's speed")
+    return "measured", f"timed on this host ({host.arch}, {host.cpu}, {host.cores_usable} usable cores)"
+
+
+def _memory_verdict(peak_mb: float, prof, host) -> dict:
+    available = prof.ram_mb - prof.os_reserve_mb
+    same = host.matches(prof)
+    return {
+        "peak_rss_mb": peak_mb,
+        "ram_mb": prof.ram_mb,
+        "os_reserve_mb": prof.os_reserve_mb,
+        "os_reserve_why": prof.os_reserve_why,
+        "available_mb": available,
+        "headroom_mb": available - peak_mb,
+        "fits": peak_mb <= available,
+        "memory_budget_mb": prof.memory_budget_mb,
+        "within_memory_budget": peak_mb <= prof.memory_budget_mb,
+        "provenance": "measured" if same else "estimated",
+        "source": ("VmHWM measured on the device itself" if same else
+                   f"VmHWM measured on this host ({host.arch}) taken as the device's: the same runtime on "
+                   f"{prof.arch} loads different native libraries, so expect tens of MB either way"),
+    }
+
+
+def _latency_verdict(best: dict, prof, host, label: str, base_spec: dict, timeout: float, say) -> dict:
+    lat = best["latency"]
+    out = {"threads": best["threads"], "host_p50_ms": lat["p50_ms"], "host_mean_ms": lat["mean_ms"]}
+    if label == "emulated":
+        return {**out, "provenance": "emulated", "mean_ms": None, "p50_ms": None,
+                "note": "timings were taken under emulation, which says nothing about the device's speed",
+                "source": "emulated run on this host"}
+    if host.matches(prof):
+        return {**out, "provenance": "measured", "factor": 1.0, "mean_ms": lat["mean_ms"], "p50_ms": lat["p50_ms"],
+                "p99_ms": lat["p99_ms"], "source": f"measured on this host, which matches {prof.name}"}
+    method = prof.speed.method
+    if method == "host":
+        return {**out, "provenance": "estimated", "factor": 1.0, "mean_ms": lat["mean_ms"], "p50_ms": lat["p50_ms"],
+                "p99_ms": lat["p99_ms"],
+                "source": f"{prof.name} speed.method is 'host': the device is taken to be as fast as this host "
+                          f"({host.cpu}); factor 1"}
+    if method == "reference_latency":
+        refp = prof.speed.reference
+        host_ref = reference_latency_ms(refp, timeout, say)
+        factor = refp.latency_ms / host_ref["p50_ms"]
+        return {**out, "provenance": "estimated", "factor": factor, "mean_ms": lat["mean_ms"] * factor,
+                "p50_ms": lat["p50_ms"] * factor, "p99_ms": lat["p99_ms"] * factor,
+                "reference": {"model": refp.model, "input": refp.input, "threads": refp.threads,
+                              "device_ms": refp.latency_ms, "device_runtime": refp.runtime,
+                              "host_ms": host_ref["p50_ms"], "host_runtime": host_ref["runtime"],
+                              "source": refp.source},
+                "source": (f"host latency x {factor:.3g} = {prof.name}'s published {refp.model} {refp.input}x"
+                           f"{refp.input} {refp.threads}-thread latency {refp.latency_ms} ms ({refp.runtime}) / this "
+                           f"host's {host_ref['p50_ms']:.3g} ms on the same network ({host_ref['runtime']}, "
+                           f"{refp.threads} thread(s)); host measured at {best['threads']} thread(s)")}
+    return {**out, "provenance": "estimated", "mean_ms": None, "p50_ms": None,
+            "note": f"{prof.name} has no speed figure (speed.method 'unknown'), so no device latency is "
+                    "estimated; run `edgetrain profile` on the device itself",
+            "source": prof.speed.note or "profile speed.method unknown"}
+
+
+_reference_cache: dict[tuple, dict] = {}
+
+
+def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None) -> dict:
+    """This host's p50 on the profile's reference workload, in a fresh child; cached for this process.
+
+    A zoo name runs as the exported ONNX model in ONNX Runtime (the closest host runtime to the fp32
+    CPU kernels the published figures come from); a runtime named 'mxnet' runs in MXNet.
+    """
+    key = (refp.model, refp.input, refp.threads, refp.runtime)
+    if key in _reference_cache:
+        return _reference_cache[key]
+    model = refp.model if (":" in refp.model or "/" in refp.model) else f"zoo:{refp.model}"
+    rt = "mxnet" if refp.runtime == "mxnet" else "onnxruntime"
+    if say:
+        say(f"measuring the speed reference {refp.model} {refp.input}x{refp.input} at {refp.threads} thread(s) "
+            f"on this host ({rt})")
+    with tempfile.TemporaryDirectory(prefix="edgetrain-reference-") as tmp:
+        spec = {"runtime": rt, "batch": 1, "model": model, "params": None}
+
+        def analyse(chw):
+            plan = {**spec, "mode": "plan", "chw": chw}
+            if rt == "onnxruntime":
+                plan["export_to"] = str(Path(tmp) / "reference.onnx")
+            return run_child(plan, 1, "the speed reference analysis", timeout)
+
+        square = [refp.input, refp.input]
+        # Zoo networks take 3 channels; a MODEL reference keeps its own channel count.
+        info = analyse([3, *square] if model.startswith("zoo:") else None)
+        chw = list((info.get("preprocess") or {}).get("input_shape") or [3, *square])
+        if chw[1:] != square:
+            chw = [chw[0], *square]
+            info = analyse(chw)
+        run_spec = {**spec, "chw": chw, "input_shape": [1, *chw], "threads": refp.threads,
+                    "warmup": REFERENCE_WARMUP, "runs": REFERENCE_RUNS, "op_profile": False}
+        if rt == "onnxruntime":
+            run_spec["model_file"] = info["model_file"]
+        raw = run_child(run_spec, refp.threads, "the speed reference run", timeout)
+    summary = latency_summary(raw["latencies_ms"])
+    out = {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"], "runtime": f"{rt} {raw.get('runtime_version')}"}
+    _reference_cache[key] = out
+    return out
+
+
+def _host_energy(configs: list[dict]) -> dict | None:
+    per = []
+    for c in configs:
+        if c.get("rapl"):
+            e = energy.rapl_per_inference(c["rapl"], c["rapl"]["runs"])
+            per.append({"threads": c["threads"], **e})
+    if not per:
+        return {"available": False, "provenance": "measured",
+                "note": "RAPL (/sys/class/powercap/intel-rapl*/energy_uj) is not readable on this host; "
+                        "no measured energy"}
+    return {"available": True, "configs": per}
+
+
+def _host_summary(host) -> dict:
+    return {"arch": host.arch, "cpu": host.cpu, "cores_usable": host.cores_usable, "ram_mb": host.ram_mb,
+            "os": host.os, "python": host.python, "emulated": host.emulated,
+            "emulation_evidence": host.emulation_evidence}
+
+
+def _device_summary(prof) -> dict:
+    return {"name": prof.name, "title": prof.title, "arch": prof.arch, "cores": prof.cores, "ram_mb": prof.ram_mb,
+            "os_reserve_mb": prof.os_reserve_mb, "memory_budget_mb": prof.memory_budget_mb,
+            "idle_w": prof.power.idle_w.value, "load_w": prof.power.load_w.value,
+            "idle_source": prof.power.idle_w.source, "load_source": prof.power.load_w.source,
+            "speed_method": prof.speed.method}
+
+
+def collect_figures(r: ProfileResult) -> list[dict]:
+    """Every headline number with its provenance and source, for the report's provenance table."""
+    figs = []
+    for c in r.configs:
+        lat = c["latency"]
+        t = c["threads"]
+        figs.append(figure(f"host latency p50, {t} thread(s)", lat["p50_ms"], "ms", c["provenance"], c["source"]))
+        figs.append(figure(f"host latency p99, {t} thread(s)", lat["p99_ms"], "ms", c["provenance"], c["source"]))
+        figs.append(figure(f"peak RSS (VmHWM), {t} thread(s)", c["memory"]["peak_rss_mb"], "MB",
+                           "emulated" if c["provenance"] == "emulated" else "measured",
+                           "VmHWM of the fresh child process running this configuration"))
+    p = r.prediction
+    figs.append(figure("predicted peak RSS (before running)", p["peak_rss_mb"], "MB", "modelled", p["source"]))
+    mem = r.verdict.get("memory")
+    if mem:
+        figs.append(figure(f"memory available on {r.device['name']}", mem["available_mb"], "MB", "modelled",
+                           f"profile RAM {mem['ram_mb']} MB - OS reserve {mem['os_reserve_mb']} MB "
+                           f"({mem['os_reserve_why']})"))
+        figs.append(figure(f"peak RSS on {r.device['name']}", mem["peak_rss_mb"], "MB", mem["provenance"], mem["source"]))
+    lat = r.verdict.get("latency")
+    if lat and lat.get("mean_ms") is not None:
+        figs.append(figure(f"latency mean on {r.device['name']}", lat["mean_ms"], "ms", lat["provenance"], lat["source"]))
+        figs.append(figure(f"latency p50 on {r.device['name']}", lat["p50_ms"], "ms", lat["provenance"], lat["source"]))
+    elif lat:
+        figs.append(figure(f"latency on {r.device['name']}", None, "ms", lat["provenance"], lat["note"]))
+    e = r.energy or {}
+    if e.get("per_inference"):
+        pi = e["per_inference"]
+        figs.append(figure("energy per inference (total)", pi["total_mj"], "mJ", "modelled", pi["source"]))
+        figs.append(figure("energy per inference (above idle)", pi["above_idle_mj"], "mJ", "modelled", pi["source"]))
+    if e.get("daily"):
+        d = e["daily"]
+        figs.append(figure("energy per day", d["energy_wh_per_day"], "Wh", "modelled", d["source"]))
+        if "battery_hours" in d:
+            figs.append(figure("battery life", d["battery_hours"], "h", "modelled",
+                               f"{d['battery_wh']} Wh / average {d['average_power_w']:.3g} W"))
+    for h in (r.host_energy or {}).get("configs", []):
+        figs.append(figure(f"host energy per inference (RAPL), {h['threads']} thread(s)", h["total_mj"], "mJ",
+                           "measured", h["source"]))
+    return figs
