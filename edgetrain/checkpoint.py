@@ -1,0 +1,110 @@
+"""Training checkpoints: one ``.npz`` of named arrays plus a JSON record, written atomically, checked on load.
+
+A checkpoint holds what an interrupted run needs to end with the same weights as an uninterrupted one:
+the trained weights (and BatchNorm statistics), optimizer state, epoch and step, the numpy RNG state,
+the epoch's data order, and whether the feature cache is still valid. It is refused, never loaded,
+when it is corrupt (bad zip, CRC or our own checksum) or belongs to another run (model, classes, data
+or settings differ). Nothing is unpickled (``allow_pickle=False``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UsageError
+from .fileio import atomic_path
+
+FORMAT = "edgetrain-checkpoint/1"
+FILENAME = "checkpoint.npz"
+
+# fingerprint keys whose change makes a checkpoint another run's, with how to say it
+_WHAT = {
+    "classes": "data classes",
+    "model": "model",
+    "model_ref": "MODEL reference",
+    "input_shape": "input shape",
+    "train_layers": "--train-layers",
+    "batch_size": "--batch-size",
+    "optimizer": "--optimizer",
+    "lr": "--lr",
+    "seed": "--seed",
+    "data": "training data",
+    "val": "validation data",
+}
+
+
+def _digest(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(arrays):
+        a = np.ascontiguousarray(arrays[key])
+        h.update(key.encode())
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def save(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Write ``meta`` (JSON-able) and ``arrays`` atomically: temp file, fsync, rename."""
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    record = {**meta, "format": FORMAT, "sha256": _digest(arrays)}
+    payload = {"meta": np.frombuffer(json.dumps(record).encode("utf-8"), dtype=np.uint8), **arrays}
+    with atomic_path(Path(path), "checkpoint") as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **payload)
+
+
+def load(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """Read and verify a checkpoint; a damaged one is a UsageError naming the file."""
+    path = Path(path)
+    fix = "delete it (and start over) or restore it from a backup"
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise UsageError(f"checkpoint is corrupt or truncated ({type(exc).__name__})", str(path), fix) from None
+    try:
+        meta = json.loads(arrays.pop("meta").tobytes().decode("utf-8"))
+    except (KeyError, ValueError, UnicodeDecodeError):
+        raise UsageError("checkpoint has no readable record", str(path), fix) from None
+    if meta.get("format") != FORMAT:
+        raise UsageError(f"not an edgetrain checkpoint (format {meta.get('format')!r})", str(path), fix)
+    if meta.get("sha256") != _digest(arrays):
+        raise UsageError("checkpoint contents do not match their checksum", str(path), fix)
+    return meta, arrays
+
+
+def check_matches(meta: dict, fingerprint: dict, path: Path) -> None:
+    """Refuse a checkpoint from another run, saying what differs."""
+    saved = meta.get("fingerprint", {})
+    for key, what in _WHAT.items():
+        if saved.get(key) == fingerprint.get(key):
+            continue
+        if key == "classes":
+            was, now = saved.get(key) or [], fingerprint.get(key) or []
+            detail = f"checkpoint has {len(was)} ({_short(was)}), data has {len(now)} ({_short(now)})"
+        else:
+            detail = f"checkpoint: {_short(saved.get(key))}, now: {_short(fingerprint.get(key))}"
+        raise UsageError(f"{what} differ from the checkpoint's: {detail}", str(path),
+                         "resume with the same model, data and settings, or use another OUTDIR to start a new run")
+
+
+def _short(value, limit: int = 60) -> str:
+    text = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def rng_to_arrays(rng: np.random.RandomState) -> tuple[dict, dict]:
+    kind, keys, pos, has_gauss, cached = rng.get_state()
+    return ({"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            {"rng_keys": np.asarray(keys, dtype=np.uint32)})
+
+
+def rng_from(meta_rng: dict, keys: np.ndarray) -> np.random.RandomState:
+    rng = np.random.RandomState()
+    rng.set_state((meta_rng["kind"], keys.astype(np.uint32), meta_rng["pos"], meta_rng["has_gauss"],
+                   meta_rng["cached_gaussian"]))
+    return rng

@@ -1,0 +1,68 @@
+"""The frozen part's outputs, computed once and read back every epoch: in memory, or in a file on disk.
+
+The disk variant reads rows with ``pread`` instead of mapping the file: pages of a mapped file that
+have been read count toward the process's RSS until unmapped, which is exactly what a memory budget
+forbids; a read into a small buffer does not.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+
+class FeatureCache:
+    def __init__(self, rows: int, shape: tuple, placement: str, path: Path | None = None, reuse: bool = False):
+        self.rows = rows
+        self.shape = tuple(shape)
+        self.placement = placement
+        self.row_bytes = int(np.prod(self.shape)) * 4
+        self.path = Path(path) if path else None
+        self._mem = None
+        self._fd = None
+        if placement == "memory":
+            self._mem = np.empty((rows, *self.shape), dtype=np.float32)
+        else:
+            assert self.path is not None
+            flags = os.O_RDWR | (0 if reuse else os.O_CREAT | os.O_TRUNC)
+            self._fd = os.open(self.path, flags, 0o644)
+            if not reuse:
+                os.ftruncate(self._fd, rows * self.row_bytes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    def reusable(self) -> bool:
+        """A disk cache left by an earlier run of the same job has the right size."""
+        return self._fd is not None and os.fstat(self._fd).st_size == self.nbytes
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        if self._mem is not None:
+            self._mem[start:start + len(values)] = values
+        else:
+            os.pwrite(self._fd, values.tobytes(), start * self.row_bytes)
+
+    def read(self, idx) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        if self._mem is not None:
+            return self._mem[idx]
+        out = np.empty((len(idx), *self.shape), dtype=np.float32)
+        flat = out.reshape(len(idx), -1)
+        for i, j in enumerate(idx):
+            flat[i] = np.frombuffer(os.pread(self._fd, self.row_bytes, int(j) * self.row_bytes), dtype=np.float32)
+        return out
+
+    def flush(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self, delete: bool = False) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            if delete and self.path and self.path.exists():
+                self.path.unlink()
+        self._mem = None

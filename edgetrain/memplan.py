@@ -1,0 +1,123 @@
+"""How much memory a fine-tuning job needs, and the plan that keeps it inside a budget.
+
+Two steps. An analytic estimate from the graph (every internal output of one sample, float32) picks
+the largest feature-pass batch, training micro-batch and cache placement that fit. Then a probe runs
+the real blocks once at exactly those shapes and measures the process's peak RSS; the buffers it
+allocated are the ones training reuses (fixed shapes, static allocation), so the probe costs nothing
+extra. If the measured peak plus the cache would break the budget, the plan shrinks by the measured
+ratio and is probed again; if nothing fits, the job is refused before any training.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .errors import UsageError
+
+MB = 1024 * 1024
+FEATURE_BATCHES = (32, 16, 8, 4, 2, 1)
+# without a budget: keep one pass's activations moderate; throughput barely grows past these batches
+UNBUDGETED_FROZEN_MB = 160.0
+UNBUDGETED_TRAIN_MB = 768.0
+UNBUDGETED_CACHE_MB = 1024.0
+HEADROOM = 0.92  # of the budget the plan may use; allocator slack and Python objects take the rest
+FIXED_OVERHEAD_MB = 16.0
+
+
+@dataclass
+class Costs:
+    """Per-sample and fixed memory of one job, in MiB."""
+
+    base_mb: float            # RSS before any pass: interpreter, mxnet, model, data index
+    frozen_per_sample: float  # feature pass (inference, static allocation)
+    train_per_sample: float   # trained part forward + backward
+    params_mb: float          # trained weights + gradients + optimizer state
+    input_per_sample: float   # one decoded input sample
+    cache_rows: int
+    feature_bytes: int        # one row of the feature cache
+    effective_batch: int
+    has_frozen: bool
+
+    @property
+    def cache_mb(self) -> float:
+        return self.cache_rows * self.feature_bytes / MB if self.has_frozen else 0.0
+
+
+@dataclass
+class MemoryPlan:
+    feature_batch: int
+    micro_batch: int
+    cache: str  # "memory" | "disk" | "none"
+    estimate_mb: float
+    budget_mb: float | None
+    cache_mb: float
+    method: str = "analytic"
+    probe_peak_mb: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def graph_costs(sym, input_name: str, input_shape: tuple) -> float:
+    """MiB of all internal outputs of one sample through ``sym`` (an upper bound of one pass)."""
+    internals = sym.get_internals()
+    _, shapes, _ = internals.infer_shape(**{input_name: (1, *input_shape)})
+    args = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
+    total = sum(int(np.prod(s)) for name, s in zip(internals.list_outputs(), shapes) if name not in args)
+    return total * 4 / MB
+
+
+def divisors_desc(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def estimate(c: Costs, fb: int, m: int, cache: str, scale: float = 1.0) -> float:
+    frozen = c.frozen_per_sample * fb * scale if c.has_frozen else 0.0
+    inputs = c.input_per_sample * (fb if c.has_frozen else m) * 2
+    train = c.train_per_sample * m * scale
+    cache_mb = c.cache_mb if cache == "memory" else 0.0
+    return c.base_mb + c.params_mb + frozen + train + inputs + cache_mb + FIXED_OVERHEAD_MB
+
+
+def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
+    """The best (feature batch, micro-batch, cache placement) that fits ``budget_mb`` (None: no budget)."""
+    fbs = [b for b in FEATURE_BATCHES if b <= max(c.effective_batch, 1)] or [1]
+    if not c.has_frozen:
+        fbs = [1]
+    ms = divisors_desc(c.effective_batch)
+    caches = ("memory", "disk") if c.has_frozen else ("none",)
+    if budget_mb is None:
+        fb = next((b for b in fbs if c.frozen_per_sample * b * scale <= UNBUDGETED_FROZEN_MB), fbs[-1])
+        m = next((d for d in ms if c.train_per_sample * d * scale <= UNBUDGETED_TRAIN_MB), 1)
+        cache = caches[0] if c.cache_mb <= UNBUDGETED_CACHE_MB or not c.has_frozen else "disk"
+        return MemoryPlan(fb, m, cache, estimate(c, fb, m, cache, scale), None, c.cache_mb)
+    best = None
+    for cache in caches:
+        for m in ms:
+            for fb in fbs:
+                need = estimate(c, fb, m, cache, scale)
+                if need > budget_mb * HEADROOM:
+                    continue
+                score = (min(m, 32), min(fb, 16), cache == "memory", fb)
+                if best is None or score > best[0]:
+                    best = (score, MemoryPlan(fb, m, cache, need, budget_mb, c.cache_mb))
+    if best is None:
+        raise refusal(c, budget_mb, scale)
+    return best[1]
+
+
+def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
+    least = estimate(c, 1, 1, "disk" if c.has_frozen else "none", scale)
+    need = least / HEADROOM
+    parts = (f"{c.base_mb:.0f} MB for Python, mxnet, the model and data index, "
+             f"{(c.frozen_per_sample if c.has_frozen else c.train_per_sample) * scale:.1f} MB per sample in a pass")
+    if c.base_mb + FIXED_OVERHEAD_MB >= budget_mb * HEADROOM:
+        fix = (f"a budget below {need:.0f} MB is impossible for this model here; raise --memory-budget, "
+               "or use a smaller model")
+    else:
+        fix = (f"raise --memory-budget to at least {need:.0f} MB, or train fewer layers (--train-layers head), "
+               "or use a smaller --input-shape")
+    return UsageError(f"memory budget {budget_mb:.0f} MB is too small: even micro-batch 1 with the feature "
+                      f"cache on disk needs about {least:.0f} MB ({parts})", "--memory-budget", fix)

@@ -1,0 +1,79 @@
+"""SGD (momentum) and Adam over Gluon parameters, with state that is plain named arrays.
+
+Gluon's Trainer keeps its state behind a pickle; a checkpoint that must be refused when corrupt, and
+restored bit-for-bit after a power cut, wants arrays it can name, check and load without unpickling.
+The updates use MXNet's fused ops (sgd_mom_update, adam_update), the same ones Trainer runs.
+"""
+from __future__ import annotations
+
+import math
+
+OPTIMIZERS = ("sgd", "adam")
+DEFAULT_LR = {"sgd": 0.05, "adam": 0.003}
+# A lone output layer on fixed features is a linear model: it tolerates, and needs, a larger step
+# (digits5 -> ten digits, head only, 10 epochs: 0.84 held-out accuracy at adam 0.003, 0.93 at 0.02).
+HEAD_LR = {"sgd": 0.2, "adam": 0.02}
+
+
+class Optimizer:
+    def __init__(self, params: list, lr: float, wd: float = 1e-4):
+        self.params = params
+        self.lr = lr
+        self.wd = wd
+        self.t = 0
+        self.state: dict[str, list] = {}
+
+    def step(self) -> None:
+        """Apply the accumulated gradients (already averaged over the effective batch)."""
+        import mxnet as mx
+
+        self.t += 1
+        for p in self.params:
+            if p.name not in self.state:
+                w = p.data()
+                self.state[p.name] = [mx.nd.zeros(w.shape, dtype=w.dtype) for _ in range(self.n_states)]
+            self._update(p.data(), p.grad(), self.state[p.name])
+
+    def state_arrays(self) -> dict:
+        return {f"{name}:{i}": s for name, states in self.state.items() for i, s in enumerate(states)}
+
+    def load_state_arrays(self, arrays: dict, t: int) -> None:
+        import mxnet as mx
+
+        self.t = t
+        self.state = {}
+        for p in self.params:
+            got = [arrays.get(f"{p.name}:{i}") for i in range(self.n_states)]
+            if all(a is not None for a in got):
+                self.state[p.name] = [mx.nd.array(a, dtype="float32") for a in got]
+
+
+class SGD(Optimizer):
+    n_states = 1
+    momentum = 0.9
+
+    def _update(self, w, g, state):
+        import mxnet as mx
+
+        mx.nd.sgd_mom_update(w, g, state[0], out=w, lr=self.lr, momentum=self.momentum, wd=self.wd)
+
+
+class Adam(Optimizer):
+    n_states = 2
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+
+    def _update(self, w, g, state):
+        import mxnet as mx
+
+        lr = self.lr * math.sqrt(1 - self.beta2 ** self.t) / (1 - self.beta1 ** self.t)
+        mx.nd.adam_update(w, g, state[0], state[1], out=w, lr=lr, beta1=self.beta1, beta2=self.beta2,
+                          epsilon=self.eps, wd=self.wd)
+
+
+def default_lr(name: str, head_only: bool) -> float:
+    return (HEAD_LR if head_only else DEFAULT_LR)[name]
+
+
+def make_optimizer(name: str, params: list, lr: float) -> Optimizer:
+    cls = {"sgd": SGD, "adam": Adam}[name]
+    return cls(params, lr)
