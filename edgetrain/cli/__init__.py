@@ -14,6 +14,7 @@ COMMANDS = {
     "devices": "devices",
     "doctor": "doctor",
     "export": "export",
+    "finetune": "finetune",
     "inspect": "inspect",
     "profile": "profile",
     "quantize": "quantize",
