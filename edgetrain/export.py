@@ -85,7 +85,8 @@ def build_onnx(model, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False, f
         proto = mxnet_onnx.translate(sym, params, model.preprocess.input_name, model.preprocess.batch_shape(1),
                                      opset=opset, dynamic_batch=dynamic_batch)
     except mxnet_onnx.TranslationError as exc:
-        raise UsageError(f"cannot export operator '{exc.op}' to ONNX: {exc.reason}", f"layer {exc.layer}",
+        layer = _gluon_layer(model.block, exc.layer)
+        raise UsageError(f"cannot export operator '{exc.op}' to ONNX: {exc.reason}", f"layer {layer}",
                          "replace that layer with one built from supported operators "
                          "(see mxnet.onnx.get_operator_support())") from None
     if fp16:
@@ -242,6 +243,21 @@ def _symbol_and_params(model):
         if name in wanted:
             params[name] = p._reduce() if hasattr(p, "_reduce") else p.data()
     return sym, params
+
+
+def _gluon_layer(block, node: str) -> str:
+    """The Gluon layer a symbol node belongs to: the block with the longest name prefix of the node's
+    name (a node is named after its block, e.g. ``net_groupnorm0_groupnorm0`` or ``net_dense0_fwd``)."""
+    best = ""
+    stack = [block]
+    while stack:
+        b = stack.pop()
+        prefix = getattr(b, "prefix", "") or ""
+        if prefix and node.startswith(prefix) and len(prefix) > len(best):
+            best = prefix
+        stack.extend(getattr(b, "_children", {}).values())
+    layer = best.rstrip("_") if best else node
+    return layer if layer == node else f"{layer}, node {node}"
 
 
 def _add_metadata(proto, model, opset: int, precision: str) -> None:

@@ -25,13 +25,18 @@ onnxruntime 1.32 it breaks in the ways below, each repaired here and nowhere els
    1 whatever the stored gamma holds; the exporter feeds the stored gamma to ONNX, so any model whose
    stored gamma is not exactly 1 exports wrong (max abs error 75 on logits of 1900 measured on
    resnet50_v2). ``_fixed_gamma`` feeds ones instead, and unused initializers are dropped afterwards.
-7. With ``dynamic=True`` the exporter marks *every* dimension of inputs and outputs unknown; edgetrain
+7. ``create_onnx_graph_proto`` ends with ``onnx.checker.check_graph(graph)``, whose default context is
+   the installed onnx's newest opset, so a correct opset-13 node whose attributes changed later fails
+   (``ReduceMean``'s ``axes`` became an input in opset 18: every ``LayerNorm``). ``_checking_at`` makes
+   that check use the opset being translated for.
+8. With ``dynamic=True`` the exporter marks *every* dimension of inputs and outputs unknown; edgetrain
    only wants a variable batch, so ``translate`` passes a named batch dimension and fixes the outputs.
 
 Import this module freely; it imports mxnet and onnx only when ``translate`` runs.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import types
@@ -194,9 +199,10 @@ def translate(sym, params: dict, input_name: str, input_shape: tuple, opset: int
         op, layer = missing[0]
         raise TranslationError(op, layer, "mxnet 1.9.1's ONNX exporter has no translation for it")
     dyn = [(BATCH_DIM, *input_shape[1:])] if dynamic_batch else None
-    graph = MXNetGraph().create_onnx_graph_proto(
-        sym, params, [tuple(input_shape)], [TensorProto.FLOAT], opset_version=opset,
-        dynamic=dynamic_batch, dynamic_input_shapes=dyn)
+    with _checking_at(opset):
+        graph = MXNetGraph().create_onnx_graph_proto(
+            sym, params, [tuple(input_shape)], [TensorProto.FLOAT], opset_version=opset,
+            dynamic=dynamic_batch, dynamic_input_shapes=dyn)
     if graph.input and graph.input[0].name != input_name:
         raise TranslationError("null", graph.input[0].name, f"expected the graph input to be '{input_name}'")
     # make_model_gen_version picks the IR version the opset implies instead of the newest one.
@@ -207,6 +213,27 @@ def translate(sym, params: dict, input_name: str, input_shape: tuple, opset: int
     if dynamic_batch:
         _batch_only_dynamic(model)
     return model
+
+
+@contextlib.contextmanager
+def _checking_at(opset: int):
+    """The exporter's own check_graph, at the opset being translated for (not the newest)."""
+    from onnx import checker, helper
+
+    ctx = checker.C.CheckerContext()
+    ctx.ir_version = helper.find_min_ir_version_for([helper.make_opsetid("", opset)])
+    ctx.opset_imports = {"": opset}
+    original = checker.check_graph
+
+    def check_graph(graph, *args, **kwargs):
+        return original(graph, ctx)
+
+    with _lock:
+        checker.check_graph = check_graph
+        try:
+            yield
+        finally:
+            checker.check_graph = original
 
 
 def drop_weight_inputs(model) -> None:
