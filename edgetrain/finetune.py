@@ -95,6 +95,8 @@ def prepare_outdir(outdir: Path, resume: bool) -> bool:
     probe = outdir
     while not probe.exists():
         probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"OUTDIR cannot be created: {probe} is a file", str(outdir), "choose another folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UsageError("OUTDIR is not writable", str(outdir), "choose a folder you can write to")
     if not outdir.exists():

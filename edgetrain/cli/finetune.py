@@ -55,7 +55,7 @@ class _Progress:
 @click.command()
 @click.argument("model")
 @click.option("--data", "data_ref", required=True, metavar="DATA", help="Training data (classes come from it).")
-@click.option("-o", "--out", "outdir", required=True, type=click.Path(file_okay=False), metavar="OUTDIR",
+@click.option("-o", "--out", "outdir", required=True, metavar="OUTDIR",
               help="Folder for the model (OUTDIR/model), metrics.json and the checkpoint.")
 @click.option("--val", "val_ref", metavar="DATA", help="Held-out data to report accuracy on.")
 @click.option("--val-split", type=click.FloatRange(0, 1, max_open=True), metavar="F",

@@ -1,0 +1,206 @@
+"""`edgetrain finetune` end to end in child processes: the accuracy figure, outputs other commands take,
+power-cut resume (SIGKILL / SIGTERM), and every bad input as a one-line error with exit 2."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clitools import assert_user_error
+
+BASE = "edgetrain.nets:pretrained_digits"
+
+
+@pytest.fixture(scope="module")
+def digits_npz(tmp_path_factory) -> Path:
+    """300 real digits (all ten classes) as an .npz: small enough for several training runs per test."""
+    from edgetrain.data import load_data
+    from edgetrain.preprocess import Preprocess
+
+    ds = load_data("builtin:digits", Preprocess(input_shape=(1, 8, 8), mean=(0.0,), std=(1.0,)))
+    x, y = ds.arrays(300)
+    path = tmp_path_factory.mktemp("npz") / "digits300.npz"
+    np.savez(path, data=x[:, 0], label=y)
+    return path
+
+
+def _params(outdir: Path) -> dict:
+    import mxnet as mx
+
+    return {k: v.asnumpy() for k, v in mx.nd.load(str(outdir / "model-0000.params")).items()}
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_defaults_reach_90_percent_on_held_out_digits(cli, tmp_path):
+    """The figure: digits5 (knows 0-4) fine-tuned to all ten digits with default head training."""
+    out = tmp_path / "run"
+    res = cli("finetune", BASE, "--data", "builtin:digits", "-o", out, "--device", "rpi4b-4gb", "--json", "-",
+              cwd=tmp_path)
+    assert res.code == 0, res.err
+    r = res.json()
+    assert r["train_layers"] == "head" and r["replaced_head"] and r["accuracy_on"] == "held-out"
+    assert r["final_accuracy"] >= 0.90, r["epochs"][-1]
+    assert r["classes"] == [str(d) for d in range(10)]
+    assert r["frozen_parameters"] > r["trained_parameters"] > 0
+    assert r["peak_rss_mb"] <= r["budget_mb"] and r["within_budget"]
+    assert r["energy"]["provenance"] == "modelled" and r["joules_per_sample"] > 0
+    assert "epoch 1" not in res.err, "progress must stay quiet with --json -"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["complete"] and len(metrics["epochs"]) == 10
+    assert {"loss", "train_accuracy", "val_accuracy", "samples_per_s", "peak_rss_mb"} <= set(metrics["epochs"][0])
+    # the result is a PREFIX the other commands take, class names included
+    again = cli("inspect", out / "model", "--data", "builtin:digits", "--json", "-", cwd=tmp_path)
+    assert again.code == 0, again.err
+    assert again.json()["num_classes"] == 10 and again.json()["preprocess"]["class_names"][9] == "9"
+
+
+def test_human_output_and_budget(cli, digits_npz, tmp_path):
+    res = cli("finetune", BASE, "--data", digits_npz, "-o", tmp_path / "o", "--epochs", "2",
+              "--memory-budget", "400MB", "--train-layers", "last:2", cwd=tmp_path)
+    assert res.code == 0, res.err
+    assert "epoch 2:" in res.err and "samples/s" in res.err
+    assert "peak RSS" in res.out and "of 400 MB budget" in res.out
+    assert "output layer replaced" in res.out
+
+
+def _train_args(out: Path, data: Path, epochs: int = 3) -> list:
+    return ["finetune", BASE, "--data", data, "-o", out, "--train-layers", "all", "--batch-size", "4",
+            "--epochs", str(epochs), "--seed", "7", "--threads", "1", "--optimizer", "sgd"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(digits_npz, tmp_path_factory):
+    from clitools import run_edgetrain
+
+    out = tmp_path_factory.mktemp("ref") / "run"
+    res = run_edgetrain(*_train_args(out, digits_npz))
+    assert res.code == 0, res.err
+    return _params(out)
+
+
+def _start(args, cwd):
+    env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
+    return subprocess.Popen([sys.executable, "-m", "edgetrain", *map(str, args)], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path: Path, proc, timeout=120.0):
+    t0 = time.monotonic()
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - t0 < timeout, "no checkpoint appeared"
+        time.sleep(0.02)
+
+
+def test_sigkill_mid_epoch_then_resume_gives_the_same_weights(cli, digits_npz, uninterrupted, tmp_path):
+    from edgetrain import checkpoint as ckpt
+
+    out = tmp_path / "run"
+    proc = _start(_train_args(out, digits_npz), tmp_path)
+    _wait_for(out / "checkpoint.npz", proc)  # epoch 1 is done; kill the process inside epoch 2
+    time.sleep(0.15)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "model-symbol.json").exists(), "the run finished before it could be killed"
+    meta, _ = ckpt.load(out / "checkpoint.npz")
+    assert meta["epoch"] < 3
+    res = cli(*_train_args(out, digits_npz), "--resume", cwd=tmp_path)
+    assert res.code == 0, res.err
+    got = _params(out)
+    assert got.keys() == uninterrupted.keys()
+    for k in got:
+        np.testing.assert_allclose(got[k], uninterrupted[k], rtol=0, atol=1e-6, err_msg=k)
+    assert not list(out.glob(".*")), "temp files left behind"
+
+
+def test_sigterm_checkpoints_mid_epoch_and_resume_matches(cli, digits_npz, uninterrupted, tmp_path):
+    from edgetrain import checkpoint as ckpt
+
+    out = tmp_path / "run"
+    proc = _start(_train_args(out, digits_npz), tmp_path)
+    _wait_for(out / "checkpoint.npz", proc)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted by SIGTERM" in err and "--resume" in err and "Traceback" not in err
+    meta, _ = ckpt.load(out / "checkpoint.npz")
+    assert meta["epoch"] == 1 and meta["step"] > 0  # stopped inside epoch 2, at a step boundary
+    res = cli(*_train_args(out, digits_npz), "--resume", "--json", "-", cwd=tmp_path)
+    assert res.code == 0, res.err
+    assert res.json()["resumed_from"] == {"epoch": 1, "step": meta["step"]}
+    got = _params(out)
+    for k in got:
+        np.testing.assert_allclose(got[k], uninterrupted[k], rtol=0, atol=1e-6, err_msg=k)
+
+
+def _finished_run(cli, digits_npz, tmp_path) -> Path:
+    out = tmp_path / "done"
+    res = cli("finetune", BASE, "--data", digits_npz, "-o", out, "--epochs", "1", cwd=tmp_path)
+    assert res.code == 0, res.err
+    return out
+
+
+def test_outdir_with_another_run_needs_resume(cli, digits_npz, tmp_path):
+    out = _finished_run(cli, digits_npz, tmp_path)
+    before = _snapshot(out)
+    res = cli("finetune", BASE, "--data", digits_npz, "-o", out, cwd=tmp_path)
+    assert_user_error(res, 2, "OUTDIR holds an earlier run", "--resume")
+    assert _snapshot(out) == before
+
+
+def test_resume_with_other_data_classes_is_refused(cli, digits_npz, digits_folder, tmp_path):
+    out = _finished_run(cli, digits_npz, tmp_path)
+    before = _snapshot(out)
+    res = cli("finetune", BASE, "--data", digits_folder, "-o", out, "--resume", cwd=tmp_path)
+    assert_user_error(res, 2, "data classes differ from the checkpoint's", "checkpoint has 10", "data has 3")
+    assert _snapshot(out) == before
+
+
+def test_corrupt_checkpoint_is_refused(cli, digits_npz, tmp_path):
+    out = _finished_run(cli, digits_npz, tmp_path)
+    path = out / "checkpoint.npz"
+    path.write_bytes(path.read_bytes()[:-200])
+    before = _snapshot(out)
+    res = cli("finetune", BASE, "--data", digits_npz, "-o", out, "--resume", cwd=tmp_path)
+    assert_user_error(res, 2, "checkpoint", "corrupt")
+    assert _snapshot(out) == before
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--memory-budget", "lots"], ["cannot read --memory-budget 'lots'"]),
+    (["--train-layers", "last:0"], ["trains nothing"]),
+    (["--train-layers", "last:9"], ["beyond the model's depth", "last:1 to last:4"]),
+    (["--memory-budget", "100MB"], ["memory budget 100 MB is too small", "impossible"]),
+])
+def test_bad_options(cli, digits_npz, tmp_path, args, fragments):
+    out = tmp_path / "o"
+    res = cli("finetune", BASE, "--data", digits_npz, "-o", out, "--epochs", "1", *args, cwd=tmp_path)
+    assert_user_error(res, 2, *fragments)
+    assert not out.exists() or not any(out.iterdir()), "no partial output"
+
+
+def test_unwritable_outdir(cli, digits_npz, tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    res = cli("finetune", BASE, "--data", digits_npz, "-o", blocker / "out", cwd=tmp_path)
+    assert_user_error(res, 2, "OUTDIR")
+    res = cli("finetune", BASE, "--data", digits_npz, "-o", blocker, cwd=tmp_path)
+    assert_user_error(res, 2, "OUTDIR is a file")
+
+
+def test_val_with_other_classes(cli, digits_npz, digits_folder, tmp_path):
+    res = cli("finetune", BASE, "--data", digits_npz, "--val", digits_folder, "-o", tmp_path / "o", cwd=tmp_path)
+    assert_user_error(res, 2, "--val classes")
