@@ -1,0 +1,73 @@
+"""--threads caps training: measured from outside as the threads of the training child that did the work."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def digits_npz(tmp_path_factory) -> Path:
+    from edgetrain.data import load_data
+    from edgetrain.preprocess import Preprocess
+
+    ds = load_data("builtin:digits", Preprocess(input_shape=(1, 8, 8), mean=(0.0,), std=(1.0,)))
+    x, y = ds.arrays(200)
+    path = tmp_path_factory.mktemp("npz") / "digits200.npz"
+    np.savez(path, data=x[:, 0], label=y)
+    return path
+
+
+def _thread_cpu(pid: int) -> dict[int, float]:
+    tck = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tck
+    return out
+
+
+def busy_worker_threads(threads: int, data: Path, out: Path) -> list[float]:
+    """CPU seconds of each non-main thread of a training child during its second epoch (sorted)."""
+    env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
+    # 64x64 input makes the convolutions big enough for OpenMP to split them when it may
+    proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "finetune", "edgetrain.nets:pretrained_digits",
+                             "--data", str(data), "-o", str(out), "--train-layers", "all", "--epochs", "2",
+                             "--input-shape", "1,1,64,64", "--batch-size", "16", "--val-split", "0.1",
+                             "--threads", str(threads)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        while not (out / "checkpoint.npz").exists():  # epoch 1 done: what follows is training only
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        before = _thread_cpu(proc.pid)
+        seen = dict(before)
+        while proc.poll() is None:
+            try:
+                seen.update(_thread_cpu(proc.pid))  # keep threads that exit at shutdown
+            except OSError:
+                break
+            time.sleep(0.05)
+    finally:
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    work = {t: seen[t] - before.get(t, 0.0) for t in seen if t != proc.pid}
+    total = sum(work.values()) + seen.get(proc.pid, 0) - before.get(proc.pid, 0)
+    return sorted((v for v in work.values() if v > 0.2 * total), reverse=True)
+
+
+def test_one_thread_cap_holds_during_training(digits_npz, tmp_path):
+    assert len(busy_worker_threads(1, digits_npz, tmp_path / "o")) == 1
+
+
+def test_two_thread_cap_lets_two_threads_train(digits_npz, tmp_path):
+    # the control: without it, a measurement that could only ever see one busy thread would pass above
+    assert len(busy_worker_threads(2, digits_npz, tmp_path / "o")) == 2
