@@ -142,10 +142,12 @@ def run_child(spec: dict, threads: int | None, what: str, timeout: float = DEFAU
             raise RunFailed(f"{what} did not finish within {timeout:g} s and was stopped", "profile child",
                             "raise --timeout if the model is just slow, or check it runs with `edgetrain inspect`") \
                 from None
+        if os.environ.get("EDGETRAIN_DEBUG") == "1" and err:
+            sys.stderr.write(err)
         if proc.returncode != 0:
             raise RunFailed(f"{what} {_death(proc.returncode)}{_last_line(err)}", "profile child",
                             "check the model loads and runs (`edgetrain inspect MODEL`); "
-                            "EDGETRAIN_DEBUG=1 keeps the child's output") from None
+                            "EDGETRAIN_DEBUG=1 shows the child's output") from None
         path = Path(spec["result"])
         if not path.exists():
             raise RunFailed(f"{what} exited without a result{_last_line(err)}", "profile child",
@@ -209,6 +211,7 @@ def _summarise_config(raw: dict, label: str, source: str) -> dict:
     mem = raw["memory"]
     return {
         "threads": raw["threads"],
+        "pid": raw["pid"],
         "runtime_version": raw.get("runtime_version"),
         "import_s": raw["import_s"],
         "load_s": raw["load_s"],
@@ -326,7 +329,7 @@ def profile(model: str, *, runtime_name: str | None = None, threads=None, batch:
     energy_d = None
     if prof is not None:
         verdict["memory"] = _memory_verdict(peak, prof, host)
-        verdict["latency"] = _latency_verdict(best, prof, host, label, base_spec, timeout, say)
+        verdict["latency"] = _latency_verdict(best, configs, prof, host, label, timeout, say)
         lat = verdict["latency"]
         if lat.get("mean_ms") is not None:
             energy_d = energy.energy_report(lat["mean_ms"], prof, battery_wh=battery_wh, rate_per_h=rate_per_h,
@@ -374,7 +377,7 @@ def _memory_verdict(peak_mb: float, prof, host) -> dict:
     }
 
 
-def _latency_verdict(best: dict, prof, host, label: str, base_spec: dict, timeout: float, say) -> dict:
+def _latency_verdict(best: dict, configs: list[dict], prof, host, label: str, timeout: float, say) -> dict:
     lat = best["latency"]
     out = {"threads": best["threads"], "host_p50_ms": lat["p50_ms"], "host_mean_ms": lat["mean_ms"]}
     if label == "emulated":
@@ -392,6 +395,11 @@ def _latency_verdict(best: dict, prof, host, label: str, base_spec: dict, timeou
                           f"({host.cpu}); factor 1"}
     if method == "reference_latency":
         refp = prof.speed.reference
+        # The ratio holds at the reference's thread count: use that configuration when it was swept.
+        same = next((c for c in configs if c["threads"] == refp.threads), None)
+        if same is not None:
+            best, lat = same, same["latency"]
+            out.update(threads=same["threads"], host_p50_ms=lat["p50_ms"], host_mean_ms=lat["mean_ms"])
         host_ref = reference_latency_ms(refp, timeout, say)
         factor = refp.latency_ms / host_ref["p50_ms"]
         return {**out, "provenance": "estimated", "factor": factor, "mean_ms": lat["mean_ms"] * factor,
@@ -403,7 +411,11 @@ def _latency_verdict(best: dict, prof, host, label: str, base_spec: dict, timeou
                 "source": (f"host latency x {factor:.3g} = {prof.name}'s published {refp.model} {refp.input}x"
                            f"{refp.input} {refp.threads}-thread latency {refp.latency_ms} ms ({refp.runtime}) / this "
                            f"host's {host_ref['p50_ms']:.3g} ms on the same network ({host_ref['runtime']}, "
-                           f"{refp.threads} thread(s)); host measured at {best['threads']} thread(s)")}
+                           f"{refp.threads} thread(s)); this model measured at {best['threads']} thread(s)"
+                           + ("" if best["threads"] == refp.threads else
+                              f" (sweep --threads {refp.threads} to compare like with like)")
+                           + (f"; this host has only {host.cores_usable} cores for the reference's "
+                              f"{refp.threads} threads" if refp.threads > host.cores_usable else ""))}
     return {**out, "provenance": "estimated", "mean_ms": None, "p50_ms": None,
             "note": f"{prof.name} has no speed figure (speed.method 'unknown'), so no device latency is "
                     "estimated; run `edgetrain profile` on the device itself",

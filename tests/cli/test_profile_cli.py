@@ -1,0 +1,88 @@
+"""`edgetrain profile` end to end, as a user runs it: real child processes, real files, exit codes."""
+from __future__ import annotations
+
+import pytest
+
+from clitools import assert_user_error
+from test_profile_models import bad_factories, conv_gemm_onnx
+
+FAST = ("--warmup", "1", "--runs", "6")
+
+
+@pytest.fixture(scope="module")
+def onnx_file(tmp_path_factory):
+    return conv_gemm_onnx(tmp_path_factory.mktemp("cli") / "convgemm.onnx")
+
+
+def test_profile_json_to_stdout(cli, onnx_file):
+    res = cli("profile", onnx_file, "--threads", "1,2", "--input-shape", "1,3,16,16", "--json", "-", *FAST)
+    assert res.code == 0, res.err
+    d = res.json()
+    assert [c["threads"] for c in d["configs"]] == [1, 2]
+    assert d["best"]["provenance"] in ("measured", "emulated")
+    assert d["prediction"]["provenance"] == "modelled" and d["passed"] is True
+    assert d["host_energy"]["provenance"] == "measured"  # RAPL: read, or said to be unreadable
+    assert "model " not in res.out.splitlines()[0]  # human output stays off stdout with --json -
+
+
+def test_profile_with_device_energy_and_report(cli, onnx_file, tmp_path):
+    report, js = tmp_path / "r.html", tmp_path / "r.json"
+    res = cli("profile", onnx_file, "--device", "x86-64-generic", "--threads", "1", "--rate", "120/h",
+              "--battery-wh", "20", "--budget-mj", "500", "--report", report, "--json", js, *FAST)
+    assert res.code == 0, res.err
+    assert "fits in 7168 MB (RAM 8192 - OS reserve 1024 MB)" in res.out
+    assert "[estimated:" in res.out and "PASS" in res.out and "battery    20 Wh lasts" in res.out
+    assert report.read_text().startswith("<!doctype html>") and js.exists()
+
+
+def test_over_budget_exits_3_and_keeps_the_report(cli, onnx_file, tmp_path):
+    report, js = tmp_path / "r.md", tmp_path / "r.json"
+    res = cli("profile", onnx_file, "--device", "x86-64-generic", "--threads", "1", "--budget-mj", "0.000001",
+              "--report", report, "--json", js, *FAST)
+    assert_user_error(res, 3, "over the budget of 1e-06 mJ")
+    assert "OVER BUDGET" in report.read_text()
+    assert '"passed": false' in js.read_text()
+
+
+def test_gluon_prefix_in_mxnet(cli, tiny_prefix, tmp_path):
+    res = cli("profile", tiny_prefix, "--runtime", "mxnet", "--threads", "1", "--report", tmp_path / "r.md", *FAST)
+    assert res.code == 0, res.err
+    assert "(mxnet, input 1x1x16x16" in res.out and "Convolution" in res.out
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (("--threads", "0"), ("thread count must be between 1",)),
+    (("--threads", "a,b"), ("cannot read thread count 'a'", "--threads")),
+    (("--runs", "0"), ("--runs must be at least 1",)),
+    (("--device", "x86-64-generic", "--battery-wh", "0"), ("--battery-wh must be more than zero",)),
+    (("--device", "x86-64-generic", "--rate", "120"), ("cannot read rate '120'", "N/h")),
+    (("--device", "x86-64-generic", "--rate", "2/min"), ("cannot read rate",)),
+    (("--report", "no/such/folder/r.html"), ("--report folder does not exist",)),
+    (("--report", "r.pdf"), ("unknown report format",)),
+    (("--device", "no-such-board"), ("unknown device 'no-such-board'",)),
+    (("--runtime", "mxnet"), ("cannot run in MXNet",)),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(cli, onnx_file, tmp_path, args, fragments):
+    res = cli("profile", onnx_file, *FAST, *args, "--json", tmp_path / "out.json", cwd=tmp_path)
+    assert_user_error(res, 2, *fragments)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_model(cli, tmp_path):
+    res = cli("profile", tmp_path / "nope.onnx")
+    assert_user_error(res, 2, "ONNX file not found")
+
+
+def test_crashing_model_exits_1_without_hanging(cli, tmp_path):
+    module = bad_factories(tmp_path)
+    res = cli("profile", f"{module}:crashing_net", "--input-shape", "3,8,8", "--report", tmp_path / "r.html",
+              *FAST, cwd=tmp_path, timeout=120)
+    assert_user_error(res, 1, "the model analysis", "Segmentation fault")
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_hanging_model_is_stopped_by_timeout(cli, tmp_path):
+    module = bad_factories(tmp_path)
+    res = cli("profile", f"{module}:hanging_net", "--input-shape", "3,8,8", "--timeout", "4", *FAST,
+              cwd=tmp_path, timeout=120)
+    assert_user_error(res, 1, "did not finish within 4 s")

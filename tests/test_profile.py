@@ -1,0 +1,165 @@
+"""edgetrain.profile: real child processes, real ONNX Runtime / MXNet runs, real device profiles."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from edgetrain.errors import UsageError
+from edgetrain.profile import latency_summary, parse_threads, percentile, profile
+from test_profile_models import conv_gemm_onnx, user_profile
+
+PROVENANCES = {"measured", "estimated", "modelled", "emulated"}
+FAST = dict(warmup=1, runs=8)
+
+
+@pytest.fixture(scope="module")
+def onnx_file(tmp_path_factory):
+    return conv_gemm_onnx(tmp_path_factory.mktemp("onnx") / "convgemm.onnx")
+
+
+@pytest.fixture(scope="module")
+def swept(onnx_file):
+    return profile(str(onnx_file), threads="1,2", device="x86-64-generic", rate="600/h", battery_wh=20,
+                   input_shape=(3, 16, 16), **FAST)
+
+
+@pytest.mark.parametrize("text,expected", [("1,2,4", [1, 2, 4]), ("2", [2]), (" 4, 1 ,4", [4, 1])])
+def test_parse_threads(text, expected):
+    assert parse_threads(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "a,b", "1,,2", "-1", "1.5", "", "999"])
+def test_parse_threads_rejects(text):
+    with pytest.raises(UsageError) as exc:
+        parse_threads(text)
+    assert exc.value.where == "--threads"
+
+
+def test_percentiles_match_numpy():
+    xs = list(np.random.RandomState(1).exponential(3.0, 137))
+    for q in (50, 90, 99):
+        assert percentile(xs, q) == pytest.approx(np.percentile(xs, q))
+    s = latency_summary(xs)
+    assert s["spread_p99_p50"] == pytest.approx(s["p99_ms"] / s["p50_ms"])
+
+
+def test_each_thread_count_runs_in_its_own_process(swept):
+    assert [c["threads"] for c in swept.configs] == [1, 2]
+    for c in swept.configs:
+        assert len(c["latencies_ms"]) == 8 and c["latency"]["runs"] == 8
+        assert c["first_inference_ms"] > 0 and c["load_s"] > 0
+        m = c["memory"]
+        assert m["runtime_mb"] + m["load_mb"] + m["inference_mb"] == pytest.approx(m["peak_rss_mb"])
+        assert c["ops"]["available"] and "Conv" in {r["op"] for r in c["ops"]["table"]}
+    pids = {c["pid"] for c in swept.configs}
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert swept.best["threads"] in (1, 2)
+    assert swept.input_shape == [1, 3, 16, 16]
+
+
+def test_every_figure_carries_provenance_and_source(swept):
+    assert swept.figures
+    for f in swept.figures:
+        assert f["provenance"] in PROVENANCES, f
+        assert f["source"], f
+    d = swept.to_dict()
+    assert d["prediction"]["provenance"] == "modelled"
+    assert d["verdict"]["memory"]["provenance"] == "estimated"  # measured here, not on the device
+
+
+def test_estimate_is_never_presented_as_a_measurement(swept):
+    lat = swept.verdict["latency"]
+    # This host is not a 4-core 8 GB box: the profile's 'host' speed relation gives an estimate.
+    assert lat["provenance"] == "estimated" and lat["factor"] == 1.0
+    assert "as fast as this host" in lat["source"]
+    e = swept.energy
+    assert e["per_inference"]["provenance"] == "modelled" and "estimated" in e["per_inference"]["source"]
+    assert e["daily"]["inferences_per_day"] == 600 * 24 and e["daily"]["battery_hours"] > 0
+    mem = swept.verdict["memory"]
+    assert mem["fits"] and mem["available_mb"] == 8192 - 1024
+
+
+def test_matching_host_is_measured(onnx_file, tmp_path):
+    from edgetrain.devices import detect_host
+
+    host = detect_host()
+    path = user_profile(tmp_path, name="this-host", arch=host.arch, cores=host.cores_usable, ram_mb=host.ram_mb,
+                        default_threads=1, os_reserve_mb=256, memory_budget_mb=512)
+    res = profile(str(onnx_file), device=str(path), **FAST)
+    expected = "emulated" if host.emulated else "measured"
+    assert res.verdict["latency"]["provenance"] == expected
+    assert res.verdict["memory"]["provenance"] == ("estimated" if host.emulated else "measured")
+
+
+def test_reference_latency_scales_the_host_measurement(onnx_file, tmp_path):
+    ref = {"model": "edgetrain.nets:digits_cnn", "input": 16, "threads": 1, "runtime": "mxnet",
+           "latency_ms": 50.0, "source": "a made-up figure for the test, 50 ms on the board"}
+    path = user_profile(tmp_path, name="slowboard", speed={"method": "reference_latency", "reference": ref})
+    res = profile(str(onnx_file), device=str(path), threads="1", **FAST)
+    lat = res.verdict["latency"]
+    assert lat["provenance"] == "estimated"
+    assert lat["factor"] == pytest.approx(50.0 / lat["reference"]["host_ms"])
+    assert lat["p50_ms"] == pytest.approx(lat["host_p50_ms"] * lat["factor"])
+    assert "50.0 ms" in lat["source"] and "mxnet" in lat["reference"]["host_runtime"]
+
+
+def test_unknown_speed_gives_no_latency_and_refuses_an_energy_budget(onnx_file):
+    res = profile(str(onnx_file), device=_unknown_profile(onnx_file), **FAST)
+    assert res.verdict["latency"]["mean_ms"] is None and "no speed figure" in res.verdict["latency"]["note"]
+    assert res.energy["available"] is False
+    with pytest.raises(UsageError, match="--budget-mj"):
+        profile(str(onnx_file), device=_unknown_profile(onnx_file), budget_mj=5, **FAST)
+
+
+def _unknown_profile(onnx_file):
+    folder = onnx_file.parent
+    path = folder / "noclue.yaml"
+    if not path.exists():
+        user_profile(folder, name="noclue", speed={"method": "unknown", "note": "nothing published"})
+    return str(path)
+
+
+def test_model_that_does_not_fit_fails_the_check(onnx_file, tmp_path):
+    path = user_profile(tmp_path, name="tiny-ram", ram_mb=64, os_reserve_mb=32, memory_budget_mb=16)
+    res = profile(str(onnx_file), device=str(path), **FAST)
+    assert res.verdict["memory"]["fits"] is False
+    assert any("does not fit the 32 MB" in f for f in res.failed_checks)
+    assert res.to_dict()["passed"] is False
+
+
+def test_gluon_prefix_in_mxnet(tiny_prefix):
+    res = profile(str(tiny_prefix), runtime_name="mxnet", threads="1", **FAST)
+    c = res.configs[0]
+    assert res.runtime == "mxnet" and res.input_shape == [1, 1, 16, 16]
+    assert c["memory"]["runtime_mb"] > 100  # import mxnet alone is ~140 MB
+    ops = c["ops"]
+    assert ops["available"], ops  # mx.profiler works in the 1.9.1 wheel despite Features() saying otherwise
+    assert "Convolution" in {r["op"] for r in ops["table"]}
+
+
+def test_gluon_prefix_exported_for_onnxruntime(tiny_prefix):
+    res = profile(str(tiny_prefix), runtime_name="onnxruntime", threads="1", **FAST)
+    assert res.runtime == "onnxruntime" and res.input_shape == [1, 1, 16, 16]
+    assert res.configs[0]["memory"]["runtime_mb"] < 100  # no mxnet in the timed child
+
+
+def test_onnx_file_cannot_run_in_mxnet(onnx_file):
+    with pytest.raises(UsageError, match="cannot run in MXNet"):
+        profile(str(onnx_file), runtime_name="mxnet", **FAST)
+
+
+@pytest.mark.parametrize("kwargs,where", [({"runs": 0}, "--runs"), ({"warmup": -1}, "--warmup"),
+                                          ({"batch": 0}, "--batch"), ({"threads": "0"}, "--threads")])
+def test_bad_counts_fail_before_any_work(onnx_file, kwargs, where):
+    with pytest.raises(UsageError) as exc:
+        profile(str(onnx_file), **{**FAST, **kwargs})
+    assert exc.value.where == where
+
+
+def test_energy_options_need_a_device(onnx_file):
+    with pytest.raises(UsageError, match="power figures"):
+        profile(str(onnx_file), battery_wh=10, **FAST)
+
+# A model that crashes or hangs its child: tests/cli/test_profile_cli.py, end to end.
