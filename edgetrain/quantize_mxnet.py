@@ -128,6 +128,13 @@ def _save(fp32, qnet, prefix: Path, record: dict) -> tuple[int, int]:
     from .fileio import atomic_path
     from .preprocess import sidecar_path, sidecar_text
 
+    import mxnet as mx
+
+    # A SymbolBlock exports only the parameters its cached graph has bound: run it once first, or
+    # PREFIX-0000.params comes out empty.
+    zeros = mx.nd.zeros(fp32.preprocess.batch_shape(1))
+    fp32.block(zeros)
+    qnet(zeros)
     with tempfile.TemporaryDirectory(dir=prefix.parent, prefix=f".{prefix.name}.") as tmp:
         fp32.block.export(str(Path(tmp) / "fp32"), epoch=0)
         qnet.export(str(Path(tmp) / "int8"), epoch=0)

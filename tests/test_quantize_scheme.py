@@ -10,14 +10,14 @@ from edgetrain.int8_scheme import choose_scheme, scheme_for
 
 def test_x86_without_vnni_reduces_range_and_warns():
     s = scheme_for(load_device("x86-64-generic"))
-    assert (s.format, s.activations, s.weights, s.reduce_range) == ("QDQ", "int8", "int8", True)
+    assert (s.format, s.activations, s.weights, s.reduce_range) == ("QDQ", "uint8", "int8", True)
     assert "saturat" in s.reason and "VNNI" in s.warning
-    assert s.to_dict()["name"] == "QDQ S8S8 (per-channel, reduce_range)"
+    assert s.to_dict()["name"] == "QDQ U8S8 (per-channel, reduce_range)"
 
 
 def test_x86_with_vnni_uses_the_full_range_without_warning():
     s = choose_scheme("x86_64", {"avx2": True, "vnni": True}, "gateway", per_channel=False)
-    assert not s.reduce_range and s.warning is None and s.name == "QDQ S8S8 (per-tensor)"
+    assert not s.reduce_range and s.warning is None and s.name == "QDQ U8S8 (per-tensor)"
 
 
 @pytest.mark.parametrize("name,warns", [("rpi5-8gb", False), ("rpi4b-4gb", True), ("rpi3bplus", True),

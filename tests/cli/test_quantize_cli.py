@@ -36,7 +36,7 @@ def test_human_report_for_a_device_without_vnni(cli, trained, tmp_path):
               "-o", tmp_path / "q.onnx", "--device", "x86-64-generic", "--threads", "1", "--samples", "100",
               "--json", tmp_path / "r.json", cwd=tmp_path)
     assert res.code == 0, res.err
-    assert "QDQ S8S8 (per-channel, reduce_range) for x86-64-generic" in res.out
+    assert "QDQ U8S8 (per-channel, reduce_range) for x86-64-generic" in res.out
     assert "saturat" in res.out and "warning    x86-64-generic has neither x86 VNNI nor ARM dot-product" in res.out
     assert "accuracy   fp32 " in res.out and "measured on this host" in res.out and "not on x86-64-generic" in res.out
     import json
@@ -60,7 +60,10 @@ def test_mxnet_backend_says_it_cannot_go_to_onnx(cli, tiny_prefix, digits_folder
               "--samples", "12", "--threads", "1", cwd=tmp_path)
     assert res.code == 0, res.err
     assert "cannot be exported to ONNX" in res.out and (tmp_path / "mx-symbol.json").is_file()
-    assert (tmp_path / "mx-0000.params").is_file() and (tmp_path / "mx-edgetrain.json").is_file()
+    assert (tmp_path / "mx-0000.params").stat().st_size > 10_000 and (tmp_path / "mx-edgetrain.json").is_file()
+    res = cli("inspect", tmp_path / "mx", "--json", "-", cwd=tmp_path)  # loads as a PREFIX, as profile will
+    assert res.code == 0, res.err
+    assert res.json()["num_classes"] == 10 and res.json()["input_shape"] == [1, 1, 16, 16]
 
 
 @pytest.mark.parametrize("value,fragment", [("-1", "zero or more"), ("abc", "a number"), ("nan", "zero or more")])
