@@ -610,3 +610,7 @@ class _Job:
             result.joules_per_sample = result.energy["joules"] / max(samples, 1)
         self._write_metrics(final=True, summary={k: v for k, v in result.to_dict().items() if k != "epochs"})
         return result
+
+
+# the public name (edgetrain.finetune is this module, so the function is exported as finetune_model)
+finetune_model = finetune
