@@ -232,7 +232,7 @@ def _run_child(name: str, argv: list[str], json_path: Path, log_path: Path, say)
             if text.startswith("Error:"):
                 last_error = text[len("Error:"):].strip()
             if text.strip():
-                say(f"    {text.splitlines()[-1][-160:]}")
+                say(f"    {text}")
         code = proc.wait()
     seconds = time.monotonic() - started
     status = EXIT_STATUS.get(code, "failed")
@@ -286,22 +286,31 @@ def _report_step(result: RunResult, rundir: Path, options, art: _Artifacts) -> S
 
 
 def summarize(result: RunResult) -> dict:
-    """The figures a user looks for first, from the steps' results (None where a step did not run)."""
+    """The figures a user looks for first, from the steps' results (absent where a step did not run)."""
     by = {s.name: (s.result or {}) for s in result.steps}
     q, e, p, f = by.get("quantize", {}), by.get("export", {}), by.get("profile", {}), by.get("finetune", {})
-    return {k: v for k, v in {
-        "finetune_accuracy": _dig(f, "final", "val_accuracy") or _dig(f, "val_accuracy"),
-        "accuracy_fp32": _dig(q, "accuracy", "fp32"),
-        "accuracy_int8": _dig(q, "accuracy", "int8"),
+    ft_acc = f.get("final_accuracy")
+    latency = _dig(p, "verdict", "latency") or {}
+    if latency.get("p50_ms") is None and p.get("best"):
+        latency = p["best"]  # no device estimate possible: the host measurement, labelled as such
+    figures = {
+        "finetune_accuracy_pct": ft_acc * 100 if ft_acc is not None else None,
+        "accuracy_fp32_pct": _dig(q, "accuracy", "fp32_top1"),
+        "accuracy_int8_pct": _dig(q, "accuracy", "int8_top1"),
+        "accuracy_drop_pts": _dig(q, "accuracy", "drop"),
         "size_fp32_bytes": _dig(q, "size", "fp32_bytes") or e.get("size_bytes"),
         "size_int8_bytes": _dig(q, "size", "int8_bytes"),
         "export_passed": e.get("passed"),
-        "latency_p50_ms": _dig(p, "summary", "latency_p50_ms"),
-        "latency_provenance": _dig(p, "summary", "latency_provenance"),
-        "peak_rss_mb": _dig(p, "summary", "peak_rss_mb"),
-        "energy_per_inference_mj": _dig(p, "summary", "energy_per_inference_mj"),
-        "battery_life_days": _dig(p, "summary", "battery_life_days"),
-    }.items()}
+        "latency_p50_ms": latency.get("p50_ms"),
+        "latency_provenance": latency.get("provenance"),
+        "peak_rss_mb": _dig(p, "verdict", "memory", "peak_rss_mb") or _dig(p, "best", "peak_rss_mb"),
+        "energy_per_inference_mj": _dig(p, "energy", "per_inference", "total_mj"),
+        "energy_provenance": _dig(p, "energy", "per_inference", "provenance"),
+        "battery_life_days": _dig(p, "energy", "daily", "battery_days"),
+        "battery_wh": _dig(p, "energy", "daily", "battery_wh"),
+        "rate_per_h": _dig(p, "energy", "daily", "rate_per_h"),
+    }
+    return {k: v for k, v in figures.items() if v is not None}
 
 
 def _dig(d: dict, *keys):

@@ -12,24 +12,26 @@ from pathlib import Path
 from .fileio import atomic_write_text
 
 _LABELS = [
-    ("finetune_accuracy", "fine-tuned accuracy (val)", "pct"),
-    ("accuracy_fp32", "accuracy fp32 (val)", "pct"),
-    ("accuracy_int8", "accuracy int8 (val)", "pct"),
+    ("finetune_accuracy_pct", "fine-tuned top-1 (held out)", "pct"),
+    ("accuracy_fp32_pct", "top-1 fp32 (held out)", "pct"),
+    ("accuracy_int8_pct", "top-1 int8 (held out)", "pct"),
+    ("accuracy_drop_pts", "int8 accuracy drop", "pts"),
     ("size_fp32_bytes", "size fp32 ONNX", "bytes"),
     ("size_int8_bytes", "size int8 ONNX", "bytes"),
-    ("export_passed", "export validated", "bool"),
-    ("latency_p50_ms", "latency p50", "ms"),
-    ("peak_rss_mb", "peak memory", "mb"),
+    ("export_passed", "ONNX equals Gluon", "bool"),
+    ("latency_p50_ms", "latency p50 per inference", "ms"),
+    ("peak_rss_mb", "peak memory (RSS)", "mb"),
     ("energy_per_inference_mj", "energy per inference", "mj"),
     ("battery_life_days", "battery life", "days"),
 ]
+_PROVENANCE = {"latency_p50_ms": "latency_provenance", "energy_per_inference_mj": "energy_provenance"}
 
 
 def _fmt(value, kind: str) -> str:
-    if value is None:
-        return "n/a"
     if kind == "pct":
-        return f"{value * 100:.2f} %" if value <= 1 else f"{value:.2f} %"
+        return f"{value:.2f} %"
+    if kind == "pts":
+        return f"{value:+.2f} pts"
     if kind == "bytes":
         return f"{value / 1024:.1f} KiB" if value < 1 << 20 else f"{value / (1 << 20):.2f} MiB"
     if kind == "bool":
@@ -41,18 +43,22 @@ def _fmt(value, kind: str) -> str:
     if kind == "mj":
         return f"{value:.3f} mJ"
     if kind == "days":
-        return f"{value:.1f} days"
+        return f"{value:.2f} days ({value * 24:.1f} h)"
     return str(value)
 
 
 def summary_rows(summary: dict) -> list[tuple[str, str]]:
+    """(label, formatted value) for each figure present, with its provenance where it has one."""
     rows = []
     for key, label, kind in _LABELS:
-        if key in summary and summary[key] is not None:
-            text = _fmt(summary[key], kind)
-            if key == "latency_p50_ms" and summary.get("latency_provenance"):
-                text += f" ({summary['latency_provenance']})"
-            rows.append((label, text))
+        if summary.get(key) is None:
+            continue
+        text = _fmt(summary[key], kind)
+        if key in _PROVENANCE and summary.get(_PROVENANCE[key]):
+            text += f" [{summary[_PROVENANCE[key]]}]"
+        if key == "battery_life_days" and summary.get("battery_wh"):
+            text += f" on {summary['battery_wh']:g} Wh at {summary.get('rate_per_h', 0):g} inferences/h"
+        rows.append((label, text))
     return rows
 
 
