@@ -553,7 +553,7 @@ class _Job:
             seconds += time.monotonic() - t0
             val_acc, val_loss = self._evaluate()
             record = {"epoch": epoch + 1, "loss": loss_sum / max(seen, 1), "train_accuracy": correct / max(seen, 1),
-                      "val_accuracy": val_acc, "val_loss": val_loss, "seconds": round(seconds, 4),
+                      "val_accuracy": val_acc, "val_loss": val_loss, "samples": seen, "seconds": round(seconds, 4),
                       "samples_per_s": seen / max(seconds, 1e-9), "rss_mb": procmem.rss_mb(),
                       "peak_rss_mb": procmem.peak_rss_mb()}
             self.history.append(record)

@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         print(f"edgetrain finetune failed: {err}")
         return 1
     first = ours["epochs"][0]
-    n_train = round(first["samples_per_s"] * first["seconds"])
+    n_train = first["samples"]
     first_epoch_rate = n_train / (ours["feature_seconds"] + first["seconds"])
     rows = [
         ("peak RSS (MB)", naive["peak_rss_mb"], ours["peak_rss_mb"], "<= 0.35"),

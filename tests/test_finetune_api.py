@@ -1,0 +1,62 @@
+"""finetune_model in-process: the plan's choices (micro-batches, disk cache) change memory, not the result."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgetrain import memplan
+from edgetrain.finetune import finetune_model
+
+
+@pytest.fixture(scope="module")
+def digits_npz(tmp_path_factory) -> Path:
+    from edgetrain.data import load_data
+    from edgetrain.preprocess import Preprocess
+
+    ds = load_data("builtin:digits", Preprocess(input_shape=(1, 8, 8), mean=(0.0,), std=(1.0,)))
+    x, y = ds.arrays(250)
+    path = tmp_path_factory.mktemp("npz") / "digits250.npz"
+    np.savez(path, data=x[:, 0], label=y)
+    return path
+
+
+def _run(data, out, **kw):
+    res = finetune_model("edgetrain.nets:pretrained_digits", str(data), out, epochs=3, seed=3, **kw)
+    import mxnet as mx
+
+    return res, {k: v.asnumpy() for k, v in mx.nd.load(str(Path(out) / "model-0000.params")).items()}
+
+
+@pytest.fixture(scope="module")
+def reference(digits_npz, tmp_path_factory):
+    return _run(digits_npz, tmp_path_factory.mktemp("ref") / "o")
+
+
+def test_micro_batches_accumulate_to_the_full_batch_update(digits_npz, reference, tmp_path, monkeypatch):
+    ref_res, ref_params = reference
+    assert ref_res.plan["micro_batch"] == 32 and ref_res.plan["cache"] == "memory"
+    monkeypatch.setattr(memplan, "UNBUDGETED_TRAIN_MB", 0.0)  # forces micro-batch 1: 32 backward passes per step
+    res, params = _run(digits_npz, tmp_path / "o")
+    assert res.plan["micro_batch"] == 1
+    for k in params:
+        np.testing.assert_allclose(params[k], ref_params[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+def test_disk_feature_cache_trains_the_same_model(digits_npz, reference, tmp_path, monkeypatch):
+    _, ref_params = reference
+    monkeypatch.setattr(memplan, "UNBUDGETED_CACHE_MB", 0.0)
+    res, params = _run(digits_npz, tmp_path / "o")
+    assert res.plan["cache"] == "disk"
+    for k in params:
+        np.testing.assert_array_equal(params[k], ref_params[k], err_msg=k)
+    assert not (tmp_path / "o" / "features.cache").exists(), "the cache file is removed when the run is done"
+
+
+def test_last_partial_batch_is_masked(digits_npz, tmp_path):
+    # 200 training samples, batch 64: the last step has 8 real rows padded to 64; accuracy counts only real rows
+    res, _ = _run(digits_npz, tmp_path / "o", batch_size=64, val_split=0.2)
+    first = res.epochs[0]
+    assert first["samples"] == 200
+    assert abs(first["train_accuracy"] * 200 - round(first["train_accuracy"] * 200)) < 1e-6
