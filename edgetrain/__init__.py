@@ -18,6 +18,7 @@ _API = {
     "apply_threads": "runtime",
     "quantize_model": "quantize", "QuantizeResult": "quantize",
     "export_onnx": "export", "ExportResult": "export", "compare_outputs": "compare", "Comparison": "compare",
+    "profile_model": "profile", "ProfileResult": "profile", "energy_report": "energy",
     "finetune_model": "finetune", "FinetuneResult": "finetune",
 }
 

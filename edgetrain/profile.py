@@ -350,6 +350,10 @@ def profile(model: str, *, runtime_name: str | None = None, threads=None, batch:
     return result
 
 
+# The public name (edgetrain.profile_model): `edgetrain.profile` is this module.
+profile_model = profile
+
+
 def _timing_label(host) -> tuple[str, str]:
     if host.emulated:
         return "emulated", (f"timed under emulation on this host ({'; '.join(host.emulation_evidence)}): "

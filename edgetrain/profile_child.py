@@ -117,6 +117,7 @@ def _random_input(shape, dtype="float32"):
 
 class OrtRunner:
     def __init__(self, spec: dict):
+        import numpy as np
         import onnxruntime as ort
 
         from .errors import UsageError
@@ -132,14 +133,14 @@ class OrtRunner:
                              self.path, "check the model with `edgetrain inspect` or re-export it") from None
         inputs = self.session.get_inputs()
         self.feeds = {}
-        for i, arg in enumerate(inputs):
+        for arg in inputs:
             shape = _concrete_shape(arg.shape, spec, arg.name)
             dtype = _ORT_TYPES.get(arg.type)
             if dtype is None:
                 raise UsageError(f"input '{arg.name}' has type {arg.type}, which profile cannot fill",
                                  self.path, "profile a model with float or integer tensor inputs")
-            self.feeds[arg.name] = _random_input(shape, dtype) if dtype.startswith("float") else \
-                __import__("numpy").zeros(shape, dtype)
+            # Integer inputs are usually indices or masks: zeros are always in range.
+            self.feeds[arg.name] = _random_input(shape, dtype) if dtype.startswith("float") else np.zeros(shape, dtype)
         self.input_name = inputs[0].name
         self.x = self.feeds[self.input_name]
 
@@ -157,11 +158,10 @@ class OrtRunner:
             opts.profile_file_prefix = str(Path(tmp) / "ort")
             sess = ort.InferenceSession(self.path, opts, providers=["CPUExecutionProvider"])
             sess.run(None, self.feeds)  # the first run also allocates; keep it out of the table
-            first_file = None
             for _ in range(runs):
                 sess.run(None, self.feeds)
-            first_file = sess.end_profiling()
-            events = json.loads(Path(first_file).read_text(encoding="utf-8"))
+            trace = sess.end_profiling()
+            events = json.loads(Path(trace).read_text(encoding="utf-8"))
         nodes = [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
         # Drop the warm-up run's events: they are the first len(graph nodes) kernel events.
         per_run = len(nodes) // (runs + 1) if nodes else 0
@@ -197,19 +197,13 @@ class MxnetRunner:
     def __init__(self, spec: dict):
         import mxnet as mx
 
-        from .errors import UsageError
-
         self.mx = mx
-        self.spec = spec
         model = _load_gluon_unrun(spec["model"], spec.get("params"), spec.get("chw"))
         model.block.hybridize()
         self.block = model.block
         self.input_name = model.preprocess.input_name
-        self.x_np = _random_input(model.preprocess.batch_shape(spec["batch"]))
-        self.x = self.x_np
-        self.x_nd = mx.nd.array(self.x_np, dtype="float32")
-        self.ref_text = spec["model"]
-        self._error = UsageError
+        self.x = _random_input(model.preprocess.batch_shape(spec["batch"]))
+        self.x_nd = mx.nd.array(self.x, dtype="float32")
 
     def infer(self):
         out = self.block(self.x_nd)

@@ -225,14 +225,14 @@ def thread_sweep_svg(configs: list[dict]) -> str:
 
 def memory_svg(configs: list[dict], prediction: dict, verdict_memory: dict | None) -> str:
     rows = len(configs)
-    height = PAD_T + 30 * rows + 60
+    height = PAD_T + 30 * rows + 76
     top = max([c["memory"]["peak_rss_mb"] for c in configs] + [prediction["peak_rss_mb"]])
     # A 8 GB board would squash a 100 MB model to a sliver: draw the device limit only when it is near.
     off_scale = verdict_memory is not None and verdict_memory["available_mb"] > 2.5 * top
     if verdict_memory is not None and not off_scale:
         top = max(top, verdict_memory["available_mb"])
     xmax = _nice_max(top * 1.05)
-    plot_w = W - 110 - PAD_R
+    plot_w = W - 110 - 70  # room on the right for the last bar's label
     x = lambda v: 110 + plot_w * v / xmax  # noqa: E731
     parts = (("runtime_mb", "runtime after import", "#8c959f"), ("load_mb", "+ weights / session", "#54aeff"),
              ("inference_mb", "+ inference", "#ffb77c"))
@@ -250,13 +250,14 @@ def memory_svg(configs: list[dict], prediction: dict, verdict_memory: dict | Non
             out.append(f'<rect x="{x(start):.1f}" y="{y}" width="{max(x(start + v) - x(start), 0):.1f}" height="20" '
                        f'fill="{colour}"><title>{name}: {_fmt(v)} MB</title></rect>')
             start += v
-        out.append(_text(x(start) + 4, y + 14, f"{_fmt(c['memory']['peak_rss_mb'])} MB"))
+        out.append(_text(max(x(start), x(prediction["peak_rss_mb"])) + 6, y + 14,
+                         f"{_fmt(c['memory']['peak_rss_mb'])} MB"))
     marks = [(prediction["peak_rss_mb"], "predicted", "#0969da")]
     if verdict_memory and not off_scale:
         marks.append((verdict_memory["available_mb"], "device RAM - OS reserve", "#cf222e"))
     elif off_scale:
-        out.append(_text(W - PAD_R, PAD_T + 30 * rows + 14 + 30, f"device allows {verdict_memory['available_mb']} MB "
-                         "(off this scale)", "end", 'fill="#cf222e"'))
+        out.append(_text(110, PAD_T + 30 * rows + 66, f"the device leaves {verdict_memory['available_mb']} MB "
+                         "(RAM - OS reserve), off this scale", "start", 'fill="#cf222e"'))
     for v, name, colour in marks:
         out.append(f'<line x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{PAD_T - 4}" y2="{PAD_T + 30 * rows}" '
                    f'stroke="{colour}" stroke-width="2" stroke-dasharray="5 3"><title>{name} {_fmt(v)} MB</title></line>')
