@@ -86,3 +86,13 @@ def test_hanging_model_is_stopped_by_timeout(cli, tmp_path):
     res = cli("profile", f"{module}:hanging_net", "--input-shape", "3,8,8", "--timeout", "4", *FAST,
               cwd=tmp_path, timeout=120)
     assert_user_error(res, 1, "did not finish within 4 s")
+
+
+def test_mxnet_int8_prefix_from_quantize_runs_in_mxnet(cli, tiny_prefix, tmp_path):
+    q = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "--backend", "mxnet", "-o", tmp_path / "int8",
+            "--samples", "20")
+    assert q.code == 0, q.err
+    res = cli("profile", tmp_path / "int8", "--runtime", "mxnet", "--threads", "1", "--json", "-", *FAST)
+    assert res.code == 0, res.err
+    ops = {r["op"] for r in res.json()["configs"][0]["ops"]["table"]}
+    assert any("quantize" in op or "mkldnn" in op for op in ops), ops  # the int8 graph, not an fp32 one
