@@ -10,8 +10,9 @@ from .data import Dataset
 BATCH = 64
 
 
-def top1(predict: Callable[[np.ndarray], np.ndarray], dataset: Dataset, batch: int = BATCH) -> float:
-    """Percentage of samples whose highest-scoring output is the label."""
+def top1(predict: Callable[[np.ndarray], np.ndarray], dataset: Dataset, batch: int = BATCH,
+         progress: Callable[[int, int], None] | None = None) -> float:
+    """Percentage of samples whose highest-scoring output is the label; ``progress(done, total)`` per batch."""
     if len(dataset) == 0:
         return float("nan")
     correct = 0
@@ -19,6 +20,8 @@ def top1(predict: Callable[[np.ndarray], np.ndarray], dataset: Dataset, batch: i
         idx = np.arange(start, min(start + batch, len(dataset)))
         scores = predict(dataset.batch(idx))
         correct += int((scores.argmax(axis=1) == dataset.labels[idx]).sum())
+        if progress is not None:
+            progress(int(idx[-1]) + 1, len(dataset))
     return 100.0 * correct / len(dataset)
 
 
@@ -42,5 +45,6 @@ def onnx_predictor(path, threads: int | None = None) -> Callable[[np.ndarray], n
     return predict
 
 
-def onnx_top1(path, dataset: Dataset, threads: int | None = None) -> float:
-    return top1(onnx_predictor(path, threads), dataset)
+def onnx_top1(path, dataset: Dataset, threads: int | None = None,
+              progress: Callable[[int, int], None] | None = None) -> float:
+    return top1(onnx_predictor(path, threads), dataset, progress=progress)

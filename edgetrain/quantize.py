@@ -21,8 +21,13 @@ DEFAULT_SAMPLES = 300
 RANKING_SAMPLES = 16   # samples compared activation by activation to rank nodes; errors settle quickly
 MAX_STEPS = 12
 
-# progress(stage, done, total): stage is "calibrate", "accuracy" or "latency"
+# progress(stage, done, total), e.g. ("calibrate", 120, 300), ("int8 top-1", 64, 539), ("latency", 1, 2)
 ProgressFn = Callable[[str, int, int], None]
+
+
+def stage(progress: ProgressFn | None, name: str):
+    """The (done, total) callback for one stage, or None."""
+    return (lambda done, total: progress(name, done, total)) if progress else None
 
 
 @dataclass
@@ -226,8 +231,8 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
 
     prepared = tmp / "fp32_prepared.onnx"
     node_names = prepare(onnx_model.path, prepared)
-    report = (lambda done, total: progress("calibrate", done, total)) if progress else None
-    quantizer = Quantizer(prepared, tmp, scheme, method, calibration_reader(calib_ds, pre.input_name, report),
+    quantizer = Quantizer(prepared, tmp, scheme, method,
+                          calibration_reader(calib_ds, pre.input_name, stage(progress, "calibrate")),
                           len(calib_ds), stride_for(len(calib_ds)))
     candidate = tmp / "int8_0.onnx"
     quantizer.quantize(candidate)
@@ -240,8 +245,8 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
     accuracy = {"checked": False, "max_drop": max_drop}
     budget_met = None
     if val_ds is not None:
-        fp32_top1 = onnx_top1(onnx_model.path, val_ds, threads)
-        int8_top1 = onnx_top1(candidate, val_ds, threads)
+        fp32_top1 = onnx_top1(onnx_model.path, val_ds, threads, stage(progress, "fp32 top-1"))
+        int8_top1 = onnx_top1(candidate, val_ds, threads, stage(progress, "int8 top-1"))
         best_drop = fp32_top1 - int8_top1
         steps.append(BudgetStep(0, [], [], int8_top1, best_drop))
         if best_drop > max_drop and cap > 0:
@@ -256,7 +261,7 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
                 kept = kept + added
                 candidate = tmp / f"int8_{len(steps)}.onnx"
                 quantizer.quantize(candidate, kept)
-                top1 = onnx_top1(candidate, val_ds, threads)
+                top1 = onnx_top1(candidate, val_ds, threads, stage(progress, f"step {len(steps)} top-1"))
                 steps.append(BudgetStep(len(steps), list(kept), added, top1, fp32_top1 - top1))
                 if fp32_top1 - top1 < best_drop:
                     best, best_drop = (candidate, list(kept)), fp32_top1 - top1
@@ -283,7 +288,8 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
         dst.write_bytes(best_path.read_bytes())
 
     fp32_bytes, int8_bytes = onnx_model.path.stat().st_size, output.stat().st_size
-    latency = _latency(onnx_model.path, output, pre.batch_shape(1), threads, profile) if measure_latency else None
+    latency = (_latency(onnx_model.path, output, pre.batch_shape(1), threads, profile, stage(progress, "latency"))
+               if measure_latency else None)
     warnings = [scheme.warning] if scheme.warning else []
     if budget_met is False:
         warnings.append(f"no mix of int8 and fp32 nodes met --max-drop {max_drop:g}: kept the best "
@@ -296,13 +302,17 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
         latency=latency, onnx_exportable=True, warnings=warnings, notes=notes)
 
 
-def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profile) -> dict:
+def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profile, progress=None) -> dict:
     from .devices import detect_host
     from .ort_latency import ort_latency
 
     host = detect_host()
+    report = progress or (lambda done, total: None)
+    report(0, 2)
     fp32 = ort_latency(fp32_path, batch_shape, threads)
+    report(1, 2)
     int8 = ort_latency(int8_path, batch_shape, threads)
+    report(2, 2)
     if profile is not None and host.matches(profile):
         where = f"this host ({host.cpu}), which matches {profile.name}"
     elif profile is not None:

@@ -7,7 +7,7 @@ reported, and the onnxruntime backend is the one that searches.
 """
 from __future__ import annotations
 
-import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -61,9 +61,10 @@ def quantize_mxnet(model: str, calib: str, output: Path, *, val, max_drop, metho
 
     accuracy, budget_met, steps = {"checked": False, "max_drop": max_drop}, None, []
     if val_ds is not None:
-        from .quantize import BudgetStep
+        from .quantize import BudgetStep, stage
 
-        f, q = top1(fp32.predict, val_ds), top1(run_int8, val_ds)
+        f = top1(fp32.predict, val_ds, progress=stage(progress, "fp32 top-1"))
+        q = top1(run_int8, val_ds, progress=stage(progress, "int8 top-1"))
         steps = [BudgetStep(0, [], [], q, f - q)]
         budget_met = f - q <= max_drop + 1e-9
         accuracy = {"checked": True, "fp32_top1": f, "int8_top1": q, "drop": f - q, "max_drop": max_drop,
@@ -116,6 +117,9 @@ def _quantize_net(fp32, calib_ds, method, per_channel, progress):
     # last_batch_handle="pad" repeats a few leading samples in the last batch: MXNet's collectors need
     # equal batch shapes, and repeating real samples does not widen the ranges.
     it = Reporting(data={name: x}, batch_size=min(BATCH, len(x)), last_batch_handle="pad")
+    # MXNet's C++ side announces "Subgraph backend MKLDNN is activated" on stderr unless told not to;
+    # it reads the variable when the graph is bound, so setting it here is in time.
+    os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
     with _quiet_mxnet():
         return quantization.quantize_net_v2(
             fp32.block, quantized_dtype="auto", quantize_mode="full",

@@ -70,7 +70,7 @@ def _progress(json_path):
         width = 30
         fill = int(width * done / max(total, 1))
         eta = (time.monotonic() - t0) / max(done, 1) * (total - done)
-        click.echo(f"\r{stage:<10} [{'#' * fill}{'.' * (width - fill)}] {done}/{total}  ETA {eta:4.0f}s",
+        click.echo(f"\r{stage:<13} [{'#' * fill}{'.' * (width - fill)}] {done}/{total}  ETA {eta:4.0f}s",
                    err=True, nl=False)
         if done >= total:
             click.echo("", err=True)
