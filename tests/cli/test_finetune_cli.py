@@ -74,6 +74,19 @@ def test_human_output_and_budget(cli, digits_npz, tmp_path):
     assert "output layer replaced" in res.out
 
 
+def test_prefix_model_on_an_image_folder(cli, tiny_prefix, digits_folder, tmp_path):
+    """A PREFIX SymbolBlock, split inside its symbol graph; three image classes replace its ten outputs."""
+    res = cli("finetune", tiny_prefix, "--data", digits_folder, "-o", tmp_path / "o", "--epochs", "2",
+              "--train-layers", "last:2", "--val-split", "0.25", "--json", "-", cwd=tmp_path)
+    assert res.code == 0, res.err
+    r = res.json()
+    assert r["classes"] == ["digit0", "digit1", "digit2"] and r["replaced_head"]
+    assert r["train_layers"] == "last:2" and r["epochs"][0]["samples"] == 27
+    again = cli("inspect", tmp_path / "o" / "model", "--data", digits_folder, "--json", "-", cwd=tmp_path)
+    assert again.code == 0, again.err
+    assert again.json()["num_classes"] == 3
+
+
 def _train_args(out: Path, data: Path, epochs: int = 3) -> list:
     return ["finetune", BASE, "--data", data, "-o", out, "--train-layers", "all", "--batch-size", "4",
             "--epochs", str(epochs), "--seed", "7", "--threads", "1", "--optimizer", "sgd"]
@@ -146,31 +159,40 @@ def test_sigterm_checkpoints_mid_epoch_and_resume_matches(cli, digits_npz, unint
         np.testing.assert_allclose(got[k], uninterrupted[k], rtol=0, atol=1e-6, err_msg=k)
 
 
-def _finished_run(cli, digits_npz, tmp_path) -> Path:
-    out = tmp_path / "done"
-    res = cli("finetune", BASE, "--data", digits_npz, "-o", out, "--epochs", "1", cwd=tmp_path)
+@pytest.fixture(scope="module")
+def finished(digits_npz, tmp_path_factory) -> Path:
+    from clitools import run_edgetrain
+
+    out = tmp_path_factory.mktemp("finished") / "done"
+    res = run_edgetrain("finetune", BASE, "--data", digits_npz, "-o", out, "--epochs", "1")
     assert res.code == 0, res.err
     return out
 
 
-def test_outdir_with_another_run_needs_resume(cli, digits_npz, tmp_path):
-    out = _finished_run(cli, digits_npz, tmp_path)
+def _finished_run(finished: Path, tmp_path) -> Path:
+    out = tmp_path / "done"
+    shutil.copytree(finished, out)
+    return out
+
+
+def test_outdir_with_another_run_needs_resume(cli, digits_npz, finished, tmp_path):
+    out = _finished_run(finished, tmp_path)
     before = _snapshot(out)
     res = cli("finetune", BASE, "--data", digits_npz, "-o", out, cwd=tmp_path)
     assert_user_error(res, 2, "OUTDIR holds an earlier run", "--resume")
     assert _snapshot(out) == before
 
 
-def test_resume_with_other_data_classes_is_refused(cli, digits_npz, digits_folder, tmp_path):
-    out = _finished_run(cli, digits_npz, tmp_path)
+def test_resume_with_other_data_classes_is_refused(cli, digits_npz, digits_folder, finished, tmp_path):
+    out = _finished_run(finished, tmp_path)
     before = _snapshot(out)
     res = cli("finetune", BASE, "--data", digits_folder, "-o", out, "--resume", cwd=tmp_path)
     assert_user_error(res, 2, "data classes differ from the checkpoint's", "checkpoint has 10", "data has 3")
     assert _snapshot(out) == before
 
 
-def test_corrupt_checkpoint_is_refused(cli, digits_npz, tmp_path):
-    out = _finished_run(cli, digits_npz, tmp_path)
+def test_corrupt_checkpoint_is_refused(cli, digits_npz, finished, tmp_path):
+    out = _finished_run(finished, tmp_path)
     path = out / "checkpoint.npz"
     path.write_bytes(path.read_bytes()[:-200])
     before = _snapshot(out)
