@@ -143,7 +143,7 @@ def test_sigterm_checkpoints_mid_epoch_and_resume_matches(cli, digits_npz, unint
 
     out = tmp_path / "run"
     proc = _start(_train_args(out, digits_npz), tmp_path)
-    _wait_for(out / "checkpoint.npz", proc)
+    _wait_for(out / "metrics.json", proc)  # written right after the epoch-1 checkpoint: epoch 2 is starting
     time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
