@@ -34,7 +34,7 @@ DEFAULT_VAL_SPLIT = 0.2
 
 
 class Interrupted(EdgetrainError):
-    """SIGINT/SIGTERM arrived: the checkpoint is written, the run can be resumed."""
+    """SIGINT/SIGTERM arrived: the checkpoint is written, the run can be resumed. Exit 128 + signal."""
 
     exit_code = 130
 
@@ -514,8 +514,10 @@ class _Job:
         name = signal.Signals(self.stop.signum).name
         if self.cache is not None:
             self.cache.close()
-        raise Interrupted(f"training interrupted by {name} at epoch {epoch + 1}, step {step}; checkpoint saved",
+        exc = Interrupted(f"training interrupted by {name} at epoch {epoch + 1}, step {step}; checkpoint saved",
                           str(self.outdir / ckpt.FILENAME), "run the same command with --resume to continue")
+        exc.exit_code = 128 + self.stop.signum  # what a shell reports for a process ended by that signal
+        raise exc
 
     def _train(self, start_epoch: int, start_step: int, order, partial: dict) -> None:
         import mxnet as mx

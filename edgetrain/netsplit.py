@@ -77,7 +77,11 @@ def graph_of(block, data_name: str) -> Graph:
     """The symbol graph of a (hybridizable) block and its current weights."""
     import mxnet as mx
 
-    sym = block(mx.sym.var(data_name))
+    try:
+        sym = block(mx.sym.var(data_name))
+    except Exception as exc:  # a hybrid_forward that only works on NDArrays
+        raise UsageError(f"cannot trace the model's graph: {str(exc).splitlines()[0][:200]}", "MODEL",
+                         "use a HybridBlock whose hybrid_forward works with symbols (F.*), or export it as PREFIX") from None
     if isinstance(sym, (list, tuple)):
         sym = sym[0]
     doc = json.loads(sym.tojson())

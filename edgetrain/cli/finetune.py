@@ -88,10 +88,13 @@ def finetune(model, data_ref, outdir, val_ref, val_split, epochs, batch_size, lr
     from ..errors import BudgetExceeded
     from ..finetune import finetune as run
 
-    res = run(model, data_ref, outdir, val=val_ref, val_split=val_split, epochs=epochs, batch_size=batch_size,
-              lr=lr, optimizer=optimizer, train_layers=train_layers, memory_budget=memory_budget, seed=seed,
-              resume=resume, params=params, input_shape=input_shape, threads=threads, profile=profile,
-              progress=_Progress(not quiet(json_path)))
+    try:
+        res = run(model, data_ref, outdir, val=val_ref, val_split=val_split, epochs=epochs, batch_size=batch_size,
+                  lr=lr, optimizer=optimizer, train_layers=train_layers, memory_budget=memory_budget, seed=seed,
+                  resume=resume, params=params, input_shape=input_shape, threads=threads, profile=profile,
+                  progress=_Progress(not quiet(json_path)))
+    except KeyboardInterrupt:  # Ctrl-C before training began (during training it checkpoints instead)
+        raise click.exceptions.Abort() from None
     write_json(json_path, res)
     if not quiet(json_path):
         _summary(json_path, res)
