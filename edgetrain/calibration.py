@@ -31,6 +31,8 @@ def calibration_reader(dataset: Dataset, input_name: str, progress: Progress | N
         def set_range(self, start_index: int, end_index: int):
             self.start, self.end = start_index, min(end_index, len(dataset))
             self.pos = self.start
+            if start_index == 0:
+                self.done = 0  # a new pass over the data
 
         def rewind(self):
             self.pos = self.start

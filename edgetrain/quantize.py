@@ -18,7 +18,7 @@ from .errors import UsageError
 
 BACKENDS = ("onnxruntime", "mxnet")
 DEFAULT_SAMPLES = 300
-RANKING_SAMPLES = 16   # samples compared activation by activation to rank nodes; errors settle quickly
+RANKING_SAMPLES = 8    # samples compared activation by activation to rank nodes: every activation is held in memory
 MAX_STEPS = 12
 
 # progress(stage, done, total), e.g. ("calibrate", 120, 300), ("int8 top-1", 64, 539), ("latency", 1, 2)

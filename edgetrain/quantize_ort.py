@@ -72,17 +72,28 @@ class Quantizer:
         method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                   "percentile": CalibrationMethod.Percentile}[self.method]
         qtype = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
-        first = not self.cache.exists()
-        extra = {"CalibStridedMinMax": self.stride} if first else {}
+        cache = {}
+        if _has_calibration_cache(quantize_static):
+            cache = {"calibration_cache_path": str(self.cache)}
+        calibrate = not cache or not self.cache.exists()
+        if calibrate:
+            # onnxruntime without calibration_cache_path (added in 2026, PR #28221) calibrates every time.
+            self.reader.set_range(0, self.samples)
         with _quiet_ort_logging():
             quantize_static(str(self.model_path), str(out_path),
-                            calibration_data_reader=self.reader if first else None,
-                            calibration_cache_path=str(self.cache),
+                            calibration_data_reader=self.reader if calibrate else None,
                             quant_format=QuantFormat.QDQ if self.scheme.format == "QDQ" else QuantFormat.QOperator,
                             activation_type=qtype[self.scheme.activations], weight_type=qtype[self.scheme.weights],
                             per_channel=self.scheme.per_channel, reduce_range=self.scheme.reduce_range,
-                            calibrate_method=method, nodes_to_exclude=list(exclude), extra_options=extra)
+                            calibrate_method=method, nodes_to_exclude=list(exclude),
+                            extra_options={"CalibStridedMinMax": self.stride} if calibrate else {}, **cache)
         return Path(out_path)
+
+
+def _has_calibration_cache(quantize_static) -> bool:
+    import inspect
+
+    return "calibration_cache_path" in inspect.signature(quantize_static).parameters
 
 
 def set_metadata(path: Path, metadata: dict[str, str], quantization: dict) -> None:

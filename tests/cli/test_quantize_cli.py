@@ -114,3 +114,9 @@ def test_already_quantized_model(cli, tiny_prefix, tmp_path):
     res = cli("quantize", tmp_path / "q.onnx", "--calib", "builtin:digits", "-o", tmp_path / "q2.onnx", cwd=tmp_path)
     assert_user_error(res, 2, "already quantized", "fp32 model")
     _no_outputs(tmp_path, "q.onnx")
+
+
+def test_output_folder_missing_fails_before_any_work(cli, tiny_prefix, tmp_path):
+    res = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "-o", tmp_path / "nope" / "q.onnx", cwd=tmp_path)
+    assert_user_error(res, 2, "folder does not exist", "nope")
+    _no_outputs(tmp_path)
