@@ -182,6 +182,13 @@ def _concrete_shape(shape, spec: dict, name: str) -> list[int]:
     out = []
     for i, d in enumerate(shape):
         if isinstance(d, int) and d > 0:
+            if i == 0 and d != spec["batch"]:
+                raise UsageError(f"input '{name}' has a fixed batch of {d}, not {spec['batch']}", spec["model_file"],
+                                 f"use --batch {d}, or export the model with a dynamic batch dimension")
+            if i > 0 and wanted and len(wanted) == len(shape) and int(wanted[i]) != d:
+                raise UsageError(f"input '{name}' has the fixed shape {list(shape)}, which --input-shape "
+                                 f"{','.join(map(str, wanted))} contradicts", spec["model_file"],
+                                 "drop --input-shape for this model, or give its own shape")
             out.append(d)
         elif i == 0:
             out.append(spec["batch"])

@@ -163,3 +163,17 @@ def test_energy_options_need_a_device(onnx_file):
         profile(str(onnx_file), battery_wh=10, **FAST)
 
 # A model that crashes or hangs its child: tests/cli/test_profile_cli.py, end to end.
+
+
+def test_batch_fills_a_dynamic_batch_dimension(onnx_file):
+    res = profile(str(onnx_file), batch=3, threads="1", input_shape=(3, 16, 16), **FAST)
+    assert res.input_shape == [3, 3, 16, 16] and res.configs[0]["input"]["shape"] == [3, 3, 16, 16]
+    assert res.prediction["stats"]["input_bytes"] == 4 * 3 * 3 * 16 * 16
+
+
+def test_fixed_batch_or_shape_mismatch_is_a_usage_error(tmp_path):
+    fixed = conv_gemm_onnx(tmp_path / "fixed.onnx", batch=1)
+    with pytest.raises(UsageError, match="fixed batch of 1, not 2"):
+        profile(str(fixed), batch=2, threads="1", **FAST)
+    with pytest.raises(UsageError, match="contradicts"):
+        profile(str(fixed), threads="1", input_shape=(3, 32, 32), **FAST)
