@@ -177,3 +177,18 @@ def test_fixed_batch_or_shape_mismatch_is_a_usage_error(tmp_path):
         profile(str(fixed), batch=2, threads="1", **FAST)
     with pytest.raises(UsageError, match="contradicts"):
         profile(str(fixed), threads="1", input_shape=(3, 32, 32), **FAST)
+
+
+def test_timings_under_emulation_are_labelled_emulated_and_not_scaled(swept):
+    from edgetrain.devices import HostInfo, load_device
+    from edgetrain.profile import _latency_verdict, _timing_label
+
+    host = HostInfo(arch="aarch64", cores_logical=4, cores_usable=4, ram_mb=4096, cpu="Cortex-A72", isa={},
+                    os="test", python="3.11", emulated=True,
+                    emulation_evidence=["/proc/sys/kernel/arch is x86_64 but the process reports aarch64"])
+    label, source = _timing_label(host)
+    assert label == "emulated" and "x86_64" in source
+    pi4 = load_device("rpi4b-4gb")
+    assert not host.matches(pi4)  # an emulated host never counts as the device
+    lat = _latency_verdict(swept.configs[0], swept.configs, pi4, host, label, 60, None)
+    assert lat["provenance"] == "emulated" and lat["mean_ms"] is None
