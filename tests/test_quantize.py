@@ -55,6 +55,17 @@ def test_trained_digits_lose_at_most_one_point_in_int8(int8_result):
     assert int8_result.calibration["method"] == "minmax" and int8_result.calibration["samples"] == 300
 
 
+@pytest.mark.parametrize("device", ["rpi4b-4gb", "x86-64-generic"])
+def test_each_target_scheme_also_stays_within_one_point(trained, tmp_path, device):
+    from edgetrain.devices import load_device
+    from edgetrain.quantize import quantize
+
+    res = quantize(str(trained / "digits10"), str(trained / "calib.npz"), tmp_path / "m.onnx",
+                   val=str(trained / "val.npz"), max_fp32_nodes=0, profile=load_device(device), threads=1,
+                   measure_latency=False)
+    assert res.scheme["target"].startswith(device) and res.accuracy["drop"] <= 1.0, (res.scheme, res.accuracy)
+
+
 def test_int8_file_is_smaller_and_carries_the_fp32_metadata(int8_result, trained, tmp_path):
     import onnx
 
