@@ -57,8 +57,10 @@ def check_file(path, opset=13):
     return ort.InferenceSession(str(path), ort_session_options(1, optimize=True), providers=["CPUExecutionProvider"])
 
 
+# One of each family at the smallest input it takes; AlexNet (the same operators as VGG), DenseNet and
+# Inception (224/299 only) run in tools/export_zoo.py with the rest of the zoo.
 ZOO_SUBSET = [("resnet18_v1", 32), ("resnet18_v2", 32), ("mobilenet0.25", 32), ("mobilenetv2_0.25", 32),
-              ("vgg11_bn", 32), ("alexnet", 64), ("squeezenet1.1", 224)]
+              ("vgg11_bn", 32), ("squeezenet1.1", 224)]
 
 
 @pytest.mark.parametrize("name,size", ZOO_SUBSET, ids=[n for n, _ in ZOO_SUBSET])
