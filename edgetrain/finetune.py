@@ -257,8 +257,8 @@ class _Job:
             plan = choose(costs, self.budget_mb)
         self.costs = costs
         if self.budget_mb is None:
+            plan.probe_peak_mb = round(self._probe(plan), 1)
             self.plan = plan
-            self._probe(plan)
             return
         from .memplan import refusal
 
@@ -285,7 +285,7 @@ class _Job:
 
         from . import procmem
 
-        procmem.reset_peak()
+        # no reset of VmHWM: the peak so far (model and data loading included) is part of the budget too
         s = self.split
         if s.frozen is not None:
             s.frozen(mx.nd.zeros((plan.feature_batch, *self.pre.input_shape))).wait_to_read()
@@ -300,9 +300,7 @@ class _Job:
                 p.set_data(aux[p.name])
         for p in self.trainable:
             p.zero_grad()
-        peak = procmem.peak_rss_mb() or 0.0
-        self.probe_peak = peak
-        return peak
+        return procmem.peak_rss_mb() or 0.0
 
     # --- features ----------------------------------------------------------------------------------
 
@@ -414,10 +412,14 @@ class _Job:
 
         info.pop("force", None)
         t0 = info.pop("t0", now)
+        rss = procmem.rss_mb()
+        if self.budget_mb and rss and rss > self.budget_mb and not getattr(self, "_over_noted", False):
+            self._over_noted = True
+            self.notes.append(f"RSS reached {rss:.0f} MB during {phase}, over the {self.budget_mb:.0f} MB budget")
         done, total = info.get("done", 0), info.get("total", 0)
         rate = done / max(now - t0, 1e-9)
         eta = (total - done) / rate if rate > 0 else None
-        self.progress({"phase": phase, "samples_per_s": rate, "eta_s": eta, **info, "rss_mb": procmem.rss_mb(),
+        self.progress({"phase": phase, "samples_per_s": rate, "eta_s": eta, **info, "rss_mb": rss,
                        "budget_mb": self.budget_mb})
 
     # --- checkpoints -------------------------------------------------------------------------------
@@ -544,9 +546,10 @@ class _Job:
                 self.global_step += 1
                 loss_sum, correct, seen = loss_sum + l, correct + c, seen + len(idx)
                 elapsed = seconds + time.monotonic() - t0
+                rate = seen / max(elapsed, 1e-9)
                 self._tick("train", epoch=epoch + 1, epochs=self.epochs, step=step + 1, steps=steps,
                            loss=loss_sum / seen, acc=correct / seen, done=seen, total=n,
-                           t0=time.monotonic() - elapsed)
+                           t0=time.monotonic() - elapsed, eta_s=((n - seen) + (self.epochs - epoch - 1) * n) / rate)
                 if self.stop.signum:
                     part = {"loss_sum": loss_sum, "correct": correct, "seen": seen, "seconds": elapsed}
                     self._save_checkpoint(epoch, step + 1, order, part)
@@ -591,8 +594,7 @@ class _Job:
             self.cache.close(delete=True)
         peak = procmem.peak_rss_mb()
         trained_n = sum(int(p.data().size) for p in self.trainable)
-        frozen_n = sum(int(p.data().size) for p in self.split.frozen.collect_params().values()) \
-            if self.split.frozen is not None else 0
+        frozen_n = sum(int(a.size) for a in self.split.all_params().values()) - trained_n
         train_seconds = sum(r["seconds"] for r in self.history)
         samples = len(self.train_ds) * len(self.history)
         result = FinetuneResult(
