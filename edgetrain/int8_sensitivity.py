@@ -22,11 +22,11 @@ def rank_nodes(fp32_path: Path, int8_path: Path, candidates: list[str], reader: 
                                                          create_activation_matching,
                                                          modify_model_output_intermediate_tensors)
 
-    from .quantize_ort import _quiet_ort_logging
+    from .quantize_ort import quiet_ort
 
     workdir = Path(workdir)
     fp32_aug, int8_aug = workdir / "fp32_debug.onnx", workdir / "int8_debug.onnx"
-    with _quiet_ort_logging():
+    with quiet_ort():
         modify_model_output_intermediate_tensors(str(fp32_path), str(fp32_aug))
         modify_model_output_intermediate_tensors(str(int8_path), str(int8_aug))
         float_acts = collect_activations(str(fp32_aug), reader())

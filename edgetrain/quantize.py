@@ -240,40 +240,25 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
     cap = len(quantized) // 2 if max_fp32_nodes is None else min(int(max_fp32_nodes), len(quantized))
 
     steps: list[BudgetStep] = []
-    kept: list[str] = []
-    best = (candidate, [])
-    accuracy = {"checked": False, "max_drop": max_drop}
-    budget_met = None
+    best, accuracy, budget_met = (candidate, []), {"checked": False, "max_drop": max_drop}, None
     if val_ds is not None:
         fp32_top1 = onnx_top1(onnx_model.path, val_ds, threads, stage(progress, "fp32 top-1"))
         int8_top1 = onnx_top1(candidate, val_ds, threads, stage(progress, "int8 top-1"))
-        best_drop = fp32_top1 - int8_top1
-        steps.append(BudgetStep(0, [], [], int8_top1, best_drop))
-        if best_drop > max_drop and cap > 0:
+        steps.append(BudgetStep(0, [], [], int8_top1, fp32_top1 - int8_top1))
+        if fp32_top1 - int8_top1 > max_drop and cap > 0:
             ranking_ds = val_ds.subset(range(min(RANKING_SAMPLES, len(val_ds))))
             ranked = rank_nodes(prepared, candidate, quantized,
                                 lambda: calibration_reader(ranking_ds, pre.input_name), tmp)
-            order = [name for name, _ in ranked][:cap]
-            size, pos = 1, 0
-            while pos < len(order) and len(steps) <= MAX_STEPS:
-                added = order[pos:pos + size]
-                pos += len(added)
-                kept = kept + added
-                candidate = tmp / f"int8_{len(steps)}.onnx"
-                quantizer.quantize(candidate, kept)
-                top1 = onnx_top1(candidate, val_ds, threads, stage(progress, f"step {len(steps)} top-1"))
-                steps.append(BudgetStep(len(steps), list(kept), added, top1, fp32_top1 - top1))
-                if fp32_top1 - top1 < best_drop:
-                    best, best_drop = (candidate, list(kept)), fp32_top1 - top1
-                if fp32_top1 - top1 <= max_drop:
-                    best, best_drop = (candidate, list(kept)), fp32_top1 - top1
-                    break
-                if len(steps) % 2 == 1:
-                    size *= 2
-        budget_met = best_drop <= max_drop + 1e-9
+
+            def trial(kept: list[str], step: int) -> tuple[Path, float]:
+                path = quantizer.quantize(tmp / f"int8_{step}.onnx", kept)
+                return path, onnx_top1(path, val_ds, threads, stage(progress, f"step {step} top-1"))
+
+            best = _search(trial, [name for name, _ in ranked][:cap], steps, candidate, fp32_top1, max_drop)
         chosen = next(s for s in steps if s.kept_fp32 == best[1])
+        budget_met = chosen.drop <= max_drop + 1e-9
         accuracy = {"checked": True, "fp32_top1": fp32_top1, "int8_top1": chosen.int8_top1,
-                    "drop": best_drop, "max_drop": max_drop, "samples": len(val_ds), "source": val}
+                    "drop": chosen.drop, "max_drop": max_drop, "samples": len(val_ds), "source": val}
         if budget_met is False:
             notes.append(f"searched up to {cap} of {len(quantized)} quantized nodes kept in fp32 "
                          "(--max-fp32-nodes)")
@@ -300,6 +285,31 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
         accuracy=accuracy, budget_met=budget_met, steps=steps, nodes_kept_fp32=kept,
         size={"fp32_bytes": fp32_bytes, "int8_bytes": int8_bytes, "ratio": fp32_bytes / max(int8_bytes, 1)},
         latency=latency, onnx_exportable=True, warnings=warnings, notes=notes)
+
+
+def _search(trial, order: list[str], steps: list[BudgetStep], first: Path, fp32_top1: float,
+            max_drop: float) -> tuple[Path, list[str]]:
+    """Keep nodes in fp32 in ``order`` (costliest first) until the drop is within ``max_drop``.
+
+    Steps grow 1, 1, 2, 2, 4, 4, ... nodes so a large model needs at most MAX_STEPS re-quantizations, while
+    a small one is searched node by node. Appends a BudgetStep per trial; returns the best (path, nodes).
+    """
+    best, best_drop = (first, []), steps[0].drop
+    kept: list[str] = []
+    size, pos = 1, 0
+    while pos < len(order) and len(steps) <= MAX_STEPS:
+        added = order[pos:pos + size]
+        pos += len(added)
+        kept = kept + added
+        path, top1 = trial(kept, len(steps))
+        steps.append(BudgetStep(len(steps), list(kept), added, top1, fp32_top1 - top1))
+        if fp32_top1 - top1 < best_drop:
+            best, best_drop = (path, list(kept)), fp32_top1 - top1
+        if best_drop <= max_drop:
+            break
+        if len(steps) % 2 == 1:
+            size *= 2
+    return best
 
 
 def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profile, progress=None) -> dict:

@@ -37,7 +37,7 @@ def prepare(fp32_path: Path, out_path: Path) -> list[str]:
     import onnx
     from onnxruntime.quantization import quant_pre_process
 
-    with _quiet_ort_logging():
+    with quiet_ort():
         quant_pre_process(str(fp32_path), str(out_path))
     proto = onnx.load(str(out_path))
     # The optimiser leaves fused nodes unnamed, and nodes_to_exclude addresses nodes by name.
@@ -79,7 +79,7 @@ class Quantizer:
         if calibrate:
             # onnxruntime without calibration_cache_path (added in 2026, PR #28221) calibrates every time.
             self.reader.set_range(0, self.samples)
-        with _quiet_ort_logging():
+        with quiet_ort():
             quantize_static(str(self.model_path), str(out_path),
                             calibration_data_reader=self.reader if calibrate else None,
                             quant_format=QuantFormat.QDQ if self.scheme.format == "QDQ" else QuantFormat.QOperator,
@@ -120,7 +120,7 @@ def quantized_node_names(int8_path: Path, candidates: list[str]) -> list[str]:
     return [c for c in candidates if c in fed]
 
 
-class _quiet_ort_logging:
+class quiet_ort:
     """ORT's quantizer print()s its calibration stages to stdout (which may carry our --json) and logs
     advice through the root logger; keep both off the user's terminal."""
 
