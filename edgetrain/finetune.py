@@ -158,6 +158,7 @@ class _Job:
                  seed, params, input_shape, threads, profile, progress):
         self.__dict__.update(locals())
         del self.__dict__["self"]
+        self.cache = None
         self.notes: list[str] = []
         self.stop = _Stop()
 
@@ -311,7 +312,6 @@ class _Job:
         from .featurecache import FeatureCache
 
         s = self.split
-        self.cache = None
         if s.frozen is None:
             return 0.0
         rows = self.costs.cache_rows
@@ -456,10 +456,8 @@ class _Job:
     # --- the run -----------------------------------------------------------------------------------
 
     def run(self, has_checkpoint: bool) -> FinetuneResult:
-        import mxnet as mx
         from mxnet import gluon
 
-        from . import procmem
         from .optimizers import default_lr, make_optimizer
 
         t_start = time.monotonic()
@@ -476,7 +474,6 @@ class _Job:
                 self.notes.append(f"checkpoint is at epoch {meta['epoch']}, past --epochs {self.epochs}; nothing to train")
         elif self.resume:
             self.notes.append("--resume: no checkpoint in OUTDIR, starting from the beginning")
-        self.outdir.mkdir(parents=True, exist_ok=True)
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         self.opt = make_optimizer(self.optimizer, self.trainable, self.lr)
         self.rng = np.random.RandomState(self.seed)
@@ -494,8 +491,11 @@ class _Job:
             self.resumed_from = None
         self._plan(meta["plan"] if meta is not None else None)
 
+        import shutil
         import threading
 
+        created = not self.outdir.exists()
+        self.outdir.mkdir(parents=True, exist_ok=True)
         old = {}
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
             old = {s: signal.signal(s, self.stop) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -506,6 +506,12 @@ class _Job:
                                       partial)
                 self._interrupted(start_epoch, start_step)
             self._train(start_epoch, start_step, order, partial)
+        except BaseException:
+            if created and not ckpt_path.exists():  # nothing to resume from: leave nothing behind
+                if self.cache is not None:
+                    self.cache.close()
+                shutil.rmtree(self.outdir, ignore_errors=True)
+            raise
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
