@@ -2,7 +2,8 @@
 
 A checkpoint holds what an interrupted run needs to end with the same weights as an uninterrupted one:
 the trained weights (and BatchNorm statistics), optimizer state, epoch and step, the numpy RNG state,
-the epoch's data order, and whether the feature cache is still valid. It is refused, never loaded,
+the epoch's data order, and whether the feature cache is still valid. MXNet 1.x cannot read its RNG
+state back, so training reseeds it before every step from (seed, global step), both recorded here. It is refused, never loaded,
 when it is corrupt (bad zip, CRC or our own checksum) or belongs to another run (model, classes, data
 or settings differ). Nothing is unpickled (``allow_pickle=False``).
 """

@@ -45,7 +45,7 @@ def _snapshot(folder: Path) -> dict:
 def test_defaults_reach_90_percent_on_held_out_digits(cli, tmp_path):
     """The figure: digits5 (knows 0-4) fine-tuned to all ten digits with default head training."""
     out = tmp_path / "run"
-    res = cli("finetune", BASE, "--data", "builtin:digits", "-o", out, "--device", "rpi4b-4gb", "--json", "-",
+    res = cli("finetune", BASE, "--data", "builtin:digits", "-o", out, "--device", "rpi4b-4gb", "--threads", "2", "--json", "-",
               cwd=tmp_path)
     assert res.code == 0, res.err
     r = res.json()
