@@ -325,6 +325,9 @@ def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profil
     report(2, 2)
     if profile is not None and host.matches(profile):
         where = f"this host ({host.cpu}), which matches {profile.name}"
+    elif profile is not None and host.arch != profile.arch:
+        where = (f"this host ({host.cpu}, {host.arch}), not on {profile.name}: the int8 scheme is chosen for "
+                 f"{profile.arch} and may take a slower path here; profile it on the device")
     elif profile is not None:
         where = f"this host ({host.cpu}, {host.arch}), not on {profile.name}: relative figures only"
     else:
