@@ -195,3 +195,12 @@ def test_val_labels_outside_the_models_classes(tmp_path):
         quantize("edgetrain.nets:pretrained_digits", "builtin:digits", tmp_path / "m.onnx",
                  val=str(tmp_path / "val.npz"), samples=5)
     assert list(tmp_path.iterdir()) == [tmp_path / "val.npz"]
+
+
+def test_mobilenetv2_int8_file_is_at_least_3_5x_smaller(tmp_path):
+    """The size figure for conv nets (issue 4). File size does not depend on the input size: 32x32 keeps it fast."""
+    from edgetrain.quantize import quantize
+
+    res = quantize("zoo:mobilenetv2_1.0", "builtin:digits", tmp_path / "mb.onnx", samples=4, input_shape=(3, 32, 32),
+                   threads=1, measure_latency=False)
+    assert res.size["fp32_bytes"] > 13_000_000 and res.size["ratio"] >= 3.5, res.size
