@@ -13,9 +13,10 @@ onnxruntime 1.32 it breaks in the ways below, each repaired here and nowhere els
 3. Every weight is listed as a graph input as well as an initializer. ONNX Runtime then treats the
    weights as overridable inputs and will not constant-fold them (no Conv+BatchNorm fusion):
    ``drop_weight_inputs`` removes them from the inputs.
-4. Weights are written as ``float_data`` through ``ndarray.tolist()``: a Python float object per weight,
-   minutes and gigabytes for VGG's 138M parameters. ``_raw_weights`` re-registers the translation of
-   weight nodes to store them as ``raw_data`` (same values, same file semantics).
+4. Weights are written as ``float_data`` through ``ndarray.tolist()``: a Python float object per weight.
+   Measured on VGG-11 (133M parameters, 224x224): 95.7 s and 7.0 GB peak RSS to translate and serialize,
+   against 8.8 s and 4.3 GB with ``_raw_weights``, which re-registers the translation of weight nodes to
+   store them as ``raw_data`` (same values, same file semantics).
 5. A missing translation raises a bare ``AttributeError`` from deep inside the exporter, and a
    translation that rejects an attribute raises whatever it likes, neither naming the layer. ``translate``
    checks every operator up front and wraps the per-node conversion so a failure is a ``TranslationError``
@@ -24,7 +25,7 @@ onnxruntime 1.32 it breaks in the ways below, each repaired here and nowhere els
    Gluon's ``BatchNorm(scale=False)`` writes, e.g. ResNet v2's input normalisation) MXNet uses a gamma of
    1 whatever the stored gamma holds; the exporter feeds the stored gamma to ONNX, so any model whose
    stored gamma is not exactly 1 exports wrong (max abs error 75 on logits of 1900 measured on
-   resnet50_v2). ``_fixed_gamma`` feeds ones instead, and unused initializers are dropped afterwards.
+   resnet50_v2 at 96x96 with gamma drawn from U(0.8, 1.2)). ``_fixed_gamma`` feeds ones instead, and unused initializers are dropped afterwards.
 7. ``create_onnx_graph_proto`` ends with ``onnx.checker.check_graph(graph)``, whose default context is
    the installed onnx's newest opset, so a correct opset-13 node whose attributes changed later fails
    (``ReduceMean``'s ``axes`` became an input in opset 18: every ``LayerNorm``). ``_checking_at`` makes
@@ -41,14 +42,13 @@ import sys
 import threading
 import types
 
-# The lowest opset the MXNet translations were tested at (the registry has opset 12 and 13 tables).
+# mxnet 1.9.1's translation registry has opset 12 and 13 tables; below 12 it warns and uses 12's.
 MIN_OPSET = 12
 MAX_OPSET = 13
 BATCH_DIM = "batch"
 
 _installed = False
 _lock = threading.Lock()
-_current = threading.local()  # the MXNet node being translated, for error messages
 
 
 class TranslationError(Exception):
