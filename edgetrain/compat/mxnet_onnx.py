@@ -24,8 +24,9 @@ onnxruntime 1.32 it breaks in the ways below, each repaired here and nowhere els
 6. ``BatchNorm`` ignores ``fix_gamma``. With ``fix_gamma=True`` (the MXNet operator's default, and what
    Gluon's ``BatchNorm(scale=False)`` writes, e.g. ResNet v2's input normalisation) MXNet uses a gamma of
    1 whatever the stored gamma holds; the exporter feeds the stored gamma to ONNX, so any model whose
-   stored gamma is not exactly 1 exports wrong (max abs error 75 on logits of 1900 measured on
-   resnet50_v2 at 96x96 with gamma drawn from U(0.8, 1.2)). ``_fixed_gamma`` feeds ones instead, and unused initializers are dropped afterwards.
+   stored gamma is not exactly 1 exports wrong (max abs error 75 on logits of 1900, measured on
+   resnet50_v2 at 96x96 with gamma drawn from U(0.8, 1.2)). ``_fixed_gamma`` feeds ones instead, and
+   unused initializers are dropped afterwards.
 7. ``create_onnx_graph_proto`` ends with ``onnx.checker.check_graph(graph)``, whose default context is
    the installed onnx's newest opset, so a correct opset-13 node whose attributes changed later fails
    (``ReduceMean``'s ``axes`` became an input in opset 18: every ``LayerNorm``). ``_checking_at`` makes
