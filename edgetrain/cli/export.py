@@ -32,7 +32,6 @@ def export(model, output, input_shape, opset, dynamic_batch, atol, rtol, data_re
     output is compared (max/mean/median abs and rel error). Exit 3 if an output is out of tolerance (the
     file is still written)."""
     profile, threads = setup(device, threads)
-    from ..errors import BudgetExceeded
     from ..export import export as run
 
     progress = None
@@ -45,11 +44,21 @@ def export(model, output, input_shape, opset, dynamic_batch, atol, rtol, data_re
     write_json(json_path, res)
     _render(json_path, res)
     if not res.passed:
-        worst = res.comparison.failed[0]
-        raise BudgetExceeded(f"ONNX output '{worst.name}' differs from the Gluon model beyond tolerance "
-                             f"(max abs {worst.max_abs:.3g}, max rel {worst.max_rel:.3g}; atol {res.comparison.atol:g}, "
-                             f"rtol {res.comparison.rtol:g})", res.path,
-                             f"the file is kept for inspection; it would pass with --atol {worst.atol_needed:.3g}")
+        raise _validation_failed(res)
+
+
+def _validation_failed(res):
+    from ..errors import BudgetExceeded
+
+    worst = res.comparison.failed[0]
+    keep = "the file is kept for inspection"
+    if worst.error:  # NaN, a wrong shape: no tolerance would pass
+        return BudgetExceeded(f"ONNX output '{worst.name}' does not match the Gluon model: {worst.error}", res.path,
+                              f"{keep}; report this with the model")
+    cmp = res.comparison
+    return BudgetExceeded(f"ONNX output '{worst.name}' differs from the Gluon model beyond tolerance (max abs "
+                          f"{worst.max_abs:.3g}, max rel {worst.max_rel:.3g}; atol {cmp.atol:g}, rtol {cmp.rtol:g})",
+                          res.path, f"{keep}; it would pass with --atol {worst.atol_needed:.3g}")
 
 
 def _render(json_path, res) -> None:
