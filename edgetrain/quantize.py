@@ -120,7 +120,7 @@ def quantize(model: str, calib: str, output: str | Path, val: str | None = None,
                              input_shape, max_fp32_nodes, progress, Path(tmp), measure_latency, profile)
 
 
-def _fp32_onnx(model: str, workdir: Path, params, input_shape):
+def _fp32_onnx(model: str, workdir: Path, params, input_shape, progress=None):
     """(OnnxModel of the fp32 graph, number of classes, notes) for a Gluon MODEL or an exported .onnx."""
     from .models import load_onnx, parse_model_ref
 
@@ -141,9 +141,13 @@ def _fp32_onnx(model: str, workdir: Path, params, input_shape):
 
         gluon_model = load_gluon(model, params=params, input_shape=input_shape)
         if gluon_model.random_weights:
-            notes.append("the model has random weights: accuracy figures mean nothing until it is trained")
-        notes.extend(gluon_model.notes)
+            notes.append("the model has random weights (no --params given): accuracy figures mean nothing until "
+                         "it is trained")
+        notes.extend(n for n in gluon_model.notes if "random weights" not in n)
+        report = stage(progress, "export") or (lambda done, total: None)
+        report(0, 1)
         path = export_onnx(gluon_model, workdir / "fp32.onnx", opset=13, dynamic_batch=True)
+        report(1, 1)
         onnx_model = load_onnx(path)
         if onnx_model.preprocess is None:  # keep the preprocessing with the model whatever export did
             import json
@@ -221,7 +225,7 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
     from .int8_sensitivity import rank_nodes
     from .quantize_ort import Quantizer, prepare, quantized_node_names, set_metadata
 
-    onnx_model, num_classes, notes = _fp32_onnx(model, tmp, params, input_shape)
+    onnx_model, num_classes, notes = _fp32_onnx(model, tmp, params, input_shape, progress)
     pre = onnx_model.preprocess
     full_calib, calib_ds = load_calibration(calib, pre, samples)
     val_ds = load_validation(val, pre, num_classes) if val else None
@@ -230,7 +234,10 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
         notes.append(f"--calib has {len(full_calib)} samples, fewer than --samples {samples}: calibrated on all")
 
     prepared = tmp / "fp32_prepared.onnx"
+    report = stage(progress, "pre-process") or (lambda done, total: None)
+    report(0, 1)
     node_names = prepare(onnx_model.path, prepared)
+    report(1, 1)
     quantizer = Quantizer(prepared, tmp, scheme, method,
                           calibration_reader(calib_ds, pre.input_name, stage(progress, "calibrate")),
                           len(calib_ds), stride_for(len(calib_ds)))
