@@ -87,6 +87,9 @@ def run_child(args: list[str], env=None) -> tuple[dict | None, str, float]:
 
 
 def finetune_child(folder: Path, outdir: Path, extra: list[str]) -> tuple[dict | None, str, float]:
+    import shutil
+
+    shutil.rmtree(outdir, ignore_errors=True)  # a fresh run each time, not a refused one
     return run_child([sys.executable, "-m", "edgetrain", "finetune", "zoo:mobilenetv2_1.0",
                       "--input-shape", ",".join(map(str, (1, *SHAPE))), "--data", str(folder), "-o", str(outdir),
                       "--batch-size", str(BATCH), "--threads", str(THREADS), "--json", "-", *extra])
