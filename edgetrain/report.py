@@ -109,6 +109,10 @@ def text_summary(d: dict) -> list[str]:
                      f"above idle [modelled]")
     elif e.get("note"):
         lines.append(f"energy     {e['note']}")
+    if e.get("measured_per_inference"):
+        m = e["measured_per_inference"]
+        lines.append(f"energy     {_fmt(m['total_mj'])} mJ per inference measured by RAPL on the device itself "
+                     "(CPU package only) [measured]")
     if e.get("daily"):
         dd = e["daily"]
         text = (f"day        {dd['inferences_per_day']:g} inferences: {_fmt(dd['energy_wh_per_day'])} Wh "

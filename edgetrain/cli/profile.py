@@ -37,6 +37,8 @@ def profile(model, device, runtime_name, threads, batch, warmup, runs, battery_w
 
     Figures measured elsewhere than on the device are labelled estimated (with how they were derived);
     energy is modelled from the profile's cited power figures, or measured by RAPL on this host.
+    Exit 3 (report and JSON kept) when the peak memory does not fit the device or the energy per
+    inference is over --budget-mj.
     """
     from pathlib import Path
 
