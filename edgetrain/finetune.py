@@ -221,88 +221,6 @@ class _Job:
                 "train_layers": self.layers.text, "batch_size": self.batch_size, "optimizer": self.optimizer,
                 "lr": self.lr, "seed": self.seed, "data": _data_fingerprint(self.train_ds), "val": val_fp()}
 
-    # --- memory ------------------------------------------------------------------------------------
-
-    def _costs(self, base_mb: float):
-        from .memplan import MB, Costs, graph_costs
-
-        s = self.split
-        frozen_ps = (graph_costs(self._frozen_sym(), self.pre.input_name, self.pre.input_shape)
-                     if s.frozen is not None else 0.0)
-        train_ps = 3 * graph_costs(self._trained_sym(), s.trained_input, s.feature_shape)
-        params_mb = sum(p.data().size for p in self.trainable) * 4 * 4 / MB
-        rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
-        return Costs(base_mb, frozen_ps, train_ps, params_mb, int(np.prod(self.pre.input_shape)) * 4 / MB, rows,
-                     int(np.prod(s.feature_shape)) * 4, self.batch_size, s.frozen is not None)
-
-    def _frozen_sym(self):
-        from .netsplit import _output_name
-
-        internals = self.graph.symbol().get_internals()
-        return internals[_output_name(internals, self.split.cut_name)]
-
-    def _trained_sym(self):
-        import mxnet as mx
-
-        return self.split.trained(mx.sym.var(self.split.trained_input))
-
-    def _plan(self, saved: dict | None):
-        from . import procmem
-        from .memplan import MemoryPlan, choose, estimate
-
-        base = procmem.rss_mb() or 0.0
-        costs = self._costs(base)
-        if saved is not None:  # a resumed run keeps its shapes: other shapes would change the arithmetic
-            plan = MemoryPlan(**{**saved, "notes": list(saved.get("notes", []))})
-        else:
-            plan = choose(costs, self.budget_mb)
-        self.costs = costs
-        if self.budget_mb is None:
-            plan.probe_peak_mb = round(self._probe(plan), 1)
-            self.plan = plan
-            return
-        from .memplan import refusal
-
-        scale = 1.0
-        for attempt in range(3):
-            peak = self._probe(plan)
-            projected = peak + (costs.cache_mb if plan.cache == "memory" else 0.0)
-            plan.method = "probe"
-            plan.probe_peak_mb = round(peak, 1)
-            if projected <= self.budget_mb * 0.97 or saved is not None:
-                break
-            if attempt == 2:
-                raise refusal(costs, self.budget_mb, scale)
-            # the probe measured more than the estimate: shrink by the measured ratio and try again
-            est_passes = estimate(costs, plan.feature_batch, plan.micro_batch, plan.cache, scale) - costs.base_mb
-            scale *= max(1.0, (projected - costs.base_mb) / max(est_passes, 1.0)) * 1.25
-            plan = choose(costs, self.budget_mb, scale=scale)
-        self.plan = plan
-
-    def _probe(self, plan) -> float:
-        """Run each block once at the planned shapes; returns the process's peak RSS (MiB) afterwards."""
-        import mxnet as mx
-        from mxnet import autograd
-
-        from . import procmem
-
-        # no reset of VmHWM: the peak so far (model and data loading included) is part of the budget too
-        s = self.split
-        if s.frozen is not None:
-            s.frozen(mx.nd.zeros((plan.feature_batch, *self.pre.input_shape))).wait_to_read()
-        aux = {p.name: p.data().copy() for p in s.trained.collect_params().values() if p.grad_req == "null"}
-        x = mx.nd.zeros((plan.micro_batch, *s.feature_shape))
-        with autograd.record():
-            out = s.trained(x)
-        out.backward(mx.nd.zeros_like(out))
-        mx.nd.waitall()
-        for p in s.trained.collect_params().values():
-            if p.name in aux:
-                p.set_data(aux[p.name])
-        for p in self.trainable:
-            p.zero_grad()
-        return procmem.peak_rss_mb() or 0.0
-
     # --- features ----------------------------------------------------------------------------------
 
     def _features(self, meta_cache: dict | None) -> float:
@@ -489,7 +407,11 @@ class _Job:
             self.notes.append(f"resumed from the checkpoint at epoch {start_epoch}, step {start_step}")
         else:
             self.resumed_from = None
-        self._plan(meta["plan"] if meta is not None else None)
+        from .memplan import plan_job
+
+        rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
+        self.plan, self.costs = plan_job(self.split, self.pre, rows, self.batch_size, self.budget_mb,
+                                         meta["plan"] if meta is not None else None)
 
         import shutil
         import threading

@@ -121,3 +121,78 @@ def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
                "or use a smaller --input-shape")
     return UsageError(f"memory budget {budget_mb:.0f} MB is too small: even micro-batch 1 with the feature "
                       f"cache on disk needs about {least:.0f} MB ({parts})", "--memory-budget", fix)
+
+
+# --- the job's figures, and the probe -----------------------------------------------------------------
+
+def job_costs(split, pre, rows: int, batch_size: int, base_mb: float) -> Costs:
+    """Costs of training ``split`` (netsplit.Split) on inputs ``pre`` with ``rows`` samples to cache."""
+    import mxnet as mx
+
+    from .netsplit import _output_name
+
+    frozen_ps = 0.0
+    if split.frozen is not None:
+        internals = split.graph.symbol().get_internals()
+        frozen_ps = graph_costs(internals[_output_name(internals, split.cut_name)], pre.input_name, pre.input_shape)
+    # forward activations kept for backward, their gradients, and the weight gradients' temporaries
+    train_ps = 3 * graph_costs(split.trained(mx.sym.var(split.trained_input)), split.trained_input,
+                               split.feature_shape)
+    params_mb = sum(p.data().size for p in split.trainable()) * 4 * 4 / MB  # weight, grad, 2 optimizer states
+    return Costs(base_mb, frozen_ps, train_ps, params_mb, int(np.prod(pre.input_shape)) * 4 / MB, rows,
+                 int(np.prod(split.feature_shape)) * 4, batch_size, split.frozen is not None)
+
+
+def probe(split, pre, plan: MemoryPlan) -> float:
+    """Run each part once at the planned shapes; the process's peak RSS (MiB) afterwards.
+
+    VmHWM is not reset first: what loading the model and data took counts toward the budget too.
+    The trained part's BatchNorm statistics are put back, so the probe changes nothing.
+    """
+    import mxnet as mx
+    from mxnet import autograd
+
+    from . import procmem
+
+    if split.frozen is not None:
+        split.frozen(mx.nd.zeros((plan.feature_batch, *pre.input_shape))).wait_to_read()
+    params = split.trained.collect_params().values()
+    aux = {p.name: p.data().copy() for p in params if p.grad_req == "null"}
+    with autograd.record():
+        out = split.trained(mx.nd.zeros((plan.micro_batch, *split.feature_shape)))
+    out.backward(mx.nd.zeros_like(out))
+    mx.nd.waitall()
+    for p in params:
+        if p.name in aux:
+            p.set_data(aux[p.name])
+        elif p.grad_req != "null":
+            p.zero_grad()
+    return procmem.peak_rss_mb() or 0.0
+
+
+def plan_job(split, pre, rows: int, batch_size: int, budget_mb: float | None,
+             saved: dict | None = None) -> tuple[MemoryPlan, Costs]:
+    """Estimate, choose, probe; shrink and probe again while the measured peak breaks the budget.
+
+    A resumed run passes its ``saved`` plan and keeps it: other shapes would change the arithmetic
+    (and the weights would no longer match an uninterrupted run's).
+    """
+    from . import procmem
+
+    costs = job_costs(split, pre, rows, batch_size, procmem.rss_mb() or 0.0)
+    plan = MemoryPlan(**saved) if saved is not None else choose(costs, budget_mb)
+    scale = 1.0
+    for attempt in range(3):
+        peak = probe(split, pre, plan)
+        plan.method = "probe" if budget_mb is not None else plan.method
+        plan.probe_peak_mb = round(peak, 1)
+        projected = peak + (costs.cache_mb if plan.cache == "memory" else 0.0)
+        if budget_mb is None or saved is not None or projected <= budget_mb * 0.97:
+            return plan, costs
+        if attempt == 2:
+            break
+        # the probe measured more than the estimate: shrink by the measured ratio and try again
+        passes = estimate(costs, plan.feature_batch, plan.micro_batch, plan.cache, scale) - costs.base_mb
+        scale *= max(1.0, (projected - costs.base_mb) / max(passes, 1.0)) * 1.25
+        plan = choose(costs, budget_mb, scale=scale)
+    raise refusal(costs, budget_mb, scale)
