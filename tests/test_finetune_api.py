@@ -60,3 +60,27 @@ def test_last_partial_batch_is_masked(digits_npz, tmp_path):
     first = res.epochs[0]
     assert first["samples"] == 200
     assert abs(first["train_accuracy"] * 200 - round(first["train_accuracy"] * 200)) < 1e-6
+
+
+def test_interrupted_run_reuses_its_disk_feature_cache(digits_npz, reference, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from edgetrain.finetune import Interrupted
+
+    _, ref_params = reference
+    monkeypatch.setattr(memplan, "UNBUDGETED_CACHE_MB", 0.0)
+
+    def stop_after_first_epoch(info):
+        if info["phase"] == "epoch" and info["epoch"] == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # caught by finetune: checkpoint, then Interrupted
+
+    with pytest.raises(Interrupted) as err:
+        _run(digits_npz, tmp_path / "o", progress=stop_after_first_epoch)
+    assert err.value.exit_code == 128 + signal.SIGTERM
+    assert (tmp_path / "o" / "features.cache").exists()
+    res, params = _run(digits_npz, tmp_path / "o", resume=True)
+    assert "feature cache on disk reused from the interrupted run" in res.notes
+    assert res.resumed_from == {"epoch": 1, "step": 0}
+    for k in params:
+        np.testing.assert_array_equal(params[k], ref_params[k], err_msg=k)
