@@ -203,6 +203,11 @@ class _Job:
 
         cut = cut_for(self.graph, self.layers)
         self.split = split(self.graph, cut, self.pre.input_shape, init_seed=self.seed)
+        # the split parts hold their own copies of the weights: let the loaded model's go (a board with
+        # 512 MB feels every megabyte)
+        self.model_fp = f"{self.graph.fingerprint()}:{self.source_digest}"
+        self.graph.arg_params, self.graph.aux_params = {}, {}
+        self.model_obj.block = None
         self.trainable = self.split.trainable()
         for p in self.trainable:
             p.grad_req = "add"  # micro-batches accumulate into one effective-batch gradient
@@ -216,7 +221,7 @@ class _Job:
                 return "none"
             return (f"split {self.val_split} seed {self.seed}" if self.val is None else "") + _data_fingerprint(self.val_ds)
 
-        return {"model": f"{self.graph.fingerprint()}:{self.source_digest}", "model_ref": self.model,
+        return {"model": self.model_fp, "model_ref": self.model,
                 "classes": self.classes, "input_shape": list(self.pre.input_shape),
                 "train_layers": self.layers.text, "batch_size": self.batch_size, "optimizer": self.optimizer,
                 "lr": self.lr, "seed": self.seed, "data": _data_fingerprint(self.train_ds), "val": val_fp()}
