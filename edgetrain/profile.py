@@ -318,6 +318,7 @@ def profile(model: str, *, runtime_name: str | None = None, threads=None, batch:
     best_summary = {"threads": best["threads"], "p50_ms": best["latency"]["p50_ms"],
                     "mean_ms": best["latency"]["mean_ms"], "p99_ms": best["latency"]["p99_ms"],
                     "spread_p99_p50": best["latency"]["spread_p99_p50"],
+                    "peak_rss_mb": best["memory"]["peak_rss_mb"],
                     "provenance": label, "source": where}
     peak = max(c["memory"]["peak_rss_mb"] for c in configs)
     prediction_d = prediction.to_dict()
