@@ -254,7 +254,18 @@ def check_armpl(machine: str, libmxnet: Path | None) -> tuple[Check, armpl.Plan 
     details = {"applicable": True, **p.to_dict()}
     if p.ok:
         how = ", ".join(f"{k} -> {os.path.realpath(v)}" for k, v in p.satisfied.items()) or "none needed"
-        return Check(name, OK, f"ARM Performance Libraries resolved ({how})", details=details), p
+        check = Check(name, OK, f"ARM Performance Libraries resolved ({how})", details=details)
+        via_lapacke = os.path.realpath(p.satisfied.get("libarmpl_lp64_mp.so", "")).find("lapacke") >= 0
+        if via_lapacke:
+            blas = armpl.blas_behind_lapacke()
+            details["blas"] = blas
+            slow = [k for k, v in blas.items() if v and "openblas" not in v]
+            if slow:
+                check.status = WARN
+                check.message += f"; but {', '.join(slow)} resolve to the reference BLAS/LAPACK (slow)"
+                check.fix = ("select OpenBLAS: update-alternatives --config libblas.so.3-aarch64-linux-gnu "
+                             "(and liblapack.so.3-aarch64-linux-gnu)")
+        return check, p
     names = ", ".join(p.needed if not p.satisfied else [n for n in p.needed if n not in p.satisfied])
     if p.missing_packages:
         return Check(name, FAIL, f"libmxnet.so needs {names}, not shipped in the mxnet wheel; the stand-ins "

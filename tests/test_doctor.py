@@ -221,3 +221,17 @@ def test_doctor_armpl_check_not_applicable_off_arm():
 
     check, plan = check_armpl("x86_64", armpl.find_libmxnet())
     assert check.status == "ok" and "not applicable" in check.message and plan is None
+
+
+def test_blas_behind_lapacke_follows_the_alternatives_links(tmp_path):
+    real = tmp_path / "openblas-openmp"
+    real.mkdir()
+    (real / "libblas.so.3").symlink_to(system_lib("libm.so.6"))
+    alternatives = tmp_path / "etc-alternatives-libblas"
+    alternatives.symlink_to(real / "libblas.so.3")
+    libs = tmp_path / "lib"
+    libs.mkdir()
+    (libs / "libblas.so.3").symlink_to(alternatives)
+    found = armpl.blas_behind_lapacke(lib_dirs=[libs], use_cache=False)
+    assert found["libblas.so.3"] == os.path.realpath(system_lib("libm.so.6"))
+    assert found["liblapack.so.3"] is None

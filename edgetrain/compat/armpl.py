@@ -284,6 +284,16 @@ def plan(libmxnet: Path | None, lib_dirs: list[Path] | None = None, use_cache: b
     return result
 
 
+def blas_behind_lapacke(lib_dirs: list[Path] | None = None, use_cache: bool = True) -> dict[str, str | None]:
+    """What liblapacke's libblas.so.3/liblapack.so.3 resolve to (Debian alternatives): OpenBLAS, or the
+    slow reference implementation when someone chose it."""
+    out: dict[str, str | None] = {}
+    for soname in ("libblas.so.3", "liblapack.so.3"):
+        path = locate(soname, lib_dirs, use_cache)
+        out[soname] = os.path.realpath(path) if path else None
+    return out
+
+
 def apply(p: Plan) -> list[Link]:
     """Create the planned links atomically (temp symlink, then rename over the name).
 
