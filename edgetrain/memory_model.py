@@ -97,7 +97,7 @@ def predict(runtime: str, stats: GraphStats, random_weights: bool = False,
 def runtime_baseline_mb(runtime: str) -> float:
     """RSS of a process that imported ``runtime`` and ran a trivial graph; measured once per process."""
     if runtime not in _baselines:
-        proc = subprocess.run([sys.executable, "-m", "edgetrain.profile_child", "--baseline", runtime],
+        proc = subprocess.run([sys.executable, "-P", "-m", "edgetrain.profile_child", "--baseline", runtime],
                               capture_output=True, text=True, timeout=300,
                               env={**os.environ, "PYTHONPATH": _pythonpath()})
         if proc.returncode != 0:

@@ -131,8 +131,10 @@ def run_child(spec: dict, threads: int | None, what: str, timeout: float = DEFAU
         spec = {**spec, "result": str(Path(tmp) / "result.json")}
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
-        # Own session: on a timeout the child and anything it started are killed together.
-        proc = subprocess.Popen([sys.executable, "-m", "edgetrain.profile_child", str(spec_path)],
+        # Own session: on a timeout the child and anything it started are killed together. -P: the
+        # child imports edgetrain from where this process did (PYTHONPATH), not from a folder named
+        # edgetrain in the working directory; factories there are still found (models adds the cwd).
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "edgetrain.profile_child", str(spec_path)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=_child_env(threads), start_new_session=True, cwd=os.getcwd())
         try:
