@@ -129,16 +129,6 @@ def test_model_that_does_not_fit_fails_the_check(onnx_file, tmp_path):
     assert res.to_dict()["passed"] is False
 
 
-def test_gluon_prefix_in_mxnet(tiny_prefix):
-    res = profile(str(tiny_prefix), runtime_name="mxnet", threads="1", **FAST)
-    c = res.configs[0]
-    assert res.runtime == "mxnet" and res.input_shape == [1, 1, 16, 16]
-    assert c["memory"]["runtime_mb"] > 100  # import mxnet alone is ~140 MB
-    ops = c["ops"]
-    assert ops["available"], ops  # mx.profiler works in the 1.9.1 wheel despite Features() saying otherwise
-    assert "Convolution" in {r["op"] for r in ops["table"]}
-
-
 def test_gluon_prefix_exported_for_onnxruntime(tiny_prefix):
     res = profile(str(tiny_prefix), runtime_name="onnxruntime", threads="1", **FAST)
     assert res.runtime == "onnxruntime" and res.input_shape == [1, 1, 16, 16]

@@ -45,9 +45,16 @@ def test_over_budget_exits_3_and_keeps_the_report(cli, onnx_file, tmp_path):
 
 
 def test_gluon_prefix_in_mxnet(cli, tiny_prefix, tmp_path):
-    res = cli("profile", tiny_prefix, "--runtime", "mxnet", "--threads", "1", "--report", tmp_path / "r.md", *FAST)
+    import json
+
+    res = cli("profile", tiny_prefix, "--runtime", "mxnet", "--threads", "1", "--report", tmp_path / "r.md",
+              "--json", tmp_path / "r.json", *FAST)
     assert res.code == 0, res.err
     assert "(mxnet, input 1x1x16x16" in res.out and "Convolution" in res.out
+    c = json.loads((tmp_path / "r.json").read_text())["configs"][0]
+    assert c["memory"]["runtime_mb"] > 100  # import mxnet alone is ~140 MB
+    # mx.profiler works in the PyPI 1.9.1 wheel although mx.runtime.Features() lists PROFILER as off.
+    assert c["ops"]["available"] and "Convolution" in {r["op"] for r in c["ops"]["table"]}
 
 
 @pytest.mark.parametrize("args,fragments", [
