@@ -32,10 +32,11 @@ from mxnet.gluon.model_zoo import vision
 from edgetrain.data import load_data
 from edgetrain.preprocess import default_for_shape
 from edgetrain.procmem import peak_rss_mb
-folder, steps, batch = sys.argv[1], int(sys.argv[3]), int(sys.argv[4])
+folder, steps, batch, features = sys.argv[1], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 ds = load_data(folder, default_for_shape((3, 160, 160)))
 net = vision.get_model("mobilenetv2_1.0", classes=ds.num_classes)
 net.initialize(mx.init.Xavier())
+net.features.load_parameters(features)  # the same backbone weights edgetrain starts from
 trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 0.003})
 loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 order = np.random.RandomState(0).permutation(len(ds))
@@ -75,6 +76,46 @@ def make_images(folder: Path, n: int, classes: int = 4, seed: int = 0) -> None:
         Image.fromarray(img).save(folder / f"class{c}" / f"{i:04d}.jpg", quality=90)
 
 
+WEIGHTS = r"""
+import sys
+import mxnet as mx, numpy as np
+from mxnet.gluon import nn
+from mxnet.gluon.model_zoo import vision
+from edgetrain.data import load_data
+from edgetrain.preprocess import default_for_shape
+mx.random.seed(0)
+net = vision.get_model("mobilenetv2_1.0")
+net.initialize(mx.init.Xavier())
+x = load_data(sys.argv[1], default_for_shape((3, 160, 160))).shuffled(0).batch(np.arange(32))
+bns = []
+net.apply(lambda b: bns.append(b) if isinstance(b, nn.BatchNorm) else None)
+for b in bns:
+    b._kwargs["momentum"] = 0.0  # running statistics := this batch's
+with mx.autograd.record(train_mode=True):
+    out = net(mx.nd.array(x))
+out.backward()  # MXNet 1.x updates BatchNorm's running statistics in the backward pass
+mx.nd.waitall()
+for b in bns:
+    b._kwargs["momentum"] = 0.9
+net.save_parameters(sys.argv[2])
+net.features.save_parameters(sys.argv[3])
+"""
+
+
+def make_weights(root: Path, folder: Path) -> tuple[Path, Path]:
+    """One MobileNetV2 for both sides: the whole net (edgetrain's --params), its backbone (the naive loop's).
+
+    No pretrained weights without a network, so: Xavier weights with BatchNorm statistics taken from one
+    batch of the data. With the zoo's untouched initial statistics (mean 0, variance 1) this net's
+    inference-mode features vanish (~1e-12) and a head trained on them learns nothing.
+    """
+    full, backbone = root / "mobilenetv2-bench.params", root / "mobilenetv2-bench-features.params"
+    if not full.exists():
+        subprocess.run([sys.executable, "-c", WEIGHTS, str(folder), str(full), str(backbone)], check=True,
+                       capture_output=True)
+    return full, backbone
+
+
 def run_child(args: list[str], env=None) -> tuple[dict | None, str, float]:
     t0 = time.perf_counter()
     proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **(env or {})})
@@ -86,12 +127,13 @@ def run_child(args: list[str], env=None) -> tuple[dict | None, str, float]:
         return None, f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:] }", wall
 
 
-def finetune_child(folder: Path, outdir: Path, extra: list[str]) -> tuple[dict | None, str, float]:
+def finetune_child(folder: Path, outdir: Path, params: Path, extra: list[str]) -> tuple[dict | None, str, float]:
     import shutil
 
     shutil.rmtree(outdir, ignore_errors=True)  # a fresh run each time, not a refused one
     return run_child([sys.executable, "-m", "edgetrain", "finetune", "zoo:mobilenetv2_1.0",
-                      "--input-shape", ",".join(map(str, (1, *SHAPE))), "--data", str(folder), "-o", str(outdir),
+                      "--input-shape", ",".join(map(str, (1, *SHAPE))), "--params", str(params), "--data", str(folder),
+                      "-o", str(outdir),
                       "--batch-size", str(BATCH), "--threads", str(THREADS), "--json", "-", *extra])
 
 
@@ -108,12 +150,13 @@ def main(argv=None) -> int:
     print(f"MobileNetV2-1.0, input {'x'.join(map(str, SHAPE))}, effective batch {BATCH}, {THREADS} threads, "
           f"{args.samples} JPEGs in 4 classes ({folder})")
 
+    full, backbone = make_weights(root, folder)
     naive, err, naive_wall = run_child([sys.executable, "-c", NAIVE, str(folder), str(THREADS),
-                                        str(args.naive_steps), str(BATCH)])
+                                        str(args.naive_steps), str(BATCH), str(backbone)])
     if naive is None:
         print(f"naive loop failed: {err}")
         return 1
-    ours, err, ours_wall = finetune_child(folder, root / "out-default", [])
+    ours, err, ours_wall = finetune_child(folder, root / "out-default", full, [])
     if ours is None:
         print(f"edgetrain finetune failed: {err}")
         return 1
@@ -132,9 +175,10 @@ def main(argv=None) -> int:
     print(f"\nedgetrain defaults: train {ours['train_layers']}, {len(ours['epochs'])} epochs, plan {ours['plan']['method']}:"
           f" feature batch {ours['plan']['feature_batch']}, micro-batch {ours['plan']['micro_batch']}, "
           f"cache {ours['plan']['cache']}; feature pass {ours['feature_seconds']:.1f}s, whole child {ours_wall:.1f}s "
-          f"(naive child {naive_wall:.1f}s for {args.naive_steps}+1 steps)")
+          f"(naive child {naive_wall:.1f}s for {args.naive_steps}+1 steps); held-out accuracy "
+          f"{ours['final_accuracy']:.3f}")
 
-    budget, err, _ = finetune_child(folder, root / "out-512", ["--memory-budget", "512MB", "--epochs", "3"])
+    budget, err, _ = finetune_child(folder, root / "out-512", full, ["--memory-budget", "512MB", "--epochs", "3"])
     print("\nwith --memory-budget 512MB:")
     if budget is None:
         print(f"  refused: {err}")
