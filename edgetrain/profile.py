@@ -68,7 +68,7 @@ def _check_count(value: int, where: str, minimum: int) -> int:
 
 def figure(name: str, value, unit: str, provenance: str, source: str) -> dict:
     """One reported number with how it was obtained: measured / estimated / modelled / emulated."""
-    return {"figure": name, "value": value, "unit": unit, "provenance": provenance, "source": source}
+    return {"name": name, "value": value, "unit": unit, "provenance": provenance, "source": source}
 
 
 @dataclass

@@ -488,7 +488,7 @@ def render_html(d: dict) -> str:
 
     parts.append("<h2>Provenance of every figure</h2>")
     parts.append(_table(["figure", "value", "provenance", "source"],
-                        [[e(f["figure"]), f"{_fmt(f['value'])} {e(f['unit'])}", _tag(f["provenance"]),
+                        [[e(f["name"]), f"{_fmt(f['value'])} {e(f['unit'])}", _tag(f["provenance"]),
                           f"<span class='src'>{e(f['source'])}</span>"] for f in d["figures"]], {1}))
     parts.append("<p class='src'>measured: timed or read on this machine; estimated: a measurement here scaled or "
                  "carried over to the device; modelled: computed from a model and cited figures; emulated: "
@@ -564,6 +564,6 @@ def render_markdown(d: dict) -> str:
         out.append(f"{ops.get('note', 'no per-op timings')}\n")
     out.append("## Provenance of every figure\n")
     out.append(_md_table(["figure", "value", "provenance", "source"],
-                         [[f["figure"], f"{_fmt(f['value'])} {f['unit']}", f["provenance"], f["source"]]
+                         [[f["name"], f"{_fmt(f['value'])} {f['unit']}", f["provenance"], f["source"]]
                           for f in d["figures"]]))
     return "\n".join(out)
