@@ -31,6 +31,7 @@ def atomic_path(path: Path, what: str = "output"):
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes it 0600; the output gets a normal file's mode
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
@@ -40,6 +41,12 @@ def atomic_path(path: Path, what: str = "output"):
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: Path, data: bytes, what: str = "output") -> None:
