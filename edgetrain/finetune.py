@@ -215,6 +215,16 @@ class _Job:
         if self.split.frozen is not None:
             self.split.frozen.hybridize(static_alloc=True, static_shape=True)
 
+    def _advise(self) -> None:
+        """Say what would make this run learn less than the user expects."""
+        if self.model_obj.random_weights and self.split.frozen is not None:
+            self.notes.append("the model has random weights, so its frozen layers compute nothing learned; "
+                              "pass --params with trained weights, or --train-layers all")
+        has_bn = any(p.grad_req == "null" for p in self.split.trained.collect_params().values())
+        if has_bn and self.plan.micro_batch < min(self.batch_size, 8):
+            self.notes.append(f"BatchNorm in the trained layers sees micro-batches of {self.plan.micro_batch} "
+                              "(memory budget); its statistics will be noisy: train fewer layers or raise the budget")
+
     def _fingerprint(self) -> dict:
         def val_fp():
             if self.val_ds is None:
@@ -417,6 +427,7 @@ class _Job:
         rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
         self.plan, self.costs = plan_job(self.split, self.pre, rows, self.batch_size, self.budget_mb,
                                          meta["plan"] if meta is not None else None)
+        self._advise()
 
         import shutil
         import threading
