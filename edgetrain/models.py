@@ -241,9 +241,14 @@ def _load_params(block, params: str) -> None:
 
 def _check_runs(model: GluonModel) -> int:
     """Run one zero batch: proves the shape fits and gives the number of outputs (classes)."""
+    import contextlib
+    import io
+
     x = np.zeros(model.preprocess.batch_shape(1), dtype="float32")
     try:
-        y = model.predict(x)
+        # mxnet prints "infer_shape error. Arguments: ..." to stdout before raising; the error says it better
+        with contextlib.redirect_stdout(io.StringIO()):
+            y = model.predict(x)
     except Exception as exc:
         raise UsageError(f"input shape {','.join(map(str, model.preprocess.batch_shape(1)))} does not fit the "
                          f"model: {_mx_error(exc)}", model.ref.text,

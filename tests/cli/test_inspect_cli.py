@@ -42,6 +42,12 @@ def test_factory_not_a_block(cli, tmp_path):
     assert_user_error(cli("inspect", "myfactory:make", cwd=tmp_path), 2, "not a gluon.HybridBlock")
 
 
+def test_shape_that_does_not_fit_is_one_line(cli, tmp_path):
+    res = cli("inspect", "zoo:alexnet", "--input-shape", "3,8,8", cwd=tmp_path)
+    assert_user_error(res, 2, "does not fit the model", "--input-shape")
+    assert res.out == ""
+
+
 def test_bad_input_shape(cli, tmp_path):
     res = cli("inspect", "zoo:alexnet", "--input-shape", "a,b", cwd=tmp_path)
     assert res.code == 2 and "not a shape" in res.err and "Traceback" not in res.err
