@@ -326,7 +326,7 @@ def _tag(prov: str) -> str:
 
 
 def _table(head: list[str], rows: list[list], num_cols: set[int] = frozenset()) -> str:
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"]
+    out = ["<table>" + ("<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" if any(head) else "")]
     for row in rows:
         cells = []
         for i, v in enumerate(row):
