@@ -48,12 +48,16 @@ class ExportResult:
     metadata_keys: list[str]
     random_weights: bool = False
     notes: list[str] = field(default_factory=list)
-    # Filled by edgetrain.energy (the profile issue): the energy budget of running this model on --device.
+    # With --device: the profile command's latency verdict and energy budget for the written file.
     energy: dict | None = None
 
     @property
+    def failed_checks(self) -> list[str]:
+        return list((self.energy or {}).get("failed_checks", []))
+
+    @property
     def passed(self) -> bool:
-        return self.comparison.passed
+        return self.comparison.passed and not self.failed_checks
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -102,12 +106,16 @@ def build_onnx(model, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False, f
 
 def export(model_ref: str, output, *, params=None, input_shape=None, opset: int = DEFAULT_OPSET,
            dynamic_batch: bool = False, atol: float | None = None, rtol: float | None = None, data=None,
-           device=None, fp16: bool = False, progress: Callable[[str], None] | None = None) -> ExportResult:
+           device=None, fp16: bool = False, battery_wh: float | None = None, rate=None,
+           budget_mj: float | None = None, progress: Callable[[str], None] | None = None) -> ExportResult:
     """Export MODEL to ``output`` and validate it against the Gluon model.
 
     ``atol``/``rtol`` default to 1e-4/1e-3 (fp32) or 1e-2/1e-2 (``fp16``). ``device`` is a profile name,
     path or DeviceProfile; the thread cap in force (runtime.apply_threads) is used for ONNX Runtime.
+    With a device, the export ends with the profile command's energy-budget report for the written
+    file (``battery_wh``, ``rate`` in inferences per hour, ``budget_mj`` as in ``edgetrain profile``).
     """
+    from . import energy
     from .compare import Comparison
     from .models import load_gluon
     from .runtime import current_threads
@@ -119,6 +127,13 @@ def export(model_ref: str, output, *, params=None, input_shape=None, opset: int 
     opset = check_opset(opset)
     output = _writable(Path(output))
     profile = _profile(device)
+    if isinstance(rate, str):
+        rate = energy.parse_rate(rate)
+    energy.check_positive(battery_wh, "--battery-wh", "watt-hours")
+    energy.check_positive(budget_mj, "--budget-mj", "millijoules")
+    if profile is None and any(v is not None for v in (battery_wh, rate, budget_mj)):
+        raise UsageError("an energy budget needs a device", "--battery-wh/--rate/--budget-mj",
+                         "add --device NAME (its power figures price the energy)")
     threads = current_threads()
 
     t0 = time.perf_counter()
@@ -162,9 +177,23 @@ def export(model_ref: str, output, *, params=None, input_shape=None, opset: int 
         seconds={"load": round(t1 - t0, 3), "translate": round(t2 - t1, 3), "validate": round(t3 - t2, 3)},
         metadata_keys=[p.key for p in proto.metadata_props], random_weights=model.random_weights, notes=notes,
     )
-    # The energy-budget report goes here: result.energy = edgetrain.energy.energy_report(latency_ms, profile, ...)
-    # once there is a device latency for the exported model (the profile issue); None until then.
+    if profile is not None and comparison.passed:
+        say(f"energy budget on {profile.name}: profiling the exported file")
+        result.energy = _energy_budget(output, profile, threads, battery_wh, rate, budget_mj, say)
     return result
+
+
+ENERGY_WARMUP, ENERGY_RUNS = 5, 30
+
+
+def _energy_budget(path: Path, profile, threads: int, battery_wh, rate, budget_mj, say) -> dict:
+    """The profile command's device verdict and energy budget for the exported file (a short run)."""
+    from .profile import profile as run_profile
+
+    pr = run_profile(str(path), device=profile, threads=[threads], warmup=ENERGY_WARMUP, runs=ENERGY_RUNS,
+                     battery_wh=battery_wh, rate=rate, budget_mj=budget_mj, op_profile=False, progress=say)
+    return {"runs": ENERGY_RUNS, "threads": threads, "latency": pr.verdict.get("latency"),
+            "memory": pr.verdict.get("memory"), "report": pr.energy, "failed_checks": pr.failed_checks}
 
 
 def check_opset(opset) -> int:

@@ -107,10 +107,10 @@ def test_class_names_are_stored(tmp_path):
 
 
 def test_real_samples_are_validated_too(tmp_path, digits_folder):
-    res = export("edgetrain.nets:digits_cnn", tmp_path / "d.onnx", data=str(digits_folder), device="rpi4b-4gb")
+    res = export("edgetrain.nets:digits_cnn", tmp_path / "d.onnx", data=str(digits_folder))
     sources = [b["source"] for b in res.validated_with]
     assert sources.count("data") == 16 and sources[:3] == ["random0", "random1", "random2"]
-    assert res.passed and res.device == "rpi4b-4gb" and res.energy is None
+    assert res.passed and res.device is None and res.energy is None
     assert res.to_dict()["comparison"]["batches"] == 19
 
 

@@ -24,13 +24,17 @@ from .options import input_shape_option, params_option
 @params_option
 @click.option("--fp16", is_flag=True, help="fp16 weights and compute (fp32 inputs/outputs), for GPU targets.")
 @device_option
+@click.option("--battery-wh", type=float, metavar="WH", help="With --device: battery capacity for the energy budget.")
+@click.option("--rate", metavar="N/h", help="With --device: inferences per hour for the daily energy budget.")
+@click.option("--budget-mj", type=float, metavar="MJ", help="With --device: energy budget per inference (exit 3 if over).")
 @threads_option
 @json_option
-def export(model, output, input_shape, opset, dynamic_batch, atol, rtol, data_ref, params, fp16, device, threads,
-           json_path):
+def export(model, output, input_shape, opset, dynamic_batch, atol, rtol, data_ref, params, fp16, device, battery_wh,
+           rate, budget_mj, threads, json_path):
     """Export MODEL to ONNX and validate it: Gluon (MXNet) and ONNX Runtime run the same inputs and every
     output is compared (max/mean/median abs and rel error). Exit 3 if an output is out of tolerance (the
-    file is still written)."""
+    file is still written). With --device it ends with the energy-budget report of `edgetrain profile`
+    for the exported model (exit 3 if over --budget-mj or the peak memory does not fit)."""
     profile, threads = setup(device, threads)
     from ..export import export as run
 
@@ -40,7 +44,8 @@ def export(model, output, input_shape, opset, dynamic_batch, atol, rtol, data_re
             click.echo(f"... {msg}", err=True)
 
     res = run(model, output, params=params, input_shape=input_shape, opset=opset, dynamic_batch=dynamic_batch,
-              atol=atol, rtol=rtol, data=data_ref, device=profile, fp16=fp16, progress=progress)
+              atol=atol, rtol=rtol, data=data_ref, device=profile, fp16=fp16, battery_wh=battery_wh, rate=rate,
+              budget_mj=budget_mj, progress=progress)
     write_json(json_path, res)
     _render(json_path, res)
     if not res.passed:
@@ -49,6 +54,9 @@ def export(model, output, input_shape, opset, dynamic_batch, atol, rtol, data_re
 
 def _validation_failed(res):
     from ..errors import BudgetExceeded
+
+    if res.comparison.passed:  # the export is right; the device budget is not met
+        return BudgetExceeded(res.failed_checks[0], res.device, "the file is kept; see the energy report above")
 
     worst = res.comparison.failed[0]
     keep = "the file is kept for inspection"
@@ -82,6 +90,32 @@ def _render(json_path, res) -> None:
         say(json_path, f"  {line}")
     if res.device:
         say(json_path, f"device     {res.device}, {res.threads} thread(s)")
+    if res.energy:
+        _render_energy(json_path, res.energy)
     for note in res.notes:
         say(json_path, f"note       {note}")
     say(json_path, f"result     {'PASS' if res.passed else 'FAIL'}")
+
+
+def _render_energy(json_path, e) -> None:
+    lat, rep = e.get("latency") or {}, e.get("report") or {}
+    if lat.get("mean_ms") is not None:
+        say(json_path, f"latency    on {rep.get('device', '')}: mean {lat['mean_ms']:.3g} ms, p50 {lat['p50_ms']:.3g} ms "
+                       f"[{lat['provenance']}] ({e['runs']} runs at {e['threads']} thread(s))")
+    else:
+        say(json_path, f"latency    {lat.get('note', 'no device latency')}")
+    per = rep.get("per_inference")
+    if per:
+        say(json_path, f"energy     {per['total_mj']:.3g} mJ per inference total, {per['above_idle_mj']:.3g} mJ above "
+                       f"idle [{per['provenance']}]")
+    day = rep.get("daily")
+    if day:
+        line = (f"day        {day['inferences_per_day']:.0f} inferences: {day['energy_wh_per_day']:.3g} Wh, "
+                f"{day['inferences_per_wh']:.3g} inferences/Wh")
+        if day.get("battery_hours") is not None:
+            line += f"; {day['battery_wh']:g} Wh battery lasts {day['battery_hours']:.3g} h"
+        say(json_path, line)
+    budget = rep.get("budget")
+    if budget:
+        say(json_path, f"budget     {budget['energy_mj']:.3g} mJ vs {budget['budget_mj']:g} mJ per inference: "
+                       f"{'PASS' if budget['passed'] else 'OVER'}")

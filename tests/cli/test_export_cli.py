@@ -37,9 +37,34 @@ def test_export_json_result(cli, tiny_prefix, tmp_path):
     assert cmp["atol"] == 1e-4 and cmp["rtol"] == 1e-3 and cmp["outputs"][0]["max_abs"] < 1e-4
     assert {"mean_abs", "median_abs", "max_rel", "worst_index", "atol_needed"} <= set(cmp["outputs"][0])
     assert {b["batch"] for b in out["validated_with"]} == {1, 3}
-    assert out["device"] == "rpi-zero2w" and out["threads"] == 1 and out["energy"] is None
+    assert out["device"] == "rpi-zero2w" and out["threads"] == 1
+    energy = out["energy"]  # --device: the export ends with the profile's energy-budget report
+    assert energy["latency"]["provenance"] == "estimated" and energy["latency"]["mean_ms"] > 0
+    assert energy["report"]["device"] == "rpi-zero2w" and energy["report"]["per_inference"]["total_mj"] > 0
+    assert energy["memory"]["fits"] is True and energy["failed_checks"] == []
     assert "Conv" in out["ops"]
     assert res.err == ""  # quiet with --json -
+
+
+def test_energy_budget_over_is_exit_3_and_keeps_file(cli, tiny_prefix, tmp_path):
+    res = cli("export", tiny_prefix, "-o", tmp_path / "d.onnx", "--device", "rpi4b-4gb", "--threads", "1",
+              "--rate", "720/h", "--battery-wh", "37", "--budget-mj", "0.000001", cwd=tmp_path)
+    assert_user_error(res, 3, "energy per inference", "over the budget of 1e-06 mJ", "rpi4b-4gb")
+    assert "budget     " in res.out and "OVER" in res.out and "battery lasts" in res.out
+    assert (tmp_path / "d.onnx").is_file()
+
+
+def test_energy_budget_needs_a_device(cli, tiny_prefix, tmp_path):
+    res = cli("export", tiny_prefix, "-o", tmp_path / "d.onnx", "--budget-mj", "5", cwd=tmp_path)
+    assert_user_error(res, 2, "an energy budget needs a device", "--device")
+    assert not (tmp_path / "d.onnx").exists()
+
+
+def test_bad_rate_is_refused_before_any_work(cli, tiny_prefix, tmp_path):
+    res = cli("export", tiny_prefix, "-o", tmp_path / "d.onnx", "--device", "rpi4b-4gb", "--rate", "often",
+              cwd=tmp_path)
+    assert_user_error(res, 2, "--rate")
+    assert not (tmp_path / "d.onnx").exists()
 
 
 def test_export_human_output_with_data(cli, tmp_path):
