@@ -77,7 +77,7 @@ def load_yaml(path: Path, schema: type[M]) -> M:
 # Every power and speed figure carries where it came from, so a reader can check it and an energy
 # report can say how much to trust it.
 
-from typing import Literal, Optional  # noqa: E402
+from typing import Annotated, Literal, Optional  # noqa: E402
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator  # noqa: E402
 
@@ -199,43 +199,44 @@ class DeviceProfile(Strict):
 
 # --- Recipes (recipes/*.yaml) -------------------------------------------------------------------
 # A recipe names one model, one data set, one device and the steps to run, each step's options
-# spelled as the matching command's flags (max_drop <-> --max-drop). Paths are relative to the
-# recipe file's folder.
+# spelled as the matching command's flags (max_drop <-> --max-drop). An option left out takes the
+# command's own default, so a recipe and the command line never disagree about defaults. Paths are
+# relative to the recipe file's folder.
 
 StepName = Literal["finetune", "quantize", "export", "profile", "report"]
 
 
 class FinetuneStep(Strict):
-    epochs: int = Field(default=5, ge=1)
-    batch_size: int = Field(default=32, ge=1)
+    epochs: Optional[int] = Field(default=None, ge=1)
+    batch_size: Optional[int] = Field(default=None, ge=1)
     lr: Optional[float] = Field(default=None, gt=0)
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    train_layers: str = "head"
+    optimizer: Optional[Literal["sgd", "adam"]] = None
+    train_layers: Optional[str] = None
     memory_budget: Optional[str] = None
-    seed: int = 0
+    seed: Optional[int] = None
 
 
 class QuantizeStep(Strict):
-    max_drop: float = Field(default=1.0, ge=0)
-    method: Literal["minmax", "entropy", "percentile"] = "minmax"
-    samples: int = Field(default=300, ge=1)
-    per_channel: bool = True
-    backend: Literal["onnxruntime", "mxnet"] = "onnxruntime"
+    max_drop: Optional[float] = Field(default=None, ge=0)
+    method: Optional[Literal["minmax", "entropy", "percentile"]] = None
+    samples: Optional[int] = Field(default=None, ge=1)
+    per_channel: Optional[bool] = None
+    backend: Optional[Literal["onnxruntime", "mxnet"]] = None
 
 
 class ExportStep(Strict):
-    opset: int = Field(default=13, ge=7)
-    dynamic_batch: bool = False
-    atol: float = Field(default=1e-4, gt=0)
-    rtol: float = Field(default=1e-3, ge=0)
+    opset: Optional[int] = Field(default=None, ge=7)
+    dynamic_batch: Optional[bool] = None
+    atol: Optional[float] = Field(default=None, ge=0)
+    rtol: Optional[float] = Field(default=None, ge=0)
 
 
 class ProfileStep(Strict):
     target: Literal["deployed", "fp32", "int8"] = "deployed"  # deployed: int8 if quantized, else fp32
-    threads: Optional[list[int]] = None
-    batch: int = Field(default=1, ge=1)
-    warmup: int = Field(default=5, ge=0)
-    runs: int = Field(default=50, ge=1)
+    threads: Optional[list[Annotated[int, Field(ge=1)]]] = None
+    batch: Optional[int] = Field(default=None, ge=1)
+    warmup: Optional[int] = Field(default=None, ge=0)
+    runs: Optional[int] = Field(default=None, ge=1)
     battery_wh: Optional[float] = Field(default=None, gt=0)
     rate: Optional[str] = Field(default=None, pattern=r"^\d+(\.\d+)?/h$")
     budget_mj: Optional[float] = Field(default=None, gt=0)

@@ -173,41 +173,44 @@ def _split_data(loaded: LoadedRecipe, rundir: Path, model_ref: str, say) -> tupl
     return str(train_path), str(val_path)
 
 
+def _flags(options, skip=()) -> list[str]:
+    """The options a recipe step sets, as the command's flags (an option left out: the command's default)."""
+    argv = []
+    for name in type(options).model_fields:  # declaration order: the same command line every run
+        if name not in options.model_fields_set or name in skip:
+            continue
+        value = getattr(options, name)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else {"--per-channel": "--per-tensor"}.get(flag, ""))
+        elif isinstance(value, list):
+            argv += [flag, ",".join(map(str, value))]
+        elif value is not None:
+            argv += [flag, str(value)]
+    return [a for a in argv if a]
+
+
 def _command(step, art: _Artifacts, rundir: Path, device: str, threads, json_path: Path, resume: bool) -> list[str]:
     o = step.options
-    common = ["--device", device, "--json", str(json_path)] + (["--threads", str(threads)] if threads else [])
+    common = ["--device", device, "--json", str(json_path)]
+    if threads and not (step.name == "profile" and o.threads):  # a profile sweep replaces the single cap
+        common += ["--threads", str(threads)]
     if step.name == "finetune":
-        argv = ["finetune", art.model, "--data", art.train, "-o", str(rundir / "finetune"),
-                "--epochs", str(o.epochs), "--batch-size", str(o.batch_size), "--optimizer", o.optimizer,
-                "--train-layers", o.train_layers, "--seed", str(o.seed)]
+        argv = ["finetune", art.model, "--data", art.train, "-o", str(rundir / "finetune"), *_flags(o)]
         argv += ["--val", art.val] if art.val else []
-        argv += ["--lr", str(o.lr)] if o.lr else []
-        argv += ["--memory-budget", o.memory_budget] if o.memory_budget else []
         argv += ["--resume"] if resume and (rundir / "finetune").is_dir() else []
     elif step.name == "quantize":
         out = rundir / ("model_int8" if o.backend == "mxnet" else "model_int8.onnx")
-        argv = ["quantize", art.model, "--calib", art.train, "-o", str(out), "--max-drop", str(o.max_drop),
-                "--method", o.method, "--samples", str(o.samples), "--backend", o.backend,
-                "--per-channel" if o.per_channel else "--per-tensor"]
+        argv = ["quantize", art.model, "--calib", art.train, "-o", str(out), *_flags(o)]
         argv += ["--val", art.val] if art.val else []
     elif step.name == "export":
-        argv = ["export", art.model, "-o", str(rundir / "model.onnx"), "--opset", str(o.opset),
-                "--atol", str(o.atol), "--rtol", str(o.rtol)]
-        argv += ["--dynamic-batch"] if o.dynamic_batch else []
-        argv += ["--data", art.val or art.train]
+        argv = ["export", art.model, "-o", str(rundir / "model.onnx"), "--data", art.val or art.train, *_flags(o)]
     elif step.name == "profile":
         target = {"fp32": art.fp32_onnx, "int8": art.int8_onnx}.get(o.target) or art.int8_onnx or art.fp32_onnx
         if target is None:
             raise UsageError(f"profile target '{o.target}' has no model yet", "recipe steps",
                              "put an export or quantize step before profile")
-        argv = ["profile", target, "--batch", str(o.batch), "--warmup", str(o.warmup), "--runs", str(o.runs),
-                "--report", str(rundir / "profile.html")]
-        if o.threads:  # the sweep replaces the single cap
-            common = ["--device", device, "--json", str(json_path)]
-            argv += ["--threads", ",".join(map(str, o.threads))]
-        argv += ["--battery-wh", str(o.battery_wh)] if o.battery_wh else []
-        argv += ["--rate", o.rate] if o.rate else []
-        argv += ["--budget-mj", str(o.budget_mj)] if o.budget_mj else []
+        argv = ["profile", target, "--report", str(rundir / "profile.html"), *_flags(o, skip=("target",))]
     else:  # pragma: no cover - the schema allows no other step
         raise AssertionError(step.name)
     return argv + common
