@@ -403,8 +403,9 @@ class _Job:
         if has_checkpoint:
             meta, arrays = ckpt.load(ckpt_path)
             ckpt.check_matches(meta, self._fingerprint(), ckpt_path)
-            if self.epochs < int(meta["epoch"]):
-                self.notes.append(f"checkpoint is at epoch {meta['epoch']}, past --epochs {self.epochs}; nothing to train")
+            if self.epochs <= int(meta["epoch"]):
+                self.notes.append(f"the checkpoint already holds {meta['epoch']} epoch(s) (--epochs {self.epochs}); "
+                                  "nothing to train, the model is written again from it")
         elif self.resume:
             self.notes.append("--resume: no checkpoint in OUTDIR, starting from the beginning")
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -438,7 +439,8 @@ class _Job:
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
             old = {s: signal.signal(s, self.stop) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            feature_seconds = self._features(meta.get("feature_cache") if meta else None)
+            done = start_epoch >= self.epochs
+            feature_seconds = 0.0 if done else self._features(meta.get("feature_cache") if meta else None)
             if self.stop.signum:
                 self._save_checkpoint(start_epoch, start_step, order if order is not None else np.zeros(0),
                                       partial)
