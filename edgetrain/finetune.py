@@ -159,6 +159,7 @@ class _Job:
         self.__dict__.update(locals())
         del self.__dict__["self"]
         self.cache = None
+        self.cache_complete = False
         self.notes: list[str] = []
         self.stop = _Stop()
 
@@ -256,6 +257,7 @@ class _Job:
         self.cache = FeatureCache(rows, s.feature_shape, self.plan.cache, path, reuse=reuse)
         if reuse and self.cache.reusable():
             self.notes.append("feature cache on disk reused from the interrupted run")
+            self.cache_complete = True
             return 0.0
         if reuse:
             self.cache.close()
@@ -277,6 +279,7 @@ class _Job:
                 if self.stop.signum:
                     return time.monotonic() - t0
         self.cache.flush()
+        self.cache_complete = True  # only now may a checkpoint vouch for it
         return time.monotonic() - t0
 
     # --- training ----------------------------------------------------------------------------------
@@ -365,7 +368,7 @@ class _Job:
         arrays["order"] = np.asarray(order, dtype=np.int64)
         cache = None
         if self.cache is not None:
-            cache = {"placement": self.plan.cache, "fingerprint": self.cache_fp, "complete": True}
+            cache = {"placement": self.plan.cache, "fingerprint": self.cache_fp, "complete": self.cache_complete}
         meta = {"fingerprint": self._fingerprint(), "epoch": epoch, "step": step, "global_step": self.global_step,
                 "optimizer_t": self.opt.t, "rng": rng_meta, "history": self.history, "partial": partial,
                 "plan": self.plan.to_dict(), "feature_cache": cache, "epochs_requested": self.epochs}
