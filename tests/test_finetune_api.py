@@ -84,3 +84,24 @@ def test_interrupted_run_reuses_its_disk_feature_cache(digits_npz, reference, tm
     assert res.resumed_from == {"epoch": 1, "step": 0}
     for k in params:
         np.testing.assert_array_equal(params[k], ref_params[k], err_msg=k)
+
+
+def test_cache_interrupted_mid_pass_is_computed_again(digits_npz, reference, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from edgetrain.finetune import Interrupted
+
+    _, ref_params = reference
+    monkeypatch.setattr(memplan, "UNBUDGETED_CACHE_MB", 0.0)
+
+    def stop_in_feature_pass(info):
+        if info["phase"] == "features":
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted):
+        _run(digits_npz, tmp_path / "o", progress=stop_in_feature_pass)
+    res, params = _run(digits_npz, tmp_path / "o", resume=True)
+    assert not any("reused" in n for n in res.notes)
+    for k in params:
+        np.testing.assert_array_equal(params[k], ref_params[k], err_msg=k)
