@@ -172,7 +172,7 @@ def _load_npz(path: Path, pre: Preprocess, where: str) -> Dataset:
         raise UsageError(".npz holds no samples", str(path), "add samples")
     if label.min() < 0:
         raise UsageError(f"negative label {int(label.min())}", str(path), "store class indices 0..K-1")
-    images = _as_nhwc(data, path)
+    images, scale = _as_nhwc(data, path)
     k = int(label.max()) + 1
     if names is not None:
         names = [str(n) for n in names.tolist()]
@@ -181,12 +181,14 @@ def _load_npz(path: Path, pre: Preprocess, where: str) -> Dataset:
                              "give one name per class")
         k = len(names)
     _check_classes(k, str(path), where)
+    # converted sample by sample: uint8 data stays uint8 in memory (a quarter of float32)
     return Dataset(str(path), names or [str(i) for i in range(k)], label.astype(np.int64),
-                   lambda i: images[i], pre)
+                   lambda i: images[i].astype(np.float32) * scale, pre)
 
 
-def _as_nhwc(data: np.ndarray, path: Path) -> np.ndarray:
-    """Accept NHW, NHWC, or NCHW (channel axis of size 1 or 3 at position 1); uint8 0..255 or float 0..1."""
+def _as_nhwc(data: np.ndarray, path: Path) -> tuple[np.ndarray, float]:
+    """NHW, NHWC, or NCHW (channel axis of size 1 or 3 at position 1) -> an NHWC view, and the pixel scale
+    (uint8 0..255 -> 1/255; float 0..1 -> 1)."""
     if data.ndim == 3:
         data = data[..., None]
     elif data.ndim == 4 and data.shape[1] in (1, 3) and data.shape[3] not in (1, 3):
@@ -195,9 +197,9 @@ def _as_nhwc(data: np.ndarray, path: Path) -> np.ndarray:
         raise UsageError(f"'data' has shape {data.shape}; expected images as N,H,W or N,H,W,C (C=1/3) or N,C,H,W",
                          str(path), "reshape the array")
     if data.dtype == np.uint8:
-        return data[..., :3].astype(np.float32) / 255.0
+        return data[..., :3], 1.0 / 255.0
     if np.issubdtype(data.dtype, np.floating) or np.issubdtype(data.dtype, np.integer):
-        return data[..., :3].astype(np.float32)
+        return data[..., :3], 1.0
     raise UsageError(f"'data' has dtype {data.dtype}; expected uint8 (0..255) or float (0..1)", str(path),
                      "convert the array")
 
