@@ -80,7 +80,7 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
     say = progress or (lambda msg: None)
     recipe = loaded.recipe
     profile = check_recipe(loaded, device)
-    rundir = Path(rundir) if rundir else Path(f"edgetrain-run-{recipe.name}")
+    rundir = Path(rundir) if rundir else _new_rundir(recipe.name)
     _prepare_rundir(rundir, loaded, resume)
     threads = threads or recipe.threads
     result = RunResult(recipe.name, loaded.source, str(rundir), profile.name)
@@ -123,6 +123,16 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
     result.summary = summarize(result)
     _write_json_atomic(rundir / "result.json", result.to_dict())
     return result
+
+
+def _new_rundir(name: str) -> Path:
+    """./edgetrain-run-NAME, or -2, -3, ... so that running the same command again never clashes."""
+    base = Path(f"edgetrain-run-{name}")
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = Path(f"{base}-{n}")
+    return candidate
 
 
 def _prepare_rundir(rundir: Path, loaded: LoadedRecipe, resume: bool) -> None:

@@ -9,7 +9,7 @@ from .common import json_option, quiet, say, setup, threads_option, write_json
 @click.command()
 @click.argument("recipe", required=False)
 @click.option("-o", "--output", "rundir", metavar="RUNDIR",
-              help="Run folder (default: ./edgetrain-run-NAME); must be new or empty.")
+              help="Run folder, new or empty (default: ./edgetrain-run-NAME, or NAME-2, -3... if taken).")
 @click.option("--device", metavar="NAME", help="Run for this device instead of the recipe's.")
 @click.option("--resume", "resume_dir", metavar="RUNDIR",
               help="Continue the run in RUNDIR, skipping the steps whose outputs are complete.")

@@ -108,3 +108,15 @@ def test_failed_step_is_named_on_the_terminal(tmp_path):
     assert res.code == 2
     assert "step 'finetune' bad input (exit 2)" in res.out
     assert "[1/2] finetune: edgetrain finetune" in res.err  # progress on stderr
+
+
+def test_default_run_folder_never_clashes(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "tiny", "device": "rpi5-8gb", "model": "edgetrain.nets:digits_cnn",
+                                      "data": "builtin:digits", "steps": [{"report": {"format": "md"}}]}))
+    for _ in range(2):
+        res = run_edgetrain("run", recipe, cwd=tmp_path)
+        assert res.code == 0, res.err
+    assert (tmp_path / "edgetrain-run-tiny" / "report.md").is_file()
+    assert (tmp_path / "edgetrain-run-tiny-2" / "report.md").is_file()
+    assert "| step | status |" in (tmp_path / "edgetrain-run-tiny-2" / "report.md").read_text()
