@@ -26,6 +26,11 @@ def thread_env(threads: int) -> dict[str, str]:
     }
 
 
+def quiet_libraries() -> None:
+    """Keep library banners off the user's terminal (read by mxnet when it loads)."""
+    os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")  # "Subgraph backend MKLDNN is activated" on every load
+
+
 def apply_threads(threads: int | None) -> int:
     """Cap all thread pools to ``threads`` (None: leave them as they are) and return the cap in force."""
     global _threads

@@ -51,6 +51,7 @@ def setup(device: str | None = None, threads: int | None = None):
     """
     from .. import runtime
 
+    runtime.quiet_libraries()
     profile = None
     if device:
         from ..devices import load_device
