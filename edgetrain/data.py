@@ -115,7 +115,7 @@ def load_data(ref: str, pre: Preprocess, where: str = "--data") -> Dataset:
     if ref.startswith(BUILTIN_PREFIX):
         name = ref[len(BUILTIN_PREFIX):]
         if name not in BUILTINS:
-            raise UsageError(f"unknown built-in data set '{name}'", where, f"use one of: "
+            raise UsageError(f"unknown built-in data set '{name}'", where, "use one of: "
                              + ", ".join(BUILTIN_PREFIX + b for b in BUILTINS))
         return _load_digits(pre, ref)
     path = Path(ref)

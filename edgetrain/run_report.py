@@ -83,7 +83,7 @@ def _html(result, folder: Path) -> str:
         f"<tr class='{esc(s.status.split()[0])}'><td>{esc(s.name)}</td><td>{esc(s.status)}</td><td>{s.exit_code}</td>"
         f"<td>{s.seconds:.1f}</td><td>{esc(_rel(s.log, folder))}</td></tr>" for s in result.steps)
     profile = folder / "profile.html"
-    link = f"<p>Latency, memory and energy detail: <a href='profile.html'>profile.html</a></p>" if profile.exists() else ""
+    link = "<p>Latency, memory and energy detail: <a href='profile.html'>profile.html</a></p>" if profile.exists() else ""
     failed = (f"<p class='bad'>Step <b>{esc(result.failed_step)}</b> did not pass; exit code {result.exit_code}.</p>"
               if result.failed_step else "")
     details = "".join(f"<details><summary>{esc(s.name)} result</summary><pre>{esc(json.dumps(s.result, indent=2))}</pre>"

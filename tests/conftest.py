@@ -47,3 +47,16 @@ def digits_folder(tmp_path_factory) -> Path:
                 img.save(root / f"digit{cls}" / f"{k}.png")
     (root / "digit0" / "notes.txt").write_text("not an image")
     return root
+
+
+@pytest.fixture(scope="session")
+def digits_npz(tmp_path_factory) -> Path:
+    """300 real digits (all ten classes, 8x8 in 0..1) as an .npz: small enough for several training runs."""
+    from edgetrain.data import load_data
+    from edgetrain.preprocess import Preprocess
+
+    ds = load_data("builtin:digits", Preprocess(input_shape=(1, 8, 8), mean=(0.0,), std=(1.0,)))
+    x, y = ds.arrays(300)
+    path = tmp_path_factory.mktemp("npz") / "digits300.npz"
+    np.savez(path, data=x[:, 0], label=y)
+    return path

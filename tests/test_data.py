@@ -6,7 +6,7 @@ import pytest
 
 from edgetrain.data import load_data
 from edgetrain.errors import UsageError
-from edgetrain.preprocess import Preprocess, default_for_shape
+from edgetrain.preprocess import default_for_shape
 
 
 def test_builtin_digits_is_the_real_uci_set():

@@ -10,18 +10,6 @@ from edgetrain import memplan
 from edgetrain.finetune import finetune_model
 
 
-@pytest.fixture(scope="module")
-def digits_npz(tmp_path_factory) -> Path:
-    from edgetrain.data import load_data
-    from edgetrain.preprocess import Preprocess
-
-    ds = load_data("builtin:digits", Preprocess(input_shape=(1, 8, 8), mean=(0.0,), std=(1.0,)))
-    x, y = ds.arrays(250)
-    path = tmp_path_factory.mktemp("npz") / "digits250.npz"
-    np.savez(path, data=x[:, 0], label=y)
-    return path
-
-
 def _run(data, out, **kw):
     res = finetune_model("edgetrain.nets:pretrained_digits", str(data), out, epochs=3, seed=3, **kw)
     import mxnet as mx
@@ -55,11 +43,11 @@ def test_disk_feature_cache_trains_the_same_model(digits_npz, reference, tmp_pat
 
 
 def test_last_partial_batch_is_masked(digits_npz, tmp_path):
-    # 200 training samples, batch 64: the last step has 8 real rows padded to 64; accuracy counts only real rows
+    # 240 training samples, batch 64: the last step has 48 real rows padded to 64; accuracy counts only real rows
     res, _ = _run(digits_npz, tmp_path / "o", batch_size=64, val_split=0.2)
     first = res.epochs[0]
-    assert first["samples"] == 200
-    assert abs(first["train_accuracy"] * 200 - round(first["train_accuracy"] * 200)) < 1e-6
+    assert first["samples"] == 240
+    assert abs(first["train_accuracy"] * 240 - round(first["train_accuracy"] * 240)) < 1e-6
 
 
 def test_interrupted_run_reuses_its_disk_feature_cache(digits_npz, reference, tmp_path, monkeypatch):

@@ -7,20 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pytest
-
-
-@pytest.fixture(scope="module")
-def digits_npz(tmp_path_factory) -> Path:
-    from edgetrain.data import load_data
-    from edgetrain.preprocess import Preprocess
-
-    ds = load_data("builtin:digits", Preprocess(input_shape=(1, 8, 8), mean=(0.0,), std=(1.0,)))
-    x, y = ds.arrays(200)
-    path = tmp_path_factory.mktemp("npz") / "digits200.npz"
-    np.savez(path, data=x[:, 0], label=y)
-    return path
 
 
 def _thread_cpu(pid: int) -> dict[int, float]:

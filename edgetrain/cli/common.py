@@ -67,6 +67,13 @@ def quiet(json_path: str | None) -> bool:
     return json_path == "-"
 
 
+def progress_lines(json_path: str | None, template: str = "... {}"):
+    """A progress callback printing one line per message on a terminal's stderr; None when quiet or piped."""
+    if quiet(json_path) or not sys.stderr.isatty():
+        return None
+    return lambda message: click.echo(template.format(message), err=True)
+
+
 def say(json_path: str | None, message: str = "", **kw) -> None:
     """Human output: to stdout, or to stderr when stdout carries the JSON."""
     click.echo(message, err=quiet(json_path), **kw)

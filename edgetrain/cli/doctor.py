@@ -1,11 +1,10 @@
 """`edgetrain doctor`: check the installation; --fix repairs what it can."""
 from __future__ import annotations
 
-import sys
 
 import click
 
-from .common import json_option, quiet, say, write_json
+from .common import json_option, progress_lines, say, write_json
 
 
 @click.command()
@@ -22,11 +21,7 @@ def doctor(fix, json_path):
     """
     from ..doctor import render, run_checks
 
-    progress = None
-    if not quiet(json_path) and sys.stderr.isatty():
-        def progress(name):
-            click.echo(f"checking {name}...", err=True)
-
+    progress = progress_lines(json_path, "checking {}...")
     report = run_checks(fix=fix, progress=progress)
     say(json_path, render(report))
     write_json(json_path, report)

@@ -1,12 +1,11 @@
 """`edgetrain export MODEL -o model.onnx`: Gluon to an ONNX file proven equal to it in ONNX Runtime."""
 from __future__ import annotations
 
-import sys
 from collections import Counter
 
 import click
 
-from .common import device_option, json_option, quiet, say, setup, threads_option, write_json
+from .common import device_option, json_option, progress_lines, say, setup, threads_option, write_json
 from .options import input_shape_option, params_option
 
 
@@ -38,11 +37,7 @@ def export(model, output, input_shape, opset, dynamic_batch, atol, rtol, data_re
     profile, threads = setup(device, threads)
     from ..export import export as run
 
-    progress = None
-    if not quiet(json_path) and sys.stderr.isatty():
-        def progress(msg):
-            click.echo(f"... {msg}", err=True)
-
+    progress = progress_lines(json_path)
     res = run(model, output, params=params, input_shape=input_shape, opset=opset, dynamic_batch=dynamic_batch,
               atol=atol, rtol=rtol, data=data_ref, device=profile, fp16=fp16, battery_wh=battery_wh, rate=rate,
               budget_mj=budget_mj, progress=progress)

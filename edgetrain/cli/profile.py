@@ -1,11 +1,10 @@
 """`edgetrain profile MODEL`: latency, peak memory and energy, every figure labelled with its provenance."""
 from __future__ import annotations
 
-import sys
 
 import click
 
-from .common import device_option, json_option, quiet, say, setup, write_json
+from .common import device_option, json_option, progress_lines, say, setup, write_json
 from .options import input_shape_option, params_option
 
 
@@ -54,7 +53,7 @@ def profile(model, device, runtime_name, threads, batch, warmup, runs, battery_w
         check_output_path(Path(json_path), "--json")
     from ..profile import DEFAULT_TIMEOUT_S, profile as run
 
-    progress = None if quiet(json_path) or not sys.stderr.isatty() else (lambda m: click.echo(f"... {m}", err=True))
+    progress = progress_lines(json_path)
     res = run(model, runtime_name=runtime_name, threads=threads, batch=batch, warmup=warmup, runs=runs,
               device=prof, battery_wh=battery_wh, rate=rate, budget_mj=budget_mj,
               input_shape=input_shape, params=params, timeout=timeout or DEFAULT_TIMEOUT_S, progress=progress)

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
+from ..fileio import fsync_dir
+
 # name libmxnet.so asks for -> the system library (soname) that stands in for it
 STAND_INS: dict[str, str] = {
     "libarmpl_lp64_mp.so": "liblapacke.so.3",
@@ -317,16 +319,7 @@ def apply(p: Plan) -> list[Link]:
             raise
         changed.append(link)
     if changed:
-        _fsync_dir(changed[0].path.parent)
+        fsync_dir(changed[0].path.parent)
     return changed
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -19,19 +19,6 @@ from clitools import assert_user_error
 BASE = "edgetrain.nets:pretrained_digits"
 
 
-@pytest.fixture(scope="module")
-def digits_npz(tmp_path_factory) -> Path:
-    """300 real digits (all ten classes) as an .npz: small enough for several training runs per test."""
-    from edgetrain.data import load_data
-    from edgetrain.preprocess import Preprocess
-
-    ds = load_data("builtin:digits", Preprocess(input_shape=(1, 8, 8), mean=(0.0,), std=(1.0,)))
-    x, y = ds.arrays(300)
-    path = tmp_path_factory.mktemp("npz") / "digits300.npz"
-    np.savez(path, data=x[:, 0], label=y)
-    return path
-
-
 def _params(outdir: Path) -> dict:
     import mxnet as mx
 

@@ -25,7 +25,7 @@ if which == "mxnet":
     while time.time() - t0 < 1.5:
         mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=64, no_bias=True, pad=(1, 1)).wait_to_read()
 else:
-    import onnx, onnxruntime as ort
+    import onnxruntime as ort
     from onnx import helper, TensorProto, numpy_helper
     W = numpy_helper.from_array(np.random.rand(64, 64, 3, 3).astype("float32"), "W")
     g = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1,1,1,1])], "g",

@@ -78,7 +78,10 @@ log "binfmt: $(grep interpreter "$BINFMT/qemu-aarch64"), $(grep flags "$BINFMT/q
 mkdir -p "$CACHE"
 CACHE=$(realpath "$CACHE"); ROOT="$CACHE/root"; WHEELS="$CACHE/wheels"   # as /proc/PID/root shows it
 exec 9>"$CACHE/lock"
-flock -w 1800 9 || die "another ARM check holds $CACHE/lock"
+if ! flock -n 9; then
+  log "another ARM check is running (it holds $CACHE/lock); waiting for it"
+  flock -w 1800 9 || die "another ARM check held $CACHE/lock for 30 minutes"
+fi
 
 # --- mounts: tracked, always undone ----------------------------------------------------------------
 MOUNTED=()
