@@ -105,6 +105,9 @@ def parse_shape(text: str, where: str = "--input-shape") -> tuple[int, int, int]
     except ValueError:
         raise UsageError(f"not a shape: {text!r}", where, "write it as N,C,H,W or C,H,W, e.g. 1,3,224,224") from None
     if len(dims) == 4:
+        if dims[0] != 1:
+            raise UsageError(f"batch size {dims[0]} in {text!r}: the input shape is one sample's", where,
+                             "write 1,C,H,W (batch size: --dynamic-batch on export, --batch on profile)")
         dims = dims[1:]
     if len(dims) != 3 or any(d < 1 for d in dims):
         raise UsageError(f"not a shape: {text!r}", where, "write it as N,C,H,W or C,H,W, e.g. 1,3,224,224")

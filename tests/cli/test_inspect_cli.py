@@ -51,6 +51,8 @@ def test_shape_that_does_not_fit_is_one_line(cli, tmp_path):
 def test_bad_input_shape(cli, tmp_path):
     res = cli("inspect", "zoo:alexnet", "--input-shape", "a,b", cwd=tmp_path)
     assert res.code == 2 and "not a shape" in res.err and "Traceback" not in res.err
+    res = cli("inspect", "zoo:alexnet", "--input-shape", "8,3,224,224", cwd=tmp_path)
+    assert res.code == 2 and "batch size 8" in res.err and "--batch" in res.err
 
 
 def test_one_class_folder(cli, tiny_prefix, digits_folder, tmp_path):
