@@ -27,7 +27,8 @@ def main(argv=None) -> int:
     runtime.apply_threads(2)
     import mxnet as mx
     import numpy as np
-    from mxnet import autograd, gluon
+
+    from digits_training import train_epochs
 
     from edgetrain.data import load_data
     from edgetrain.models import GluonModel, parse_model_ref, save_prefix
@@ -44,17 +45,7 @@ def main(argv=None) -> int:
     xh, yh = held.arrays()
     net.initialize(mx.init.Xavier(magnitude=2.0))
     net.hybridize()
-    trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 3e-3}, kvstore=None)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    rng = np.random.RandomState(args.seed)
-    for epoch in range(args.epochs):
-        order = rng.permutation(len(xs))
-        for i in range(0, len(order), 32):
-            idx = order[i:i + 32]
-            with autograd.record():
-                loss = loss_fn(net(mx.nd.array(xs[idx])), mx.nd.array(ys[idx]))
-            loss.backward()
-            trainer.step(len(idx))
+    train_epochs(net, xs, ys, epochs=args.epochs, lr=3e-3, batch=32, seed=args.seed)
     acc = float((net(mx.nd.array(xh)).asnumpy().argmax(1) == yh).mean())
     print(f"held-out accuracy on digits 0-4: {acc:.3f} ({len(yh)} samples)")
     ref = parse_model_ref("edgetrain.nets:digits_cnn")

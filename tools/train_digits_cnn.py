@@ -29,7 +29,8 @@ def main(argv=None) -> int:
 
     apply_threads(1)  # determinism, and the shared CI box
     import mxnet as mx
-    from mxnet import autograd, gluon
+
+    from digits_training import train_epochs
 
     from edgetrain.data import load_data
     from edgetrain.models import load_gluon, save_prefix
@@ -50,17 +51,7 @@ def main(argv=None) -> int:
 
     x_train, y_train = train.arrays()
     x_held, y_held = held.arrays()
-    trainer = gluon.Trainer(model.block.collect_params(), "adam", {"learning_rate": 0.005})
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    rng = np.random.RandomState(args.seed)
-    for _ in range(args.epochs):
-        order = rng.permutation(len(x_train))
-        for start in range(0, len(order), 64):
-            b = order[start:start + 64]
-            with autograd.record():
-                loss = loss_fn(model.block(mx.nd.array(x_train[b])), mx.nd.array(y_train[b]))
-            loss.backward()
-            trainer.step(len(b))
+    train_epochs(model.block, x_train, y_train, epochs=args.epochs, lr=0.005, batch=64, seed=args.seed)
     top1 = float((model.predict(x_held).argmax(1) == y_held).mean() * 100)
     save_prefix(model, args.outdir / "digits10", extra={"trained_on": "builtin:digits",
                                                           "held_out_top1": round(top1, 2)})
