@@ -90,16 +90,15 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
     if recipe.val_split:
         art.train, art.val = _split_data(loaded, rundir, art.model, say)
 
-    device_ref = device or (loaded.resolve(recipe.device) if recipe.device.endswith((".yaml", ".yml"))
-                            else recipe.device)
+    device_ref = loaded.device_ref(device)
     total = len(recipe.steps)
     for i, step in enumerate(recipe.steps, 1):
         json_path = rundir / "steps" / f"{step.name}.json"
         log_path = rundir / "logs" / f"{step.name}.log"
         if step.name == "report":
-            run = _report_step(result, rundir, step.options, art)
+            run = _report_step(result, rundir, step.options)
             result.steps.append(run)
-            say(f"[{i}/{total}] report: {run.result['path'] if run.result else run.error}")
+            say(f"[{i}/{total}] report: {run.result['path']}")
             continue
         argv = _command(step, art, rundir, device_ref, threads, json_path, resume)
         if resume and _complete(json_path):
@@ -290,7 +289,7 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n", "run folder")
 
 
-def _report_step(result: RunResult, rundir: Path, options, art: _Artifacts) -> StepRun:
+def _report_step(result: RunResult, rundir: Path, options) -> StepRun:
     from .run_report import write_run_report
 
     started = time.monotonic()

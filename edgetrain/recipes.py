@@ -26,6 +26,13 @@ class LoadedRecipe:
     base: Path       # relative paths in the recipe are relative to this folder
     text: str        # the YAML as read, kept in the run folder
 
+    def device_ref(self, override: str | None = None) -> str:
+        """The --device to pass on: the override, or the recipe's (a profile file beside the recipe resolved)."""
+        if override:
+            return override
+        device = self.recipe.device
+        return self.resolve(device) if device.endswith((".yaml", ".yml")) else device
+
     def resolve(self, ref: str | None) -> str | None:
         """A DATA/MODEL reference with relative paths made relative to the recipe's folder."""
         if ref is None or ref.startswith(("builtin:", "zoo:")) or _is_factory(ref):
@@ -81,11 +88,8 @@ def check_recipe(loaded: LoadedRecipe, device_override: str | None = None):
     from .models import parse_model_ref
 
     r = loaded.recipe
-    device = device_override or r.device
-    if not device_override and device.endswith((".yaml", ".yml")):
-        device = loaded.resolve(device)  # a profile file beside the recipe
     try:
-        profile = load_device(device)
+        profile = load_device(loaded.device_ref(device_override))
     except UsageError as exc:
         where = "--device" if device_override else f"{loaded.source}, field 'device'"
         raise UsageError(exc.what, where, exc.fix) from None
