@@ -120,3 +120,17 @@ def test_default_run_folder_never_clashes(tmp_path):
     assert (tmp_path / "edgetrain-run-tiny" / "report.md").is_file()
     assert (tmp_path / "edgetrain-run-tiny-2" / "report.md").is_file()
     assert "| step | status |" in (tmp_path / "edgetrain-run-tiny-2" / "report.md").read_text()
+
+
+def test_device_on_the_command_line_overrides_the_recipe(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"name": "tiny", "device": "rpi4b-4gb", "model": "edgetrain.nets:pretrained_digits",
+                                      "data": "builtin:digits", "steps": [{"export": {}}, {"report": {}}]}))
+    res = run_edgetrain("run", recipe, "-o", tmp_path / "out", "--device", "jetson-nano-10w", "--json", "-",
+                        cwd=tmp_path)
+    assert res.code == 0, res.err[-2000:]
+    out = res.json()
+    assert out["device"] == "jetson-nano-10w"
+    assert out["steps"][0]["result"]["device"] == "jetson-nano-10w"
+    assert "--device" in out["steps"][0]["command"] and "jetson-nano-10w" in out["steps"][0]["command"]
+    assert run_edgetrain("run", recipe, "-o", tmp_path / "o2", "--device", "nope", cwd=tmp_path).code == 2
