@@ -102,7 +102,18 @@ def text_summary(d: dict) -> list[str]:
                          f"{_fmt(lat['p50_ms'])} ms [{lat['provenance']}: {lat['source']}]")
         else:
             lines.append(f"latency    on {d['device']['name']}: {lat.get('note')}")
-    e = d.get("energy") or {}
+    lines.extend(energy_lines(d.get("energy") or {}))
+    he = d.get("host_energy") or {}
+    for h in he.get("configs", []):
+        lines.append(f"host       RAPL {_fmt(h['total_mj'])} mJ per inference at {h['threads']} thread(s) [measured, host]")
+    for note in d.get("notes", []):
+        lines.append(f"note       {note}")
+    return lines
+
+
+def energy_lines(e: dict) -> list[str]:
+    """The energy-budget report's terminal lines (profile's, and export --device's)."""
+    lines: list[str] = []
     if e.get("per_inference"):
         pi = e["per_inference"]
         lines.append(f"energy     {_fmt(pi['total_mj'])} mJ per inference total, {_fmt(pi['above_idle_mj'])} mJ "
@@ -133,11 +144,6 @@ def text_summary(d: dict) -> list[str]:
         bg = e["budget"]
         lines.append(f"budget     {_fmt(bg['energy_mj'])} mJ vs {bg['budget_mj']:g} mJ per inference: "
                      f"{'PASS' if bg['passed'] else 'OVER BUDGET'}")
-    he = d.get("host_energy") or {}
-    for h in he.get("configs", []):
-        lines.append(f"host       RAPL {_fmt(h['total_mj'])} mJ per inference at {h['threads']} thread(s) [measured, host]")
-    for note in d.get("notes", []):
-        lines.append(f"note       {note}")
     return lines
 
 

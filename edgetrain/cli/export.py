@@ -99,18 +99,7 @@ def _render_energy(json_path, e) -> None:
                        f"[{lat['provenance']}] ({e['runs']} runs at {e['threads']} thread(s))")
     else:
         say(json_path, f"latency    {lat.get('note', 'no device latency')}")
-    per = rep.get("per_inference")
-    if per:
-        say(json_path, f"energy     {per['total_mj']:.3g} mJ per inference total, {per['above_idle_mj']:.3g} mJ above "
-                       f"idle [{per['provenance']}]")
-    day = rep.get("daily")
-    if day:
-        line = (f"day        {day['inferences_per_day']:.0f} inferences: {day['energy_wh_per_day']:.3g} Wh, "
-                f"{day['inferences_per_wh']:.3g} inferences/Wh")
-        if day.get("battery_hours") is not None:
-            line += f"; {day['battery_wh']:g} Wh battery lasts {day['battery_hours']:.3g} h"
+    from ..report import energy_lines
+
+    for line in energy_lines(rep):
         say(json_path, line)
-    budget = rep.get("budget")
-    if budget:
-        say(json_path, f"budget     {budget['energy_mj']:.3g} mJ vs {budget['budget_mj']:g} mJ per inference: "
-                       f"{'PASS' if budget['passed'] else 'OVER'}")
