@@ -36,3 +36,15 @@ def assert_user_error(res: CliResult, code: int, *fragments: str) -> None:
     assert len(error_lines) == 1, res.err
     for frag in fragments:
         assert frag in error_lines[0], f"{frag!r} not in {error_lines[0]!r}"
+
+
+# A user's factory module whose net uses an operator mxnet 1.9.1's ONNX exporter cannot translate.
+GROUPNORM_NET = (
+    "from mxnet.gluon import nn\n"
+    "def make():\n"
+    "    net = nn.HybridSequential(prefix='gn_')\n"
+    "    with net.name_scope():\n"
+    "        net.add(nn.Conv2D(4, 3), nn.GroupNorm(num_groups=2), nn.GlobalAvgPool2D(), nn.Dense(3))\n"
+    "    net.edgetrain_preprocess = {'input_shape': [1, 8, 8], 'mean': [0.5], 'std': [0.25]}\n"
+    "    return net\n"
+)

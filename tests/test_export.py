@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from clitools import GROUPNORM_NET
 from edgetrain.errors import UsageError
 from edgetrain.export import build_onnx, export, export_onnx
 from edgetrain.models import load_gluon, load_onnx
@@ -166,14 +167,7 @@ def test_layernorm_exports_despite_newer_reducemean(tmp_path, monkeypatch):
 
 
 def test_untranslatable_operator_names_operator_and_layer(tmp_path, monkeypatch):
-    (tmp_path / "groupnorm_net.py").write_text(
-        "from mxnet.gluon import nn\n"
-        "def make():\n"
-        "    net = nn.HybridSequential(prefix='gn_')\n"
-        "    with net.name_scope():\n"
-        "        net.add(nn.Conv2D(4, 3), nn.GroupNorm(num_groups=2), nn.GlobalAvgPool2D(), nn.Dense(3))\n"
-        "    net.edgetrain_preprocess = {'input_shape': [1, 8, 8], 'mean': [0.5], 'std': [0.25]}\n"
-        "    return net\n")
+    (tmp_path / "groupnorm_net.py").write_text(GROUPNORM_NET)
     monkeypatch.syspath_prepend(str(tmp_path))
     model = load_gluon("groupnorm_net:make")
     with pytest.raises(UsageError) as err:

@@ -5,17 +5,8 @@ import os
 
 import pytest
 
-from clitools import assert_user_error
+from clitools import GROUPNORM_NET, assert_user_error
 
-GROUPNORM_NET = (
-    "from mxnet.gluon import nn\n"
-    "def make():\n"
-    "    net = nn.HybridSequential(prefix='gn_')\n"
-    "    with net.name_scope():\n"
-    "        net.add(nn.Conv2D(4, 3), nn.GroupNorm(num_groups=2), nn.GlobalAvgPool2D(), nn.Dense(3))\n"
-    "    net.edgetrain_preprocess = {'input_shape': [1, 8, 8], 'mean': [0.5], 'std': [0.25]}\n"
-    "    return net\n"
-)
 
 
 def leftovers(folder):
