@@ -27,12 +27,9 @@ def top1(predict: Callable[[np.ndarray], np.ndarray], dataset: Dataset, batch: i
 
 def onnx_predictor(path, threads: int | None = None) -> Callable[[np.ndarray], np.ndarray]:
     """Run an ONNX file in an ONNX Runtime session capped at ``threads``; returns the first output."""
-    import onnxruntime as ort
+    from .runtime import ort_session
 
-    from .runtime import ort_session_options
-
-    session = ort.InferenceSession(str(path), sess_options=ort_session_options(threads),
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(path, threads)
     inp = session.get_inputs()[0]
     fixed = inp.shape[0] if isinstance(inp.shape[0], int) and inp.shape[0] > 0 else None
 

@@ -52,6 +52,12 @@ class Dataset:
             out[i] = to_model_input(self._raw(int(j)), self.preprocess)
         return out
 
+    def raw_batch(self, idx) -> np.ndarray:
+        """The samples as read, before mean/std: (len(idx), H, W, C) float32 in [0, 1]."""
+        idx = np.asarray(idx, dtype=np.int64)
+        src = self._index[idx] if self._index is not None else idx
+        return np.stack([self._raw(int(j)) for j in src]).astype(np.float32)
+
     def arrays(self, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         n = len(self) if limit is None else min(limit, len(self))
         return self.batch(np.arange(n)), self.labels[:n]

@@ -341,13 +341,10 @@ def _write(blob: bytes, path: Path) -> None:
 
 
 def _session(blob: bytes, threads: int, where: str):
-    import onnxruntime as ort
-
-    from .runtime import ort_session_options
+    from .runtime import ort_session
 
     try:
-        return ort.InferenceSession(blob, ort_session_options(threads, optimize=True),
-                                    providers=["CPUExecutionProvider"])
+        return ort_session(blob, threads)
     except Exception as exc:
         raise RunFailed(f"ONNX Runtime refused the exported model: {str(exc).splitlines()[0][:300]}", where,
                         "report this with the model; EDGETRAIN_DEBUG=1 shows the details") from exc

@@ -55,6 +55,11 @@ class GluonModel:
         return out.asnumpy()
 
 
+def is_factory_ref(text: str) -> bool:
+    """``pkg.module:function`` that is not also the name of an existing file."""
+    return bool(_FACTORY.match(text)) and not Path(text).exists()
+
+
 def parse_model_ref(text: str, accept_onnx: bool = False, where: str = "MODEL") -> ModelRef:
     """Classify a MODEL reference and check its files exist; nothing heavy is imported."""
     text = str(text)
@@ -71,7 +76,7 @@ def parse_model_ref(text: str, accept_onnx: bool = False, where: str = "MODEL") 
         if not path.is_file():
             raise UsageError("ONNX file not found", text, "check the path")
         return ModelRef("onnx", text, onnx_file=path)
-    if _FACTORY.match(text) and not Path(text).exists():
+    if is_factory_ref(text):
         return ModelRef("factory", text, factory=text)
     return _parse_prefix(text, where)
 

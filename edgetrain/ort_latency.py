@@ -25,12 +25,9 @@ def ort_latency(path, batch_shape: tuple[int, ...], threads: int, warmup: int = 
 
     Warm-up runs are excluded: the first run allocates buffers and picks kernels.
     """
-    import onnxruntime as ort
+    from .runtime import ort_session
 
-    from .runtime import ort_session_options
-
-    session = ort.InferenceSession(str(path), sess_options=ort_session_options(threads),
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(path, threads)
     name = session.get_inputs()[0].name
     x = np.random.RandomState(0).standard_normal(batch_shape).astype(np.float32)
     for _ in range(warmup):

@@ -174,7 +174,7 @@ def _split_data(loaded: LoadedRecipe, rundir: Path, model_ref: str, say) -> tupl
     train, val = ds.split(recipe.val_split, seed=recipe.seed)
     train_path.parent.mkdir(parents=True, exist_ok=True)
     for part, path in ((train, train_path), (val, val_path)):
-        raw = np.stack([part._raw(int(j)) for j in part._index]).astype(np.float32)
+        raw = part.raw_batch(np.arange(len(part)))
         as_bytes = np.round(raw * 255.0)
         if np.allclose(raw * 255.0, as_bytes, atol=1e-3):  # 8-bit images: store them as such (4x smaller)
             raw = as_bytes.astype(np.uint8)

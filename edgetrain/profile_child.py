@@ -118,16 +118,14 @@ def _random_input(shape, dtype="float32"):
 class OrtRunner:
     def __init__(self, spec: dict):
         import numpy as np
-        import onnxruntime as ort
 
         from .errors import UsageError
-        from .runtime import ort_session_options
+        from .runtime import ort_session
 
         self.spec = spec
         self.path = spec["model_file"]
         try:
-            self.session = ort.InferenceSession(self.path, ort_session_options(spec["threads"]),
-                                                providers=["CPUExecutionProvider"])
+            self.session = ort_session(self.path, spec["threads"])
         except Exception as exc:
             raise UsageError(f"ONNX Runtime cannot load the model: {str(exc).splitlines()[0][:300]}",
                              self.path, "check the model with `edgetrain inspect` or re-export it") from None

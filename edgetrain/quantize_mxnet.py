@@ -7,7 +7,6 @@ reported, and the onnxruntime backend is the one that searches.
 """
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -104,6 +103,8 @@ def _quantize_net(fp32, calib_ds, method, per_channel, progress):
     import mxnet as mx
     from mxnet.contrib import quantization
 
+    from .runtime import quiet_libraries
+
     x, _ = calib_ds.arrays()
     name = fp32.preprocess.input_name
 
@@ -119,7 +120,7 @@ def _quantize_net(fp32, calib_ds, method, per_channel, progress):
     it = Reporting(data={name: x}, batch_size=min(BATCH, len(x)), last_batch_handle="pad")
     # MXNet's C++ side announces "Subgraph backend MKLDNN is activated" on stderr unless told not to;
     # it reads the variable when the graph is bound, so setting it here is in time.
-    os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
+    quiet_libraries()
     with _quiet_mxnet():
         return quantization.quantize_net_v2(
             fp32.block, quantized_dtype="auto", quantize_mode="full",

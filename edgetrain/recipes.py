@@ -35,16 +35,12 @@ class LoadedRecipe:
 
     def resolve(self, ref: str | None) -> str | None:
         """A DATA/MODEL reference with relative paths made relative to the recipe's folder."""
-        if ref is None or ref.startswith(("builtin:", "zoo:")) or _is_factory(ref):
+        from .models import is_factory_ref
+
+        if ref is None or ref.startswith(("builtin:", "zoo:")) or is_factory_ref(ref):
             return ref
         path = Path(ref)
         return str(path if path.is_absolute() else (self.base / path))
-
-
-def _is_factory(ref: str) -> bool:
-    from .models import _FACTORY
-
-    return bool(_FACTORY.match(ref)) and not Path(ref).exists()
 
 
 def _bundled() -> dict[str, object]:

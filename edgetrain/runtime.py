@@ -65,6 +65,14 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def ort_session(model, threads: int | None = None, optimize: bool = True):
+    """An ONNX Runtime CPU session (file path or serialized bytes) with the thread cap applied."""
+    import onnxruntime as ort
+
+    source = model if isinstance(model, (bytes, bytearray)) else str(model)
+    return ort.InferenceSession(source, ort_session_options(threads, optimize), providers=["CPUExecutionProvider"])
+
+
 def ort_session_options(threads: int | None = None, optimize: bool = True):
     """ONNX Runtime session options with the thread cap applied (intra-op threads, sequential)."""
     import onnxruntime as ort

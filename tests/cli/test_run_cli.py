@@ -26,6 +26,16 @@ def reduced_quickstart(tmp_path, **profile_changes):
     return path
 
 
+def quickstart_variant(tmp_path, steps, **profile_changes):
+    """The reduced quickstart with other steps: a step name keeps its reduced options, a dict replaces it."""
+    recipe = reduced_quickstart(tmp_path, **profile_changes)
+    data = yaml.safe_load(recipe.read_text())
+    reduced = {next(iter(step)): step for step in data["steps"]}
+    data["steps"] = [reduced[step] if isinstance(step, str) else step for step in steps]
+    recipe.write_text(yaml.safe_dump(data))
+    return recipe
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run")
@@ -70,11 +80,7 @@ def test_resume_skips_complete_steps(quick_run):
 
 
 def test_budget_failure_is_exit_3_with_the_report_written(tmp_path):
-    recipe = reduced_quickstart(tmp_path, budget_mj=0.000001)
-    data = yaml.safe_load(recipe.read_text())
-    data["steps"] = [s for s in data["steps"] if next(iter(s)) in ("export", "profile", "report")]
-    data["model"] = "edgetrain.nets:pretrained_digits"
-    recipe.write_text(yaml.safe_dump(data))
+    recipe = quickstart_variant(tmp_path, ["export", "profile", "report"], budget_mj=0.000001)
     res = run_edgetrain("run", recipe, "-o", tmp_path / "out", "--json", "-", cwd=tmp_path)
     assert res.code == 3, res.err[-2000:]
     out = res.json()
@@ -84,11 +90,8 @@ def test_budget_failure_is_exit_3_with_the_report_written(tmp_path):
 
 
 def test_failed_step_stops_the_run_and_keeps_earlier_work(tmp_path):
-    recipe = reduced_quickstart(tmp_path)
-    data = yaml.safe_load(recipe.read_text())
-    data["steps"] = [{"export": {}}, {"finetune": {"epochs": 1, "memory_budget": "1MB"}}, {"profile": {}}]
-    data["model"] = "edgetrain.nets:pretrained_digits"
-    recipe.write_text(yaml.safe_dump(data))
+    recipe = quickstart_variant(tmp_path, [{"export": {}}, {"finetune": {"epochs": 1, "memory_budget": "1MB"}},
+                                           {"profile": {}}])
     res = run_edgetrain("run", recipe, "-o", tmp_path / "out", "--json", "-", cwd=tmp_path)
     assert res.code == 2, res.err[-2000:]
     out = res.json()
@@ -100,10 +103,7 @@ def test_failed_step_stops_the_run_and_keeps_earlier_work(tmp_path):
 
 
 def test_failed_step_is_named_on_the_terminal(tmp_path):
-    recipe = reduced_quickstart(tmp_path)
-    data = yaml.safe_load(recipe.read_text())
-    data["steps"] = [{"finetune": {"epochs": 1, "memory_budget": "1MB"}}, {"export": {}}]
-    recipe.write_text(yaml.safe_dump(data))
+    recipe = quickstart_variant(tmp_path, [{"finetune": {"epochs": 1, "memory_budget": "1MB"}}, {"export": {}}])
     res = run_edgetrain("run", recipe, "-o", tmp_path / "out", cwd=tmp_path)
     assert res.code == 2
     assert "step 'finetune' bad input (exit 2)" in res.out
