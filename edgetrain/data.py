@@ -8,6 +8,8 @@ lazily, batch by batch, so an image folder larger than RAM can still be read.
 from __future__ import annotations
 
 import gzip
+import os
+import zipfile
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -15,12 +17,21 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import UsageError, clip
 from .preprocess import Preprocess
 
 BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("digits",)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+# Every size that comes from the input is checked before it is used. An image over this many pixels is
+# refused before it is decoded (decompression bombs, lying headers): 40 MP is a 7300x5500 photo.
+MAX_IMAGE_PIXELS = int(os.environ.get("EDGETRAIN_MAX_IMAGE_PIXELS", str(40_000_000)))
+# Without class_names the class count is the largest label + 1; more than this is a corrupt label.
+MAX_CLASSES = 100_000
+# Pixel scale, by documented rule (README, DATA): uint8 -> /255; other integers and floats: all values
+# within 0..1 -> as they are, within 0..255 -> /255, within 0..65535 -> /65535 (16-bit); anything else is
+# refused. An .npz may state its own scale with a scalar 'scale' array (pixels * scale must lie in 0..1).
+_SCALE_RULES = ((1.0, 1.0, "0..1"), (255.0, 1.0 / 255.0, "0..255"), (65535.0, 1.0 / 65535.0, "0..65535"))
 
 
 @dataclass
@@ -115,8 +126,14 @@ def to_model_input(img: np.ndarray, pre: Preprocess) -> np.ndarray:
     return ((img - mean) / std).transpose(2, 0, 1).astype(np.float32, copy=False)
 
 
-def load_data(ref: str, pre: Preprocess, where: str = "--data") -> Dataset:
-    """Resolve a DATA reference for a model that takes ``pre``."""
+def load_data(ref: str, pre: Preprocess, where: str = "--data", num_classes: int | None = None,
+              max_bytes: int | None = None) -> Dataset:
+    """Resolve a DATA reference for a model that takes ``pre``.
+
+    ``num_classes``: the model's class count when it is known (labels at or over it are refused before
+    anything is allocated). ``max_bytes``: the memory the arrays of an .npz may take once read (default:
+    half of the memory available now); checked from the file's headers before anything is read whole.
+    """
     ref = str(ref)
     if ref.startswith(BUILTIN_PREFIX):
         name = ref[len(BUILTIN_PREFIX):]
@@ -128,11 +145,16 @@ def load_data(ref: str, pre: Preprocess, where: str = "--data") -> Dataset:
     if not path.exists():
         raise UsageError("data not found", ref, "give an image folder, an .npz file or builtin:digits")
     if path.is_dir():
-        return _load_folder(path, pre, where)
-    if path.suffix.lower() == ".npz":
-        return _load_npz(path, pre, where)
-    raise UsageError("unsupported data file", ref, "give an image folder (one sub-folder per class), "
+        ds = _load_folder(path, pre, where)
+    elif path.suffix.lower() == ".npz":
+        ds = _load_npz(path, pre, where, num_classes, max_bytes)
+    else:
+        raise UsageError("unsupported data file", ref, "give an image folder (one sub-folder per class), "
                      "an .npz with 'data' and 'label', or builtin:digits")
+    if num_classes is not None and int(ds.labels.max(initial=0)) >= num_classes:
+        raise UsageError(f"label {int(ds.labels.max())} is out of range for a model with {num_classes} classes",
+                         ref, f"store class indices 0..{num_classes - 1}")
+    return ds
 
 
 def _check_classes(n: int, source: str, where: str) -> None:
@@ -149,65 +171,208 @@ def _load_digits(pre: Preprocess, ref: str) -> Dataset:
     return Dataset(ref, [str(d) for d in range(10)], labels, lambda i: pixels[i], pre)
 
 
-def _load_npz(path: Path, pre: Preprocess, where: str) -> Dataset:
+def _load_npz(path: Path, pre: Preprocess, where: str, num_classes: int | None = None,
+              max_bytes: int | None = None) -> Dataset:
+    src = str(path)
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            keys = set(npz.files)
-            missing = {"data", "label"} - keys
-            if missing:
-                raise UsageError(f".npz has no '{sorted(missing)[0]}' array (has: {', '.join(sorted(keys)) or 'none'})",
-                                 str(path), "save it with np.savez(path, data=images, label=labels)")
-            data, label = npz["data"], npz["label"]
-            names = npz["class_names"] if "class_names" in keys else None
-    except UsageError:
-        raise
-    except ValueError as exc:
-        if "pickle" in str(exc).lower():
-            raise UsageError(".npz holds Python objects, which edgetrain never unpickles", str(path),
-                             "save plain numeric arrays (and class_names as a string array)") from None
-        raise UsageError(f"cannot read .npz: {exc}", str(path), "check the file") from None
-    except Exception as exc:  # zipfile.BadZipFile, OSError, EOFError: not an .npz
-        raise UsageError(f"cannot read .npz (corrupt or not an .npz): {exc}", str(path), "check the file") from None
-    if label.ndim != 1 or not np.issubdtype(label.dtype, np.integer):
-        raise UsageError(f"'label' must be a 1-D integer array, got {label.dtype} {label.shape}", str(path),
-                         "store class indices 0..K-1")
-    if data.shape[0] != label.shape[0]:
-        raise UsageError(f"'data' has {data.shape[0]} samples but 'label' has {label.shape[0]}", str(path),
-                         "store one label per sample")
-    if len(label) == 0:
-        raise UsageError(".npz holds no samples", str(path), "add samples")
-    if label.min() < 0:
-        raise UsageError(f"negative label {int(label.min())}", str(path), "store class indices 0..K-1")
-    images, scale = _as_nhwc(data, path)
-    k = int(label.max()) + 1
-    if names is not None:
-        names = [str(n) for n in names.tolist()]
-        if len(names) < k:
-            raise UsageError(f"{len(names)} class_names but labels go up to {k - 1}", str(path),
-                             "give one name per class")
-        k = len(names)
-    _check_classes(k, str(path), where)
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise UsageError(f"cannot read .npz (corrupt or not an .npz): {exc}", src, "check the file") from None
+    with zf:
+        members = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
+        missing = {"data", "label"} - set(members)
+        if missing:
+            raise UsageError(f".npz has no '{sorted(missing)[0]}' array (has: {', '.join(sorted(members)) or 'none'})",
+                             src, "save it with np.savez(path, data=images, label=labels)")
+        # Shapes and dtypes from the npy headers: sizes are checked before anything is read whole.
+        heads = {k: _npy_header(zf, members[k], src) for k in ("data", "label", "class_names", "scale")
+                 if k in members}
+        budget = max_bytes if max_bytes is not None else default_read_budget()
+        need = sum(nbytes for _shape, _dtype, nbytes in heads.values())
+        if need > budget:
+            dshape, ddtype, _ = heads["data"]
+            raise UsageError(f".npz arrays take {_mb(need)} once read (data {ddtype} {dshape}), over the "
+                             f"{_mb(budget)} allowed", src, "split the data into smaller files, store it as uint8, "
+                             "or raise --memory-budget")
+        lshape, ldtype, _ = heads["label"]
+        if len(lshape) != 1 or ldtype.kind not in "iu":
+            raise UsageError(f"'label' must be a 1-D integer array, got {ldtype} {lshape}", src,
+                             "store class indices 0..K-1")
+        dshape, ddtype, _ = heads["data"]
+        if not dshape or dshape[0] != lshape[0]:
+            raise UsageError(f"'data' has {dshape[0] if dshape else 0} samples but 'label' has {lshape[0]}", src,
+                             "store one label per sample")
+        if lshape[0] == 0:
+            raise UsageError(".npz holds no samples", src, "add samples")
+        if ddtype.kind not in "uif" or ddtype.kind == "c":
+            raise UsageError(f"'data' has dtype {ddtype}; expected uint8 (0..255) or float (0..1)", src,
+                             "convert the array")
+        label = _read_member(zf, members["label"], src)
+        names = _read_member(zf, members["class_names"], src) if "class_names" in members else None
+        scale_given = _read_member(zf, members["scale"], src) if "scale" in members else None
+        if label.min() < 0:
+            raise UsageError(f"negative label {int(label.min())}", src, "store class indices 0..K-1")
+        top = int(label.max())
+        if names is not None:
+            if names.ndim != 1 or names.dtype.kind not in "US":
+                raise UsageError(f"'class_names' must be a 1-D string array, got {names.dtype} {names.shape}", src,
+                                 "store them as np.array(['cat', 'dog', ...])")
+            if len(names) <= top:
+                raise UsageError(f"{len(names)} class_names but labels go up to {clip(str(top), 20)}", src,
+                                 "give one name per class")
+        elif num_classes is not None and top >= num_classes:
+            raise UsageError(f"label {clip(str(top), 20)} is out of range for a model with {num_classes} classes",
+                             src, f"store class indices 0..{num_classes - 1}")
+        elif top >= MAX_CLASSES:
+            raise UsageError(f"label {clip(str(top), 20)} implies {clip(str(top + 1), 20)} classes (at most "
+                             f"{MAX_CLASSES:,} without class_names)", src,
+                             "store class indices 0..K-1, or add class_names")
+        data = _read_member(zf, members["data"], src)
+    images = _as_nhwc(data, path)
+    scale, rule = _pixel_scale(images, scale_given, src)
+    k = len(names) if names is not None else top + 1
+    names = [clip(str(n), 100) for n in names.tolist()] if names is not None else None
+    _check_classes(k, src, where)
+    ds = Dataset(src, names or [str(i) for i in range(k)], label.astype(np.int64),
+                 lambda i: images[i].astype(np.float32) * scale, pre)
+    ds.notes.append(f"pixel scale: {rule}")
     # converted sample by sample: uint8 data stays uint8 in memory (a quarter of float32)
-    return Dataset(str(path), names or [str(i) for i in range(k)], label.astype(np.int64),
-                   lambda i: images[i].astype(np.float32) * scale, pre)
+    return ds
 
 
-def _as_nhwc(data: np.ndarray, path: Path) -> tuple[np.ndarray, float]:
-    """NHW, NHWC, or NCHW (channel axis of size 1 or 3 at position 1) -> an NHWC view, and the pixel scale
-    (uint8 0..255 -> 1/255; float 0..1 -> 1)."""
+def default_read_budget() -> int:
+    """Half of the memory available now (MemAvailable), or 2 GiB where that cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except (OSError, ValueError, IndexError):
+        pass
+    return 2 << 30
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.0f} MB" if n >= 2**20 else f"{n / 1024:,.1f} kB"
+
+
+def _npy_header(zf: zipfile.ZipFile, member: str, src: str) -> tuple[tuple, np.dtype, int]:
+    """(shape, dtype, bytes once read) of one .npy member, from its header alone; object arrays refused."""
+    from numpy.lib import format as npformat
+
+    name = member[:-4]
+    try:
+        with zf.open(member) as fh:
+            version = npformat.read_magic(fh)
+            reader = {(1, 0): npformat.read_array_header_1_0, (2, 0): npformat.read_array_header_2_0}.get(version)
+            if reader is None:
+                raise ValueError(f"unsupported .npy version {version}")
+            shape, _fortran, dtype = reader(fh)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError) as exc:
+        raise UsageError(f"cannot read .npz array '{clip(name, 40)}' (corrupt or not an .npz): {exc}", src,
+                         "check the file") from None
+    if dtype.hasobject:
+        raise UsageError(".npz holds Python objects, which edgetrain never unpickles", src,
+                         "save plain numeric arrays (and class_names as a string array)")
+    count = 1
+    for d in shape:
+        count *= int(d)
+    nbytes = count * dtype.itemsize
+    info = zf.getinfo(member)
+    if nbytes > info.file_size:  # the header promises more than the member holds: a lying header
+        raise UsageError(f".npz array '{clip(name, 40)}' claims {shape} {dtype} ({_mb(nbytes)}) but holds "
+                         f"{_mb(info.file_size)}", src, "the file is corrupt: save it again")
+    return tuple(int(d) for d in shape), dtype, nbytes
+
+
+def _read_member(zf: zipfile.ZipFile, member: str, src: str) -> np.ndarray:
+    from numpy.lib import format as npformat
+
+    try:
+        with zf.open(member) as fh:
+            return npformat.read_array(fh, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, RuntimeError) as exc:
+        raise UsageError(f"cannot read .npz array '{clip(member[:-4], 40)}' (corrupt or truncated): "
+                         f"{clip(str(exc), 120)}", src, "check the file") from None
+
+
+def _as_nhwc(data: np.ndarray, path: Path) -> np.ndarray:
+    """NHW, NHWC, or NCHW (channel axis of size 1 or 3 at position 1) -> an NHWC view."""
     if data.ndim == 3:
         data = data[..., None]
     elif data.ndim == 4 and data.shape[1] in (1, 3) and data.shape[3] not in (1, 3):
         data = data.transpose(0, 2, 3, 1)
     if data.ndim != 4 or data.shape[3] not in (1, 3, 4):
-        raise UsageError(f"'data' has shape {data.shape}; expected images as N,H,W or N,H,W,C (C=1/3) or N,C,H,W",
-                         str(path), "reshape the array")
-    if data.dtype == np.uint8:
-        return data[..., :3], 1.0 / 255.0
-    if np.issubdtype(data.dtype, np.floating) or np.issubdtype(data.dtype, np.integer):
-        return data[..., :3], 1.0
-    raise UsageError(f"'data' has dtype {data.dtype}; expected uint8 (0..255) or float (0..1)", str(path),
-                     "convert the array")
+        raise UsageError(f"'data' has shape {clip(str(data.shape), 60)}; expected images as N,H,W or N,H,W,C "
+                         "(C=1/3) or N,C,H,W", str(path), "reshape the array")
+    if data.dtype == np.bool_ or data.dtype.kind not in "uif":
+        raise UsageError(f"'data' has dtype {data.dtype}; expected uint8 (0..255) or float (0..1)", str(path),
+                         "convert the array")
+    return data[..., :3]
+
+
+def _pixel_scale(images: np.ndarray, given, src: str) -> tuple[float, str]:
+    """The factor that brings the pixels to 0..1 and the rule that chose it; non-finite values refused.
+
+    Reads the array in slices, so no full-size temporary is made.
+    """
+    lo, hi = np.inf, -np.inf
+    step = max(1, (16 << 20) // max(1, images[0].nbytes))
+    for i in range(0, len(images), step):
+        part = images[i:i + step]
+        if part.dtype.kind == "f":
+            finite = np.isfinite(part)
+            if not finite.all():
+                first = i + int(np.argwhere(~finite)[0][0])
+                raise UsageError(f"'data' holds non-finite values (NaN or inf), first in sample {first}", src,
+                                 "remove or repair those samples")
+        if part.size:
+            lo, hi = min(lo, float(part.min())), max(hi, float(part.max()))
+    span = f"values {lo:g}..{hi:g}"
+    if given is not None:
+        try:
+            scale = float(np.asarray(given).reshape(-1)[0]) if np.asarray(given).size == 1 else None
+        except (TypeError, ValueError):
+            scale = None
+        if scale is None or not np.isfinite(scale) or scale <= 0:
+            raise UsageError("'scale' must be one positive number (pixels * scale in 0..1)", src,
+                             "store e.g. scale=np.float32(1/255)")
+        if lo * scale < -1e-3 or hi * scale > 1 + 1e-3:
+            raise UsageError(f"'data' {span} times the stored scale {scale:g} fall outside 0..1", src,
+                             "store the scale that maps the pixels to 0..1")
+        return scale, f"x {scale:g} (the .npz's 'scale'; {span})"
+    if images.dtype == np.uint8:
+        return 1.0 / 255.0, f"uint8 0..255 read as x/255 ({span})"
+    if lo >= 0:
+        for top, scale, name in _SCALE_RULES:
+            if hi <= top:
+                how = "as they are" if scale == 1.0 else f"as x/{top:g}"
+                return scale, f"{images.dtype} {span} within {name}, read {how}"
+    raise UsageError(f"'data' ({images.dtype}) has {span}: not pixels in 0..1, 0..255 or 0..65535", src,
+                     "store raw pixels (edgetrain applies the model's mean/std itself), or add a 'scale' "
+                     "array to the .npz so that pixels * scale lie in 0..1")
+
+
+class _TooLarge(UsageError):
+    pass
+
+
+def _open_image(path: Path):
+    """PIL image with its header read and its pixel count checked; nothing decoded yet."""
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS  # PIL's own bomb check agrees with ours (it raises at 2x)
+    try:
+        im = Image.open(path)
+    except Image.DecompressionBombError as exc:
+        raise _TooLarge(f"image is over the pixel limit of {MAX_IMAGE_PIXELS:,} ({clip(str(exc), 80)})",
+                        str(path), "resize it, remove it, or raise EDGETRAIN_MAX_IMAGE_PIXELS") from None
+    w, h = im.size
+    if w < 1 or h < 1 or w * h > MAX_IMAGE_PIXELS:
+        im.close()
+        raise _TooLarge(f"image of {w}x{h} pixels is over the limit of {MAX_IMAGE_PIXELS:,}", str(path),
+                        "resize it, remove it, or raise EDGETRAIN_MAX_IMAGE_PIXELS")
+    return im
 
 
 def _load_folder(root: Path, pre: Preprocess, where: str) -> Dataset:
@@ -224,9 +389,11 @@ def _load_folder(root: Path, pre: Preprocess, where: str) -> Dataset:
             if not f.is_file() or f.name.startswith("."):
                 continue
             try:
-                with Image.open(f) as im:
+                with _open_image(f) as im:  # reads the header only: the pixel limit holds before decode
                     im.verify()
-            except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+            except _TooLarge:
+                raise
+            except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError):
                 skipped += 1
                 continue
             files.append(f)
@@ -244,12 +411,20 @@ def _load_folder(root: Path, pre: Preprocess, where: str) -> Dataset:
                          "classification needs images in at least 2 class folders")
 
     def read(i: int) -> np.ndarray:
-        with Image.open(files[i]) as im:
-            im = im.convert("L" if pre.channels == 1 else "RGB")
-            h, w = pre.hw
-            if im.size != (w, h):
-                im = im.resize((w, h), Image.BILINEAR)
-            arr = np.asarray(im, dtype=np.float32) / 255.0
+        try:
+            with _open_image(files[i]) as im:
+                im = im.convert("L" if pre.channels == 1 else "RGB")
+                h, w = pre.hw
+                if im.size != (w, h):
+                    im = im.resize((w, h), Image.BILINEAR)
+                arr = np.asarray(im, dtype=np.float32) / 255.0
+        except _TooLarge:
+            raise
+        except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
+            # a stream that passed the header check but does not decode (truncated, corrupt): the file
+            # is named, the run stops with one line, never a traceback mid-run
+            raise UsageError(f"image cannot be decoded: {clip(str(exc), 120)}", str(files[i]),
+                             "repair or remove the file") from None
         return arr[..., None] if arr.ndim == 2 else arr
 
     return Dataset(str(root), classes, np.asarray(labels, dtype=np.int64), read, pre, skipped, notes)

@@ -6,6 +6,18 @@ a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+# An error line never embeds unbounded input (a path, a value, a parser's message quoting a whole file).
+MAX_WHAT, MAX_WHERE, MAX_FIX = 400, 200, 300
+
+
+def clip(text, limit: int = 200) -> str:
+    """``text`` on one line and at most ``limit`` characters (the middle elided: both ends are telling)."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 5, 2)
+    return text[: keep - keep // 3] + " ... " + text[len(text) - keep // 3:]
+
 
 class EdgetrainError(Exception):
     """Base class: a failure the user can act on. Exit code 1: the run failed."""
@@ -13,9 +25,9 @@ class EdgetrainError(Exception):
     exit_code = 1
 
     def __init__(self, what: str, where: str | None = None, fix: str | None = None):
-        self.what = what
-        self.where = where
-        self.fix = fix
+        self.what = clip(what, MAX_WHAT)
+        self.where = clip(where, MAX_WHERE) if where is not None else None
+        self.fix = clip(fix, MAX_FIX) if fix is not None else None
         super().__init__(self.line())
 
     def line(self) -> str:

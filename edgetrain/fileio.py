@@ -1,12 +1,32 @@
-"""Writing outputs so that a failure never leaves a half-written file: temp file, fsync, rename."""
+"""Reading inputs and writing outputs safely.
+
+Outputs: a failure never leaves a half-written file (temp file, fsync, rename); no output is the same
+file as an input or as another output (``check_outputs``, before any work); a full disk is a one-line
+error. Temp files and folders carry the writer's PID, and those of dead processes are removed at the
+next start (a SIGKILL cannot run a ``finally``). Inputs: text files (YAML) are read with a size bound,
+from regular files only, and parsed with limits on aliases and nesting.
+"""
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import UsageError, clip
+
+# Temp names carry the writer's PID: .NAME.edgetrain-tmp-PID.XXXXXXXX.tmp beside an output,
+# [.]edgetrain-tmp-WHAT-PID-XXXXXXXX folders. Only names of exactly this form are ever cleaned.
+TEMP_TAG = "edgetrain-tmp"
+_STALE_NAME = (re.compile(r"^\..+\.edgetrain-tmp-(\d+)\.[a-z0-9_]{8}\.tmp$"),
+               re.compile(r"^\.?edgetrain-tmp-[a-z_]+-(\d+)-[a-z0-9_]{8}$"))
+MAX_TEXT_BYTES = 1 << 20  # a device profile or recipe is a few kB
+MAX_YAML_DEPTH = 64
+MAX_YAML_NODES = 100_000  # nodes once every alias is expanded
 
 
 def check_output_path(path: Path, what: str = "output") -> Path:
@@ -26,21 +46,292 @@ def check_output_path(path: Path, what: str = "output") -> Path:
 
 @contextlib.contextmanager
 def atomic_path(path: Path, what: str = "output"):
-    """Yield a temp path beside ``path``; on success it is fsynced and renamed onto ``path``."""
+    """Yield a temp path beside ``path``; on success it is fsynced and renamed onto ``path``.
+
+    A full disk (or quota) while writing becomes a one-line UsageError naming the output; the temp
+    file is removed and ``path`` keeps its old content.
+    """
     path = check_output_path(Path(path), what)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    clean_stale_temps(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{TEMP_TAG}-{os.getpid()}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _disk_error(exc, path, what) from None
     os.close(fd)
     tmp_path = Path(tmp)
     os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes it 0600; the output gets a normal file's mode
     try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp_path, path)
+        try:
+            yield tmp_path
+            with open(tmp_path, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp_path, path)
+        except OSError as exc:
+            if exc.errno in _DISK_ERRNOS:
+                raise _disk_error(exc, path, what) from None
+            raise
         fsync_dir(path.parent)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def _disk_error(exc: OSError, path: Path, what: str) -> UsageError:
+    if exc.errno in _DISK_ERRNOS:
+        return UsageError(f"no space left to write the {what} ({os.strerror(exc.errno)})", str(path),
+                          "free some space or write it elsewhere")
+    return UsageError(f"cannot write the {what}: {exc.strerror or exc}", str(path), "choose another location")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _DISK_ERRNOS
+
+
+def disk_full_error(exc: OSError, path, what: str = "output") -> UsageError:
+    """The one-line error for an OSError raised while writing ``path`` (for writers that are not atomic_path)."""
+    return _disk_error(exc, Path(path), what)
+
+
+def ensure_free_space(folder: Path, nbytes: int, what: str, margin: int = 64 << 20) -> None:
+    """Refuse before writing ``nbytes`` into ``folder`` if the file system cannot hold them (plus a margin)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if nbytes + margin > free:
+        raise UsageError(f"the {what} needs {nbytes / 2**20:,.0f} MB but {folder} has {free / 2**20:,.0f} MB free",
+                         str(folder), "free some space, or lower the memory budget's disk use")
+
+
+# --- temp files that outlive a SIGKILL ----------------------------------------------------------------
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stale(name: str) -> bool:
+    for pattern in _STALE_NAME:
+        m = pattern.match(name)
+        if m:
+            return int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1)))
+    return False
+
+
+def clean_stale_temps(folder: Path | str | None = None) -> list[str]:
+    """Remove edgetrain temp files and folders in ``folder`` (default: $TMPDIR) whose writer is dead."""
+    folder = Path(folder) if folder is not None else Path(tempfile.gettempdir())
+    removed = []
+    patterns = (f".*.{TEMP_TAG}-*.tmp", f"{TEMP_TAG}-*", f".{TEMP_TAG}-*")
+    seen = set()
+    for pattern in patterns:
+        for name in glob.glob(os.path.join(glob.escape(str(folder)), pattern)):
+            if name in seen or not _stale(os.path.basename(name)):
+                continue
+            seen.add(name)
+            try:
+                if os.path.isdir(name) and not os.path.islink(name):
+                    shutil.rmtree(name, ignore_errors=True)
+                else:
+                    os.unlink(name)
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
+@contextlib.contextmanager
+def temp_dir(what: str, dir: Path | str | None = None):  # noqa: A002 - tempfile's name
+    """A temp folder named after this process (``edgetrain-WHAT-PID-XXXX``, hidden when beside an
+    output); stale ones of dead processes in the same place are removed first."""
+    clean_stale_temps(dir)
+    prefix = f"{'.' if dir is not None else ''}{TEMP_TAG}-{what}-{os.getpid()}-"
+    try:
+        path = tempfile.mkdtemp(prefix=prefix, dir=None if dir is None else str(dir))
+    except OSError as exc:
+        raise _disk_error(exc, Path(dir or tempfile.gettempdir()), "temporary files") from None
+    try:
+        yield Path(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- outputs never overwrite inputs -------------------------------------------------------------------
+
+_PREFIX_FILES = ("-symbol.json", "-edgetrain.json")
+
+
+def _family(ref, existing_only: bool) -> list[Path]:
+    """The files a path-like reference names: itself, and the files a PREFIX expands to."""
+    if ref is None:
+        return []
+    text = str(ref)
+    if not text or text == "-":
+        return []
+    out = [Path(text)]
+    out += [Path(text + s) for s in _PREFIX_FILES]
+    if existing_only:
+        out += [Path(p) for p in glob.glob(glob.escape(text) + "-[0-9][0-9][0-9][0-9].params")]
+    else:
+        out.append(Path(text + "-0000.params"))
+    return [p for p in out if not existing_only or p.exists()]
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_outputs(inputs: dict | None = None, outputs: dict | None = None, prefix_outputs=()) -> None:
+    """Refuse, before any work, an output that is the same file as an input or as another output.
+
+    ``inputs`` and ``outputs`` map the option that names a file (``MODEL``, ``--calib``, ``-o``,
+    ``--json``) to its value (None and ``-`` are skipped). An input is compared with everything a PREFIX
+    expands to (PREFIX-symbol.json, PREFIX-NNNN.params, PREFIX-edgetrain.json); an output named in
+    ``prefix_outputs`` is compared with the PREFIX files it will write. Paths are compared resolved
+    (symlinks, ``..``) and by inode (hard links).
+    """
+    ins = [(opt, p) for opt, ref in (inputs or {}).items() for p in _family(ref, existing_only=True)]
+    outs = []
+    for opt, ref in (outputs or {}).items():
+        if ref is None or str(ref) in ("", "-"):
+            continue
+        if opt in prefix_outputs:
+            outs += [(opt, p) for p in _family(ref, existing_only=False)]
+        else:
+            outs.append((opt, Path(str(ref))))
+    for i, (oopt, opath) in enumerate(outs):
+        for iopt, ipath in ins:
+            if _same(opath, ipath):
+                raise UsageError(f"{oopt} would overwrite the input {iopt} ({clip(ipath, 120)})", str(opath),
+                                 f"write {oopt} to another file")
+        for oopt2, opath2 in outs[i + 1:]:
+            if oopt2 != oopt and _same(opath, opath2):
+                raise UsageError(f"{oopt} and {oopt2} name the same file", str(opath),
+                                 f"give {oopt2} another file name")
+
+
+# --- bounded text input -------------------------------------------------------------------------------
+
+def read_text_bounded(path: Path | str, what: str = "file", limit: int = MAX_TEXT_BYTES) -> str:
+    """A regular file's text, UTF-8, at most ``limit`` bytes: a FIFO, /dev/zero or a 2 GB file is refused
+    without being read to its end."""
+    import stat
+
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise UsageError("file not found", str(path), "check the path") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {what}: {exc.strerror}", str(path), "check its permissions") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, pipe or socket)"
+            raise UsageError(f"{what} is {kind}", str(path), "give a YAML file")
+        if st.st_size > limit:
+            raise UsageError(f"{what} is {st.st_size:,} bytes, over the limit of {limit:,}", str(path),
+                             "give the real file; it should be a few kB")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:  # a file that grows while read
+                raise UsageError(f"{what} is over the limit of {limit:,} bytes", str(path), "give the real file")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{what} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                         str(path), "save it as UTF-8") from None
+
+
+def parse_yaml(text: str, source: str):
+    """``yaml.safe_load`` with limits: nesting depth, and node count with every alias expanded (a
+    billion-laughs document is refused before anything is built from it)."""
+    import yaml
+
+    def syntax(exc):
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        return UsageError(f"not valid YAML: {clip(getattr(exc, 'problem', None) or exc, 120)}", where,
+                          "fix the syntax")
+
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    mark = event.start_mark
+                    raise UsageError(f"YAML nested deeper than {MAX_YAML_DEPTH} levels", f"{source}:{mark.line + 1}",
+                                     "flatten the file")
+            elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                depth -= 1
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _check_expansion(node, source)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        raise syntax(exc) from None
+    except RecursionError:
+        raise UsageError("YAML nested too deep", source, "flatten the file") from None
+
+
+def _check_expansion(root, source: str) -> None:
+    """Count nodes as if every alias were expanded (aliases share nodes: a DAG, sized with memo)."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        children = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done or not children:
+            sizes[key] = 1 + sum(sizes.get(id(c), 1) for c in children)
+            if sizes[key] > MAX_YAML_NODES:
+                raise UsageError(f"YAML expands to more than {MAX_YAML_NODES:,} nodes through its aliases "
+                                 "(&anchor/*alias)", source, "write the values out; a profile or recipe needs few")
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+
+
+def read_yaml(path: Path | str, what: str = "file"):
+    """Read and parse a YAML file with every bound above."""
+    return parse_yaml(read_text_bounded(path, what), str(path))
 
 
 def _umask() -> int:
