@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import zipfile
 from pathlib import Path
 
@@ -19,7 +21,8 @@ import numpy as np
 from .errors import UsageError
 from .fileio import atomic_path
 
-FORMAT = "edgetrain-checkpoint/1"
+FORMAT = "edgetrain-checkpoint/2"  # /2: the checksum covers the JSON record too
+KILL_ENV = "EDGETRAIN_TEST_KILL_AT"  # test hook, see kill_point
 FILENAME = "checkpoint.npz"
 
 # fingerprint keys whose change makes a checkpoint another run's, with how to say it
@@ -38,8 +41,31 @@ _WHAT = {
 }
 
 
-def _digest(arrays: dict[str, np.ndarray]) -> str:
+def kill_point(phase: str, _counts: dict = {}) -> None:  # noqa: B006 (the counter lives for the process)
+    """Test hook: ``EDGETRAIN_TEST_KILL_AT=PHASE:N`` SIGKILLs this process the N-th time it reaches PHASE.
+
+    The kill-at-phase tests use it to cut the power at an exact point (a feature batch, a step, an epoch
+    boundary, the middle of a checkpoint write) instead of racing a timer.
+    """
+    spec = os.environ.get(KILL_ENV)
+    if not spec:
+        return
+    name, _, count = spec.partition(":")
+    if name != phase:
+        return
+    _counts[phase] = _counts.get(phase, 0) + 1
+    if _counts[phase] >= int(count or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _record_text(meta: dict) -> str:
+    return json.dumps({k: v for k, v in meta.items() if k != "sha256"}, sort_keys=True)
+
+
+def _digest(arrays: dict[str, np.ndarray], meta: dict | None = None) -> str:
     h = hashlib.sha256()
+    if meta is not None:
+        h.update(_record_text(meta).encode("utf-8"))
     for key in sorted(arrays):
         a = np.ascontiguousarray(arrays[key])
         h.update(key.encode())
@@ -51,11 +77,14 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
 def save(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     """Write ``meta`` (JSON-able) and ``arrays`` atomically: temp file, fsync, rename."""
     arrays = {k: np.asarray(v) for k, v in arrays.items()}
-    record = {**meta, "format": FORMAT, "sha256": _digest(arrays)}
+    record = {**meta, "format": FORMAT}
+    record = json.loads(json.dumps(record))  # the record as it will read back (tuples become lists)
+    record["sha256"] = _digest(arrays, record)
     payload = {"meta": np.frombuffer(json.dumps(record).encode("utf-8"), dtype=np.uint8), **arrays}
     with atomic_path(Path(path), "checkpoint") as tmp:
         with open(tmp, "wb") as fh:
             np.savez(fh, **payload)
+        kill_point("save")
 
 
 def load(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -72,8 +101,9 @@ def load(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     except (KeyError, ValueError, UnicodeDecodeError):
         raise UsageError("checkpoint has no readable record", str(path), fix) from None
     if meta.get("format") != FORMAT:
-        raise UsageError(f"not an edgetrain checkpoint (format {meta.get('format')!r})", str(path), fix)
-    if meta.get("sha256") != _digest(arrays):
+        raise UsageError(f"not a checkpoint this edgetrain reads (format {meta.get('format')!r}, expected {FORMAT})",
+                         str(path), fix)
+    if meta.get("sha256") != _digest(arrays, meta):
         raise UsageError("checkpoint contents do not match their checksum", str(path), fix)
     return meta, arrays
 

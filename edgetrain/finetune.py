@@ -6,6 +6,11 @@ frozen part's outputs are computed once and cached (featurecache); every epoch t
 Micro-batches with gradient accumulation keep the effective batch size while capping activation memory
 (memplan picks the sizes). A checkpoint after every epoch and on SIGINT/SIGTERM makes ``resume`` end
 with the same weights as an uninterrupted run.
+
+Test hook (for the kill-at-phase tests, never set by users): ``EDGETRAIN_TEST_KILL_AT=PHASE:N`` makes
+the process SIGKILL itself the N-th time it reaches PHASE: ``features`` (after a feature-pass batch is
+written), ``step`` (after a training step), ``epoch`` (after an epoch's checkpoint and metrics), ``save``
+(inside a checkpoint write, before the rename: see checkpoint.save).
 """
 from __future__ import annotations
 
@@ -274,6 +279,7 @@ class _Job:
                     x = np.concatenate([x, np.repeat(x[-1:], fb - len(idx), axis=0)])
                 feats = s.frozen(mx.nd.array(x)).asnumpy()[: len(idx)]
                 self.cache.write(offset + start, feats)
+                ckpt.kill_point("features")
                 done += len(idx)
                 self._tick("features", done=done, total=rows, t0=t0)
                 if self.stop.signum:
@@ -379,7 +385,8 @@ class _Job:
 
         for p in self.split.trained.collect_params().values():
             key = f"param/{p.name}"
-            if key not in arrays or arrays[key].shape != p.shape:
+            # p.shape is None on a SymbolBlock whose weights were loaded but never run: ask the data
+            if key not in arrays or arrays[key].shape != p.data().shape:
                 raise UsageError(f"checkpoint does not hold weights for {p.name}", str(self.outdir / ckpt.FILENAME),
                                  "delete it and start over, or use another OUTDIR")
             p.set_data(mx.nd.array(arrays[key]))
@@ -397,6 +404,9 @@ class _Job:
         from .optimizers import default_lr, make_optimizer
 
         t_start = time.monotonic()
+        from .energy import EnergyMeter
+
+        self.energy_meter = EnergyMeter(self.profile, self.threads).start()  # measured where a sensor is
         self._load()
         self._split()
         if self.lr is None:
@@ -493,6 +503,7 @@ class _Job:
                 idx = order[step * b:(step + 1) * b]
                 l, c = self._step(idx, labels)
                 self.global_step += 1
+                ckpt.kill_point("step")
                 loss_sum, correct, seen = loss_sum + l, correct + c, seen + len(idx)
                 elapsed = seconds + time.monotonic() - t0
                 rate = seen / max(elapsed, 1e-9)
@@ -514,6 +525,7 @@ class _Job:
             self._tick("epoch", force=True, **record)
             self._save_checkpoint(epoch + 1, 0, order, {})
             self._write_metrics(final=False)
+            ckpt.kill_point("epoch")
             if self.stop.signum:
                 self._interrupted(epoch + 1, 0)
 
@@ -554,13 +566,10 @@ class _Job:
             samples_per_s=samples / max(train_seconds + feature_seconds, 1e-9), peak_rss_mb=peak,
             budget_mb=self.budget_mb, within_budget=(peak <= self.budget_mb) if self.budget_mb and peak else None,
             plan=self.plan.to_dict(), resumed_from=self.resumed_from, threads=self.threads, notes=self.notes)
-        if self.profile is not None:
-            from .energy import energy_for_duration
-
-            result.energy = energy_for_duration(total, self.profile)
-            epochs_run = max(len(self.history), 1)
-            result.joules_per_epoch = result.energy["joules"] / epochs_run
-            result.joules_per_sample = result.energy["joules"] / max(samples, 1)
+        result.energy = self.energy_meter.stop(max(len(self.history), 1), max(samples, 1))
+        if result.energy is not None:
+            result.joules_per_epoch = result.energy["joules_per_epoch"]
+            result.joules_per_sample = result.energy["joules_per_sample"]
         self._write_metrics(final=True, summary={k: v for k, v in result.to_dict().items() if k != "epochs"})
         return result
 
