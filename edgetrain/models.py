@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UsageError
-from .preprocess import Preprocess, default_for_shape, read_sidecar, sidecar_path, sidecar_text
+from .errors import clip
+from .preprocess import Preprocess, default_for_shape, parse_norm, read_sidecar, sidecar_path, sidecar_text
 
 ZOO_PREFIX = "zoo:"
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -56,8 +57,20 @@ class GluonModel:
 
 
 def is_factory_ref(text: str) -> bool:
-    """``pkg.module:function`` that is not also the name of an existing file."""
-    return bool(_FACTORY.match(text)) and not Path(text).exists()
+    """``pkg.module:function`` that cannot be a PREFIX on disk: neither the name of an existing file nor
+    of an exported model (``model:best-symbol.json``). Only such a reference is ever imported."""
+    if not _FACTORY.match(text):
+        return False
+    path = Path(text)
+    if path.exists() or Path(f"{text}-symbol.json").exists():
+        return False
+    return not any(path.parent.glob(f"{glob_escape(path.name)}-[0-9][0-9][0-9][0-9].params"))
+
+
+def glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
 
 
 def parse_model_ref(text: str, accept_onnx: bool = False, where: str = "MODEL") -> ModelRef:
@@ -99,15 +112,21 @@ def _parse_prefix(text: str, where: str) -> ModelRef:
 
 
 def load_gluon(text: str, params: str | None = None, input_shape: tuple[int, int, int] | None = None,
-               hybridize: bool = True) -> GluonModel:
-    """Load a MODEL reference as a Gluon block and check it runs on its input shape."""
+               hybridize: bool = True, mean=None, std=None) -> GluonModel:
+    """Load a MODEL reference as a Gluon block and check it runs on its input shape.
+
+    ``mean``/``std`` (one value per channel, or a comma-separated string) override the recorded or
+    default normalisation; a PREFIX with no edgetrain record needs ``input_shape``.
+    """
     ref = parse_model_ref(text)
     if ref.kind == "prefix":
-        model = _load_prefix(ref, input_shape)
+        model = _load_prefix(ref, input_shape, mean, std)
     elif ref.kind == "zoo":
         model = _load_zoo(ref, params, input_shape)
     else:
         model = _load_factory(ref, params, input_shape)
+    if ref.kind != "prefix":
+        model.preprocess = _with_norm(model.preprocess, mean, std)
     if hybridize:
         model.block.hybridize()
     model.num_classes = _check_runs(model)
@@ -127,7 +146,7 @@ def _mx_error(exc: Exception) -> str:
     return text.replace("MXNetError: ", "")[:300]
 
 
-def _load_prefix(ref: ModelRef, input_shape) -> GluonModel:
+def _load_prefix(ref: ModelRef, input_shape, mean=None, std=None) -> GluonModel:
     import mxnet as mx
     from mxnet import gluon
 
@@ -154,10 +173,22 @@ def _load_prefix(ref: ModelRef, input_shape) -> GluonModel:
         raise UsageError(f"params file does not match the symbol: {len(unused)} weights the symbol does not use "
                          f"(e.g. {sorted(unused)[0]})", str(ref.params_file),
                          "use the params file exported together with this symbol")
+    notes = []
     if pre is None:
-        pre = default_for_shape(input_shape or (3, 224, 224))
+        # HybridBlock.export records no input size or normalisation: guessing 224x224 + ImageNet would
+        # silently resize 32x32 images to 224 and train to chance. The size must be given.
+        if not input_shape:
+            raise UsageError(f"input shape unknown: {ref.prefix.name} has no edgetrain record "
+                             f"({sidecar_path(ref.prefix).name})", str(ref.prefix),
+                             "pass --input-shape 1,C,H,W (and --mean/--std), or write that file: "
+                             '{"preprocess": {"input_shape": [C, H, W], "mean": [...], "std": [...]}}')
+        pre = default_for_shape(input_shape)
+        if mean is None or std is None:
+            notes.append(f"no normalisation recorded with the model: using mean {list(pre.mean)} std "
+                         f"{list(pre.std)} (pass --mean/--std if it was trained with others)")
     elif input_shape and tuple(input_shape) != pre.input_shape:
         pre = pre.with_shape(input_shape)
+    pre = _with_norm(pre, mean, std)
     if pre.input_name != inputs[0]:
         pre = Preprocess(**{**pre.__dict__, "input_name": inputs[0]})
     try:
@@ -166,7 +197,19 @@ def _load_prefix(ref: ModelRef, input_shape) -> GluonModel:
     except Exception as exc:
         raise UsageError(f"params file does not match the symbol: {_mx_error(exc)}", str(ref.params_file),
                          "use the params file exported together with this symbol") from None
-    return GluonModel(block, ref, pre, num_classes=0)
+    return GluonModel(block, ref, pre, num_classes=0, notes=notes)
+
+
+def _with_norm(pre: Preprocess, mean, std) -> Preprocess:
+    """``pre`` with the mean/std the user gave (either alone keeps the other)."""
+    if mean is None and std is None:
+        return pre
+    from dataclasses import replace
+
+    c = pre.channels
+    mean = tuple(parse_norm(mean, c, "--mean")) if mean is not None else pre.mean
+    std = tuple(parse_norm(std, c, "--std")) if std is not None else pre.std
+    return replace(pre, mean=mean, std=std)
 
 
 def _load_zoo(ref: ModelRef, params, input_shape) -> GluonModel:
@@ -201,6 +244,13 @@ def _load_factory(ref: ModelRef, params, input_shape) -> GluonModel:
     except ImportError as exc:
         raise UsageError(f"cannot import module '{module_name}': {exc}", ref.text,
                          "check the module is importable from here (PYTHONPATH)") from None
+    except SyntaxError as exc:
+        raise UsageError(f"factory module '{module_name}' has a syntax error: {exc.msg} (line {exc.lineno})",
+                         exc.filename or ref.text, "fix the module") from None
+    except Exception as exc:  # the module raised while importing: the user's code, reported as theirs
+        raise UsageError(f"factory module '{module_name}' raised {type(exc).__name__} on import: "
+                         f"{clip(str(exc), 150)}", ref.text, "fix the module (EDGETRAIN_DEBUG=1 shows the traceback)") \
+            from None
     func = getattr(module, func_name, None)
     if not callable(func):
         raise UsageError(f"module '{module_name}' has no function '{func_name}'", ref.text, "check the name")
@@ -213,7 +263,11 @@ def _load_factory(ref: ModelRef, params, input_shape) -> GluonModel:
                          "give every parameter a default, or wrap it in a function that takes none") from None
     except ValueError:  # builtins without a signature: just call them
         pass
-    block = func()
+    try:
+        block = func()
+    except Exception as exc:
+        raise UsageError(f"factory '{func_name}' raised {type(exc).__name__}: {clip(str(exc), 150)}", ref.text,
+                         "fix the factory (EDGETRAIN_DEBUG=1 shows the traceback)") from None
     if not isinstance(block, gluon.HybridBlock):
         kind = "a Block that cannot be hybridized" if isinstance(block, gluon.Block) else type(block).__name__
         raise UsageError(f"factory returned {kind}, not a gluon.HybridBlock", ref.text,
@@ -324,5 +378,38 @@ def load_onnx(path: str | Path) -> OnnxModel:
     meta = {p.key: p.value for p in proto.metadata_props}
     pre = None
     if "edgetrain.preprocess" in meta:
-        pre = Preprocess.from_dict(json.loads(meta["edgetrain.preprocess"]), f"{path} metadata")
+        try:
+            record = json.loads(meta["edgetrain.preprocess"])
+        except ValueError as exc:
+            raise UsageError(f"malformed edgetrain metadata 'edgetrain.preprocess': {clip(str(exc), 100)}",
+                             str(path), "export the model again with `edgetrain export`") from None
+        if not isinstance(record, dict):
+            raise UsageError("malformed edgetrain metadata 'edgetrain.preprocess': not a JSON object", str(path),
+                             "export the model again with `edgetrain export`")
+        pre = Preprocess.from_dict(record, f"{path} metadata 'edgetrain.preprocess'")
+    check_onnx_ops(proto, str(path))
     return OnnxModel(path, proto, pre, meta)
+
+
+# Operator domains ONNX Runtime's CPU provider implements; any other domain is a custom op it cannot run.
+KNOWN_OP_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "ai.onnx.preview.training"}
+
+
+def check_onnx_ops(proto, where: str) -> None:
+    """An operator from a custom domain (no registered kernel) is the model's problem, named as such,
+    not a failure blamed later on the data it was run with."""
+    def nodes(graph):
+        for n in graph.node:
+            yield n
+            for a in n.attribute:
+                if a.g is not None and a.g.node:
+                    yield from nodes(a.g)
+                for g in a.graphs:
+                    yield from nodes(g)
+
+    local = {f.domain for f in proto.functions}
+    for n in nodes(proto.graph):
+        if n.domain not in KNOWN_OP_DOMAINS and n.domain not in local:
+            raise UsageError(f"ONNX model uses the custom operator {clip(n.domain, 60)}::{clip(n.op_type, 60)} "
+                             f"(node {clip(n.name, 60)!r}), which ONNX Runtime has no kernel for", where,
+                             "export the model with standard ONNX operators")

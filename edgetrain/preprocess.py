@@ -7,6 +7,7 @@ model's H x W (bilinear), converted to its channel count (grayscale <-> RGB), th
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -32,9 +33,14 @@ class Preprocess:
         c = self.input_shape[0]
         if c not in (1, 3):
             raise UsageError(f"input must have 1 or 3 channels, got {c}", "input shape", "use C,H,W like 3,224,224")
+        if len(self.input_shape) != 3 or not all(1 <= int(d) <= MAX_SIDE for d in self.input_shape[1:]):
+            raise UsageError(f"input shape {list(self.input_shape)[:4]} is not C,H,W with sides 1..{MAX_SIDE}",
+                             "input shape", "use C,H,W like 3,224,224")
         if len(self.mean) != c or len(self.std) != c:
             raise UsageError(f"mean/std need {c} values for {c} channel(s)", "preprocessing",
                              "give one mean and std per channel")
+        if not all(math.isfinite(v) for v in (*self.mean, *self.std)):
+            raise UsageError("mean/std values must be finite numbers", "preprocessing", "fix the mean/std values")
         if any(s <= 0 for s in self.std):
             raise UsageError("std values must be positive", "preprocessing", "fix the std values")
 
@@ -81,8 +87,8 @@ class Preprocess:
                 pixel_range=str(d.get("pixel_range", "0..1")),
                 class_names=tuple(str(n) for n in names) if names is not None else None,
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"bad preprocessing record: {exc}", source,
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise UsageError(f"bad preprocessing record: {type(exc).__name__} {str(exc)[:100]}", source,
                              "re-export the model with edgetrain or delete the file") from None
 
 
@@ -98,19 +104,49 @@ def default_for_shape(shape: tuple[int, int, int]) -> Preprocess:
     return Preprocess(input_shape=tuple(shape), mean=mean, std=std)
 
 
+# Largest side accepted: 8192 px is a 67 MP input, far beyond any edge model; bigger is a typo.
+MAX_SIDE = 8192
+
+
+def parse_norm(value, channels: int, where: str) -> list[float]:
+    """--mean/--std: '0.5' or '0.485,0.456,0.406' (or a list) -> one finite float per channel."""
+    import math
+
+    items = value if isinstance(value, (list, tuple)) else str(value).replace(" ", ",").split(",")
+    try:
+        vals = [float(v) for v in items if str(v).strip()]
+    except ValueError:
+        raise UsageError(f"not a list of numbers: {str(value)[:60]!r}", where,
+                         "write one value per channel, e.g. 0.485,0.456,0.406") from None
+    if len(vals) == 1 and channels > 1:
+        vals = vals * channels
+    if len(vals) != channels or not all(math.isfinite(v) for v in vals):
+        raise UsageError(f"{where} needs {channels} finite value(s) for {channels} channel(s), got "
+                         f"{str(value)[:60]!r}", where, "write one value per channel, e.g. 0.485,0.456,0.406")
+    if where.endswith("std") and any(v <= 0 for v in vals):
+        raise UsageError("std values must be positive", where, "fix the std values")
+    return vals
+
+
 def parse_shape(text: str, where: str = "--input-shape") -> tuple[int, int, int]:
     """'1,3,224,224' or '3,224,224' -> (3, 224, 224)."""
     try:
         dims = tuple(int(p) for p in str(text).replace("x", ",").split(",") if p.strip())
     except ValueError:
-        raise UsageError(f"not a shape: {text!r}", where, "write it as N,C,H,W or C,H,W, e.g. 1,3,224,224") from None
+        raise UsageError(f"not a shape: {str(text)[:60]!r}", where,
+                         "write it as N,C,H,W or C,H,W, e.g. 1,3,224,224") from None
     if len(dims) == 4:
         if dims[0] != 1:
             raise UsageError(f"batch size {dims[0]} in {text!r}: the input shape is one sample's", where,
                              "write 1,C,H,W (batch size: --dynamic-batch on export, --batch on profile)")
         dims = dims[1:]
     if len(dims) != 3 or any(d < 1 for d in dims):
-        raise UsageError(f"not a shape: {text!r}", where, "write it as N,C,H,W or C,H,W, e.g. 1,3,224,224")
+        raise UsageError(f"not a shape: {str(text)[:60]!r}", where, "write it as N,C,H,W or C,H,W, e.g. 1,3,224,224")
+    if dims[0] not in (1, 3):
+        raise UsageError(f"input must have 1 or 3 channels, got {dims[0]}", where, "write it as 1,C,H,W with C 1 or 3")
+    if max(dims[1:]) > MAX_SIDE:
+        raise UsageError(f"input side {max(dims[1:])} is over {MAX_SIDE} pixels", where,
+                         "give the model's real input size, e.g. 1,3,224,224")
     return dims
 
 
