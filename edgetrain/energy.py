@@ -1,10 +1,22 @@
-"""Energy from time and a device's power figures (modelled), or from RAPL counters (measured).
+"""Energy: measured on the board where a sensor or a meter log exists (``power``), RAPL on an x86 host,
+and modelled from a device profile's cited power figures where nothing measures.
 
-Modelled energy is latency x the profile's cited board power: the total (the board drawing its
-full-load power while busy) and the idle-subtracted share (what the work costs on top of the board
-being on), as MLPerf Power reports it: mean latency x average power. The load figure in the bundled
-profiles is all cores busy, so with fewer threads it is an upper bound; every figure says so in its
-``source``.
+Modelled energy per inference is the p50 latency (the median: one stalled run out of a hundred does not
+move it, where it moves the mean) x the board's power at the number of cores the run kept busy:
+
+    P(threads) = idle + (load - idle) x min(threads, cores) / cores
+
+a straight line from the profile's idle figure (no core busy) to its full-load figure (every core busy,
+``stress --cpu N`` in the cited measurements). CPU dynamic power grows roughly with the number of busy
+cores at a fixed clock; the line ignores the uncore and memory share that a first busy core switches on,
+so with few threads it is a lower bound on the busy share and the full-load figure an upper bound. The
+spread shows the same figure at the p10 and p90 latency. When the host was busy while it was measured
+(1-minute load average above its usable cores, or p99/p50 above ``UNSTEADY_SPREAD``), the latency and
+so the modelled energy are flagged unreliable.
+
+Measured figures (``measured_per_inference``) come from a ``power`` record: joules over a window that
+holds the timed runs (extended with untimed inferences until it spans enough sample periods), divided
+by the inferences in it, with the idle draw measured just before.
 
 RAPL (Linux powercap, /sys/class/powercap/intel-rapl*/energy_uj) measures this host's CPU package
 energy; it says nothing about a Raspberry Pi, so it is reported apart, labelled measured, host only.
@@ -13,6 +25,8 @@ from __future__ import annotations
 
 import math
 import re
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import UsageError
@@ -25,23 +39,95 @@ _PACKAGE_ZONE = re.compile(r"^intel-rapl:\d+$")
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*/\s*h(?:our)?\s*$", re.IGNORECASE)
 
 
-def energy_for_duration(seconds: float, profile) -> dict:
-    """Joules spent by ``profile``'s board running flat out for ``seconds``, labelled modelled.
+UNSTEADY_SPREAD = 3.0  # p99/p50 above this: runs were interrupted (a quiet host measures 1.1-2)
 
-    Total uses the full-load board power; the idle-subtracted figure is what the work itself costs
+
+def busy_power(profile, threads: int | None = None) -> tuple[float, str]:
+    """The board's power with ``threads`` cores busy: idle -> full load, in proportion to the busy cores.
+
+    ``threads`` None (or at least the core count) is the full-load figure. Returns (watts, how).
+    """
+    load, idle, cores = profile.power.load_w.value, profile.power.idle_w.value, max(int(profile.cores), 1)
+    if threads is None or threads >= cores:
+        return load, f"full-load power {load} W (all {cores} cores busy)"
+    busy = max(int(threads), 1)
+    watts = idle + (load - idle) * busy / cores
+    return watts, (f"power with {busy} of {cores} cores busy {watts:.3g} W = idle {idle} W + (full load {load} W "
+                   f"- idle) x {busy}/{cores}")
+
+
+def energy_for_duration(seconds: float, profile, threads: int | None = None) -> dict:
+    """Joules spent by ``profile``'s board busy on ``threads`` cores for ``seconds``, labelled modelled.
+
+    Total uses the busy power (``busy_power``); the idle-subtracted figure is what the work itself costs
     on top of the board being on.
     """
-    load = profile.power.load_w.value
+    watts, how = busy_power(profile, threads)
     idle = profile.power.idle_w.value
     return {
-        "joules": seconds * load,
-        "joules_above_idle": seconds * (load - idle),
+        "joules": seconds * watts,
+        "joules_above_idle": seconds * (watts - idle),
         "seconds": seconds,
-        "power_w": load,
+        "power_w": watts,
         "idle_w": idle,
+        "threads": threads,
         "provenance": "modelled",
-        "source": f"time x {profile.name} full-load power {load} W ({profile.power.load_w.source})",
+        "source": f"time x {profile.name} {how} ({_short(profile.power.load_w.source)})",
     }
+
+
+def measured_per_inference(rec: dict | None) -> dict | None:
+    """Per-inference figures from a ``power`` record of a window of inferences; None if not measured."""
+    if not rec or not rec.get("available") or not rec.get("inferences"):
+        return None
+    n = rec["inferences"]
+    out = {"total_mj": rec["joules"] / n * 1000.0, "average_w": rec.get("average_w"), "idle_w": rec.get("idle_w"),
+           "samples": rec.get("samples"), "inferences": n, "seconds": rec["window"]["seconds"],
+           "rate_hz": rec.get("rate_hz"), "meter": rec.get("source"), "provenance": "measured",
+           "rails_mj": {k: v["joules"] / n * 1000.0 for k, v in (rec.get("rails") or {}).items()}}
+    if rec.get("joules_above_idle") is not None:
+        out["above_idle_mj"] = rec["joules_above_idle"] / n * 1000.0
+    extra = rec.get("extra_runs") or 0
+    rate = f" at {rec['rate_hz']:.3g} Hz" if rec.get("rate_hz") else ""
+    idle = rec.get("idle")
+    out["source"] = (f"measured by {rec['source']}: {rec.get('detail', '')}; {rec.get('samples')} samples{rate} over "
+                     f"{rec['window']['seconds']:.3g} s and {n} inferences"
+                     + (f" ({rec.get('timed_runs')} timed + {extra} untimed to fill the window)" if extra else "")
+                     + (f"; idle {idle['average_w']:.3g} W from {idle['samples']} samples over {idle['seconds']:.3g} s "
+                        "just before" if idle else "; no idle measurement")
+                     + (f"; {rec['note']}" if rec.get("note") else ""))
+    return out
+
+
+def measured_run(rec: dict | None, epochs: int = 0, samples: int = 0) -> dict | None:
+    """A measured fine-tuning record: joules, per epoch and per sample."""
+    if not rec or not rec.get("available"):
+        return None
+    idle = rec.get("idle")
+    rate = f" at {rec['rate_hz']:.3g} Hz" if rec.get("rate_hz") else ""
+    return {"joules": rec["joules"], "joules_above_idle": rec.get("joules_above_idle"),
+            "seconds": rec["window"]["seconds"], "power_w": rec.get("average_w"), "idle_w": rec.get("idle_w"),
+            "samples": rec.get("samples"), "rate_hz": rec.get("rate_hz"), "meter": rec.get("source"),
+            "provenance": "measured",
+            "source": (f"measured by {rec['source']}: {rec.get('detail', '')}; {rec.get('samples')} samples{rate} over "
+                       f"{rec['window']['seconds']:.3g} s"
+                       + (f"; idle {idle['average_w']:.3g} W from {idle['samples']} samples just before" if idle else ""))}
+
+
+def reliability(spread_p99_p50: float | None, loadavg: float | None, cores: int | None,
+                reference_spread: float | None = None) -> dict:
+    """Whether the latency behind a modelled figure was timed on a quiet host."""
+    reasons = []
+    if loadavg is not None and cores and loadavg > cores:
+        reasons.append(f"the host's 1-minute load average was {loadavg:.2f}, above its {cores} usable cores: other "
+                       "work shared the CPU while the model was timed")
+    if spread_p99_p50 is not None and spread_p99_p50 > UNSTEADY_SPREAD:
+        reasons.append(f"p99/p50 was {spread_p99_p50:.2f} (a quiet host gives under {UNSTEADY_SPREAD:g}): runs were "
+                       "interrupted")
+    if reference_spread is not None and reference_spread > UNSTEADY_SPREAD:
+        reasons.append(f"the speed reference's p99/p50 was {reference_spread:.2f}: its timing was interrupted")
+    return {"reliable": not reasons, "reasons": reasons, "loadavg": loadavg, "cores": cores,
+            "spread_p99_p50": spread_p99_p50, "threshold_spread": UNSTEADY_SPREAD}
 
 
 # --- input checks -------------------------------------------------------------------------------------
@@ -70,34 +156,53 @@ def check_positive(value, where: str, unit: str):
 # --- modelled energy ----------------------------------------------------------------------------------
 
 def energy_per_inference(latency_ms: float, profile, latency_label: str = "measured",
-                         latency_source: str = "") -> dict:
-    """Energy of one inference on ``profile``'s board: total and above idle, in mJ (modelled)."""
-    load = profile.power.load_w
-    idle = profile.power.idle_w
-    seconds = latency_ms / 1000.0
-    return {
-        "total_mj": seconds * load.value * 1000.0,
-        "above_idle_mj": seconds * (load.value - idle.value) * 1000.0,
-        "latency_ms": latency_ms,
-        "load_w": load.value,
-        "idle_w": idle.value,
-        "provenance": "modelled",
-        "source": (f"mean latency {latency_ms:.3g} ms ({latency_label}{': ' + latency_source if latency_source else ''})"
-                   f" x {profile.name} full-load power {load.value} W [{load.kind}: {_short(load.source)}]; "
-                   f"idle {idle.value} W [{idle.kind}: {_short(idle.source)}]; full-load power is all cores "
-                   "busy, so with fewer threads this is an upper bound"),
-    }
+                         latency_source: str = "", threads: int | None = None, p10_ms: float | None = None,
+                         p90_ms: float | None = None) -> dict:
+    """Energy of one inference on ``profile``'s board from its p50 latency: total and above idle, in mJ."""
+    watts, how = busy_power(profile, threads)
+    load, idle = profile.power.load_w, profile.power.idle_w
+
+    def mj(ms):
+        return {"total_mj": ms / 1000.0 * watts * 1000.0, "above_idle_mj": ms / 1000.0 * (watts - idle.value) * 1000.0,
+                "latency_ms": ms}
+
+    out = {**mj(latency_ms),
+           "latency_statistic": "p50",
+           "power_w": watts, "threads": threads, "cores": profile.cores,
+           "load_w": load.value, "idle_w": idle.value,
+           "provenance": "modelled",
+           "source": (f"p50 latency {latency_ms:.3g} ms ({latency_label}{': ' + latency_source if latency_source else ''})"
+                      f" x {profile.name} {how}; full load {load.value} W [{load.kind}: {_short(load.source)}]; "
+                      f"idle {idle.value} W [{idle.kind}: {_short(idle.source)}]; the power between idle and full "
+                      "load is interpolated by busy cores")}
+    if p10_ms is not None and p90_ms is not None:
+        out["spread"] = {"p10": mj(p10_ms), "p90": mj(p90_ms),
+                         "source": "the same power x the p10 and p90 latency: how much the figure moves run to run"}
+    return out
 
 
-def daily_budget(latency_ms: float, profile, rate_per_h: float, battery_wh: float | None = None) -> dict:
-    """A day at ``rate_per_h`` inferences per hour: busy at load power, idle power in between."""
-    load, idle = profile.power.load_w.value, profile.power.idle_w.value
+def daily_budget(latency_ms: float, profile, rate_per_h: float, battery_wh: float | None = None,
+                 threads: int | None = None, per_inference_j: float | None = None, idle_w: float | None = None,
+                 provenance: str = "modelled", source: str | None = None) -> dict:
+    """A day at ``rate_per_h`` inferences per hour: busy for each inference, idle power in between.
+
+    Modelled by default (busy at ``busy_power``); a measured ``per_inference_j`` and ``idle_w`` replace
+    the profile's figures.
+    """
+    busy_w, how = busy_power(profile, threads)
+    idle = profile.power.idle_w.value if idle_w is None else idle_w
     per_day = rate_per_h * 24.0
     busy_s = per_day * latency_ms / 1000.0
     keeps_up = busy_s <= SECONDS_PER_DAY
-    busy_s = min(busy_s, SECONDS_PER_DAY)
+    per_inf_j = per_inference_j if per_inference_j is not None else latency_ms / 1000.0 * busy_w
+    if not keeps_up:
+        per_day_served = SECONDS_PER_DAY / (latency_ms / 1000.0)
+        busy_j = per_day_served * per_inf_j
+        busy_s = SECONDS_PER_DAY
+    else:
+        busy_j = per_day * per_inf_j
     idle_s = SECONDS_PER_DAY - busy_s
-    joules = busy_s * load + idle_s * idle
+    joules = busy_j + idle_s * idle
     wh = joules / 3600.0
     avg_w = joules / SECONDS_PER_DAY
     out = {
@@ -106,15 +211,16 @@ def daily_budget(latency_ms: float, profile, rate_per_h: float, battery_wh: floa
         "busy_s_per_day": busy_s,
         "idle_s_per_day": idle_s,
         "energy_wh_per_day": wh,
-        "busy_wh_per_day": busy_s * load / 3600.0,
+        "busy_wh_per_day": busy_j / 3600.0,
         "idle_wh_per_day": idle_s * idle / 3600.0,
         "average_power_w": avg_w,
+        "idle_w": idle,
         "inferences_per_wh": (per_day / wh) if keeps_up else None,
         "keeps_up": keeps_up,
         "hourly_wh": [wh / 24.0] * 24,
-        "provenance": "modelled",
-        "source": (f"{per_day:g} inferences/day x {latency_ms:.3g} ms at {load} W + the rest of the day idle "
-                   f"at {idle} W ({profile.name})"),
+        "provenance": provenance,
+        "source": source or (f"{per_day:g} inferences/day x {latency_ms:.3g} ms (p50) at {busy_w:.3g} W ({how}) + "
+                             f"the rest of the day idle at {idle} W ({profile.name})"),
     }
     if not keeps_up:
         out["note"] = (f"at {rate_per_h:g}/h the device would need {per_day * latency_ms / 1000 / 3600:.1f} h "
@@ -130,37 +236,53 @@ def daily_budget(latency_ms: float, profile, rate_per_h: float, battery_wh: floa
 def budget_verdict(energy_mj: float, budget_mj: float, provenance: str) -> dict:
     return {"budget_mj": budget_mj, "energy_mj": energy_mj, "passed": energy_mj <= budget_mj,
             "margin_mj": budget_mj - energy_mj, "provenance": provenance,
-            "source": "total energy per inference (modelled) compared with --budget-mj"}
+            "source": f"total energy per inference ({provenance}) compared with --budget-mj"}
 
 
 def energy_report(latency_ms: float, profile, battery_wh: float | None = None, rate_per_h: float | None = None,
-                  budget_mj: float | None = None, latency_label: str = "measured", latency_source: str = "") -> dict:
-    """The energy-budget report for a model whose mean latency on ``profile``'s device is ``latency_ms``.
+                  budget_mj: float | None = None, latency_label: str = "measured", latency_source: str = "",
+                  threads: int | None = None, p10_ms: float | None = None, p90_ms: float | None = None,
+                  reliable: dict | None = None, measured: dict | None = None) -> dict:
+    """The energy-budget report for a model whose p50 latency on ``profile``'s device is ``latency_ms``.
 
     Used by ``profile`` and at the end of ``export``. ``latency_label`` says how the latency was
     obtained (measured / estimated / emulated); it is carried into every figure's source. ``rate_per_h``
-    may be a number or text like '120/h'. The result's ``budget.passed`` is False when over
-    ``budget_mj``; the caller turns that into exit 3.
+    may be a number or text like '120/h'. ``measured`` (from ``measured_per_inference``, taken on the
+    device itself) becomes the headline per-inference figure, the modelled one staying beside it as
+    ``modelled_per_inference``. The result's ``budget.passed`` is False when over ``budget_mj``; the
+    caller turns that into exit 3.
     """
     if isinstance(rate_per_h, str):
         rate_per_h = parse_rate(rate_per_h)
     battery_wh = check_positive(battery_wh, "--battery-wh", "watt-hours")
     budget_mj = check_positive(budget_mj, "--budget-mj", "millijoules")
-    per_inf = energy_per_inference(latency_ms, profile, latency_label, latency_source)
-    report = {"device": profile.name, "latency_ms": latency_ms, "latency_provenance": latency_label,
-              "per_inference": per_inf,
+    modelled = energy_per_inference(latency_ms, profile, latency_label, latency_source, threads, p10_ms, p90_ms)
+    if reliable is not None:
+        modelled["reliability"] = reliable
+    per_inf = measured if measured is not None else modelled
+    report = {"device": profile.name, "latency_ms": latency_ms, "latency_statistic": "p50",
+              "latency_provenance": latency_label, "per_inference": per_inf,
               "inferences_per_wh_busy": 3600.0 / (per_inf["total_mj"] / 1000.0) if per_inf["total_mj"] else None}
+    if measured is not None:
+        report["modelled_per_inference"] = modelled
     if rate_per_h is not None:
-        report["daily"] = daily_budget(latency_ms, profile, rate_per_h, battery_wh)
+        if measured is not None and measured.get("idle_w") is not None:
+            src = (f"{rate_per_h * 24:g} inferences/day x {measured['total_mj']:.3g} mJ measured + the rest of the day "
+                   f"idle at the measured {measured['idle_w']:.3g} W ({measured['meter']})")
+            report["daily"] = daily_budget(latency_ms, profile, rate_per_h, battery_wh, threads,
+                                           measured["total_mj"] / 1000.0, measured["idle_w"], "measured", src)
+        else:
+            report["daily"] = daily_budget(latency_ms, profile, rate_per_h, battery_wh, threads)
     elif battery_wh is not None:
         # Without a rate the only honest battery figure is flat-out inference.
-        hours = battery_wh / profile.power.load_w.value
+        watts = per_inf["total_mj"] / latency_ms
+        hours = battery_wh / watts
         report["continuous"] = {"battery_wh": battery_wh, "battery_hours": hours,
                                 "inferences": hours * 3600.0 * 1000.0 / latency_ms,
-                                "provenance": "modelled",
-                                "source": f"battery {battery_wh} Wh / full-load power {profile.power.load_w.value} W"}
+                                "provenance": per_inf["provenance"],
+                                "source": f"battery {battery_wh} Wh / busy power {watts:.3g} W"}
     if budget_mj is not None:
-        report["budget"] = budget_verdict(per_inf["total_mj"], budget_mj, "modelled")
+        report["budget"] = budget_verdict(per_inf["total_mj"], budget_mj, per_inf["provenance"])
     return report
 
 
@@ -216,3 +338,101 @@ def rapl_per_inference(rapl: dict, runs: int, idle_w: float | None = None) -> di
            "source": f"RAPL package energy ({', '.join(rapl['domains'])}) over {runs} timed runs on this host; "
                      "host CPU package only, not the target device"}
     return out
+
+
+# --- a measured (or modelled) stretch of work: fine-tuning ----------------------------------------------
+
+class EnergyMeter:
+    """Energy of a stretch of work, measured where this machine can, modelled from ``profile`` otherwise.
+
+    ``start()`` measures the idle board first (about a second, only where a power source exists) and
+    starts the sampling thread; ``stop(epochs, samples)`` returns the record: ``joules``, ``seconds``,
+    per epoch and per sample, labelled measured (with the source and sample count) or modelled. A
+    measurement of this machine is the headline figure only when this machine is the profile's device
+    (or no profile is given); otherwise the modelled figure leads and the measurement sits beside it.
+    """
+
+    def __init__(self, profile=None, threads: int | None = None, power_log=None, source="auto"):
+        from . import power
+
+        self.profile, self.threads = profile, threads
+        self.power_log = power.check_power_log(power_log) if power_log else None
+        self.source = power.detect() if source == "auto" else source
+        self.meter = power.PowerMeter(self.source) if self.source is not None else None
+        self.window = self.idle_window = None
+        self.result: dict | None = None
+
+    def start(self) -> "EnergyMeter":
+        from . import power
+
+        if self.meter is not None:
+            self.meter.start()
+            self.meter.idle()
+            self.idle_window = self.meter.idle_window
+            self._t0 = self.meter.begin()
+        else:
+            if self.power_log is not None:
+                t = time.time()
+                time.sleep(power.DEFAULT_IDLE_S)
+                self.idle_window = (t, time.time())
+            self._t0 = time.time()
+        return self
+
+    def stop(self, epochs: int = 0, samples: int = 0) -> dict | None:
+        from . import power
+
+        if self.result is not None:  # stopped already (the context manager): add the per-unit figures
+            return self._per_unit(self.result, epochs, samples)
+        t1 = time.time()
+        self.window = (self._t0, t1)
+        seconds = t1 - self._t0
+        measured = None
+        if self.meter is not None:
+            self.meter.window = self.window
+            measured = measured_run(self.meter.finish())
+        elif self.power_log is not None:
+            measured = measured_run(power.log_record(self.power_log, self.window, self.idle_window))
+        modelled = energy_for_duration(seconds, self.profile, self.threads) if self.profile is not None else None
+        if measured is not None and (self.profile is None or _on_device(self.profile)):
+            out = {**measured, "modelled": modelled}
+        elif modelled is not None:
+            out = {**modelled}
+            if measured is not None:
+                out["measured_here"] = {**measured, "note": "measured on this machine, which is not the profile's "
+                                                            "device"}
+        elif measured is not None:
+            out = measured
+        else:
+            out = None
+        if out is not None:
+            out["wall"] = list(self.window)
+        self.result = out
+        return self._per_unit(out, epochs, samples)
+
+    @staticmethod
+    def _per_unit(out, epochs: int, samples: int):
+        if out is not None:
+            if epochs:
+                out["epochs"], out["joules_per_epoch"] = epochs, out["joules"] / epochs
+            if samples:
+                out["samples_trained"], out["joules_per_sample"] = samples, out["joules"] / samples
+        return out
+
+
+@contextmanager
+def measure_energy(profile=None, threads: int | None = None, power_log=None):
+    """``with measure_energy(profile, threads) as m: work()``; then ``m.result`` (see ``EnergyMeter``)."""
+    meter = EnergyMeter(profile, threads, power_log).start()
+    try:
+        yield meter
+    finally:
+        meter.stop()
+
+
+def _on_device(profile) -> bool:
+    from .devices import detect_host
+
+    try:
+        return detect_host().matches(profile)
+    except Exception:  # noqa: BLE001 - a host we cannot describe is not known to be the device
+        return False

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import energy, memory_model, runtime
+from . import energy, memory_model, power, runtime
 from .errors import RunFailed, UsageError
 
 RUNTIMES = ("onnxruntime", "mxnet")
@@ -203,7 +203,7 @@ def latency_summary(lat: list[float]) -> dict:
     std = math.sqrt(sum((x - mean) ** 2 for x in lat) / n)
     p50 = percentile(lat, 50)
     p99 = percentile(lat, 99)
-    return {"mean_ms": mean, "p50_ms": p50, "p90_ms": percentile(lat, 90), "p99_ms": p99,
+    return {"mean_ms": mean, "p10_ms": percentile(lat, 10), "p50_ms": p50, "p90_ms": percentile(lat, 90), "p99_ms": p99,
             "min_ms": min(lat), "max_ms": max(lat), "std_ms": std, "spread_p99_p50": p99 / p50 if p50 else None,
             "runs": n}
 
@@ -228,6 +228,11 @@ def _summarise_config(raw: dict, label: str, source: str) -> dict:
         },
         "ops": raw.get("ops"),
         "rapl": raw.get("rapl"),
+        "power": raw.get("power"),
+        "wall_timed": raw.get("wall_timed"),
+        "wall_idle": raw.get("wall_idle"),
+        "loadavg": max((x for x in (raw.get("loadavg_before"), raw.get("loadavg_after")) if x is not None),
+                       default=None),
         "input": raw.get("input"),
         "provenance": label,
         "source": source,
@@ -239,12 +244,14 @@ def _summarise_config(raw: dict, label: str, source: str) -> dict:
 def profile(model: str, *, runtime_name: str | None = None, threads=None, batch: int = 1, warmup: int = 10,
             runs: int = 100, device=None, battery_wh: float | None = None, rate=None,
             budget_mj: float | None = None, input_shape=None, params: str | None = None,
-            timeout: float = DEFAULT_TIMEOUT_S, op_profile: bool = True,
+            timeout: float = DEFAULT_TIMEOUT_S, op_profile: bool = True, power_log=None,
             progress: Callable[[str], None] | None = None) -> ProfileResult:
     """Profile MODEL: one fresh child per thread count, then the device verdict and energy budget.
 
     ``device`` is a profile name, a YAML path or a DeviceProfile (None: host only). ``rate`` is
-    inferences per hour (a number or 'N/h'). Raises UsageError for bad input before any work.
+    inferences per hour (a number or 'N/h'). ``power_log`` is a USB power meter's CSV recorded during
+    the run (``power.read_power_log``), aligned to the timed runs' wall-clock window afterwards. Raises
+    UsageError for bad input before any work.
     """
     from .devices import detect_host, load_device
     from .models import parse_model_ref
@@ -261,6 +268,8 @@ def profile(model: str, *, runtime_name: str | None = None, threads=None, batch:
     budget_mj = energy.check_positive(budget_mj, "--budget-mj", "millijoules")
     if timeout is None or not timeout > 0:
         raise UsageError(f"--timeout must be more than zero, got {timeout}", "--timeout", "give seconds, e.g. 600")
+    if power_log is not None:
+        power_log = power.check_power_log(power_log)
     prof = load_device(device) if isinstance(device, (str, Path)) else device
     if prof is None and (battery_wh or rate_per_h or budget_mj):
         raise UsageError("the energy budget needs the device's power figures", "--device",
@@ -285,7 +294,9 @@ def profile(model: str, *, runtime_name: str | None = None, threads=None, batch:
     notes: list[str] = []
 
     with tempfile.TemporaryDirectory(prefix="edgetrain-profile-model-") as tmp:
-        base_spec = {"runtime": runtime_name, "batch": batch, "chw": chw, "params": params, "model": str(model)}
+        base_spec = {"runtime": runtime_name, "batch": batch, "chw": chw, "params": params, "model": str(model),
+                     "power": {"measure": True, "idle_s": power.DEFAULT_IDLE_S, "log": power_log is not None,
+                               "min_window_s": power.POWER_LOG_MIN_WINDOW_S if power_log is not None else 0.0}}
         if is_onnx:
             base_spec["model_file"] = str(Path(model).resolve())
         plan_spec = {**base_spec, "mode": "plan"}
@@ -314,6 +325,9 @@ def profile(model: str, *, runtime_name: str | None = None, threads=None, batch:
                             t, f"the {runtime_name} run with {t} thread(s)", timeout)
             configs.append(_summarise_config(raw, label, where))
     input_shape_full = (configs[0].get("input") or {}).get("shape") or base_spec["input_shape"] or []
+    if power_log is not None:
+        for c in configs:  # the meter's log, aligned to the window each child recorded
+            c["power"] = _log_power(power_log, c)
 
     best = min(configs, key=lambda c: c["latency"]["p50_ms"])
     best_summary = {"threads": best["threads"], "p50_ms": best["latency"]["p50_ms"],
@@ -333,10 +347,18 @@ def profile(model: str, *, runtime_name: str | None = None, threads=None, batch:
         verdict["memory"] = _memory_verdict(peak, prof, host)
         verdict["latency"] = _latency_verdict(best, configs, prof, host, label, timeout, say)
         lat = verdict["latency"]
-        if lat.get("mean_ms") is not None:
-            energy_d = energy.energy_report(lat["mean_ms"], prof, battery_wh=battery_wh, rate_per_h=rate_per_h,
+        if lat.get("p50_ms") is not None:
+            timed = next((c for c in configs if c["threads"] == lat["threads"]), best)
+            on_device = host.matches(prof)
+            measured = energy.measured_per_inference(timed.get("power")) if on_device else None
+            reliable = energy.reliability(timed["latency"]["spread_p99_p50"], timed.get("loadavg"), host.cores_usable,
+                                          (lat.get("reference") or {}).get("host_spread_p99_p50"))
+            energy_d = energy.energy_report(lat["p50_ms"], prof, battery_wh=battery_wh, rate_per_h=rate_per_h,
                                             budget_mj=budget_mj, latency_label=lat["provenance"],
-                                            latency_source=lat["source"])
+                                            latency_source=lat["source"], threads=lat["threads"],
+                                            p10_ms=lat.get("p10_ms"), p90_ms=lat.get("p90_ms"), reliable=reliable,
+                                            measured=measured)
+            energy_d["reliability"] = reliable
         else:
             energy_d = {"device": prof.name, "available": False,
                         "note": f"no energy estimate: {lat['note']}"}
@@ -398,11 +420,12 @@ def _latency_verdict(best: dict, configs: list[dict], prof, host, label: str, ti
                 "source": "emulated run on this host"}
     if host.matches(prof):
         return {**out, "provenance": "measured", "factor": 1.0, "mean_ms": lat["mean_ms"], "p50_ms": lat["p50_ms"],
+                "p10_ms": lat.get("p10_ms"), "p90_ms": lat["p90_ms"],
                 "p99_ms": lat["p99_ms"], "source": f"measured on this host, which matches {prof.name}"}
     method = prof.speed.method
     if method == "host":
         return {**out, "provenance": "estimated", "factor": 1.0, "mean_ms": lat["mean_ms"], "p50_ms": lat["p50_ms"],
-                "p99_ms": lat["p99_ms"],
+                "p10_ms": lat.get("p10_ms"), "p90_ms": lat["p90_ms"], "p99_ms": lat["p99_ms"],
                 "source": f"{prof.name} speed.method is 'host': the device is taken to be as fast as this host "
                           f"({host.cpu}); factor 1"}
     if method == "reference_latency":
@@ -416,9 +439,11 @@ def _latency_verdict(best: dict, configs: list[dict], prof, host, label: str, ti
         factor = refp.latency_ms / host_ref["p50_ms"]
         return {**out, "provenance": "estimated", "factor": factor, "mean_ms": lat["mean_ms"] * factor,
                 "p50_ms": lat["p50_ms"] * factor, "p99_ms": lat["p99_ms"] * factor,
+                "p10_ms": lat["p10_ms"] * factor, "p90_ms": lat["p90_ms"] * factor,
                 "reference": {"model": refp.model, "input": refp.input, "threads": refp.threads,
                               "device_ms": refp.latency_ms, "device_runtime": refp.runtime,
                               "host_ms": host_ref["p50_ms"], "host_runtime": host_ref["runtime"],
+                              "host_spread_p99_p50": host_ref.get("spread_p99_p50"),
                               "source": refp.source},
                 "source": (f"host latency x {factor:.3g} = {prof.name}'s published {refp.model} {refp.input}x"
                            f"{refp.input} {refp.threads}-thread latency {refp.latency_ms} ms ({refp.runtime}) / this "
@@ -473,7 +498,8 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None) -> 
             run_spec["model_file"] = info["model_file"]
         raw = run_child(run_spec, refp.threads, "the speed reference run", timeout)
     summary = latency_summary(raw["latencies_ms"])
-    out = {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"], "runtime": f"{rt} {raw.get('runtime_version')}"}
+    out = {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"], "spread_p99_p50": summary["spread_p99_p50"],
+           "runtime": f"{rt} {raw.get('runtime_version')}"}
     _reference_cache[key] = out
     return out
 
@@ -484,11 +510,37 @@ def _host_energy(configs: list[dict]) -> dict | None:
         if c.get("rapl"):
             e = energy.rapl_per_inference(c["rapl"], c["rapl"]["runs"])
             per.append({"threads": c["threads"], **e})
-    if not per:
-        return {"available": False, "provenance": "measured",
-                "note": "RAPL (/sys/class/powercap/intel-rapl*/energy_uj) is not readable on this host; "
-                        "no measured energy"}
-    return {"available": True, "configs": per}
+    board = []
+    for c in configs:
+        m = energy.measured_per_inference(c.get("power"))
+        if m is not None:
+            board.append({"threads": c["threads"], **m})
+    out: dict = {"available": bool(per), "configs": per} if per else \
+        {"available": False, "provenance": "measured",
+         "note": "RAPL (/sys/class/powercap/intel-rapl*/energy_uj) is not readable on this host; no measured energy"}
+    if board:
+        out["board"] = board  # this machine's board sensor or meter log, whatever device was asked about
+    else:
+        notes = [c["power"]["note"] for c in configs if (c.get("power") or {}).get("note")]
+        out["board_note"] = notes[0] if notes else (
+            "no board power source on this machine (Pi 5 PMIC via vcgencmd, Jetson INA3221, hwmon power sensor) "
+            "and no --power-log: energy is modelled")
+    return out
+
+
+def _log_power(path, config: dict) -> dict:
+    """A configuration's measured record from the meter's log, over the window its child recorded."""
+    rec = config.get("power") or {}
+    window = rec.get("window_wall") or config.get("wall_timed")
+    idle = config.get("wall_idle") or ((rec.get("idle") or {}).get("t0"), (rec.get("idle") or {}).get("t1"))
+    idle = tuple(idle) if idle and None not in idle else None
+    measured = power.log_record(path, tuple(window), idle)
+    for k in ("inferences", "timed_runs", "extra_runs", "min_window_s"):
+        if k in rec:
+            measured[k] = rec[k]
+    if rec.get("available"):  # a board source measured too: keep it beside the meter
+        measured["board_sensor"] = {k: rec.get(k) for k in ("source", "joules", "samples", "idle_w", "detail")}
+    return measured
 
 
 def _host_summary(host) -> dict:
@@ -531,17 +583,30 @@ def collect_figures(r: ProfileResult) -> list[dict]:
     elif lat:
         figs.append(figure(f"latency on {r.device['name']}", None, "ms", lat["provenance"], lat["note"]))
     e = r.energy or {}
-    if e.get("per_inference"):
-        pi = e["per_inference"]
-        figs.append(figure("energy per inference (total)", pi["total_mj"], "mJ", "modelled", pi["source"]))
-        figs.append(figure("energy per inference (above idle)", pi["above_idle_mj"], "mJ", "modelled", pi["source"]))
+    for key in ("per_inference", "modelled_per_inference"):
+        pi = e.get(key)
+        if not pi:
+            continue
+        figs.append(figure("energy per inference (total)", pi["total_mj"], "mJ", pi["provenance"], pi["source"]))
+        if pi.get("above_idle_mj") is not None:
+            figs.append(figure("energy per inference (above idle)", pi["above_idle_mj"], "mJ", pi["provenance"],
+                               pi["source"]))
+        if pi.get("spread"):
+            sp = pi["spread"]
+            figs.append(figure("energy per inference at p10 latency", sp["p10"]["total_mj"], "mJ", pi["provenance"],
+                               sp["source"]))
+            figs.append(figure("energy per inference at p90 latency", sp["p90"]["total_mj"], "mJ", pi["provenance"],
+                               sp["source"]))
     if e.get("daily"):
         d = e["daily"]
-        figs.append(figure("energy per day", d["energy_wh_per_day"], "Wh", "modelled", d["source"]))
+        figs.append(figure("energy per day", d["energy_wh_per_day"], "Wh", d["provenance"], d["source"]))
         if "battery_hours" in d:
-            figs.append(figure("battery life", d["battery_hours"], "h", "modelled",
+            figs.append(figure("battery life", d["battery_hours"], "h", d["provenance"],
                                f"{d['battery_wh']} Wh / average {d['average_power_w']:.3g} W"))
     for h in (r.host_energy or {}).get("configs", []):
         figs.append(figure(f"host energy per inference (RAPL), {h['threads']} thread(s)", h["total_mj"], "mJ",
+                           "measured", h["source"]))
+    for h in (r.host_energy or {}).get("board", []):
+        figs.append(figure(f"board energy per inference ({h['meter']}), {h['threads']} thread(s)", h["total_mj"], "mJ",
                            "measured", h["source"]))
     return figs

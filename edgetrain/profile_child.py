@@ -74,8 +74,18 @@ def run(spec: dict) -> dict:
     for _ in range(spec["warmup"]):
         runner.infer()
 
+    meter, power_spec = _power_meter(spec)
+    if meter is not None:
+        meter.start()
+        meter.idle()  # the idle board, this process asleep, just before the timed runs
+    elif power_spec.get("log"):
+        idle_t0 = time.time()
+        time.sleep(power_spec.get("idle_s", 0))  # an idle stretch the meter's log can show too
+        out["wall_idle"] = [idle_t0, time.time()]
+    out["loadavg_before"] = _loadavg()
     lat = []
     energy_start = rapl() if rapl else None
+    wall_t0 = meter.begin() if meter is not None else time.time()
     wall0 = time.perf_counter()
     for _ in range(spec["runs"]):
         t0 = time.perf_counter()
@@ -83,6 +93,10 @@ def run(spec: dict) -> dict:
         lat.append((time.perf_counter() - t0) * 1000)
     wall = time.perf_counter() - wall0
     energy_end = rapl() if rapl else None
+    out["wall_timed"] = [wall_t0, time.time()]
+    if meter is not None or power_spec.get("log"):
+        out["power"] = _measure_power(meter, power_spec, runner, wall_t0, spec["runs"], out)
+    out["loadavg_after"] = _loadavg()
     out["latencies_ms"] = lat
     out["timed_wall_s"] = wall
     mem["final_rss_mb"], mem["peak_rss_mb"] = rss_mb(), peak_rss_mb()
@@ -98,6 +112,50 @@ def run(spec: dict) -> dict:
     out["ops"] = runner.op_profile(min(OP_PROFILE_RUNS, spec["runs"])) if spec.get("op_profile", True) else \
         {"available": False, "note": "per-op profiling switched off"}
     return out
+
+
+def _power_meter(spec: dict):
+    """The board's power meter when this machine has a source (energy.power), else None."""
+    power_spec = spec.get("power") or {}
+    if not power_spec.get("measure"):
+        return None, power_spec
+    from . import power
+
+    source = power.detect()
+    if source is None:
+        return None, power_spec
+    return power.PowerMeter(source, idle_s=power_spec.get("idle_s", power.DEFAULT_IDLE_S)), power_spec
+
+
+def _measure_power(meter, power_spec: dict, runner, wall_t0: float, runs: int, out: dict) -> dict:
+    """Energy over the timed runs, extended by untimed inferences until the window holds enough samples."""
+    from . import power
+
+    min_window = float(power_spec.get("min_window_s") or 0.0)
+    if meter is not None:
+        min_window = max(min_window, power.MIN_WINDOW_PERIODS * meter.period_s)
+    extra = 0
+    while time.time() - wall_t0 < min_window:
+        runner.infer()
+        extra += 1
+    if meter is not None:
+        meter.end()
+        rec = meter.finish()
+    else:
+        rec = {"available": False, "source": "power-log", "note": "read from the power log by the parent"}
+    rec["window_wall"] = [wall_t0, meter.window[1] if meter is not None else time.time()]
+    rec["inferences"] = runs + extra
+    rec["timed_runs"] = runs
+    rec["extra_runs"] = extra
+    rec["min_window_s"] = min_window
+    return rec
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def _rapl_reader():

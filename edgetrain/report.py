@@ -106,18 +106,42 @@ def text_summary(d: dict) -> list[str]:
     he = d.get("host_energy") or {}
     for h in he.get("configs", []):
         lines.append(f"host       RAPL {_fmt(h['total_mj'])} mJ per inference at {h['threads']} thread(s) [measured, host]")
+    for h in he.get("board", []):
+        lines.append(f"host       {h['meter']} {_fmt(h['total_mj'])} mJ per inference at {h['threads']} thread(s), "
+                     f"{h['samples']} samples [measured, this machine]")
     for note in d.get("notes", []):
         lines.append(f"note       {note}")
     return lines
+
+
+def _per_inference_lines(pi: dict) -> list[str]:
+    above = f", {_fmt(pi['above_idle_mj'])} mJ above idle" if pi.get("above_idle_mj") is not None else ""
+    if pi["provenance"] == "measured":
+        return [f"energy     {_fmt(pi['total_mj'])} mJ per inference total{above} [measured: {pi['meter']}, "
+                f"{pi['samples']} samples over {pi['inferences']} inferences, idle {_fmt(pi.get('idle_w'))} W]"]
+    text = (f"energy     {_fmt(pi['total_mj'])} mJ per inference total{above} [modelled: p50 latency x "
+            f"{_fmt(pi['power_w'])} W")
+    if pi.get("threads") is not None:
+        text += f" at {min(pi['threads'], pi['cores'])} of {pi['cores']} cores busy"
+    text += "]"
+    if pi.get("spread"):
+        sp = pi["spread"]
+        text += f"; p10-p90 latency: {_fmt(sp['p10']['total_mj'])}-{_fmt(sp['p90']['total_mj'])} mJ"
+    return [text]
 
 
 def energy_lines(e: dict) -> list[str]:
     """The energy-budget report's terminal lines (profile's, and export --device's)."""
     lines: list[str] = []
     if e.get("per_inference"):
-        pi = e["per_inference"]
-        lines.append(f"energy     {_fmt(pi['total_mj'])} mJ per inference total, {_fmt(pi['above_idle_mj'])} mJ "
-                     f"above idle [modelled]")
+        lines.extend(_per_inference_lines(e["per_inference"]))
+        if e.get("modelled_per_inference"):
+            m = e["modelled_per_inference"]
+            lines.append(f"energy     modelled for comparison: {_fmt(m['total_mj'])} mJ per inference "
+                         f"(p50 latency x {_fmt(m['power_w'])} W)")
+        rel = e.get("reliability") or {}
+        if rel.get("reasons"):
+            lines.append("warning    the latency and energy estimates are unreliable: " + "; ".join(rel["reasons"]))
     elif e.get("note"):
         lines.append(f"energy     {e['note']}")
     if e.get("measured_per_inference"):
@@ -376,13 +400,14 @@ def render_html(d: dict) -> str:
         cards.append(_card(f"mean latency on {dev['name']}", f"{_fmt(v['latency']['mean_ms'])} ms",
                            v["latency"]["provenance"]))
     if en.get("per_inference"):
-        cards.append(_card("energy / inference", f"{_fmt(en['per_inference']['total_mj'])} mJ", "modelled"))
+        cards.append(_card("energy / inference", f"{_fmt(en['per_inference']['total_mj'])} mJ",
+                           en["per_inference"]["provenance"]))
     if en.get("daily") and "battery_hours" in en["daily"]:
-        cards.append(_card("battery life", f"{_fmt(en['daily']['battery_days'])} days", "modelled"))
+        cards.append(_card("battery life", f"{_fmt(en['daily']['battery_days'])} days", en["daily"]["provenance"]))
     if en.get("budget"):
         ok = en["budget"]["passed"]
         cards.append(_card("energy budget", f"{'pass' if ok else 'OVER'} ({en['budget']['budget_mj']:g} mJ)",
-                           "modelled", "ok" if ok else "bad"))
+                           en["budget"]["provenance"], "ok" if ok else "bad"))
     parts.append("<div class='cards'>" + "".join(cards) + "</div>")
 
     parts.append(f"<h2>Latency ({b['threads']} thread(s), {_tag(best['provenance'])})</h2>")
@@ -439,9 +464,24 @@ def render_html(d: dict) -> str:
     parts.append("<h2>Energy</h2>")
     if en.get("per_inference"):
         pi = en["per_inference"]
-        parts.append(f"<p>Per inference: <b>{_fmt(pi['total_mj'])} mJ</b> total, {_fmt(pi['above_idle_mj'])} mJ above "
-                     f"idle {_tag('modelled')}; {_fmt(en['inferences_per_wh_busy'])} inferences per Wh of busy time."
-                     f"</p><p class='src'>{e(pi['source'])}</p>")
+        parts.append(f"<p>Per inference: <b>{_fmt(pi['total_mj'])} mJ</b> total, {_fmt(pi.get('above_idle_mj'))} mJ "
+                     f"above idle {_tag(pi['provenance'])}; {_fmt(en['inferences_per_wh_busy'])} inferences per Wh of "
+                     f"busy time.</p><p class='src'>{e(pi['source'])}</p>")
+        for key in ("per_inference", "modelled_per_inference"):
+            sp = (en.get(key) or {}).get("spread")
+            if sp:
+                parts.append(f"<p>How much it may move: {_fmt(sp['p10']['total_mj'])} mJ at the p10 latency to "
+                             f"{_fmt(sp['p90']['total_mj'])} mJ at the p90 latency {_tag('modelled')}.</p>")
+        if en.get("modelled_per_inference"):
+            m = en["modelled_per_inference"]
+            parts.append(f"<p>Modelled for comparison: {_fmt(m['total_mj'])} mJ {_tag('modelled')}</p>"
+                         f"<p class='src'>{e(m['source'])}</p>")
+        if pi.get("rails_mj"):
+            parts.append(_table(["rail", "mJ / inference"], [[e(k), _fmt(v)] for k, v in pi["rails_mj"].items()], {1}))
+        rel = en.get("reliability") or {}
+        if rel.get("reasons"):
+            parts.append("<p class='bad'>The latency and energy estimates are unreliable: "
+                         + e("; ".join(rel["reasons"])) + ".</p>")
         if en.get("daily"):
             dd = en["daily"]
             parts.append(energy_day_svg(dd))
@@ -478,6 +518,13 @@ def render_html(d: dict) -> str:
         parts.append(f"<p class='src'>{e(he['configs'][0]['source'])}</p>")
     elif he.get("note"):
         parts.append(f"<p class='src'>{e(he['note'])}</p>")
+    if he.get("board"):
+        parts.append(_table(["threads", "board mJ / inference", "above idle mJ", "samples", "provenance"],
+                            [[h["threads"], _fmt(h["total_mj"]), _fmt(h.get("above_idle_mj")), h["samples"],
+                              _tag("measured")] for h in he["board"]], {1, 2, 3}))
+        parts.append(f"<p class='src'>{e(he['board'][0]['source'])}</p>")
+    elif he.get("board_note"):
+        parts.append(f"<p class='src'>{e(he['board_note'])}</p>")
 
     parts.append(f"<h2>Where the time goes ({b['threads']} thread(s))</h2>")
     ops = best.get("ops") or {}

@@ -122,7 +122,7 @@ def _summary(json_path, res) -> None:
     say(json_path, f"memory    peak RSS {res.peak_rss_mb:.0f} MB{budget}")
     if res.energy:
         e = res.energy
-        say(json_path, f"energy    {e['joules']:.1f} J modelled ({e['source']}); {res.joules_per_epoch:.2f} J/epoch, "
+        say(json_path, f"energy    {e['joules']:.1f} J {e['provenance']} ({e['source']}); {res.joules_per_epoch:.2f} J/epoch, "
                        f"{res.joules_per_sample * 1000:.2f} mJ/sample")
     else:
         say(json_path, "energy    pass --device NAME for a modelled energy figure")

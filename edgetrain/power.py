@@ -1,0 +1,584 @@
+"""Power measured on the board itself: sensor sources, a sampling thread, trapezoid integration, and an
+external USB power meter's log.
+
+Sources, the first one found wins (``detect``):
+
+- ``pi5-pmic``: the Raspberry Pi 5's PMIC through ``vcgencmd pmic_read_adc``. It prints one line per
+  ADC channel, currents then voltages, e.g. ``VDD_CORE_A current(7)=0.75012000A`` and
+  ``VDD_CORE_V volt(15)=0.72670500V``. The number in brackets is the ADC channel, not the rail, so a
+  rail's current and voltage are paired by name (``VDD_CORE``). The total is the sum of V x A over the
+  paired rails: what the PMIC delivers to the SoC, memory and I/O. ``EXT5V_V`` (the 5 V input) and
+  ``BATT_V`` have no current line, so the input power, the PMIC's conversion losses and USB
+  peripherals are not in the figure; an inline USB meter (``--power-log``) measures those.
+- ``jetson-ina3221``: the Jetson Nano's INA3221 monitors. Older L4T kernels: ``ina3221x`` with
+  ``iio:device*/rail_name_N`` and ``in_powerN_input`` (mW) or ``in_voltageN_input`` (mV) x
+  ``in_currentN_input`` (mA); newer kernels: ``ina3221`` with ``hwmon/hwmon*/inN_label``, ``inN_input``
+  (mV) and ``currN_input`` (mA). The same discovery as Zeus (ml-energy/zeus, zeus/device/soc/jetson.py).
+  The total is the board input rail (``POM_5V_IN`` / ``VDD_IN``); the CPU and GPU rails are parts of it
+  and are reported per rail.
+- ``hwmon``: any Linux hwmon device with ``powerN_input`` (µW), or ``inN_input`` (mV) and
+  ``currN_input`` (mA) of the same index. The total is the sum of the channels found, each named.
+
+Every root is injectable: ``sysfs_root`` (default ``$EDGETRAIN_SYSFS_ROOT`` or ``/sys``) and the
+``vcgencmd`` program (``$EDGETRAIN_VCGENCMD``, else ``vcgencmd`` on PATH), so tests run on generated
+sensor trees and a fake ``vcgencmd``. RAPL (the x86 CPU package counter) stays in ``energy``: it is an
+energy counter, read at the ends of a window, not sampled.
+
+A measurement (``PowerMeter``) samples the idle board first (the process sleeping), then the work, in
+one sampling thread at the source's stated rate; energy is the trapezoid over the samples' timestamps,
+clipped to the window by linear interpolation, and "above idle" subtracts the idle average over the
+same duration. Timestamps are wall-clock (``time.time()``) so an external meter's log can be aligned to
+the same window afterwards.
+"""
+from __future__ import annotations
+
+import bisect
+import csv
+import math
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from .errors import UsageError
+
+ENV_SYSFS = "EDGETRAIN_SYSFS_ROOT"
+ENV_VCGENCMD = "EDGETRAIN_VCGENCMD"
+DEFAULT_RATE_HZ = 20.0  # sysfs reads cost microseconds
+PMIC_RATE_HZ = 10.0  # each read forks vcgencmd (a few ms on a Pi 5): keep its own cost small
+DEFAULT_IDLE_S = 1.0
+# The energy window must hold this many sample periods, so the trapezoid is not mostly interpolation.
+MIN_WINDOW_PERIODS = 10
+# USB meters log at 1-10 Hz: with --power-log the window is at least this long.
+POWER_LOG_MIN_WINDOW_S = 10.0
+
+_PMIC_LINE = re.compile(r"^\s*(\S+)_([AV])\s+(current|volt)\(\d+\)\s*=\s*([-+0-9.eE]+|nan)\s*([AV])\s*$",
+                        re.IGNORECASE)
+
+
+@dataclass
+class Reading:
+    """One instant: the total watts the source covers and each rail's watts."""
+
+    total_w: float
+    rails: dict[str, float]
+
+
+class Source:
+    name = "source"
+    rate_hz = DEFAULT_RATE_HZ
+    covers = ""
+
+    def read(self) -> Reading:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.covers}"
+
+
+# --- Raspberry Pi 5 PMIC ------------------------------------------------------------------------------
+
+def parse_pmic(text: str) -> dict[str, float]:
+    """``vcgencmd pmic_read_adc`` output -> {rail: watts} for the rails with both a current and a voltage."""
+    amps: dict[str, float] = {}
+    volts: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _PMIC_LINE.match(line)
+        if not m:
+            continue
+        rail, suffix, kind, value, unit = m.groups()
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if not math.isfinite(v):
+            continue
+        if kind.lower() == "current" and unit.upper() == "A":
+            amps[rail] = v
+        elif kind.lower() == "volt" and unit.upper() == "V":
+            volts[rail] = v
+    return {rail: amps[rail] * volts[rail] for rail in sorted(amps) if rail in volts}
+
+
+class Pi5Pmic(Source):
+    name = "pi5-pmic"
+    rate_hz = PMIC_RATE_HZ
+    covers = ("Raspberry Pi 5 PMIC rails (vcgencmd pmic_read_adc), sum of V x A over the rails paired by name; "
+              "the 5 V input, PMIC conversion losses and USB peripherals are not included")
+
+    def __init__(self, program: str):
+        self.program = program
+
+    def _output(self) -> str:
+        proc = subprocess.run([self.program, "pmic_read_adc"], capture_output=True, text=True, timeout=5)
+        if proc.returncode != 0:
+            raise OSError(f"vcgencmd pmic_read_adc failed with exit code {proc.returncode}")
+        return proc.stdout
+
+    def read(self) -> Reading:
+        rails = parse_pmic(self._output())
+        if not rails:
+            raise OSError("vcgencmd pmic_read_adc printed no rail with both a current and a voltage")
+        return Reading(sum(rails.values()), rails)
+
+    @classmethod
+    def find(cls, program: str | None = None) -> "Pi5Pmic | None":
+        program = program or os.environ.get(ENV_VCGENCMD) or shutil.which("vcgencmd")
+        if not program:
+            return None
+        src = cls(program)
+        try:
+            src.read()
+        except (OSError, subprocess.SubprocessError):
+            return None  # not a Pi 5 (older firmware: "Command not registered"), or no access
+        return src
+
+
+# --- sysfs readers ------------------------------------------------------------------------------------
+
+def _num(path: Path) -> float:
+    return float(path.read_text().strip())
+
+
+class _Channel:
+    """One rail: power read directly (``scale`` W per unit) or as voltage x current."""
+
+    def __init__(self, name: str, power: Path | None = None, volt: Path | None = None, curr: Path | None = None,
+                 power_scale: float = 1e-3, vi_scale: float = 1e-6):
+        self.name, self.power, self.volt, self.curr = name, power, volt, curr
+        self.power_scale, self.vi_scale = power_scale, vi_scale
+
+    def watts(self) -> float:
+        if self.power is not None:
+            return _num(self.power) * self.power_scale
+        return _num(self.volt) * _num(self.curr) * self.vi_scale  # mV x mA = µW
+
+    def files(self) -> str:
+        return self.power.name if self.power is not None else f"{self.volt.name} x {self.curr.name}"
+
+
+class _SysfsSource(Source):
+    def __init__(self, channels: list[_Channel], total: str | None, where: str):
+        self.channels = channels
+        self.total = total  # the rail that is the board's input; None: the sum of the channels
+        self.where = where
+
+    def read(self) -> Reading:
+        rails = {c.name: c.watts() for c in self.channels}
+        total = rails[self.total] if self.total else sum(rails.values())
+        return Reading(total, rails)
+
+
+def sysfs_root(root=None) -> Path:
+    return Path(root or os.environ.get(ENV_SYSFS) or "/sys")
+
+
+class JetsonIna3221(_SysfsSource):
+    name = "jetson-ina3221"
+    rate_hz = DEFAULT_RATE_HZ
+
+    @property
+    def covers(self) -> str:
+        what = f"board input rail {self.total}" if self.total else "sum of the rails (no input rail found)"
+        return (f"Jetson INA3221 power monitors under {self.where}: total = {what}; rails "
+                + ", ".join(f"{c.name} ({c.files()})" for c in self.channels))
+
+    @classmethod
+    def find(cls, root=None) -> "JetsonIna3221 | None":
+        base = sysfs_root(root) / "bus" / "i2c" / "drivers"
+        channels: list[_Channel] = []
+        where = None
+        for driver in ("ina3221x", "ina3221"):
+            for dev in sorted((base / driver).glob("*")):
+                # iio layout (L4T 32): iio:device*/rail_name_N, in_powerN_input mW
+                for d in sorted(dev.glob("iio:device*")) + [dev]:
+                    for label in sorted(d.glob("rail_name_*")):
+                        idx = label.name.rsplit("_", 1)[-1]
+                        ch = _rail(label.read_text().strip(), d / f"in_power{idx}_input",
+                                   d / f"in_voltage{idx}_input", d / f"in_current{idx}_input")
+                        if ch:
+                            channels.append(ch)
+                            where = where or str(d)
+                # hwmon layout (newer kernels): hwmon/hwmon*/inN_label, inN_input mV, currN_input mA
+                for d in sorted(dev.glob("hwmon/hwmon*")) + sorted(dev.glob("hwmon*")):
+                    for label in sorted(d.glob("in*_label")):
+                        idx = label.name[2:].split("_", 1)[0]
+                        ch = _rail(label.read_text().strip(), d / f"power{idx}_input", d / f"in{idx}_input",
+                                   d / f"curr{idx}_input", power_scale=1e-6)
+                        if ch:
+                            channels.append(ch)
+                            where = where or str(d)
+        if not channels:
+            return None
+        names = [c.name for c in channels]
+        total = next((n for n in names if n.upper().endswith("_IN") or "_IN_" in n.upper()
+                      or n.upper() in ("VDD_IN", "POM_5V_IN")), None)
+        src = cls(channels, total, where)
+        try:
+            src.read()
+        except (OSError, ValueError):
+            return None
+        return src
+
+
+def _rail(name: str, power: Path, volt: Path, curr: Path, power_scale: float = 1e-3) -> _Channel | None:
+    if not name or name.lower() in ("nc", "not connected"):
+        return None
+    if power.is_file():
+        return _Channel(name, power=power, power_scale=power_scale)
+    if volt.is_file() and curr.is_file():
+        return _Channel(name, volt=volt, curr=curr)
+    return None
+
+
+class Hwmon(_SysfsSource):
+    name = "hwmon"
+    rate_hz = DEFAULT_RATE_HZ
+
+    @property
+    def covers(self) -> str:
+        return ("Linux hwmon sensors, sum of " + ", ".join(f"{c.name} ({c.files()})" for c in self.channels))
+
+    @classmethod
+    def find(cls, root=None) -> "Hwmon | None":
+        channels: list[_Channel] = []
+        for d in sorted((sysfs_root(root) / "class" / "hwmon").glob("hwmon*")):
+            chip = _text(d / "name") or d.name
+            powers = sorted(d.glob("power*_input"))
+            for p in powers:
+                idx = p.name[5:].split("_", 1)[0]
+                label = _text(d / f"power{idx}_label")
+                channels.append(_Channel(f"{chip}/{label or 'power' + idx}", power=p, power_scale=1e-6))
+            if powers:
+                continue  # a chip that reports power: its voltages and currents are the same channels
+            for c in sorted(d.glob("curr*_input")):
+                idx = c.name[4:].split("_", 1)[0]
+                v = d / f"in{idx}_input"
+                if v.is_file():
+                    label = _text(d / f"curr{idx}_label") or _text(d / f"in{idx}_label")
+                    channels.append(_Channel(f"{chip}/{label or 'in' + idx}", volt=v, curr=c))
+        if not channels:
+            return None
+        src = cls(channels, None, str(sysfs_root(root) / "class" / "hwmon"))
+        try:
+            src.read()
+        except (OSError, ValueError):
+            return None
+        return src
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def detect(root=None, vcgencmd: str | None = None) -> Source | None:
+    """The board's power source, or None where nothing on this machine measures power."""
+    if os.environ.get("EDGETRAIN_POWER") == "off":
+        return None
+    return Pi5Pmic.find(vcgencmd) or JetsonIna3221.find(root) or Hwmon.find(root)
+
+
+# --- sampling and integration -------------------------------------------------------------------------
+
+class Sampler:
+    """Reads ``source`` in a background thread every 1/rate s; samples are (wall time, total W, rails W)."""
+
+    def __init__(self, source: Source, rate_hz: float | None = None):
+        self.source = source
+        self.rate_hz = float(rate_hz or source.rate_hz)
+        self.samples: list[tuple[float, float, dict]] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        t0 = time.time()
+        try:
+            r = self.source.read()
+        except (OSError, ValueError, subprocess.SubprocessError):
+            self.errors += 1
+            return
+        # A read takes time (vcgencmd forks): stamp it at the middle of the read.
+        self.samples.append(((t0 + time.time()) / 2, r.total_w, r.rails))
+
+    def _loop(self) -> None:
+        period = 1.0 / self.rate_hz
+        nxt = time.monotonic() + period
+        while not self._stop.wait(max(0.0, nxt - time.monotonic())):
+            self._sample()
+            nxt += period
+            if nxt < time.monotonic():  # fell behind (a slow read): do not burst to catch up
+                nxt = time.monotonic() + period
+
+    def start(self) -> "Sampler":
+        self._sample()  # a sample at the start, so a window opened now is covered
+        self._thread = threading.Thread(target=self._loop, name="edgetrain-power", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[tuple[float, float, dict]]:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self._sample()  # and one at the end, so a window closed before now is covered
+        return self.samples
+
+
+def integrate(times: list[float], watts: list[float], t0: float, t1: float) -> dict | None:
+    """Joules between t0 and t1: trapezoid over the samples, the ends linearly interpolated.
+
+    None when the samples do not cover [t0, t1] (no sample at or before t0, or at or after t1).
+    """
+    if t1 < t0 or len(times) < 2 or times[0] > t0 or times[-1] < t1:
+        return None
+    lo = bisect.bisect_right(times, t0)
+    hi = bisect.bisect_left(times, t1)
+    pts = [(t0, _interp(times, watts, t0))] + list(zip(times[lo:hi], watts[lo:hi])) + [(t1, _interp(times, watts, t1))]
+    joules = sum((b[0] - a[0]) * (a[1] + b[1]) / 2 for a, b in zip(pts, pts[1:]))
+    seconds = t1 - t0
+    return {"joules": joules, "seconds": seconds, "average_w": joules / seconds if seconds > 0 else pts[0][1],
+            "samples": hi - lo}
+
+
+def _interp(times, watts, t):
+    i = bisect.bisect_left(times, t)
+    if i < len(times) and times[i] == t:
+        return watts[i]
+    a, b = i - 1, i
+    frac = (t - times[a]) / (times[b] - times[a])
+    return watts[a] + (watts[b] - watts[a]) * frac
+
+
+def window_energy(samples: list[tuple[float, float, dict]], t0: float, t1: float) -> dict | None:
+    """Total and per-rail energy of sampler ``samples`` over [t0, t1]."""
+    times = [s[0] for s in samples]
+    total = integrate(times, [s[1] for s in samples], t0, t1)
+    if total is None:
+        return None
+    rails = {}
+    for name in (samples[0][2] if samples else {}):
+        r = integrate(times, [s[2].get(name, 0.0) for s in samples], t0, t1)
+        if r is not None:
+            rails[name] = {"joules": r["joules"], "average_w": r["average_w"]}
+    return {**total, "rails": rails}
+
+
+class PowerMeter:
+    """One measurement: the idle board first (``idle()``), then the work between ``begin()`` and ``end()``."""
+
+    def __init__(self, source: Source, rate_hz: float | None = None, idle_s: float = DEFAULT_IDLE_S):
+        self.source = source
+        self.sampler = Sampler(source, rate_hz)
+        self.idle_s = idle_s
+        self.idle_window = self.window = None
+
+    @property
+    def period_s(self) -> float:
+        return 1.0 / self.sampler.rate_hz
+
+    def start(self) -> "PowerMeter":
+        self.sampler.start()
+        return self
+
+    def idle(self) -> None:
+        """Sample the board with this process asleep, so 'above idle' is measured too."""
+        if self.idle_s <= 0:
+            return
+        t0 = time.time()
+        time.sleep(self.idle_s)
+        self.idle_window = (t0, time.time())
+
+    def begin(self) -> float:
+        self._t0 = time.time()
+        return self._t0
+
+    def end(self) -> float:
+        self.window = (self._t0, time.time())
+        return self.window[1]
+
+    def finish(self) -> dict:
+        samples = self.sampler.stop()
+        return summarise(samples, self.idle_window, self.window, self.source.name, self.source.describe(),
+                         self.sampler.rate_hz, self.sampler.errors)
+
+
+def summarise(samples, idle_window, window, source: str, detail: str, rate_hz: float | None, errors: int = 0) -> dict:
+    """A measured record from samples: the window's energy, the idle draw and the energy above it."""
+    out = {"available": False, "provenance": "measured", "source": source, "detail": detail, "rate_hz": rate_hz,
+           "read_errors": errors, "samples_total": len(samples)}
+    work = window_energy(samples, *window) if window else None
+    if work is None:
+        out["note"] = f"the {source} samples do not cover the measured window; no measured energy"
+        return out
+    out.update(available=True, window={"t0": window[0], "t1": window[1], "seconds": work["seconds"],
+                                       "samples": work["samples"]},
+               joules=work["joules"], average_w=work["average_w"], samples=work["samples"], rails=work["rails"])
+    if work["samples"] < 2:
+        out["note"] = (f"only {work['samples']} sample(s) inside the {work['seconds']:.3g} s window: the figure is "
+                       "mostly interpolated between the neighbouring samples")
+    idle = window_energy(samples, *idle_window) if idle_window else None
+    if idle is not None:
+        out["idle"] = {"t0": idle_window[0], "t1": idle_window[1], "seconds": idle["seconds"],
+                       "samples": idle["samples"], "average_w": idle["average_w"]}
+        out["idle_w"] = idle["average_w"]
+        out["joules_above_idle"] = work["joules"] - idle["average_w"] * work["seconds"]
+    return out
+
+
+@contextmanager
+def measuring(source: Source | None, rate_hz: float | None = None, idle_s: float = DEFAULT_IDLE_S):
+    """``with measuring(src) as m: work()`` -> ``m.record`` (None without a source)."""
+
+    class _Box:
+        record = None
+
+    box = _Box()
+    if source is None:
+        yield box
+        return
+    meter = PowerMeter(source, rate_hz, idle_s).start()
+    try:
+        meter.idle()
+        meter.begin()
+        yield box
+        meter.end()
+    finally:
+        if meter.window is None:
+            meter.end()
+        box.record = meter.finish()
+
+
+# --- an external USB power meter's log ----------------------------------------------------------------
+
+_TIME_COLS = {"timestamp", "time", "t", "unix", "unixtime", "epoch", "datetime", "date", "timestamps", "times",
+              "timeunix", "timestamp_s", "unix_s"}
+# normalised header -> (quantity, factor to W / V / A)
+_VALUE_COLS = {
+    "watts": ("w", 1.0), "watt": ("w", 1.0), "w": ("w", 1.0), "power": ("w", 1.0), "powerw": ("w", 1.0),
+    "p": ("w", 1.0), "mw": ("w", 1e-3), "powermw": ("w", 1e-3), "milliwatts": ("w", 1e-3),
+    "volts": ("v", 1.0), "volt": ("v", 1.0), "v": ("v", 1.0), "voltage": ("v", 1.0), "voltagev": ("v", 1.0),
+    "vbus": ("v", 1.0), "mv": ("v", 1e-3), "voltagemv": ("v", 1e-3),
+    "amps": ("a", 1.0), "amp": ("a", 1.0), "a": ("a", 1.0), "current": ("a", 1.0), "currenta": ("a", 1.0),
+    "i": ("a", 1.0), "ibus": ("a", 1.0), "ma": ("a", 1e-3), "currentma": ("a", 1e-3), "milliamps": ("a", 1e-3),
+}
+_LOG_FIX = ("write a CSV with a header: a timestamp column (Unix seconds or ISO 8601) and watts, "
+            "or volts and amps, e.g. 'timestamp,watts'")
+
+
+def _norm(header: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", header.strip().lower())
+
+
+def _parse_time(text: str) -> float:
+    text = text.strip()
+    try:
+        t = float(text)
+    except ValueError:
+        d = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return d.timestamp()  # a naive time is this machine's local time, as a meter on it logs
+    return t / 1000.0 if t > 1e11 else t  # Unix milliseconds
+
+
+def read_power_log(path) -> list[tuple[float, float]]:
+    """A USB meter's CSV -> [(Unix time s, watts)], sorted; one-line UsageError for anything unreadable."""
+    path = Path(path)
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except IsADirectoryError:
+        raise UsageError("the power log is a folder", where, "give the meter's CSV file") from None
+    except FileNotFoundError:
+        raise UsageError("the power log does not exist", where,
+                         "record the meter's CSV while the command runs and give its path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the power log: {type(exc).__name__}", where, _LOG_FIX) from None
+    lines = [ln for ln in text.splitlines()]
+    first = next((i for i, ln in enumerate(lines) if ln.strip() and not ln.lstrip().startswith("#")), None)
+    if first is None:
+        raise UsageError("the power log is empty", where, _LOG_FIX)
+    try:
+        dialect = csv.Sniffer().sniff(lines[first], delimiters=",;\t")
+    except csv.Error:
+        dialect = csv.excel
+    rows = csv.reader(lines[first:], dialect)
+    header = [_norm(h) for h in next(rows)]
+    tcol = next((i for i, h in enumerate(header) if h in _TIME_COLS), None)
+    if tcol is None:
+        raise UsageError(f"the power log's header has no timestamp column (columns: {', '.join(header) or 'none'})",
+                         f"{where}:{first + 1}", _LOG_FIX)
+    cols = {}
+    for i, h in enumerate(header):
+        if h in _VALUE_COLS and _VALUE_COLS[h][0] not in cols:
+            cols[_VALUE_COLS[h][0]] = (i, _VALUE_COLS[h][1])
+    if "w" not in cols and not ("v" in cols and "a" in cols):
+        raise UsageError("the power log has neither a watts column nor volts and amps columns "
+                         f"(columns: {', '.join(header)})", f"{where}:{first + 1}", _LOG_FIX)
+    out: list[tuple[float, float]] = []
+    for n, row in enumerate(rows, start=first + 2):
+        if not row or all(not c.strip() for c in row) or row[0].lstrip().startswith("#"):
+            continue
+        try:
+            t = _parse_time(row[tcol])
+            if "w" in cols:
+                i, f = cols["w"]
+                w = float(row[i]) * f
+            else:
+                (iv, fv), (ia, fa) = cols["v"], cols["a"]
+                w = float(row[iv]) * fv * float(row[ia]) * fa
+        except (ValueError, IndexError):
+            raise UsageError(f"cannot read the power log's line {n}: '{','.join(row)[:80]}'", f"{where}:{n}",
+                             _LOG_FIX) from None
+        if not (math.isfinite(t) and math.isfinite(w)) or w < 0:
+            raise UsageError(f"the power log's line {n} has an impossible value: '{','.join(row)[:80]}'",
+                             f"{where}:{n}", "give finite, non-negative readings")
+        if out and t < out[-1][0]:
+            raise UsageError(f"the power log's timestamps go backwards at line {n}", f"{where}:{n}",
+                             "give the meter's log in the order it was recorded")
+        out.append((t, w))
+    if len(out) < 2:
+        raise UsageError(f"the power log has {len(out)} reading(s)", where, "record at least two readings")
+    return out
+
+
+def check_power_log(path) -> Path:
+    """Before any work: the log may still be being written, but it must not be a folder or unreadable."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError("the power log is a folder", str(p), "give the meter's CSV file")
+    if p.exists() and not os.access(p, os.R_OK):
+        raise UsageError("the power log is not readable", str(p), "check its permissions")
+    return p
+
+
+def log_record(path, window: tuple[float, float], idle_window: tuple[float, float] | None = None) -> dict:
+    """The measured record of ``window`` (and its idle) from a USB meter's log; UsageError if not covered."""
+    readings = read_power_log(path)
+    samples = [(t, w, {}) for t, w in readings]
+    first, last = readings[0][0], readings[-1][0]
+    if first > window[0] or last < window[1]:
+        raise UsageError(f"the power log covers {_clock(first)} to {_clock(last)} but the run's measured window was "
+                         f"{_clock(window[0])} to {_clock(window[1])}", str(path),
+                         "keep the meter logging from before the command starts until it ends, and check that "
+                         "the meter's clock and this machine's agree")
+    if idle_window and (first > idle_window[0] or last < idle_window[1]):
+        idle_window = None
+    intervals = [b[0] - a[0] for a, b in zip(readings, readings[1:])]
+    rate = 1.0 / sorted(intervals)[len(intervals) // 2] if intervals and sorted(intervals)[len(intervals) // 2] > 0 \
+        else None
+    rec = summarise(samples, idle_window, window, "power-log",
+                    f"external power meter log {Path(path).name} ({len(readings)} readings)", rate)
+    return rec
+
+
+def _clock(t: float) -> str:
+    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
