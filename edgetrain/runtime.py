@@ -48,6 +48,11 @@ def apply_threads(threads: int | None) -> int:
     return threads
 
 
+def requested_threads() -> int | None:
+    """The cap ``apply_threads`` was given in this process (None: none was)."""
+    return _threads
+
+
 def current_threads() -> int:
     """The cap in force: the one applied here, else OMP_NUM_THREADS, else the usable cores."""
     if _threads is not None:

@@ -1,0 +1,119 @@
+"""The one door to mxnet, onnx and onnxruntime.
+
+edgetrain imports these three only through this module, and only when a command needs them (never at
+``edgetrain --help``). Opening a door does what must happen before the library's first import:
+
+- mxnet: the thread cap requested with ``runtime.apply_threads`` is put in the environment (OpenMP and
+  MXNet's engine read it once, at load), library banners are silenced, and the compatibility layer for
+  newer numpy and Python is installed (edgetrain/compat/numpy_names.py). mxnet missing (Python >= 3.12,
+  where pip cannot install it with its numpy<2 pin) or a system library it links missing is a one-line
+  error that names the fix.
+- onnxruntime: its telemetry is switched off (ONNX Runtime 1.32 otherwise writes a device id and an
+  SQLite event log under ~/.cache/Microsoft/DeveloperTools/.onnxruntime/).
+
+``module("onnxruntime.quantization")`` and ``from_import("onnx", "TensorProto", "helper")`` open the
+right door first, then import what follows the package name.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+import threading
+from types import ModuleType
+from typing import Any
+
+from . import runtime
+from .compat import numpy_names
+from .errors import UsageError
+
+MXNET_VERSION = "1.9.1"
+_lock = threading.RLock()
+_opened: set[str] = set()
+_MISSING_LIB = re.compile(r"([\w.+-]+\.so[\w.]*): cannot open shared object file")
+
+
+def mxnet() -> ModuleType:
+    """``import mxnet``, after the thread cap, the quiet banner and the numpy/Python compatibility."""
+    if "mxnet" in _opened:
+        return sys.modules["mxnet"]
+    with _lock:
+        if "mxnet" not in _opened:
+            # the cap in force must be in the environment before OpenMP and MXNet's engine load
+            runtime.apply_threads(runtime.requested_threads())
+            runtime.quiet_libraries()
+            numpy_names.install()
+            try:
+                importlib.import_module("mxnet")
+            except ModuleNotFoundError as exc:
+                if exc.name != "mxnet":
+                    raise
+                raise UsageError(f"mxnet {MXNET_VERSION} is not installed", f"Python {_python()}",
+                                 "run `edgetrain doctor --fix` (it installs mxnet==1.9.1 without the "
+                                 "numpy<2 pin in its metadata)") from exc
+            except OSError as exc:
+                libs = _MISSING_LIB.findall(str(exc))
+                if not libs:
+                    raise
+                raise UsageError(f"mxnet cannot load: {', '.join(sorted(set(libs)))} is missing",
+                                 "import mxnet", "run `edgetrain doctor`: it names the package that "
+                                 "provides it (and --fix links what it can)") from exc
+            _opened.add("mxnet")
+    return sys.modules["mxnet"]
+
+
+def onnx() -> ModuleType:
+    """``import onnx``."""
+    if "onnx" not in _opened:
+        with _lock:
+            importlib.import_module("onnx")
+            _opened.add("onnx")
+    return sys.modules["onnx"]
+
+
+def onnxruntime() -> ModuleType:
+    """``import onnxruntime``, with its telemetry switched off before the first session."""
+    if "onnxruntime" not in _opened:
+        with _lock:
+            if "onnxruntime" not in _opened:
+                ort = importlib.import_module("onnxruntime")
+                disable = getattr(ort, "disable_telemetry_events", None)
+                if disable is not None:
+                    disable()
+                _opened.add("onnxruntime")
+    return sys.modules["onnxruntime"]
+
+
+DOORS = {"mxnet": mxnet, "onnx": onnx, "onnxruntime": onnxruntime}
+
+
+def module(name: str) -> ModuleType:
+    """A module of one of the three packages (``"mxnet.contrib.quantization"``), its door opened first."""
+    top = name.partition(".")[0]
+    door = DOORS.get(top)
+    if door is None:
+        raise ValueError(f"{name!r} is not in mxnet, onnx or onnxruntime")
+    package = door()
+    return package if name == top else importlib.import_module(name)
+
+
+def from_import(name: str, *names: str) -> Any:
+    """``from NAME import A, B``: one object for one name, a tuple for several (like itemgetter)."""
+    mod = module(name)
+    found = []
+    for attr in names:
+        try:
+            found.append(getattr(mod, attr))
+        except AttributeError:
+            found.append(importlib.import_module(f"{name}.{attr}"))   # a submodule not imported yet
+    return found[0] if len(found) == 1 else tuple(found)
+
+
+def opened() -> list[str]:
+    """The doors opened in this process."""
+    return sorted(_opened)
+
+
+def _python() -> str:
+    v = sys.version_info
+    return f"{v.major}.{v.minor}.{v.micro}"
