@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -97,16 +95,17 @@ def predict(runtime: str, stats: GraphStats, random_weights: bool = False,
 def runtime_baseline_mb(runtime: str) -> float:
     """RSS of a process that imported ``runtime`` and ran a trivial graph; measured once per process."""
     if runtime not in _baselines:
-        proc = subprocess.run([sys.executable, "-P", "-m", "edgetrain.profile_child", "--baseline", runtime],
-                              capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": _pythonpath()})
-        if proc.returncode != 0:
+        from . import child
+
+        proc = child.run(child.python_argv("edgetrain.profile_child", "--baseline", runtime),
+                         what=f"the {runtime} baseline", timeout=300, where="memory model")
+        if proc.code != 0:
             from .errors import RunFailed
 
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-            raise RunFailed(f"could not measure the {runtime} baseline: {tail}", "memory model",
+            raise RunFailed(f"could not measure the {runtime} baseline: {child.death(proc.code)}"
+                            f"{child.last_line(proc.err)}", "memory model",
                             "run `edgetrain doctor` to check the installation")
-        _baselines[runtime] = float(json.loads(proc.stdout.strip().splitlines()[-1])["rss_mb"])
+        _baselines[runtime] = float(json.loads(proc.out.strip().splitlines()[-1])["rss_mb"])
     return _baselines[runtime]
 
 

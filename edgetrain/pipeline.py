@@ -18,14 +18,12 @@ Run folder::
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from . import child
 from .errors import UsageError
 from .recipes import LoadedRecipe
 
@@ -233,22 +231,23 @@ def _run_child(name: str, argv: list[str], json_path: Path, log_path: Path, say)
     if json_path.exists():
         json_path.unlink()  # a stale result must not pass for this run's
     started = time.monotonic()
-    env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
-    env["PYTHONUNBUFFERED"] = "1"
     last_error = None
     with open(log_path, "w", encoding="utf-8") as log:
         log.write("$ edgetrain " + " ".join(argv) + "\n")
         log.flush()
-        proc = subprocess.Popen([sys.executable, "-m", "edgetrain", *argv], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
-        for line in proc.stdout:
+
+        def on_line(line: str) -> None:
+            nonlocal last_error
             log.write(line)
             text = line.rstrip("\r\n")
             if text.startswith("Error:"):
                 last_error = text[len("Error:"):].strip()
             if text.strip():
                 say(f"    {text}")
-        code = proc.wait()
+
+        # the one launcher: own process group, dies with us (PDEATHSIG), killed on Ctrl-C/SIGTERM
+        code = child.run(child.python_argv("edgetrain", *argv), what=f"step {name}",
+                         env={"PYTHONUNBUFFERED": "1"}, on_line=on_line).code
     seconds = time.monotonic() - started
     status = EXIT_STATUS.get(code, "failed")
     if code < 0:

@@ -15,16 +15,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from . import energy, memory_model, power, runtime
 from .errors import RunFailed, UsageError
+from .fileio import temp_dir
 
 RUNTIMES = ("onnxruntime", "mxnet")
 # Generous: a zoo model under QEMU or on a Pi Zero takes minutes; a hang still ends.
@@ -113,76 +111,14 @@ class ProfileResult:
 
 
 # --- children -----------------------------------------------------------------------------------------
+# One launcher for every child (edgetrain/child.py): process group, PDEATHSIG, timeout, signal names.
+from .child import child_env as _child_env_with  # noqa: E402
+from .child import death as _death, kill_group as _kill_group, last_line as _last_line  # noqa: E402,F401
+from .child import run_child  # noqa: E402,F401
+
 
 def _child_env(threads: int | None) -> dict:
-    env = dict(os.environ)
-    if threads is not None:
-        env.update(runtime.thread_env(threads))
-    here = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("EDGETRAIN_DEBUG", None)
-    return env
-
-
-def run_child(spec: dict, threads: int | None, what: str, timeout: float = DEFAULT_TIMEOUT_S) -> dict:
-    """Run one ``edgetrain.profile_child`` and return its result; a crash or hang is RunFailed."""
-    with tempfile.TemporaryDirectory(prefix="edgetrain-profile-") as tmp:
-        spec = {**spec, "result": str(Path(tmp) / "result.json")}
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec), encoding="utf-8")
-        # Own session: on a timeout the child and anything it started are killed together. -P: the
-        # child imports edgetrain from where this process did (PYTHONPATH), not from a folder named
-        # edgetrain in the working directory; factories there are still found (models adds the cwd).
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "edgetrain.profile_child", str(spec_path)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=_child_env(threads), start_new_session=True, cwd=os.getcwd())
-        try:
-            _out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise RunFailed(f"{what} did not finish within {timeout:g} s and was stopped", "profile child",
-                            "raise --timeout if the model is just slow, or check it runs with `edgetrain inspect`") \
-                from None
-        if os.environ.get("EDGETRAIN_DEBUG") == "1" and err:
-            sys.stderr.write(err)
-        if proc.returncode != 0:
-            raise RunFailed(f"{what} {_death(proc.returncode)}{_last_line(err)}", "profile child",
-                            "check the model loads and runs (`edgetrain inspect MODEL`); "
-                            "EDGETRAIN_DEBUG=1 shows the child's output") from None
-        path = Path(spec["result"])
-        if not path.exists():
-            raise RunFailed(f"{what} exited without a result{_last_line(err)}", "profile child",
-                            "check the model with `edgetrain inspect MODEL`")
-        result = json.loads(path.read_text(encoding="utf-8"))
-    if "error" in result:
-        e = result["error"]
-        cls = UsageError if e["type"] == "UsageError" else RunFailed
-        raise cls(e["what"], e.get("where"), e.get("fix"))
-    return result
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    proc.communicate()
-
-
-def _death(code: int) -> str:
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (killed: out of memory?)" if name == "SIGKILL" else ""
-        return f"crashed with {name}{hint}"
-    return f"failed with exit code {code}"
-
-
-def _last_line(err: str) -> str:
-    lines = [ln.strip() for ln in (err or "").splitlines() if ln.strip()]
-    return f": {lines[-1][:300]}" if lines else ""
+    return _child_env_with(threads)
 
 
 # --- statistics ---------------------------------------------------------------------------------------
@@ -293,7 +229,7 @@ def profile(model: str, *, runtime_name: str | None = None, threads=None, batch:
     chw = list(input_shape) if input_shape else None
     notes: list[str] = []
 
-    with tempfile.TemporaryDirectory(prefix="edgetrain-profile-model-") as tmp:
+    with temp_dir("profile_model") as tmp:
         base_spec = {"runtime": runtime_name, "batch": batch, "chw": chw, "params": params, "model": str(model),
                      "power": {"measure": True, "idle_s": power.DEFAULT_IDLE_S, "log": power_log is not None,
                                "min_window_s": power.POWER_LOG_MIN_WINDOW_S if power_log is not None else 0.0}}
@@ -476,7 +412,7 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None) -> 
     if say:
         say(f"measuring the speed reference {refp.model} {refp.input}x{refp.input} at {refp.threads} thread(s) "
             f"on this host ({rt})")
-    with tempfile.TemporaryDirectory(prefix="edgetrain-reference-") as tmp:
+    with temp_dir("reference") as tmp:
         spec = {"runtime": rt, "batch": 1, "model": model, "params": None}
 
         def analyse(chw):

@@ -1,0 +1,211 @@
+"""The one fresh-process launcher: every child edgetrain starts (a profile measurement, a recipe step,
+a runtime baseline) goes through ``start``/``run`` here.
+
+What each child gets, in one place:
+- the thread caps in its environment before anything loads (``runtime.thread_env``), edgetrain on its
+  PYTHONPATH (and ``-P``: never a folder named edgetrain in the working directory), no EDGETRAIN_DEBUG;
+- its own process group, so a timeout or a stop kills it *and* anything it started;
+- ``PR_SET_PDEATHSIG`` = SIGKILL (Linux), so it dies with us even when we are SIGKILLed and cannot clean
+  up; a Ctrl-C or SIGTERM to us kills its group before we exit;
+- a timeout that always ends, and a failure described by its signal name and the last line of stderr.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .errors import RunFailed, UsageError
+
+PR_SET_PDEATHSIG = 1
+
+
+def _pdeathsig() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the process group still bounds the child
+        pass
+
+
+def _make_preexec(parent: int, extra: Callable[[], None] | None):
+    def preexec():
+        _pdeathsig()
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(137)
+        if extra is not None:
+            extra()
+    return preexec
+
+
+def child_env(threads: int | None = None, extra: dict | None = None) -> dict:
+    from . import runtime
+
+    env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
+    if threads is not None:
+        env.update(runtime.thread_env(threads))
+    here = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(extra or {})
+    return env
+
+
+def python_argv(module: str, *args: str) -> list[str]:
+    """``python -P -m MODULE ARGS``: edgetrain is imported from where this process imported it."""
+    return [sys.executable, "-P", "-m", module, *map(str, args)]
+
+
+def start(argv: list[str], *, threads: int | None = None, env: dict | None = None, merge_stderr: bool = False,
+          preexec: Callable[[], None] | None = None, cwd: str | None = None) -> subprocess.Popen:
+    """Start a child in its own process group that dies with this process."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
+                            env=child_env(threads, env), start_new_session=True, cwd=cwd or os.getcwd(),
+                            preexec_fn=_make_preexec(os.getpid(), preexec), bufsize=1 if merge_stderr else -1)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's whole process group and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    with contextlib.suppress(Exception):
+        proc.communicate(timeout=30)
+
+
+class _Terminated(BaseException):
+    """SIGTERM/SIGHUP arrived while a child ran: unwind (killing the child), then exit 128+signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_signals_unwind():
+    """While a child runs, SIGTERM/SIGHUP to us unwind like Ctrl-C does, so the child's group is killed.
+    Only the main thread can install handlers; elsewhere PDEATHSIG still covers the child."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {}
+
+    def handler(signum, _frame):
+        raise _Terminated(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            old[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    except _Terminated as exc:
+        sys.stderr.write(f"edgetrain: stopped by {signal.Signals(exc.signum).name}\n")
+        sys.exit(128 + exc.signum)
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+@dataclass
+class Finished:
+    code: int
+    out: str
+    err: str
+
+
+def run(argv: list[str], *, what: str, timeout: float | None = None, threads: int | None = None,
+        env: dict | None = None, on_line: Callable[[str], None] | None = None,
+        preexec: Callable[[], None] | None = None, timeout_fix: str = "raise --timeout if it is just slow",
+        where: str = "child process") -> Finished:
+    """Run a child to its end: output captured (or, with ``on_line``, stdout+stderr merged and handed
+    over line by line). A timeout kills its group and is RunFailed; any exception or stop signal
+    here kills its group before propagating."""
+    with _stop_signals_unwind():
+        proc = start(argv, threads=threads, env=env, merge_stderr=on_line is not None, preexec=preexec)
+        try:
+            if on_line is not None:
+                timer = threading.Timer(timeout, kill_group, (proc,)) if timeout else None
+                if timer:
+                    timer.daemon = True
+                    timer.start()
+                lines = []
+                for line in proc.stdout:
+                    lines.append(line)
+                    on_line(line)
+                code = proc.wait()
+                if timer:
+                    fired = not timer.is_alive() and code == -signal.SIGKILL
+                    timer.cancel()
+                    if fired:
+                        raise RunFailed(f"{what} did not finish within {timeout:g} s and was stopped", where,
+                                        timeout_fix)
+                return Finished(code, "".join(lines), "")
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                kill_group(proc)
+                raise RunFailed(f"{what} did not finish within {timeout:g} s and was stopped", where,
+                                timeout_fix) from None
+            return Finished(proc.returncode, out, err)
+        except BaseException:
+            if proc.poll() is None:
+                kill_group(proc)
+            raise
+
+
+def death(code: int) -> str:
+    """'crashed with SIGSEGV' / 'failed with exit code 2'."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (killed: out of memory?)" if name == "SIGKILL" else ""
+        return f"crashed with {name}{hint}"
+    return f"failed with exit code {code}"
+
+
+def last_line(err: str) -> str:
+    """': <the last non-empty line of stderr, clipped>' or ''."""
+    lines = [ln.strip() for ln in (err or "").splitlines() if ln.strip()]
+    return f": {lines[-1][:300]}" if lines else ""
+
+
+def run_child(spec: dict, threads: int | None, what: str, timeout: float) -> dict:
+    """Run one ``edgetrain.profile_child`` on ``spec`` and return its result; a crash or hang is RunFailed,
+    a user's error reported by the child is re-raised as one here."""
+    from .fileio import temp_dir
+
+    with temp_dir("profile") as tmp:
+        spec = {**spec, "result": str(Path(tmp) / "result.json")}
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        done = run(python_argv("edgetrain.profile_child", str(spec_path)), what=what, timeout=timeout,
+                   threads=threads, where="profile child",
+                   timeout_fix="raise --timeout if the model is just slow, or check it runs with `edgetrain inspect`")
+        if os.environ.get("EDGETRAIN_DEBUG") == "1" and done.err:
+            sys.stderr.write(done.err)
+        if done.code != 0:
+            raise RunFailed(f"{what} {death(done.code)}{last_line(done.err)}", "profile child",
+                            "check the model loads and runs (`edgetrain inspect MODEL`); "
+                            "EDGETRAIN_DEBUG=1 shows the child's output")
+        path = Path(spec["result"])
+        if not path.exists():
+            raise RunFailed(f"{what} exited without a result{last_line(done.err)}", "profile child",
+                            "check the model with `edgetrain inspect MODEL`")
+        result = json.loads(path.read_text(encoding="utf-8"))
+    if "error" in result:
+        e = result["error"]
+        cls = UsageError if e["type"] == "UsageError" else RunFailed
+        raise cls(e["what"], e.get("where"), e.get("fix"))
+    return result
