@@ -25,13 +25,20 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _lazy
 from . import checkpoint as ckpt
-from .errors import EdgetrainError, UsageError
+from .errors import EdgetrainError, RunFailed, UsageError
+from .options import FinetuneOptions
+from .results import ProgressFn, Result, report
 
 MODEL_NAME = "model"
 METRICS = "metrics.json"
 FEATURES_FILE = "features.cache"
 RUN_FILES = (ckpt.FILENAME, METRICS, f"{MODEL_NAME}-symbol.json")
+FROZEN_ONNX = "frozen.onnx"  # the frozen part, exported once per run (a resume reuses it)
+PREP_DIR = ".finetune-prep"  # what the mxnet child of a head-only run leaves for the run (see _HeadJob)
+VALIDATE_SAMPLES = 4  # real samples the ONNX Runtime frozen part is checked on against Gluon
+FROZEN_TOLERANCE = (1e-4, 1e-3)  # atol (relative to the features' magnitude), rtol
 DEFAULT_TRAIN_LAYERS = "head"
 DEFAULT_EPOCHS = 10
 DEFAULT_BATCH = 32
@@ -45,7 +52,7 @@ class Interrupted(EdgetrainError):
 
 
 @dataclass
-class FinetuneResult:
+class FinetuneResult(Result):
     model: str
     outdir: str
     classes: list[str]
@@ -61,7 +68,6 @@ class FinetuneResult:
     samples_per_s: float
     peak_rss_mb: float | None
     budget_mb: float | None
-    within_budget: bool | None
     plan: dict
     energy: dict | None = None
     joules_per_epoch: float | None = None
@@ -70,8 +76,11 @@ class FinetuneResult:
     threads: int = 1
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def checks(self) -> list[str]:
+        if self.budget_mb and self.peak_rss_mb and self.peak_rss_mb > self.budget_mb:
+            return [f"peak RSS {self.peak_rss_mb:.0f} MB went over the memory budget {self.budget_mb:.0f} MB "
+                    "(lower --batch-size or train fewer layers)"]
+        return []
 
 
 @dataclass
@@ -82,15 +91,13 @@ class _Stop:
         self.signum = signum
 
 
-def parse_budget(text, profile=None) -> float | None:
-    """--memory-budget as MiB; default: the device profile's; None: no budget."""
-    if text is None or text == "":
-        return float(profile.memory_budget_mb) if profile is not None else None
-    if isinstance(text, (int, float)):
-        return float(text) / (1024 * 1024)
-    from .devices import parse_size
-
-    return parse_size(str(text), "--memory-budget") / (1024 * 1024)
+def _events(progress: ProgressFn | None):
+    """The job's progress dicts as Progress events (an epoch's line stays on screen)."""
+    def send(info: dict) -> None:
+        info = dict(info)
+        phase = info.pop("phase")
+        report(progress, phase, info.pop("done", None), info.pop("total", None), final=phase == "epoch", **info)
+    return send
 
 
 def prepare_outdir(outdir: Path, resume: bool) -> bool:
@@ -126,39 +133,95 @@ def _params_digest(arrays: dict) -> str:
     return h.hexdigest()[:16]
 
 
-def finetune(model: str, data: str, outdir: str | Path, *, val: str | None = None,
-             val_split: float | None = None, epochs: int = DEFAULT_EPOCHS, batch_size: int = DEFAULT_BATCH,
-             lr: float | None = None, optimizer: str = "adam", train_layers: str = DEFAULT_TRAIN_LAYERS,
-             memory_budget=None, seed: int = 0, resume: bool = False, params: str | None = None,
-             input_shape=None, threads: int | None = None, profile=None, progress=None) -> FinetuneResult:
-    """Train MODEL on DATA into OUTDIR (PREFIX ``OUTDIR/model`` + metrics.json + checkpoint.npz)."""
+def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = None) -> FinetuneResult:
+    """Train MODEL on ``opts.data`` into ``opts.out`` (PREFIX ``OUT/model`` + metrics.json + checkpoint.npz)."""
     from . import runtime
     from .netsplit import parse_train_layers
-    from .optimizers import OPTIMIZERS
 
-    threads = runtime.apply_threads(threads)
-    if epochs < 1:
-        raise UsageError(f"--epochs must be at least 1, got {epochs}", "--epochs", "pass a positive count")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {batch_size}", "--batch-size", "pass e.g. 32")
-    if lr is not None and not (lr > 0 and math.isfinite(lr)):
-        raise UsageError(f"--lr must be a positive number, got {lr}", "--lr", "pass e.g. 0.003")
-    if optimizer not in OPTIMIZERS:
-        raise UsageError(f"unknown optimizer '{optimizer}'", "--optimizer", f"use one of: {', '.join(OPTIMIZERS)}")
+    threads = runtime.apply_threads(opts.thread_cap(), strict=False)
+    data, outdir, val, val_split, epochs, batch_size, lr, optimizer, train_layers, seed, resume = (
+        opts.data, opts.out, opts.val, opts.val_split, opts.epochs, opts.batch_size, opts.lr, opts.optimizer,
+        opts.train_layers, opts.seed, opts.resume)
+    params, input_shape, profile = opts.params, opts.input_shape, opts.profile()
     if val is not None and val_split is not None:
         raise UsageError("--val and --val-split both given", "--val", "give held-out data or a split fraction, not both")
     layers = parse_train_layers(train_layers)
-    budget_mb = parse_budget(memory_budget, profile)
+    budget_mb = opts.budget_mb()
     outdir = Path(outdir)
     has_checkpoint = prepare_outdir(outdir, resume)
-    job = _Job(model, data, outdir, val, DEFAULT_VAL_SPLIT if val is None and val_split is None else val_split,
+    job = _job_class(layers)(model, data, outdir, val, DEFAULT_VAL_SPLIT if val is None and val_split is None else val_split,
                epochs, batch_size, lr, optimizer, layers, budget_mb, seed, params, input_shape, threads, profile,
-               progress or (lambda info: None))
+               _events(progress))
     job.resume = resume
     return job.run(has_checkpoint)
 
 
+def _file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _remove_scratch(outdir: Path) -> None:
+    import shutil
+
+    shutil.rmtree(outdir / PREP_DIR, ignore_errors=True)
+    (outdir / FROZEN_ONNX).unlink(missing_ok=True)
+
+
+def _export_frozen_bytes(split, pre) -> bytes:
+    """The frozen part through edgetrain's Gluon->ONNX path (opset 13, dynamic batch, weights as constants)."""
+    from .compat import mxnet_onnx
+    from .netsplit import _output_name
+
+    internals = split.graph.symbol().get_internals()
+    sym = internals[_output_name(internals, split.cut_name)]
+    params = {p.name: p.data() for p in split.frozen.collect_params().values()}
+    try:
+        proto = mxnet_onnx.translate(sym, params, split.graph.data_name, pre.batch_shape(1), dynamic_batch=True)
+    except mxnet_onnx.TranslationError as exc:
+        raise UsageError(f"operator '{exc.op}' cannot be exported ({exc.reason})", f"layer {exc.layer}") from None
+    return proto.SerializeToString()
+
+
+def _frozen_onnx(outdir: Path, fingerprint: str, record: dict | None, export) -> tuple[Path, bool]:
+    """OUTDIR/frozen.onnx for this run: reused when the checkpoint vouches for it, else exported now."""
+    from .fileio import atomic_write_bytes
+
+    path = outdir / FROZEN_ONNX
+    if (record and record.get("fingerprint") == fingerprint and path.exists()
+            and _file_sha(path) == record.get("sha256")):
+        return path, True
+    atomic_write_bytes(path, export(), "frozen part")
+    return path, False
+
+
+def _ort_session(path: Path, threads: int, arena: bool):
+    ort = _lazy.module("onnxruntime")
+    from .runtime import ort_session_options
+
+    opts = ort_session_options(threads)
+    opts.enable_cpu_mem_arena = arena  # the memory plan's choice: off under a tight budget
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _mismatch(got: np.ndarray, want: np.ndarray) -> str | None:
+    """None when ONNX Runtime's frozen outputs equal Gluon's within tolerance, else what differs."""
+    atol, rtol = FROZEN_TOLERANCE
+    scale = max(1.0, float(np.abs(want).max()) if want.size else 1.0)
+    if got.shape != want.shape:
+        return f"shape {got.shape} vs {want.shape}"
+    err = np.abs(got - want)
+    if np.all(np.isfinite(got)) and np.all(err <= atol * scale + rtol * np.abs(want)):
+        return None
+    return f"max abs error {float(np.nanmax(err)):.3g} on features of magnitude {scale:.3g}"
+
+
 class _Job:
+    engine = "mxnet"  # what trains: a checkpoint is resumed only by the same engine
+
     def __init__(self, model, data, outdir, val, val_split, epochs, batch_size, lr, optimizer, layers, budget_mb,
                  seed, params, input_shape, threads, profile, progress):
         self.__dict__.update(locals())
@@ -219,7 +282,7 @@ class _Job:
             p.grad_req = "add"  # micro-batches accumulate into one effective-batch gradient
         self.split.trained.hybridize()
         if self.split.frozen is not None:
-            self.split.frozen.hybridize(static_alloc=True, static_shape=True)
+            self.split.frozen.hybridize()  # runs in ONNX Runtime; MXNet only checks it (or stands in)
 
     def _advise(self) -> None:
         """Say what would make this run learn less than the user expects."""
@@ -237,7 +300,7 @@ class _Job:
                 return "none"
             return (f"split {self.val_split} seed {self.seed}" if self.val is None else "") + _data_fingerprint(self.val_ds)
 
-        return {"model": self.model_fp, "model_ref": self.model,
+        return {"model": self.model_fp, "model_ref": self.model, "engine": self.engine,
                 "classes": self.classes, "input_shape": list(self.pre.input_shape),
                 "train_layers": self.layers.text, "batch_size": self.batch_size, "optimizer": self.optimizer,
                 "lr": self.lr, "seed": self.seed, "data": _data_fingerprint(self.train_ds), "val": val_fp()}
@@ -246,8 +309,6 @@ class _Job:
 
     def _features(self, meta_cache: dict | None) -> float:
         """Fill the feature cache (train rows, then validation rows); returns the seconds it took."""
-        import mxnet as mx
-
         from .featurecache import FeatureCache
 
         s = self.split
@@ -269,15 +330,20 @@ class _Job:
             self.cache = FeatureCache(rows, s.feature_shape, self.plan.cache, path)
         t0 = time.monotonic()
         fb = self.plan.feature_batch
+        run_frozen = self._frozen_fn()
+        decode_s = frozen_s = 0.0
         sources = [(self.train_ds, 0)] + ([(self.val_ds, len(self.train_ds))] if self.val_ds is not None else [])
         done = 0
         for ds, offset in sources:
             for start in range(0, len(ds), fb):
                 idx = np.arange(start, min(start + fb, len(ds)))
-                x = ds.batch(idx)
+                t1 = time.monotonic()
+                x = ds.batch(idx)  # decoded and preprocessed here, one feature batch at a time
                 if len(idx) < fb:  # same shape every pass: pad, never retrace
                     x = np.concatenate([x, np.repeat(x[-1:], fb - len(idx), axis=0)])
-                feats = s.frozen(mx.nd.array(x)).asnumpy()[: len(idx)]
+                t2 = time.monotonic()
+                feats = run_frozen(x)[: len(idx)]
+                decode_s, frozen_s = decode_s + t2 - t1, frozen_s + time.monotonic() - t2
                 self.cache.write(offset + start, feats)
                 ckpt.kill_point("features")
                 done += len(idx)
@@ -285,6 +351,8 @@ class _Job:
                 if self.stop.signum:
                     return time.monotonic() - t0
         self.cache.flush()
+        self.notes.append(f"feature pass: {decode_s:.2f}s decoding and preprocessing {rows} samples, "
+                          f"{frozen_s:.2f}s in the frozen part")
         self.cache_complete = True  # only now may a checkpoint vouch for it
         return time.monotonic() - t0
 
@@ -298,8 +366,8 @@ class _Job:
 
     def _step(self, idx: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
         """One effective batch: micro-batches accumulate gradients, then one optimizer update."""
-        import mxnet as mx
-        from mxnet import autograd
+        mx = _lazy.mxnet()
+        autograd = _lazy.from_import("mxnet", "autograd")
 
         m = self.plan.micro_batch
         real = len(idx)
@@ -326,7 +394,7 @@ class _Job:
         return loss_sum, correct
 
     def _evaluate(self) -> tuple[float | None, float | None]:
-        import mxnet as mx
+        mx = _lazy.mxnet()
 
         if self.val_ds is None:
             return None, None
@@ -368,8 +436,9 @@ class _Job:
 
     def _save_checkpoint(self, epoch: int, step: int, order: np.ndarray, partial: dict) -> None:
         rng_meta, rng_arrays = ckpt.rng_to_arrays(self.rng)
-        arrays = {f"param/{p.name}": p.data().asnumpy() for p in self.split.trained.collect_params().values()}
-        arrays.update({f"opt/{k}": v.asnumpy() for k, v in self.opt.state_arrays().items()})
+        arrays = self._param_arrays()
+        arrays.update({f"opt/{k}": np.asarray(v.asnumpy() if hasattr(v, "asnumpy") else v)
+                       for k, v in self.opt.state_arrays().items()})
         arrays.update(rng_arrays)
         arrays["order"] = np.asarray(order, dtype=np.int64)
         cache = None
@@ -377,11 +446,23 @@ class _Job:
             cache = {"placement": self.plan.cache, "fingerprint": self.cache_fp, "complete": self.cache_complete}
         meta = {"fingerprint": self._fingerprint(), "epoch": epoch, "step": step, "global_step": self.global_step,
                 "optimizer_t": self.opt.t, "rng": rng_meta, "history": self.history, "partial": partial,
-                "plan": self.plan.to_dict(), "feature_cache": cache, "epochs_requested": self.epochs}
+                "plan": self.plan.to_dict(), "feature_cache": cache, "epochs_requested": self.epochs,
+                "frozen_onnx": getattr(self, "frozen_record", None)}
         ckpt.save(self.outdir / ckpt.FILENAME, meta, arrays)
 
+    def _param_arrays(self) -> dict:
+        return {f"param/{p.name}": p.data().asnumpy() for p in self.split.trained.collect_params().values()}
+
     def _restore(self, meta: dict, arrays: dict) -> None:
-        import mxnet as mx
+        self._restore_params(arrays)
+        self.opt.load_state_arrays({k[4:]: v for k, v in arrays.items() if k.startswith("opt/")},
+                                   int(meta["optimizer_t"]))
+        self.rng = ckpt.rng_from(meta["rng"], arrays["rng_keys"])
+        self.global_step = int(meta["global_step"])
+        self.history = list(meta["history"])
+
+    def _restore_params(self, arrays: dict) -> None:
+        mx = _lazy.mxnet()
 
         for p in self.split.trained.collect_params().values():
             key = f"param/{p.name}"
@@ -390,18 +471,26 @@ class _Job:
                 raise UsageError(f"checkpoint does not hold weights for {p.name}", str(self.outdir / ckpt.FILENAME),
                                  "delete it and start over, or use another OUTDIR")
             p.set_data(mx.nd.array(arrays[key]))
-        self.opt.load_state_arrays({k[4:]: v for k, v in arrays.items() if k.startswith("opt/")},
-                                   int(meta["optimizer_t"]))
-        self.rng = ckpt.rng_from(meta["rng"], arrays["rng_keys"])
-        self.global_step = int(meta["global_step"])
-        self.history = list(meta["history"])
 
     # --- the run -----------------------------------------------------------------------------------
 
-    def run(self, has_checkpoint: bool) -> FinetuneResult:
-        from mxnet import gluon
+    def _make_training(self) -> None:
+        gluon = _lazy.from_import("mxnet", "gluon")
 
-        from .optimizers import default_lr, make_optimizer
+        from .optimizers import make_optimizer
+
+        self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        self.opt = make_optimizer(self.optimizer, self.trainable, self.lr)
+
+    def _plan(self, saved: dict | None):
+        from .memplan import plan_job
+
+        rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
+        return plan_job(self.split, self.pre, rows, self.batch_size, self.budget_mb, saved,
+                        frozen_in_ort=self.split.frozen is not None)
+
+    def run(self, has_checkpoint: bool) -> FinetuneResult:
+        from .optimizers import default_lr
 
         t_start = time.monotonic()
         from .energy import EnergyMeter
@@ -421,8 +510,7 @@ class _Job:
                                   "nothing to train, the model is written again from it")
         elif self.resume:
             self.notes.append("--resume: no checkpoint in OUTDIR, starting from the beginning")
-        self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-        self.opt = make_optimizer(self.optimizer, self.trainable, self.lr)
+        self._make_training()
         self.rng = np.random.RandomState(self.seed)
         self.global_step = 0
         self.history: list[dict] = []
@@ -436,11 +524,8 @@ class _Job:
             self.notes.append(f"resumed from the checkpoint at epoch {start_epoch}, step {start_step}")
         else:
             self.resumed_from = None
-        from .memplan import plan_job
-
-        rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
-        self.plan, self.costs = plan_job(self.split, self.pre, rows, self.batch_size, self.budget_mb,
-                                         meta["plan"] if meta is not None else None)
+        self.plan, self.costs = self._plan(meta["plan"] if meta is not None else None)
+        self.frozen_record = (meta or {}).get("frozen_onnx")
         self._advise()
 
         import shutil
@@ -480,9 +565,10 @@ class _Job:
         exc.exit_code = 128 + self.stop.signum  # what a shell reports for a process ended by that signal
         raise exc
 
-    def _train(self, start_epoch: int, start_step: int, order, partial: dict) -> None:
-        import mxnet as mx
+    def _reseed(self) -> None:
+        _lazy.mxnet().random.seed(self.seed * 7919 + self.global_step)  # same dropout masks after a resume
 
+    def _train(self, start_epoch: int, start_step: int, order, partial: dict) -> None:
         from . import procmem
 
         labels = self.train_ds.labels
@@ -499,9 +585,13 @@ class _Job:
             seconds = partial.get("seconds", 0.0)
             t0 = time.monotonic()
             for step in range(start_step, steps):
-                mx.random.seed(self.seed * 7919 + self.global_step)  # same dropout masks after a resume
+                self._reseed()
                 idx = order[step * b:(step + 1) * b]
                 l, c = self._step(idx, labels)
+                if not math.isfinite(l):
+                    raise RunFailed(f"training diverged: the loss is {l} at epoch {epoch + 1}, step {step + 1}",
+                                    str(self.outdir), "lower --lr, check the data for NaN/inf values; "
+                                    "no model was written")
                 self.global_step += 1
                 ckpt.kill_point("step")
                 loss_sum, correct, seen = loss_sum + l, correct + c, seen + len(idx)
@@ -537,25 +627,61 @@ class _Job:
                "budget_mb": self.budget_mb, "epochs": self.history, "summary": summary}
         atomic_write_text(self.outdir / METRICS, json.dumps(doc, indent=2) + "\n", "metrics")
 
-    def _finish(self, total: float, feature_seconds: float) -> FinetuneResult:
-        from . import procmem
+    def _write_model(self, extra: dict) -> None:
         from .models import GluonModel, save_prefix
         from .netsplit import full_block
 
-        block = full_block(self.split)
-        n_classes = len(self.classes)
+        gm = GluonModel(full_block(self.split), self.model_obj.ref, self.pre, len(self.classes))
+        save_prefix(gm, self.outdir / MODEL_NAME, extra=extra)
+
+    def _param_counts(self) -> tuple[int, int]:
+        trained_n = sum(int(p.data().size) for p in self.trainable)
+        return trained_n, sum(int(a.size) for a in self.split.all_params().values()) - trained_n
+
+    def _check_finite(self) -> None:
+        """Never write a model full of NaN: a diverged run is a failed run (exit 1), nothing final written."""
+        bad = [k for k, v in self._param_arrays().items() if not np.all(np.isfinite(v))]
+        if bad:
+            raise RunFailed(f"training diverged: non-finite weights in {', '.join(k[6:] for k in bad[:3])}",
+                            str(self.outdir), "lower --lr, check the data for NaN/inf values; no model was written")
+
+    def _frozen_fn(self):
+        """The frozen part as a function of a preprocessed batch: ONNX Runtime once it is proven equal."""
+        mx = _lazy.mxnet()
+        s = self.split
+        mxnet_fn = lambda x: s.frozen(mx.nd.array(x)).asnumpy()  # noqa: E731
+        try:
+            path, reused = _frozen_onnx(self.outdir, self.cache_fp, getattr(self, "frozen_record", None),
+                                        lambda: _export_frozen_bytes(s, self.pre))
+        except UsageError as exc:  # an operator the exporter cannot translate: MXNet does it, slower
+            self.notes.append(f"frozen part runs in MXNet: {exc.what}")
+            return mxnet_fn
+        session = _ort_session(path, self.threads, self.plan.arena)
+        if not reused:
+            x = self.train_ds.batch(np.arange(min(VALIDATE_SAMPLES, len(self.train_ds))))
+            err = _mismatch(session.run(None, {session.get_inputs()[0].name: x})[0], mxnet_fn(x))
+            if err:
+                path.unlink()
+                self.notes.append(f"frozen part runs in MXNet: its ONNX Runtime export differs from Gluon ({err})")
+                return mxnet_fn
+        self.frozen_record = {"fingerprint": self.cache_fp, "sha256": _file_sha(path)}
+        name = session.get_inputs()[0].name
+        return lambda x: session.run(None, {name: x})[0]
+
+    def _finish(self, total: float, feature_seconds: float) -> FinetuneResult:
+        from . import procmem
+
         last = self.history[-1] if self.history else {}
         acc_on = "held-out" if self.val_ds is not None else "training"
         final_acc = last.get("val_accuracy") if self.val_ds is not None else last.get("train_accuracy")
-        gm = GluonModel(block, self.model_obj.ref, self.pre, n_classes)
-        save_prefix(gm, self.outdir / MODEL_NAME, extra={
-            "finetuned_from": self.model, "data": self.data, "train_layers": self.layers.text,
-            "epochs": len(self.history), "accuracy": final_acc, "accuracy_on": acc_on})
+        self._check_finite()
+        self._write_model({"finetuned_from": self.model, "data": self.data, "train_layers": self.layers.text,
+                           "epochs": len(self.history), "accuracy": final_acc, "accuracy_on": acc_on})
         if self.cache is not None:
             self.cache.close(delete=True)
-        peak = procmem.peak_rss_mb()
-        trained_n = sum(int(p.data().size) for p in self.trainable)
-        frozen_n = sum(int(a.size) for a in self.split.all_params().values()) - trained_n
+        _remove_scratch(self.outdir)
+        peak = max(procmem.peak_rss_mb() or 0.0, getattr(self, "child_peak_mb", 0.0)) or None
+        trained_n, frozen_n = self._param_counts()
         train_seconds = sum(r["seconds"] for r in self.history)
         samples = len(self.train_ds) * len(self.history)
         result = FinetuneResult(
@@ -564,7 +690,7 @@ class _Job:
             replaced_head=self.replaced_head, epochs=self.history, final_accuracy=final_acc, accuracy_on=acc_on,
             seconds=round(total, 3), feature_seconds=round(feature_seconds, 3),
             samples_per_s=samples / max(train_seconds + feature_seconds, 1e-9), peak_rss_mb=peak,
-            budget_mb=self.budget_mb, within_budget=(peak <= self.budget_mb) if self.budget_mb and peak else None,
+            budget_mb=self.budget_mb,
             plan=self.plan.to_dict(), resumed_from=self.resumed_from, threads=self.threads, notes=self.notes)
         result.energy = self.energy_meter.stop(max(len(self.history), 1), max(samples, 1))
         if result.energy is not None:
@@ -574,5 +700,406 @@ class _Job:
         return result
 
 
-# the public name (edgetrain.finetune is this module, so the function is exported as finetune_model)
-finetune_model = finetune
+# --- head-only training without mxnet in the process ----------------------------------------------------
+# Importing mxnet costs ~220 MB of RSS here, more than a whole ONNX Runtime fine-tune. When only a linear
+# output layer trains, mxnet is needed just once per base model: a short child process loads the Gluon
+# model, exports its frozen part through edgetrain's validated Gluon->ONNX path, checks it against Gluon
+# on real samples, checks that the output layer is linear (a NumPy matmul gives Gluon's logits) and writes
+# the PREFIX template (symbol + every weight). The run itself then decodes images, runs the frozen part
+# in ONNX Runtime, trains the head in NumPy and writes the PREFIX params directly in mxnet's file format.
+# The child's output is kept beside the run (a resume does not export again) and, for models whose
+# weights come from files, in a per-user cache (EDGETRAIN_CACHE_DIR, default ~/.cache/edgetrain; set it
+# empty to turn the cache off), so later fine-tunes of the same base import no mxnet at all.
+PREP_FORMAT = "edgetrain-finetune-prep/1"
+LINEAR_TAIL_OPS = ("Flatten", "flatten", "Reshape", "reshape")
+
+
+def _cache_root() -> Path | None:
+    env = os.environ.get("EDGETRAIN_CACHE_DIR")
+    if env is not None:
+        return Path(env) if env.strip() else None
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edgetrain"
+
+
+def _prep_key(model: str, params, input_shape, seed: int) -> str:
+    """What the child's output depends on: the model reference and the bytes of every file it reads."""
+    from .models import is_factory_ref
+
+    files = []
+    if params:
+        files.append(Path(params))
+    if not model.startswith("zoo:") and not is_factory_ref(model):
+        files += [Path(f"{model}-symbol.json"), *sorted(Path(model).parent.glob(f"{Path(model).name}-*.params"))]
+        files.append(Path(f"{model}-edgetrain.json"))
+    digests = [(str(f.resolve()), _file_sha(f)) for f in files if f.exists()]
+    return hashlib.sha256(json.dumps([PREP_FORMAT, model, digests, list(input_shape or []), seed]).encode()).hexdigest()[:20]
+
+
+def _xavier(shape: tuple, rng: np.random.RandomState) -> np.ndarray:
+    """mx.init.Xavier(magnitude=2): uniform, fan average (what netsplit gives a new layer in MXNet)."""
+    fan_in = int(np.prod(shape[1:]))
+    fan_out = int(shape[0] * np.prod(shape[2:]))
+    scale = math.sqrt(2.0 / ((fan_in + fan_out) / 2.0))
+    return rng.uniform(-scale, scale, size=shape).astype(np.float32)
+
+
+class _NotLinear(Exception):
+    """The output layer is not a plain linear layer: train it in MXNet (the general path)."""
+
+
+class _HeadJob(_Job):
+    engine = "numpy-head"
+
+    def _load(self):
+        from types import SimpleNamespace
+
+        from .netsplit import Graph, head_units, replace_head
+        from .preprocess import Preprocess
+
+        prep_dir, prep = self._prepare()
+        if not prep.get("linear"):
+            raise _NotLinear()
+        self.prep_dir = prep_dir
+        self.notes += prep["notes"]
+        self.model_obj = SimpleNamespace(random_weights=prep["random_weights"], ref=None)
+        self._load_data(Preprocess.from_dict(prep["preprocess"]))
+        template = ckpt.read_params(prep_dir / "template-0000.params")
+        doc = json.loads((prep_dir / "template-symbol.json").read_text())
+        arg = {k[4:]: v for k, v in template.items() if k.startswith("arg:")}
+        aux = {k[4:]: v for k, v in template.items() if k.startswith("aux:")}
+        g = Graph(doc["nodes"], doc, prep["data_name"], arg, aux, head=prep["head"])
+        self.replaced_head = False
+        outputs = head_units(g)
+        head = prep["linear"]
+        if outputs != len(self.classes):
+            replace_head(g, len(self.classes))
+            self.replaced_head = True
+            self.notes.append(f"output layer replaced: the model has {outputs} outputs, the data {len(self.classes)} "
+                              f"classes; the new layer starts from random weights")
+            rng = np.random.RandomState(self.seed)
+            fan = int(np.prod(prep["feature_shape"]))
+            shape = (len(self.classes), fan) if head["op"] == "FullyConnected" else (len(self.classes), fan, 1, 1)
+            g.arg_params[head["weight"]] = _xavier(shape, rng)
+            if head["bias"]:
+                g.arg_params[head["bias"]] = np.zeros(len(self.classes), np.float32)
+        self.model_fp = f"{g.fingerprint()}:{prep['source_digest']}"
+        self.graph = g
+        self.head = {"weight": g.arg_params[head["weight"]].copy()}
+        if head["bias"]:
+            self.head["bias"] = g.arg_params[head["bias"]].copy()
+        self.head_names = {"weight": head["weight"], "bias": head["bias"]}
+        self.frozen_n = sum(int(v.size) for v in {**arg, **aux}.values()) - sum(
+            int(np.size(template.get("arg:" + n, ()))) for n in (head["weight"], head["bias"]) if n)
+        self.split = SimpleNamespace(frozen=True, feature_shape=tuple(prep["feature_shape"]), cut_name=prep["cut_name"],
+                                     trained_input=None)
+        self.prep = prep
+
+    def _prepare(self) -> tuple[Path, dict]:
+        """The child's output: beside the run (resume), else from the per-user cache, else a child run now."""
+        import shutil
+        import subprocess
+        import sys
+        import tempfile
+
+        key = _prep_key(self.model, self.params, self.input_shape, self.seed)
+        here = self.outdir / PREP_DIR
+        for folder in (here, (_cache_root() / "finetune-prep" / key) if _cache_root() else None):
+            if folder is not None and (folder / "prep.json").exists():
+                prep = json.loads((folder / "prep.json").read_text())
+                if prep.get("key") == key and prep.get("format") == PREP_FORMAT and _file_sha(
+                        folder / FROZEN_ONNX) == prep.get("frozen_sha256"):
+                    if folder != here:
+                        self.notes.append("frozen part and template reused from the cache (no mxnet in this run)")
+                    return folder, prep
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(here, ignore_errors=True)
+        here.mkdir()
+        spec = {"dir": str(here), "model": self.model, "params": self.params, "key": key, "seed": self.seed,
+                "input_shape": list(self.input_shape) if self.input_shape else None, "data": self.data,
+                "threads": self.threads}
+        (here / "spec.json").write_text(json.dumps(spec))
+        self._tick("prepare", force=True, done=0, total=1)
+        proc = subprocess.run([sys.executable, "-c", "from edgetrain.finetune import _prepare_main; _prepare_main()",
+                               str(here / "spec.json")], capture_output=True, text=True)
+        err_doc = here / "error.json"
+        if err_doc.exists():
+            e = json.loads(err_doc.read_text())
+            exc = {"UsageError": UsageError}.get(e["type"], RunFailed)(e["what"], e.get("where"), e.get("fix"))
+            raise exc
+        if proc.returncode != 0 or not (here / "prep.json").exists():
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RunFailed(f"preparing the model failed (exit {proc.returncode}): {tail}", self.model,
+                            "EDGETRAIN_DEBUG=1 shows the details")
+        prep = json.loads((here / "prep.json").read_text())
+        self.child_peak_mb = float(prep["peak_rss_mb"])
+        self.notes.append(f"frozen part exported to ONNX and checked equal to Gluon on {prep['validated_on']} real "
+                          f"samples (mxnet only in that step, peak {self.child_peak_mb:.0f} MB)")
+        if self.budget_mb and self.child_peak_mb > self.budget_mb:
+            from .memplan import HEADROOM
+
+            raise UsageError(f"memory budget {self.budget_mb:.0f} MB is too small: preparing the model "
+                             f"(mxnet, Gluon->ONNX) peaked at {self.child_peak_mb:.0f} MB", "--memory-budget",
+                             f"a budget below {self.child_peak_mb / HEADROOM:.0f} MB is impossible for this model's "
+                             "first run here; raise --memory-budget (later runs reuse the cached export)")
+        root = _cache_root()
+        if root is not None and prep.get("linear") and not prep["random_weights"]:
+            try:  # publish atomically: a half-copied entry is never seen
+                dest = root / "finetune-prep" / key
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=dest.parent))
+                for name in ("prep.json", FROZEN_ONNX, "template-0000.params", "template-symbol.json"):
+                    shutil.copyfile(here / name, tmp / name)
+                os.replace(tmp, dest) if not dest.exists() else shutil.rmtree(tmp, ignore_errors=True)
+            except OSError as exc:
+                self.notes.append(f"the export could not be cached ({type(exc).__name__}); the next run exports again")
+        return here, prep
+
+    def _load_data(self, pre):
+        from .data import load_data
+
+        ds = load_data(self.data, pre)
+        self.notes += ds.notes
+        if self.val is not None:
+            val = load_data(self.val, pre, where="--val")
+            if val.class_names != ds.class_names:
+                raise UsageError(f"--val classes ({', '.join(val.class_names[:8])}) differ from the training "
+                                 f"data's ({', '.join(ds.class_names[:8])})", self.val,
+                                 "give held-out data with the same class folders / labels")
+            self.train_ds, self.val_ds = ds, val
+        elif self.val_split:
+            self.train_ds, self.val_ds = ds.split(self.val_split, seed=self.seed)
+        else:
+            self.train_ds, self.val_ds = ds, None
+        self.classes = list(ds.class_names)
+        self.pre = pre.with_classes(self.classes)
+
+    def _split(self):
+        self.trainable = list(self.head)
+
+    def run(self, has_checkpoint: bool) -> FinetuneResult:
+        import shutil
+
+        created = not self.outdir.exists()
+        try:
+            return super().run(has_checkpoint)
+        except _NotLinear:
+            shutil.rmtree(self.outdir / PREP_DIR, ignore_errors=True)
+            self.__class__ = _Job  # the general path: the head trains in MXNet
+            self.notes.append("the output layer is not a plain linear layer: it trains in MXNet")
+            return self.run(has_checkpoint)
+        except BaseException:
+            if created and not (self.outdir / ckpt.FILENAME).exists():
+                if self.cache is not None:
+                    self.cache.close()
+                shutil.rmtree(self.outdir, ignore_errors=True)
+            raise
+
+    def _make_training(self) -> None:
+        from .optimizers import make_numpy_optimizer
+
+        self.opt = make_numpy_optimizer(self.optimizer, self.head, self.lr)
+
+    def _plan(self, saved: dict | None):
+        from . import procmem
+        from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose
+
+        rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
+        feat = int(np.prod(self.split.feature_shape))
+        k = len(self.classes)
+        # the session (weights as constants + pre-packed convolution weights, ~2.65x the file: memory_model's
+        # onnxruntime coefficients) is not loaded yet; activations as the graph's every output (an upper bound)
+        session_mb = 2.65 * (self.outdir / PREP_DIR / FROZEN_ONNX if (self.outdir / PREP_DIR / FROZEN_ONNX).exists()
+                             else self.prep_dir / FROZEN_ONNX).stat().st_size / MB + 30.0
+        costs = Costs((procmem.rss_mb() or 0.0) + session_mb, self.prep["frozen_per_sample_mb"],
+                      3 * (feat + 2 * k) * 4 / MB, (feat + 1) * k * 4 * 4 / MB,
+                      int(np.prod(self.pre.input_shape)) * 4 / MB, rows, feat * 4, self.batch_size, True)
+        plan = MemoryPlan(**saved) if saved is not None else choose(costs, self.budget_mb)
+        plan.feature_batch = min(plan.feature_batch, max(FEATURE_BATCHES))
+        return plan, costs
+
+    def _advise(self) -> None:
+        if self.model_obj.random_weights:
+            self.notes.append("the model has random weights, so its frozen layers compute nothing learned; "
+                              "pass --params with trained weights, or --train-layers all")
+
+    def _frozen_fn(self):
+        path = self.prep_dir / FROZEN_ONNX
+        session = _ort_session(path, self.threads, self.plan.arena)
+        name = session.get_inputs()[0].name
+        self.frozen_record = {"fingerprint": self.cache_fp, "sha256": self.prep["frozen_sha256"]}
+        return lambda x: session.run(None, {name: x})[0]
+
+    def _logits(self, x: np.ndarray) -> np.ndarray:
+        w = self.head["weight"].reshape(len(self.classes), -1)
+        z = x.reshape(len(x), -1) @ w.T
+        return z + self.head["bias"] if "bias" in self.head else z
+
+    def _step(self, idx: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+        m = self.plan.micro_batch
+        real = len(idx)
+        grads = {k: np.zeros_like(v) for k, v in self.head.items()}
+        loss_sum, correct = 0.0, 0
+        for start in range(0, real, m):
+            part = idx[start:start + m]
+            y = labels[part]
+            x = self._inputs("train", part).reshape(len(part), -1)
+            z = self._logits(x)
+            z = z - z.max(axis=1, keepdims=True)
+            e = np.exp(z)
+            total = e.sum(axis=1, keepdims=True)
+            loss_sum += float(np.sum(np.log(total[:, 0]) - z[np.arange(len(part)), y]))
+            correct += int((np.argmax(z, axis=1) == y).sum())
+            d = e / total
+            d[np.arange(len(part)), y] -= 1.0
+            d /= np.float32(real)
+            gw = d.T @ x
+            grads["weight"] += gw.reshape(grads["weight"].shape)
+            if "bias" in grads:
+                grads["bias"] += d.sum(axis=0)
+        self.opt.step(grads)
+        return loss_sum, correct
+
+    def _evaluate(self):
+        if self.val_ds is None:
+            return None, None
+        labels = self.val_ds.labels
+        correct, loss_sum = 0, 0.0
+        for start in range(0, len(labels), 256):
+            idx = np.arange(start, min(start + 256, len(labels)))
+            z = self._logits(self._inputs("val", idx).reshape(len(idx), -1))
+            z = z - z.max(axis=1, keepdims=True)
+            y = labels[idx]
+            loss_sum += float(np.sum(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(idx)), y]))
+            correct += int((np.argmax(z, axis=1) == y).sum())
+        return correct / len(labels), loss_sum / len(labels)
+
+    def _reseed(self) -> None:
+        pass  # nothing random in a linear head's step
+
+    def _param_arrays(self) -> dict:
+        return {f"param/{self.head_names[k]}": v for k, v in self.head.items()}
+
+    def _restore_params(self, arrays: dict) -> None:
+        for k, v in self.head.items():
+            key = f"param/{self.head_names[k]}"
+            if key not in arrays or arrays[key].shape != v.shape:
+                raise UsageError(f"checkpoint does not hold weights for {self.head_names[k]}",
+                                 str(self.outdir / ckpt.FILENAME), "delete it and start over, or use another OUTDIR")
+            v[...] = arrays[key]
+
+    def _param_counts(self) -> tuple[int, int]:
+        return sum(int(v.size) for v in self.head.values()), self.frozen_n
+
+    def _write_model(self, extra: dict) -> None:
+        """PREFIX-symbol.json, PREFIX-0000.params (mxnet's format, written here), the preprocessing record."""
+        from .fileio import atomic_write_bytes, atomic_write_text
+        from .preprocess import sidecar_path, sidecar_text
+
+        g = self.graph
+        params = {}
+        for name, value in g.arg_params.items():
+            params[f"arg:{name}"] = value
+        for k, v in self.head.items():
+            params[f"arg:{self.head_names[k]}"] = v
+        params.update({f"aux:{name}": value for name, value in g.aux_params.items()})
+        prefix = self.outdir / MODEL_NAME
+        atomic_write_text(Path(f"{prefix}-symbol.json"), json.dumps(g.doc, indent=2), "model")
+        atomic_write_bytes(Path(f"{prefix}-0000.params"), ckpt.params_bytes(params), "model")
+        atomic_write_text(sidecar_path(prefix), sidecar_text(self.pre, extra), "model")
+
+
+def _job_class(layers):
+    return _HeadJob if layers.kind == "last" and layers.n == 1 else _Job
+
+
+def _prepare_main() -> None:
+    """The mxnet child of a head-only run (see _HeadJob): argv[1] is its spec.json."""
+    import sys
+
+    spec_path = Path(sys.argv[1])
+    spec = json.loads(spec_path.read_text())
+    out = Path(spec["dir"])
+    try:
+        _prepare(spec, out)
+    except EdgetrainError as exc:
+        if os.environ.get("EDGETRAIN_DEBUG"):
+            raise
+        (out / "error.json").write_text(json.dumps({"type": type(exc).__name__, "what": exc.what,
+                                                    "where": exc.where, "fix": exc.fix}))
+        sys.exit(exc.exit_code)
+
+
+def _prepare(spec: dict, out: Path) -> None:
+    from . import procmem, runtime
+    from .data import load_data
+    from .fileio import atomic_write_bytes, atomic_write_text
+    from .memplan import graph_costs
+    from .models import load_gluon
+    from .netsplit import TrainLayers, _output_name, cut_for, graph_of, split
+
+    runtime.apply_threads(spec["threads"])
+    mx = _lazy.mxnet()
+    model = load_gluon(spec["model"], params=spec["params"],
+                       input_shape=tuple(spec["input_shape"]) if spec["input_shape"] else None)
+    pre = model.preprocess
+    g = graph_of(model.block, pre.input_name)
+    all_params = {**g.arg_params, **g.aux_params}
+    source_digest = _params_digest(all_params)
+    template = {("aux:" if k in g.aux_params else "arg:") + k: v.asnumpy() for k, v in all_params.items()}
+    doc = json.loads(json.dumps(g.doc))
+    cut = cut_for(g, TrainLayers("last", 1))
+    prep = {"format": PREP_FORMAT, "key": spec["key"], "preprocess": pre.to_dict(), "data_name": g.data_name,
+            "head": g.head, "source_digest": source_digest, "notes": list(model.notes),
+            "random_weights": bool(model.random_weights), "linear": None}
+    if cut is not None:
+        s = split(g, cut, pre.input_shape, init_seed=spec["seed"])
+        blob = _export_frozen_bytes(s, pre)
+        atomic_write_bytes(out / FROZEN_ONNX, blob, "frozen part")
+        del blob
+        ds = load_data(spec["data"], pre)
+        x = ds.batch(np.arange(min(VALIDATE_SAMPLES, len(ds))))
+        want = s.frozen(mx.nd.array(x)).asnumpy()
+        session = _ort_session(out / FROZEN_ONNX, spec["threads"], False)
+        got = session.run(None, {session.get_inputs()[0].name: x})[0]
+        err = _mismatch(got, want)
+        if err:
+            raise RunFailed(f"the frozen part's ONNX export differs from Gluon: {err}", spec["model"],
+                            "train with --train-layers last:2 or all (they fall back to MXNet)")
+        internals = g.symbol().get_internals()
+        frozen_sym = internals[_output_name(internals, s.cut_name)]
+        prep.update({"feature_shape": list(s.feature_shape), "cut_name": s.cut_name, "validated_on": len(x),
+                     "frozen_per_sample_mb": graph_costs(frozen_sym, g.data_name, pre.input_shape),
+                     "frozen_sha256": _file_sha(out / FROZEN_ONNX)})
+        prep["linear"] = _linear_head(s, doc, g.head, want)
+    atomic_write_text(out / "template-symbol.json", json.dumps(doc), "template")
+    atomic_write_bytes(out / "template-0000.params", ckpt.params_bytes(template), "template")
+    prep["peak_rss_mb"] = procmem.peak_rss_mb() or 0.0
+    atomic_write_text(out / "prep.json", json.dumps(prep), "template")
+
+
+def _linear_head(s, doc: dict, head: int, feats: np.ndarray) -> dict | None:
+    """The output layer as {op, weight, bias} when NumPy's ``x @ W.T + b`` gives Gluon's logits, else None."""
+    mx = _lazy.mxnet()
+    node = doc["nodes"][head]
+    tail = json.loads(s.trained(mx.sym.var(s.trained_input)).tojson())["nodes"]
+    ops = [n["op"] for n in tail if n["op"] != "null"]
+    if ops.count(node["op"]) != 1 or any(op not in (node["op"], *LINEAR_TAIL_OPS) for op in ops):
+        return None
+    attrs = node.get("attrs", {})
+    if node["op"] == "FullyConnected" and attrs.get("flatten", "True") in ("False", "false", "0"):
+        return None
+    if node["op"] == "Convolution" and (tuple(s.feature_shape[1:]) != (1, 1) or attrs.get("num_group", "1") != "1"):
+        return None
+    inputs = [doc["nodes"][i[0]]["name"] for i in node["inputs"][1:]]
+    params = {p.name: p.data().asnumpy() for p in s.trained.collect_params().values()}
+    weight, bias = inputs[0], (inputs[1] if len(inputs) > 1 else None)
+    if set(params) != {weight} | ({bias} if bias else set()):
+        return None
+    want = s.trained(mx.nd.array(feats)).asnumpy()
+    got = feats.reshape(len(feats), -1) @ params[weight].reshape(len(params[weight]), -1).T
+    if bias:
+        got = got + params[bias]
+    if want.ndim != 2 or _mismatch(got.astype(np.float32), want):
+        return None
+    return {"op": node["op"], "weight": weight, "bias": bias}

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from . import _lazy
 from .errors import UsageError
 
 MB = 1024 * 1024
@@ -54,6 +55,9 @@ class MemoryPlan:
     cache_mb: float
     method: str = "analytic"
     probe_peak_mb: float | None = None
+    # ONNX Runtime's CPU arena for the frozen part: faster reuse, but it keeps its largest growth for the
+    # session's life; off whenever a budget is set
+    arena: bool = True
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -92,7 +96,7 @@ def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
         fb = next((b for b in fbs if c.frozen_per_sample * b * scale <= UNBUDGETED_FROZEN_MB), fbs[-1])
         m = next((d for d in ms if c.train_per_sample * d * scale <= UNBUDGETED_TRAIN_MB), 1)
         cache = caches[0] if c.cache_mb <= UNBUDGETED_CACHE_MB or not c.has_frozen else "disk"
-        return MemoryPlan(fb, m, cache, estimate(c, fb, m, cache, scale), None, c.cache_mb)
+        return MemoryPlan(fb, m, cache, estimate(c, fb, m, cache, scale), None, c.cache_mb, arena=True)
     best = None
     for cache in caches:
         for m in ms:
@@ -102,7 +106,7 @@ def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
                     continue
                 score = (min(m, 32), min(fb, 16), cache == "memory", fb)
                 if best is None or score > best[0]:
-                    best = (score, MemoryPlan(fb, m, cache, need, budget_mb, c.cache_mb))
+                    best = (score, MemoryPlan(fb, m, cache, need, budget_mb, c.cache_mb, arena=False))
     if best is None:
         raise refusal(c, budget_mb, scale)
     return best[1]
@@ -127,7 +131,7 @@ def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
 
 def job_costs(split, pre, rows: int, batch_size: int, base_mb: float) -> Costs:
     """Costs of training ``split`` (netsplit.Split) on inputs ``pre`` with ``rows`` samples to cache."""
-    import mxnet as mx
+    mx = _lazy.mxnet()
 
     from .netsplit import _output_name
 
@@ -143,18 +147,18 @@ def job_costs(split, pre, rows: int, batch_size: int, base_mb: float) -> Costs:
                  int(np.prod(split.feature_shape)) * 4, batch_size, split.frozen is not None)
 
 
-def probe(split, pre, plan: MemoryPlan) -> float:
+def probe(split, pre, plan: MemoryPlan, frozen_in_ort: bool = False) -> float:
     """Run each part once at the planned shapes; the process's peak RSS (MiB) afterwards.
 
     VmHWM is not reset first: what loading the model and data took counts toward the budget too.
     The trained part's BatchNorm statistics are put back, so the probe changes nothing.
     """
-    import mxnet as mx
-    from mxnet import autograd
+    mx = _lazy.mxnet()
+    autograd = _lazy.from_import("mxnet", "autograd")
 
     from . import procmem
 
-    if split.frozen is not None:
+    if split.frozen is not None and not frozen_in_ort:
         split.frozen(mx.nd.zeros((plan.feature_batch, *pre.input_shape))).wait_to_read()
     params = split.trained.collect_params().values()
     aux = {p.name: p.data().copy() for p in params if p.grad_req == "null"}
@@ -171,7 +175,7 @@ def probe(split, pre, plan: MemoryPlan) -> float:
 
 
 def plan_job(split, pre, rows: int, batch_size: int, budget_mb: float | None,
-             saved: dict | None = None) -> tuple[MemoryPlan, Costs]:
+             saved: dict | None = None, frozen_in_ort: bool = False) -> tuple[MemoryPlan, Costs]:
     """Estimate, choose, probe; shrink and probe again while the measured peak breaks the budget.
 
     A resumed run passes its ``saved`` plan and keeps it: other shapes would change the arithmetic
@@ -183,7 +187,7 @@ def plan_job(split, pre, rows: int, batch_size: int, budget_mb: float | None,
     plan = MemoryPlan(**saved) if saved is not None else choose(costs, budget_mb)
     scale = 1.0
     for attempt in range(3):
-        peak = probe(split, pre, plan)
+        peak = probe(split, pre, plan, frozen_in_ort)
         plan.method = "probe" if budget_mb is not None else plan.method
         plan.probe_peak_mb = round(peak, 1)
         projected = peak + (costs.cache_mb if plan.cache == "memory" else 0.0)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from . import _lazy
+
 OPTIMIZERS = ("sgd", "adam")
 DEFAULT_LR = {"sgd": 0.05, "adam": 0.003}
 # A lone output layer on fixed features is a linear model: it tolerates, and needs, a larger step
@@ -25,7 +27,7 @@ class Optimizer:
 
     def step(self) -> None:
         """Apply the accumulated gradients (already averaged over the effective batch)."""
-        import mxnet as mx
+        mx = _lazy.mxnet()
 
         self.t += 1
         for p in self.params:
@@ -38,7 +40,7 @@ class Optimizer:
         return {f"{name}:{i}": s for name, states in self.state.items() for i, s in enumerate(states)}
 
     def load_state_arrays(self, arrays: dict, t: int) -> None:
-        import mxnet as mx
+        mx = _lazy.mxnet()
 
         self.t = t
         self.state = {}
@@ -53,7 +55,7 @@ class SGD(Optimizer):
     momentum = 0.9
 
     def _update(self, w, g, state):
-        import mxnet as mx
+        mx = _lazy.mxnet()
 
         mx.nd.sgd_mom_update(w, g, state[0], out=w, lr=self.lr, momentum=self.momentum, wd=self.wd)
 
@@ -63,7 +65,7 @@ class Adam(Optimizer):
     beta1, beta2, eps = 0.9, 0.999, 1e-8
 
     def _update(self, w, g, state):
-        import mxnet as mx
+        mx = _lazy.mxnet()
 
         lr = self.lr * math.sqrt(1 - self.beta2 ** self.t) / (1 - self.beta1 ** self.t)
         mx.nd.adam_update(w, g, state[0], state[1], out=w, lr=lr, beta1=self.beta1, beta2=self.beta2,
@@ -77,3 +79,76 @@ def default_lr(name: str, head_only: bool) -> float:
 def make_optimizer(name: str, params: list, lr: float) -> Optimizer:
     cls = {"sgd": SGD, "adam": Adam}[name]
     return cls(params, lr)
+
+
+class NumpyOptimizer:
+    """The same updates on NumPy float32 arrays, for a linear head trained without mxnet.
+
+    ``params`` maps name -> array (updated in place); ``step(grads)`` takes name -> gradient averaged
+    over the effective batch. State arrays are named as Optimizer's, so checkpoints look the same.
+    """
+
+    def __init__(self, params: dict, lr: float, wd: float = 1e-4):
+        import numpy as np
+
+        self.params = params
+        self.lr = np.float32(lr)
+        self.wd = np.float32(wd)
+        self.t = 0
+        self.state: dict[str, list] = {}
+
+    def step(self, grads: dict) -> None:
+        import numpy as np
+
+        self.t += 1
+        for name, w in self.params.items():
+            if name not in self.state:
+                self.state[name] = [np.zeros_like(w) for _ in range(self.n_states)]
+            self._update(w, grads[name].astype(np.float32, copy=False), self.state[name])
+
+    def state_arrays(self) -> dict:
+        return {f"{name}:{i}": s for name, states in self.state.items() for i, s in enumerate(states)}
+
+    def load_state_arrays(self, arrays: dict, t: int) -> None:
+        import numpy as np
+
+        self.t = t
+        self.state = {}
+        for name in self.params:
+            got = [arrays.get(f"{name}:{i}") for i in range(self.n_states)]
+            if all(a is not None for a in got):
+                self.state[name] = [np.array(a, dtype=np.float32) for a in got]
+
+
+class NumpySGD(NumpyOptimizer):
+    n_states = 1
+    momentum = 0.9
+
+    def _update(self, w, g, state):  # sgd_mom_update: mom = m*mom - lr*(g + wd*w); w += mom
+        import numpy as np
+
+        mom = state[0]
+        mom *= np.float32(self.momentum)
+        mom -= self.lr * (g + self.wd * w)
+        w += mom
+
+
+class NumpyAdam(NumpyOptimizer):
+    n_states = 2
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+
+    def _update(self, w, g, state):  # adam_update, with the bias correction folded into lr as Adam does
+        import numpy as np
+
+        lr = np.float32(self.lr * math.sqrt(1 - self.beta2 ** self.t) / (1 - self.beta1 ** self.t))
+        g = g + self.wd * w
+        mean, var = state
+        mean *= np.float32(self.beta1)
+        mean += np.float32(1 - self.beta1) * g
+        var *= np.float32(self.beta2)
+        var += np.float32(1 - self.beta2) * g * g
+        w -= lr * mean / (np.sqrt(var) + np.float32(self.eps))
+
+
+def make_numpy_optimizer(name: str, params: dict, lr: float) -> NumpyOptimizer:
+    return {"sgd": NumpySGD, "adam": NumpyAdam}[name](params, lr)
