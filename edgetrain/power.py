@@ -347,7 +347,7 @@ def integrate(times: list[float], watts: list[float], t0: float, t1: float) -> d
     joules = sum((b[0] - a[0]) * (a[1] + b[1]) / 2 for a, b in zip(pts, pts[1:]))
     seconds = t1 - t0
     return {"joules": joules, "seconds": seconds, "average_w": joules / seconds if seconds > 0 else pts[0][1],
-            "samples": hi - lo}
+            "samples": bisect.bisect_right(times, t1) - bisect.bisect_left(times, t0)}  # inside, ends included
 
 
 def _interp(times, watts, t):
@@ -426,13 +426,25 @@ def summarise(samples, idle_window, window, source: str, detail: str, rate_hz: f
     if work["samples"] < 2:
         out["note"] = (f"only {work['samples']} sample(s) inside the {work['seconds']:.3g} s window: the figure is "
                        "mostly interpolated between the neighbouring samples")
-    idle = window_energy(samples, *idle_window) if idle_window else None
+    idle = _idle_energy(samples, idle_window) if idle_window else None
     if idle is not None:
         out["idle"] = {"t0": idle_window[0], "t1": idle_window[1], "seconds": idle["seconds"],
                        "samples": idle["samples"], "average_w": idle["average_w"]}
         out["idle_w"] = idle["average_w"]
         out["joules_above_idle"] = work["joules"] - idle["average_w"] * work["seconds"]
     return out
+
+
+def _idle_energy(samples, idle_window) -> dict | None:
+    """The idle average over the samples inside the idle window only: its ends must not be interpolated
+    towards the work's first samples (a step from idle to busy would leak into the idle figure)."""
+    inside = [s[0] for s in samples if idle_window[0] <= s[0] <= idle_window[1]]
+    if len(inside) >= 2:
+        out = window_energy(samples, inside[0], inside[-1])
+        if out is not None:
+            out["samples"] = len(inside)
+        return out
+    return window_energy(samples, *idle_window)
 
 
 @contextmanager

@@ -1,0 +1,168 @@
+"""Energy end to end (issue 17): `edgetrain profile` and `edgetrain finetune` measuring a board through a
+generated sensor tree, a fake vcgencmd on PATH and a generated USB meter log, in real child processes."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from clitools import assert_user_error
+from test_power import fake_vcgencmd, meter_log, pmic_output, pmic_watts, write
+from test_profile_models import conv_gemm_onnx, user_profile
+
+FAST = ("--warmup", "1", "--runs", "20", "--input-shape", "1,3,16,16")
+
+
+@pytest.fixture(scope="module")
+def onnx_file(tmp_path_factory):
+    return conv_gemm_onnx(tmp_path_factory.mktemp("energy") / "convgemm.onnx")
+
+
+@pytest.fixture(scope="module")
+def this_host(tmp_path_factory):
+    """A device profile that matches this machine: what is measured here is measured on the device."""
+    from edgetrain.devices import detect_host
+
+    host = detect_host()
+    return user_profile(tmp_path_factory.mktemp("dev"), name="this-board", arch=host.arch, cores=host.cores_usable,
+                        ram_mb=host.ram_mb, default_threads=1, os_reserve_mb=256, memory_budget_mb=1024)
+
+
+def hwmon_tree(root, microwatts: int):
+    write(root / "class" / "hwmon" / "hwmon0" / "name", "ina219")
+    write(root / "class" / "hwmon" / "hwmon0" / "power1_input", microwatts)
+    return root
+
+
+def sensor_env(root, **more):
+    return {"EDGETRAIN_SYSFS_ROOT": str(root), "EDGETRAIN_VCGENCMD": str(root / "no-vcgencmd"), **more}
+
+
+def no_sensor_env(tmp_path):
+    return sensor_env(tmp_path / "empty-sys")
+
+
+def test_profile_on_the_device_measures_with_its_hwmon_sensor(cli, onnx_file, this_host, tmp_path):
+    root = hwmon_tree(tmp_path / "sys", 3_500_000)  # 3.5 W, constant
+    res = cli("profile", onnx_file, "--device", this_host, "--rate", "720/h", "--battery-wh", "10",
+              "--json", "-", *FAST, env=sensor_env(root))
+    assert res.code == 0, res.err
+    d = res.json()
+    e = d["energy"]
+    pi = e["per_inference"]
+    assert pi["provenance"] == "measured" and pi["meter"] == "hwmon"
+    cfg = d["configs"][0]["power"]
+    assert cfg["rate_hz"] == 20.0 and cfg["samples"] >= 10  # the window was stretched to 10 sample periods
+    assert cfg["inferences"] == cfg["timed_runs"] + cfg["extra_runs"] and cfg["timed_runs"] == 20
+    assert pi["total_mj"] == pytest.approx(3.5 * cfg["window"]["seconds"] / cfg["inferences"] * 1000, rel=1e-6)
+    assert pi["idle_w"] == pytest.approx(3.5) and abs(pi["above_idle_mj"]) < 1e-6  # a flat sensor: nothing above idle
+    assert f"{cfg['samples']} samples at 20 Hz" in pi["source"] and "ina219/power1" in pi["source"]
+    assert e["modelled_per_inference"]["provenance"] == "modelled"  # kept beside the measurement
+    assert e["daily"]["provenance"] == "measured" and e["daily"]["idle_w"] == pytest.approx(3.5)
+    assert any(f["name"] == "energy per inference (total)" and f["provenance"] == "measured" for f in d["figures"])
+    # human output says so too
+    human = cli("profile", onnx_file, "--device", this_host, *FAST, env=sensor_env(root))
+    assert human.code == 0, human.err
+    assert "[measured: hwmon" in human.out and "modelled for comparison" in human.out
+
+
+def test_profile_elsewhere_keeps_the_model_and_reports_this_machines_sensor(cli, onnx_file, tmp_path):
+    root = hwmon_tree(tmp_path / "sys", 2_000_000)
+    res = cli("profile", onnx_file, "--device", "rpi4b-4gb", "--threads", "1", "--json", "-", *FAST,
+              env=sensor_env(root))
+    assert res.code == 0, res.err
+    d = res.json()
+    assert d["energy"]["per_inference"]["provenance"] == "modelled"  # this machine is not a Pi 4
+    board = d["host_energy"]["board"][0]
+    assert board["provenance"] == "measured" and board["meter"] == "hwmon" and board["samples"] >= 10
+
+
+def test_profile_with_the_pi5_pmic_through_a_fake_vcgencmd(cli, onnx_file, this_host, tmp_path):
+    out = write(tmp_path / "pmic.txt", pmic_output())
+    prog = fake_vcgencmd(tmp_path / "bin", out)
+    env = {"PATH": f"{prog.parent}{os.pathsep}{os.environ['PATH']}", "EDGETRAIN_SYSFS_ROOT": str(tmp_path / "none")}
+    env_no_override = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_VCGENCMD"}
+    env_no_override.update(env)
+    res = cli("profile", onnx_file, "--device", this_host, "--json", "-", *FAST, env=env_no_override)
+    assert res.code == 0, res.err
+    pi = res.json()["energy"]["per_inference"]
+    assert pi["meter"] == "pi5-pmic" and pi["provenance"] == "measured"
+    assert pi["average_w"] == pytest.approx(pmic_watts(), rel=1e-6)
+    assert set(pi["rails_mj"]) == {"3V7_WL_SW", "3V3_SYS", "1V8_SYS", "DDR_VDD2", "DDR_VDDQ", "1V1_SYS", "0V8_SW",
+                                   "VDD_CORE", "3V3_DAC", "3V3_ADC", "0V8_AON", "HDMI"}
+    assert "10 Hz" in pi["source"]
+
+
+def test_no_sensor_keeps_the_modelled_figure_labelled_as_today(cli, onnx_file, this_host, tmp_path):
+    res = cli("profile", onnx_file, "--device", this_host, "--json", "-", *FAST, env=no_sensor_env(tmp_path))
+    assert res.code == 0, res.err
+    d = res.json()
+    pi = d["energy"]["per_inference"]
+    assert pi["provenance"] == "modelled" and "p50 latency" in pi["source"]
+    assert "modelled_per_inference" not in d["energy"]
+    assert "no board power source" in d["host_energy"]["board_note"]
+    assert d["configs"][0]["power"] is None  # nothing sampled, no idle wait, no extra runs
+
+
+@pytest.mark.slow
+def test_profile_with_a_usb_meter_log(cli, onnx_file, this_host, tmp_path):
+    now = time.time()
+    log = meter_log(tmp_path / "meter.csv", now - 5, now + 900, hz=5, watts=lambda t: 4.0)
+    res = cli("profile", onnx_file, "--device", this_host, "--power-log", log, "--json", "-", *FAST,
+              env=no_sensor_env(tmp_path))
+    assert res.code == 0, res.err
+    d = res.json()
+    pi = d["energy"]["per_inference"]
+    cfg = d["configs"][0]["power"]
+    assert pi["meter"] == "power-log" and pi["provenance"] == "measured"
+    assert cfg["window"]["seconds"] >= 10  # a 1-10 Hz meter needs a long window: untimed runs fill it
+    assert cfg["samples"] >= 50 and cfg["idle_w"] == pytest.approx(4.0)
+    assert pi["total_mj"] == pytest.approx(4.0 * cfg["window"]["seconds"] / cfg["inferences"] * 1000, rel=1e-6)
+    assert "meter.csv" in pi["source"]
+
+
+def test_a_power_log_that_is_a_folder_fails_before_any_work(cli, onnx_file, tmp_path):
+    res = cli("profile", onnx_file, "--power-log", tmp_path, *FAST, env=no_sensor_env(tmp_path))
+    assert_user_error(res, 2, "the power log is a folder", str(tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["missing", "wrong clock", "bad line"])
+def test_a_power_log_that_cannot_measure_the_run_is_a_usage_error(cli, onnx_file, tmp_path, case):
+    log = tmp_path / "meter.csv"
+    if case == "wrong clock":
+        meter_log(log, 1_600_000_000.0, 1_600_000_100.0)
+        frag = "the power log covers"
+    elif case == "bad line":
+        log.write_text("timestamp,watts\n1,2\n2,x\n")
+        frag = "line 3"
+    else:
+        frag = "does not exist"
+    res = cli("profile", onnx_file, "--power-log", log, *FAST, env=no_sensor_env(tmp_path))
+    assert_user_error(res, 2, frag)
+
+
+def test_finetune_on_the_device_measures_energy_per_epoch_and_sample(cli, this_host, digits_npz, tmp_path):
+    root = hwmon_tree(tmp_path / "sys", 5_000_000)
+    res = cli("finetune", "edgetrain.nets:pretrained_digits", "--data", digits_npz, "-o", tmp_path / "o",
+              "--epochs", "2", "--device", this_host, "--json", "-", env=sensor_env(root), cwd=tmp_path)
+    assert res.code == 0, res.err
+    r = res.json()
+    e = r["energy"]
+    assert e["provenance"] == "measured" and e["meter"] == "hwmon" and e["samples"] >= 2
+    assert e["joules"] == pytest.approx(5.0 * e["seconds"], rel=1e-6) and e["idle_w"] == pytest.approx(5.0)
+    assert r["joules_per_epoch"] == pytest.approx(e["joules"] / 2)
+    assert r["joules_per_sample"] == pytest.approx(e["joules"] / e["samples_trained"])
+    assert e["modelled"]["provenance"] == "modelled"
+
+
+def test_finetune_without_a_sensor_is_modelled_at_its_busy_cores(cli, digits_npz, tmp_path):
+    res = cli("finetune", "edgetrain.nets:pretrained_digits", "--data", digits_npz, "-o", tmp_path / "o",
+              "--epochs", "1", "--device", "rpi4b-4gb", "--threads", "1", "--json", "-", env=no_sensor_env(tmp_path),
+              cwd=tmp_path)
+    assert res.code == 0, res.err
+    e = res.json()["energy"]
+    assert e["provenance"] == "modelled" and e["threads"] == 1
+    assert e["power_w"] == pytest.approx(2.7 + (6.4 - 2.7) / 4)  # 1 of the Pi 4's 4 cores busy
+    assert e["joules"] == pytest.approx(e["power_w"] * e["seconds"])
