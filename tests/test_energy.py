@@ -100,3 +100,88 @@ def test_rapl_absent_or_unreadable_is_none(tmp_path):
     assert read_rapl(tmp_path) is None  # no zones
     (tmp_path / "intel-rapl:0").mkdir()  # a zone without a readable counter
     assert read_rapl(tmp_path) is None
+
+
+# --- the steadier model (issue 17) --------------------------------------------------------------------
+
+@pytest.mark.parametrize("threads", [None, 1, 2, 3, 4, 8])
+def test_busy_power_is_interpolated_by_busy_cores(pi4, threads):
+    from edgetrain.energy import busy_power
+
+    watts, how = busy_power(pi4, threads)
+    busy = 4 if threads is None else min(threads, 4)
+    assert watts == pytest.approx(2.7 + (6.4 - 2.7) * busy / 4)
+    assert (f"{busy} of 4 cores" in how) if busy < 4 else ("all 4 cores" in how)
+
+
+def test_modelled_energy_uses_p50_at_the_threads_used_with_its_spread(pi4):
+    e = energy_per_inference(100.0, pi4, "estimated", "scaled", threads=1, p10_ms=90.0, p90_ms=130.0)
+    watts = 2.7 + 3.7 / 4
+    assert e["total_mj"] == pytest.approx(0.1 * watts * 1000) and e["latency_statistic"] == "p50"
+    assert e["above_idle_mj"] == pytest.approx(0.1 * (watts - 2.7) * 1000)
+    assert e["spread"]["p10"]["total_mj"] == pytest.approx(0.09 * watts * 1000)
+    assert e["spread"]["p90"]["total_mj"] == pytest.approx(0.13 * watts * 1000)
+    assert "p50 latency" in e["source"] and "1 of 4 cores busy" in e["source"]
+
+
+def test_daily_budget_at_one_busy_core(pi4):
+    d = daily_budget(100.0, pi4, rate_per_h=3600, threads=1)
+    busy = 3600 * 24 * 0.1
+    assert d["energy_wh_per_day"] == pytest.approx((busy * (2.7 + 3.7 / 4) + (86400 - busy) * 2.7) / 3600)
+
+
+@pytest.mark.parametrize("spread,load,cores,ref,reliable", [
+    (1.3, 0.5, 2, None, True), (1.3, 2.0, 2, None, True), (1.3, 2.5, 2, None, False), (3.5, 0.1, 2, None, False),
+    (1.3, None, 2, None, True), (None, 0.1, 4, 5.0, False), (1.3, 0.1, 4, 1.2, True)])
+def test_reliability_flags_a_busy_host(spread, load, cores, ref, reliable):
+    from edgetrain.energy import reliability
+
+    r = reliability(spread, load, cores, ref)
+    assert r["reliable"] is reliable and bool(r["reasons"]) is not reliable
+
+
+def test_a_measured_figure_leads_the_report_and_the_model_stays_beside_it(pi4):
+    from edgetrain.energy import measured_per_inference
+
+    rec = {"available": True, "source": "hwmon", "detail": "ina219", "joules": 2.0, "joules_above_idle": 0.5,
+           "average_w": 4.0, "idle_w": 3.0, "samples": 11, "rate_hz": 20.0, "inferences": 400, "timed_runs": 200,
+           "extra_runs": 200, "window": {"seconds": 0.5, "samples": 11},
+           "idle": {"average_w": 3.0, "samples": 20, "seconds": 1.0}, "rails": {"x": {"joules": 2.0}}}
+    m = measured_per_inference(rec)
+    assert m["total_mj"] == pytest.approx(5.0) and m["above_idle_mj"] == pytest.approx(1.25)
+    assert "11 samples at 20 Hz" in m["source"] and "200 timed + 200 untimed" in m["source"]
+    rep = energy_report(1.0, pi4, rate_per_h=60, battery_wh=10, budget_mj=4, measured=m, threads=1)
+    assert rep["per_inference"] is m and rep["modelled_per_inference"]["provenance"] == "modelled"
+    assert rep["budget"]["provenance"] == "measured" and not rep["budget"]["passed"]
+    d = rep["daily"]
+    assert d["provenance"] == "measured"
+    assert d["energy_wh_per_day"] == pytest.approx((60 * 24 * 0.005 + (86400 - 60 * 24 * 0.001) * 3.0) / 3600)
+    assert measured_per_inference({"available": False}) is None and measured_per_inference(None) is None
+
+
+def test_energy_meter_without_a_source_models_at_the_busy_cores(pi4):
+    from edgetrain.energy import EnergyMeter
+
+    m = EnergyMeter(pi4, threads=2, source=None).start()
+    rec = m.stop(epochs=2, samples=100)
+    assert rec["provenance"] == "modelled" and rec["power_w"] == pytest.approx(2.7 + 3.7 / 2)
+    assert rec["joules_per_epoch"] == pytest.approx(rec["joules"] / 2)
+    assert rec["joules_per_sample"] == pytest.approx(rec["joules"] / 100)
+    assert EnergyMeter(None, source=None).start().stop() is None  # no device, nothing measures: no figure
+
+
+def test_energy_meter_with_a_source_measures(pi4, tmp_path):
+    from edgetrain import power
+    from edgetrain.energy import EnergyMeter
+
+    f = tmp_path / "class" / "hwmon" / "hwmon0" / "power1_input"
+    f.parent.mkdir(parents=True)
+    f.write_text("4000000\n")
+    meter = EnergyMeter(None, source=power.Hwmon.find(tmp_path)).start()
+    import time
+
+    time.sleep(0.3)
+    rec = meter.stop(epochs=3, samples=30)
+    assert rec["provenance"] == "measured" and rec["meter"] == "hwmon"
+    assert rec["joules"] == pytest.approx(4.0 * rec["seconds"]) and rec["joules_per_epoch"] == pytest.approx(
+        rec["joules"] / 3)
