@@ -5,6 +5,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import _lazy
 from .data import Dataset
 
 Progress = Callable[[int, int], None]  # (done, total)
@@ -17,7 +18,7 @@ def calibration_reader(dataset: Dataset, input_name: str, progress: Progress | N
     outputs into one array and fail on a shorter last batch. ``set_range``/``len`` let quantize_static
     calibrate in strides (``CalibStridedMinMax``), so activations of only one stride are held in memory.
     """
-    from onnxruntime.quantization import CalibrationDataReader
+    CalibrationDataReader = _lazy.from_import("onnxruntime.quantization", "CalibrationDataReader")
 
     class DatasetReader(CalibrationDataReader):
         def __init__(self):

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import _lazy
 from . import runtime
 from .compat import armpl
 
@@ -51,7 +52,7 @@ try:
         out["version"] = numpy.__version__
         out["file"] = numpy.__file__
     elif name == "mxnet":
-        import mxnet as mx
+        mx = _lazy.mxnet()
         out["version"] = mx.__version__
         out["file"] = mx.__file__
         out["import_s"] = round(time.time() - t0, 2)
@@ -71,8 +72,8 @@ try:
         chol = mx.nd.linalg.potrf(mx.nd.array(spd)).asnumpy()        # LAPACK (spotrf)
         out["potrf_max_abs_err"] = float(np.abs(chol - np.linalg.cholesky(spd)).max())
     elif name == "onnx":
-        import onnx
-        from onnx import TensorProto, helper
+        onnx = _lazy.onnx()
+        TensorProto, helper = _lazy.from_import("onnx", "TensorProto", "helper")
         out["version"] = onnx.__version__
         node = helper.make_node("MatMul", ["a", "b"], ["y"])
         graph = helper.make_graph([node], "doctor",
@@ -81,12 +82,12 @@ try:
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
         onnx.checker.check_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
     elif name == "onnxruntime":
-        import onnxruntime as ort
+        ort = _lazy.onnxruntime()
         out["version"] = ort.__version__
         out["providers"] = ort.get_available_providers()
         try:
             import numpy as np
-            from onnx import TensorProto, helper
+            TensorProto, helper = _lazy.from_import("onnx", "TensorProto", "helper")
         except Exception as exc:
             out["compute_skipped"] = repr(exc)
         else:

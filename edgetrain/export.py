@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import _lazy
 from .errors import RunFailed, UsageError
 
 DEFAULT_OPSET = 13
@@ -79,7 +80,7 @@ def export_onnx(model, path, opset: int = DEFAULT_OPSET, dynamic_batch: bool = F
 
 def build_onnx(model, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False, fp16: bool = False):
     """The checked ONNX ModelProto for ``model`` (nothing written)."""
-    import onnx
+    onnx = _lazy.onnx()
 
     from .compat import mxnet_onnx
 
@@ -225,7 +226,7 @@ def to_fp16(proto):
     """
     import logging
 
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+    convert_float_to_float16 = _lazy.from_import("onnxruntime.transformers.float16", "convert_float_to_float16")
 
     logging.getLogger("onnxruntime.transformers.float16").setLevel(logging.ERROR)
     proto = convert_float_to_float16(proto, keep_io_types=True)
@@ -264,7 +265,7 @@ def _topological_sort(graph) -> None:
 
 def _symbol_and_params(model):
     """The model's symbol (input named as recorded) and its parameters by name, as Block.export would save."""
-    import mxnet as mx
+    mx = _lazy.mxnet()
 
     out = model.block(mx.sym.var(model.preprocess.input_name))
     sym = mx.sym.Group(list(out)) if isinstance(out, (list, tuple)) else out
@@ -390,7 +391,7 @@ def _validation_batches(model, dynamic_batch: bool, samples) -> list[tuple[str, 
 
 
 def _gluon_outputs(model, x: np.ndarray, names: list[str]) -> dict:
-    import mxnet as mx
+    mx = _lazy.mxnet()
 
     out = model.block(mx.nd.array(x, dtype="float32"))
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
@@ -414,7 +415,7 @@ def _compare(expected: list[dict], actual: list[dict], atol: float, rtol: float)
 
 
 def _io(values) -> list[dict]:
-    from onnx import helper
+    helper = _lazy.from_import("onnx", "helper")
 
     out = []
     for v in values:

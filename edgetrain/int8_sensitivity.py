@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from . import _lazy
+
 
 def rank_nodes(fp32_path: Path, int8_path: Path, candidates: list[str], reader: Callable[[], object],
                workdir: Path) -> list[tuple[str, float]]:
@@ -17,10 +19,11 @@ def rank_nodes(fp32_path: Path, int8_path: Path, candidates: list[str], reader: 
 
     ``reader()`` returns a fresh CalibrationDataReader over the samples to compare on.
     """
-    import onnx
-    from onnxruntime.quantization.qdq_loss_debug import (collect_activations, compute_activation_error,
-                                                         create_activation_matching,
-                                                         modify_model_output_intermediate_tensors)
+    onnx = _lazy.onnx()
+    (collect_activations, compute_activation_error, create_activation_matching,
+     modify_model_output_intermediate_tensors) = _lazy.from_import(
+        "onnxruntime.quantization.qdq_loss_debug", "collect_activations", "compute_activation_error",
+        "create_activation_matching", "modify_model_output_intermediate_tensors")
 
     from .quantize_ort import quiet_ort
 

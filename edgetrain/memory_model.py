@@ -20,6 +20,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import _lazy
+
 MB = 1024 * 1024
 
 # onnxruntime: the file is parsed into a protobuf, initializers are copied into OrtValues and the
@@ -143,8 +145,8 @@ def _liveness_peak(order: list[tuple[list[str], list[str]]], sizes: dict[str, in
 def onnx_stats(path: str | Path, input_shape: list[int] | None = None, batch: int = 1) -> GraphStats:
     """Weights and activation sizes of an ONNX model, from shape inference at a concrete input shape."""
     import numpy as np
-    import onnx
-    from onnx import shape_inference
+    onnx = _lazy.onnx()
+    shape_inference = _lazy.from_import("onnx", "shape_inference")
 
     model = onnx.load(str(path))
     graph = model.graph
@@ -188,7 +190,7 @@ def mxnet_stats(model_text: str, params: str | None = None, chw=None, batch: int
 
     With ``with_info`` also returns {"preprocess", "random_weights", "notes"} of the loaded model.
     """
-    import mxnet as mx
+    mx = _lazy.mxnet()
     import numpy as np
 
     from . import models

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _lazy
 from .errors import UsageError
 from .errors import clip
 from .preprocess import Preprocess, default_for_shape, parse_norm, read_sidecar, sidecar_path, sidecar_text
@@ -48,7 +49,7 @@ class GluonModel:
     notes: list[str] = field(default_factory=list)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        import mxnet as mx
+        mx = _lazy.mxnet()
 
         out = self.block(mx.nd.array(x, dtype="float32"))
         if isinstance(out, (list, tuple)):
@@ -147,8 +148,8 @@ def _mx_error(exc: Exception) -> str:
 
 
 def _load_prefix(ref: ModelRef, input_shape, mean=None, std=None) -> GluonModel:
-    import mxnet as mx
-    from mxnet import gluon
+    mx = _lazy.mxnet()
+    gluon = _lazy.from_import("mxnet", "gluon")
 
     pre = read_sidecar(ref.prefix)
     try:
@@ -213,7 +214,7 @@ def _with_norm(pre: Preprocess, mean, std) -> Preprocess:
 
 
 def _load_zoo(ref: ModelRef, params, input_shape) -> GluonModel:
-    from mxnet.gluon.model_zoo import vision
+    vision = _lazy.from_import("mxnet.gluon.model_zoo", "vision")
 
     name = ref.zoo_name
     try:
@@ -234,7 +235,7 @@ def _load_zoo(ref: ModelRef, params, input_shape) -> GluonModel:
 
 
 def _load_factory(ref: ModelRef, params, input_shape) -> GluonModel:
-    from mxnet import gluon
+    gluon = _lazy.from_import("mxnet", "gluon")
 
     module_name, func_name = ref.factory.split(":")
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
@@ -365,7 +366,7 @@ def load_onnx(path: str | Path) -> OnnxModel:
     """Read an ONNX file and the edgetrain preprocessing stored in its metadata_props (if any)."""
     import json
 
-    import onnx
+    onnx = _lazy.onnx()
 
     path = Path(path)
     if not path.is_file():

@@ -4,12 +4,14 @@ They are what the quickstart and the tests train on ``builtin:digits``: real dat
 """
 from __future__ import annotations
 
+from . import _lazy
+
 DIGITS_INPUT = (1, 16, 16)
 
 
 def digits_cnn(classes: int = 10):
     """A two-conv CNN for 16x16 grayscale digits: 5.6k parameters, about 2 ms per batch of 32."""
-    from mxnet.gluon import nn
+    nn = _lazy.from_import("mxnet.gluon", "nn")
 
     net = nn.HybridSequential(prefix="digits_")
     with net.name_scope():
@@ -34,7 +36,7 @@ def pretrained_digits():
     import warnings
     from importlib import resources
 
-    from mxnet import gluon
+    gluon = _lazy.from_import("mxnet", "gluon")
 
     root = resources.files("edgetrain._builtin")
     with resources.as_file(root.joinpath("digits5-symbol.json")) as sym, \

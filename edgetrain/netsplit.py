@@ -14,6 +14,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
+from . import _lazy
 from .errors import UsageError
 
 WEIGHTED_OPS = ("Convolution", "FullyConnected")
@@ -62,7 +63,7 @@ class Graph:
     head: int = -1  # node id of the output layer (last weighted op)
 
     def symbol(self):
-        import mxnet as mx
+        mx = _lazy.mxnet()
 
         return mx.sym.load_json(json.dumps(self.doc))
 
@@ -75,7 +76,7 @@ class Graph:
 
 def graph_of(block, data_name: str) -> Graph:
     """The symbol graph of a (hybridizable) block and its current weights."""
-    import mxnet as mx
+    mx = _lazy.mxnet()
 
     try:
         sym = block(mx.sym.var(data_name))
@@ -169,8 +170,8 @@ def _output_name(sym_internals, node_name: str) -> str:
 
 
 def _symbol_block(sym, input_name: str, params: dict, ctx):
-    import mxnet as mx
-    from mxnet import gluon
+    mx = _lazy.mxnet()
+    gluon = _lazy.from_import("mxnet", "gluon")
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Cannot decide type for the following arguments": float32 it is
@@ -207,7 +208,7 @@ class Split:
 
 def split(g: Graph, cut: int | None, input_shape: tuple, ctx=None, init_seed: int = 0) -> Split:
     """Build the frozen and trained SymbolBlocks; weights not in ``g`` (a new head) get Xavier init."""
-    import mxnet as mx
+    mx = _lazy.mxnet()
 
     ctx = ctx or mx.cpu()
     full = g.symbol()
@@ -249,7 +250,7 @@ def split(g: Graph, cut: int | None, input_shape: tuple, ctx=None, init_seed: in
 
 def full_block(s: Split):
     """One SymbolBlock of the whole (edited) graph holding the current weights: what gets saved."""
-    import mxnet as mx
+    mx = _lazy.mxnet()
 
     block, missing = _symbol_block(s.graph.symbol(), s.graph.data_name, s.all_params(), mx.cpu())
     if missing:

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import _lazy
 from .procmem import peak_rss_mb, rss_mb
 
 # Per-op timings come from a second, profiled session after the timed runs: the profiler slows every
@@ -52,11 +53,11 @@ def run(spec: dict) -> dict:
     t0 = time.perf_counter()
     if runtime == "onnxruntime":
         import numpy  # noqa: F401  (part of the runtime's baseline, as in a deployed app)
-        import onnxruntime  # noqa: F401
+        onnxruntime = _lazy.onnxruntime()
         out["runtime_version"] = onnxruntime.__version__
     else:
         import numpy  # noqa: F401
-        import mxnet
+        mxnet = _lazy.mxnet()
         out["runtime_version"] = mxnet.__version__
     out["import_s"] = time.perf_counter() - t0
     mem["after_import_rss_mb"], mem["after_import_hwm_mb"] = rss_mb(), peak_rss_mb()
@@ -204,7 +205,7 @@ class OrtRunner:
         return self.session.run(None, self.feeds)
 
     def op_profile(self, runs: int) -> dict:
-        import onnxruntime as ort
+        ort = _lazy.onnxruntime()
 
         from .runtime import ort_session_options
 
@@ -258,7 +259,7 @@ def _concrete_shape(shape, spec: dict, name: str) -> list[int]:
 
 class MxnetRunner:
     def __init__(self, spec: dict):
-        import mxnet as mx
+        mx = _lazy.mxnet()
 
         self.mx = mx
         model = _load_gluon_unrun(spec["model"], spec.get("params"), spec.get("chw"))
@@ -276,7 +277,7 @@ class MxnetRunner:
         return out.asnumpy()
 
     def op_profile(self, runs: int) -> dict:
-        from mxnet import profiler
+        profiler = _lazy.from_import("mxnet", "profiler")
 
         with tempfile.TemporaryDirectory(prefix="edgetrain-mxprof-") as tmp:
             # mx.runtime.Features() reports PROFILER off in the PyPI 1.9.1 wheel, yet the operator
@@ -382,10 +383,10 @@ def baseline(runtime: str) -> dict:
     import numpy as np
 
     if runtime == "onnxruntime":
-        import onnxruntime as ort
+        ort = _lazy.onnxruntime()
 
         after_import = rss_mb()
-        from onnx import TensorProto, helper
+        TensorProto, helper = _lazy.from_import("onnx", "TensorProto", "helper")
 
         graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "baseline",
                                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
@@ -399,7 +400,7 @@ def baseline(runtime: str) -> dict:
         # A deployed app does not import onnx: count ORT's import and its session start-up, not onnx.
         rss = after_import + (rss_mb() - before_session)
     else:
-        import mxnet as mx
+        mx = _lazy.mxnet()
 
         mx.nd.relu(mx.nd.ones((1, 4))).asnumpy()
         rss = rss_mb()

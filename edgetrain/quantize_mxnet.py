@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import _lazy
 from .errors import UsageError
 
 CALIB_MODES = {"minmax": "naive", "entropy": "entropy"}
@@ -54,7 +55,7 @@ def quantize_mxnet(model: str, calib: str, output: Path, *, val, max_drop, metho
     qnet = _quantize_net(fp32, calib_ds, method, per_channel, progress)
 
     def run_int8(x):
-        import mxnet as mx
+        mx = _lazy.mxnet()
 
         return qnet(mx.nd.array(x)).asnumpy()
 
@@ -100,8 +101,8 @@ def quantize_mxnet(model: str, calib: str, output: Path, *, val, max_drop, metho
 
 
 def _quantize_net(fp32, calib_ds, method, per_channel, progress):
-    import mxnet as mx
-    from mxnet.contrib import quantization
+    mx = _lazy.mxnet()
+    quantization = _lazy.from_import("mxnet.contrib", "quantization")
 
     from .runtime import quiet_libraries
 
@@ -133,7 +134,7 @@ def _save(fp32, qnet, prefix: Path, record: dict) -> tuple[int, int]:
     from .fileio import atomic_path
     from .preprocess import sidecar_path, sidecar_text
 
-    import mxnet as mx
+    mx = _lazy.mxnet()
 
     # A SymbolBlock exports only the parameters its cached graph has bound: run it once first, or
     # PREFIX-0000.params comes out empty.

@@ -11,6 +11,7 @@ import json
 import logging
 from pathlib import Path
 
+from . import _lazy
 from .errors import UsageError
 
 # Operators that only exist in a quantized graph.
@@ -34,8 +35,8 @@ def prepare(fp32_path: Path, out_path: Path) -> list[str]:
 
     Without the folding, int8 ran slower than fp32 (DESIGN.md). Returns the node names in graph order.
     """
-    import onnx
-    from onnxruntime.quantization import quant_pre_process
+    onnx = _lazy.onnx()
+    quant_pre_process = _lazy.from_import("onnxruntime.quantization", "quant_pre_process")
 
     with quiet_ort():
         quant_pre_process(str(fp32_path), str(out_path))
@@ -67,7 +68,8 @@ class Quantizer:
         self.stride = stride
 
     def quantize(self, out_path: Path, exclude: list[str] = ()) -> Path:
-        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+        (CalibrationMethod, QuantFormat, QuantType, quantize_static) = _lazy.from_import(
+            "onnxruntime.quantization", "CalibrationMethod", "QuantFormat", "QuantType", "quantize_static")
 
         method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                   "percentile": CalibrationMethod.Percentile}[self.method]
@@ -98,7 +100,7 @@ def _has_calibration_cache(quantize_static) -> bool:
 
 def set_metadata(path: Path, metadata: dict[str, str], quantization: dict) -> None:
     """Give the int8 file the fp32 export's metadata_props (preprocessing etc.) plus how it was quantized."""
-    import onnx
+    onnx = _lazy.onnx()
 
     proto = onnx.load(str(path))
     props = dict(metadata)
@@ -112,7 +114,7 @@ def set_metadata(path: Path, metadata: dict[str, str], quantization: dict) -> No
 
 def quantized_node_names(int8_path: Path, candidates: list[str]) -> list[str]:
     """The candidate nodes that ended up in int8 (a DequantizeLinear feeds them)."""
-    import onnx
+    onnx = _lazy.onnx()
 
     proto = onnx.load(str(int8_path))
     dq_out = {o for n in proto.graph.node if n.op_type == "DequantizeLinear" for o in n.output}

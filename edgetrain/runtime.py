@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from . import _lazy
+
 _threads: int | None = None
 
 
@@ -72,7 +74,7 @@ def usable_cores() -> int:
 
 def ort_session(model, threads: int | None = None, optimize: bool = True):
     """An ONNX Runtime CPU session (file path or serialized bytes) with the thread cap applied."""
-    import onnxruntime as ort
+    ort = _lazy.onnxruntime()
 
     source = model if isinstance(model, (bytes, bytearray)) else str(model)
     return ort.InferenceSession(source, ort_session_options(threads, optimize), providers=["CPUExecutionProvider"])
@@ -80,7 +82,7 @@ def ort_session(model, threads: int | None = None, optimize: bool = True):
 
 def ort_session_options(threads: int | None = None, optimize: bool = True):
     """ONNX Runtime session options with the thread cap applied (intra-op threads, sequential)."""
-    import onnxruntime as ort
+    ort = _lazy.onnxruntime()
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads or current_threads()

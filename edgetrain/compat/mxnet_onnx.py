@@ -43,6 +43,8 @@ import sys
 import threading
 import types
 
+from .. import _lazy
+
 # mxnet 1.9.1's translation registry has opset 12 and 13 tables; below 12 it warns and uses 12's.
 MIN_OPSET = 12
 MAX_OPSET = 13
@@ -67,9 +69,9 @@ def install() -> None:
         if _installed:
             return
         _install_mapping()
-        from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
+        MXNetGraph = _lazy.from_import("mxnet.onnx.mx2onnx._export_onnx", "MXNetGraph")
         # importing the translations registers them in MXNetGraph.registry_
-        from mxnet.onnx.mx2onnx._op_translations import _op_translations_opset12  # noqa: F401
+        _lazy.module("mxnet.onnx.mx2onnx._op_translations._op_translations_opset12")
 
         _raw_weights(MXNetGraph)
         _fixed_gamma(MXNetGraph)
@@ -79,8 +81,8 @@ def install() -> None:
 
 def _install_mapping() -> None:
     import numpy as np
-    import onnx
-    from onnx import TensorProto, helper
+    onnx = _lazy.onnx()
+    TensorProto, helper = _lazy.from_import("onnx", "TensorProto", "helper")
 
     if "onnx.mapping" in sys.modules and hasattr(sys.modules["onnx.mapping"], "NP_TYPE_TO_TENSOR_TYPE"):
         return  # an onnx old enough to still have it
@@ -105,7 +107,7 @@ def _install_mapping() -> None:
 
 def _raw_weights(graph_cls) -> None:
     """Store weights as raw bytes instead of a Python list of floats (same tensor, ~100x faster)."""
-    from onnx import helper, numpy_helper
+    helper, numpy_helper = _lazy.from_import("onnx", "helper", "numpy_helper")
 
     table = graph_cls.registry_.setdefault(MIN_OPSET, {})
     original = table["null"]
@@ -125,7 +127,7 @@ def _raw_weights(graph_cls) -> None:
 def _fixed_gamma(graph_cls) -> None:
     """BatchNorm with fix_gamma=True: scale by ones, as MXNet does, not by the stored gamma."""
     import numpy as np
-    from onnx import numpy_helper
+    numpy_helper = _lazy.from_import("onnx", "numpy_helper")
 
     table = graph_cls.registry_.setdefault(MIN_OPSET, {})
     original = table["BatchNorm"]
@@ -165,7 +167,7 @@ def _name_failing_layer(graph_cls) -> None:
 
 def supported_ops(opset: int) -> set[str]:
     install()
-    from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
+    MXNetGraph = _lazy.from_import("mxnet.onnx.mx2onnx._export_onnx", "MXNetGraph")
 
     ops: set[str] = set()
     for version in range(min(opset, MAX_OPSET), MIN_OPSET - 1, -1):
@@ -192,8 +194,8 @@ def translate(sym, params: dict, input_name: str, input_shape: tuple, opset: int
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"opset {opset} outside the exporter's {MIN_OPSET}..{MAX_OPSET}")
     install()
-    from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
-    from onnx import TensorProto, helper
+    MXNetGraph = _lazy.from_import("mxnet.onnx.mx2onnx._export_onnx", "MXNetGraph")
+    TensorProto, helper = _lazy.from_import("onnx", "TensorProto", "helper")
 
     missing = untranslatable(sym, opset)
     if missing:
@@ -219,7 +221,7 @@ def translate(sym, params: dict, input_name: str, input_shape: tuple, opset: int
 @contextlib.contextmanager
 def _checking_at(opset: int):
     """The exporter's own check_graph, at the opset being translated for (not the newest)."""
-    from onnx import checker, helper
+    checker, helper = _lazy.from_import("onnx", "checker", "helper")
 
     ctx = checker.C.CheckerContext()
     ctx.ir_version = helper.find_min_ir_version_for([helper.make_opsetid("", opset)])
@@ -256,7 +258,7 @@ def drop_unused_initializers(model) -> None:
 
 def _batch_only_dynamic(model) -> None:
     """Outputs keep their known trailing dims; only the leading (batch) dim is symbolic."""
-    from onnx import shape_inference
+    shape_inference = _lazy.from_import("onnx", "shape_inference")
 
     inferred = shape_inference.infer_shapes(model)
     known = {o.name: o for o in inferred.graph.output}
@@ -275,6 +277,6 @@ def _batch_only_dynamic(model) -> None:
 
 
 def _mxnet_version() -> str:
-    import mxnet
+    mxnet = _lazy.mxnet()
 
     return f"mxnet {mxnet.__version__} exporter"
