@@ -1,7 +1,8 @@
 """edgetrain: take MXNet Gluon models to low-power devices.
 
-The public Python API. Names are resolved lazily so that importing edgetrain (and `edgetrain --help`)
-does not load mxnet or onnxruntime.
+The Python API: ``edgetrain.quantize``, ``export``, ``finetune``, ``profile``, ``inspect`` and ``run`` are
+functions taking the same options as the commands (see ``edgetrain.api`` and docs/python-api.md). Names
+are resolved lazily so that importing edgetrain (and ``edgetrain --help``) loads no heavy library.
 """
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ import importlib
 __version__ = "0.1.0"
 
 _API = {
+    "quantize": "api", "export": "api", "finetune": "api", "profile": "api", "inspect": "api", "run": "api",
     "EdgetrainError": "errors", "UsageError": "errors", "BudgetExceeded": "errors", "RunFailed": "errors",
     "Preprocess": "preprocess",
     "load_gluon": "models", "load_onnx": "models", "save_prefix": "models", "parse_model_ref": "models",
     "load_data": "data", "Dataset": "data",
     "load_device": "devices", "list_profiles": "devices", "detect_host": "devices",
-    "apply_threads": "runtime",
-    "quantize_model": "quantize", "QuantizeResult": "quantize",
-    "export_onnx": "export", "ExportResult": "export", "compare_outputs": "compare", "Comparison": "compare",
-    "profile_model": "profile", "ProfileResult": "profile", "energy_report": "energy",
-    "finetune_model": "finetune", "FinetuneResult": "finetune",
+    "QuantizeOptions": "options", "ExportOptions": "options", "FinetuneOptions": "options",
+    "ProfileOptions": "options",
+    "Result": "results", "QuantizeResult": "results", "ExportResult": "results", "Progress": "results",
+    "compare_outputs": "compare", "Comparison": "compare", "energy_report": "energy",
 }
 
 

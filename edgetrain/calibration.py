@@ -1,12 +1,15 @@
 """Feeding a Dataset to ONNX Runtime's calibrators, one sample per run, with progress."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from . import _lazy
-from .data import Dataset
+from .data import Dataset, load_data
+from .errors import UsageError
 
 Progress = Callable[[int, int], None]  # (done, total)
 
@@ -63,3 +66,36 @@ def pick_samples(dataset: Dataset, samples: int, seed: int = 0) -> Dataset:
     """Up to ``samples`` samples, drawn across classes (a sorted folder would otherwise give class 0 only)."""
     n = min(samples, len(dataset))
     return dataset.subset(np.random.RandomState(seed).permutation(len(dataset))[:n])
+
+
+def check_symbol_not_quantized(symbol_file: Path, where: str) -> None:
+    """An MXNet PREFIX written by MXNet's own quantization (e.g. `--backend mxnet`) cannot be quantized again."""
+    try:
+        nodes = json.loads(Path(symbol_file).read_text(encoding="utf-8")).get("nodes", [])
+    except (OSError, ValueError, AttributeError):
+        return  # models.load_gluon reports an unreadable symbol file properly
+    quantized = [n.get("op", "") for n in nodes
+                 if "quantize" in n.get("op", "") or str((n.get("attrs") or {}).get("quantized", "")).lower() == "true"]
+    if quantized:
+        raise UsageError(f"model is already quantized (it has {quantized[0]} nodes)", where,
+                         "pass the fp32 model it was made from")
+
+
+def load_calibration(calib: str, preprocess, samples: int):
+    ds = load_data(calib, preprocess, where="--calib")
+    if len(ds) == 0:
+        raise UsageError("calibration data has no samples", calib, "give images (or an .npz) to calibrate on")
+    return ds, pick_samples(ds, samples)
+
+
+def load_validation(val: str, preprocess, num_classes: int):
+    ds = load_data(val, preprocess, where="--val")
+    if len(ds) == 0:
+        raise UsageError("validation data has no samples", val, "give labelled images (or an .npz)")
+    top = int(ds.labels.max())
+    if num_classes and (ds.num_classes > num_classes or top >= num_classes):
+        raise UsageError(f"--val data has {ds.num_classes} classes (labels up to {top}) but the model has "
+                         f"{num_classes} outputs", val,
+                         "validate on data labelled with the model's classes (0.."
+                         f"{num_classes - 1}), or fine-tune the model on these classes first")
+    return ds

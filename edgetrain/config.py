@@ -206,40 +206,30 @@ class DeviceProfile(Strict):
 StepName = Literal["finetune", "quantize", "export", "profile", "report"]
 
 
-class FinetuneStep(Strict):
-    epochs: Optional[int] = Field(default=None, ge=1)
-    batch_size: Optional[int] = Field(default=None, ge=1)
-    lr: Optional[float] = Field(default=None, gt=0)
-    optimizer: Optional[Literal["sgd", "adam"]] = None
-    train_layers: Optional[str] = None
-    memory_budget: Optional[str] = None
-    seed: Optional[int] = None
+def _step(command: str, **extra):
+    """A recipe step's schema: the command's declared options a recipe may set, each optional (left out:
+    the command's own default), with the same types and constraints (edgetrain.options)."""
+    from pydantic import create_model
+    from pydantic.fields import FieldInfo
+
+    from .options import recipe_fields
+
+    fields = {name: (Optional[info.annotation], FieldInfo.merge_field_infos(info, default=None))
+              for name, info in recipe_fields(command).items()}
+    return create_model(f"{command.title()}Step", __base__=StepOptions, **fields, **extra)
 
 
-class QuantizeStep(Strict):
-    max_drop: Optional[float] = Field(default=None, ge=0)
-    method: Optional[Literal["minmax", "entropy", "percentile"]] = None
-    samples: Optional[int] = Field(default=None, ge=1)
-    per_channel: Optional[bool] = None
-    backend: Optional[Literal["onnxruntime", "mxnet"]] = None
+class StepOptions(BaseModel):
+    """Base of the step schemas: unknown keys are errors; values parse as the command line's do."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ExportStep(Strict):
-    opset: Optional[int] = Field(default=None, ge=7)
-    dynamic_batch: Optional[bool] = None
-    atol: Optional[float] = Field(default=None, ge=0)
-    rtol: Optional[float] = Field(default=None, ge=0)
-
-
-class ProfileStep(Strict):
-    target: Literal["deployed", "fp32", "int8"] = "deployed"  # deployed: int8 if quantized, else fp32
-    threads: Optional[list[Annotated[int, Field(ge=1)]]] = None
-    batch: Optional[int] = Field(default=None, ge=1)
-    warmup: Optional[int] = Field(default=None, ge=0)
-    runs: Optional[int] = Field(default=None, ge=1)
-    battery_wh: Optional[float] = Field(default=None, gt=0)
-    rate: Optional[str] = Field(default=None, pattern=r"^\d+(\.\d+)?/h$")
-    budget_mj: Optional[float] = Field(default=None, gt=0)
+FinetuneStep = _step("finetune")
+QuantizeStep = _step("quantize")
+ExportStep = _step("export")
+# deployed: int8 if quantized, else fp32
+ProfileStep = _step("profile", target=(Literal["deployed", "fp32", "int8"], "deployed"))
 
 
 class ReportStep(Strict):
@@ -281,16 +271,18 @@ class Step(Strict):
 
 
 class Recipe(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    description: str = ""
-    device: str
-    model: str
-    data: str                            # training / calibration data
-    val: Optional[str] = None            # held-out data for every accuracy figure
-    val_split: Optional[float] = Field(default=None, gt=0, lt=1)  # or: hold out this fraction of data
-    seed: int = 0
-    threads: Optional[int] = Field(default=None, ge=1)
-    steps: list[Step] = Field(min_length=1)
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="The run's name (the default run folder "
+                      "is edgetrain-run-NAME).")
+    description: str = Field("", description="Free text.")
+    device: str = Field(description="Device profile name or a profile YAML path (relative to the recipe).")
+    model: str = Field(description="MODEL: PREFIX, zoo:NAME, pkg.module:function.")
+    data: str = Field(description="Training and calibration DATA: image folder, .npz or builtin:digits.")
+    val: Optional[str] = Field(None, description="Held-out DATA for every accuracy figure.")
+    val_split: Optional[float] = Field(default=None, gt=0, lt=1,
+                                       description="Or: hold out this fraction of `data` (stratified).")
+    seed: int = Field(0, description="Seed of the held-out split.")
+    threads: Optional[int] = Field(default=None, ge=1, description="Thread cap of every step (default: the device's).")
+    steps: list[Step] = Field(min_length=1, description="The steps, in order (see below).")
 
     @model_validator(mode="after")
     def _one_validation_source(self) -> "Recipe":

@@ -18,53 +18,19 @@ from typing import Callable
 import numpy as np
 
 from . import _lazy
+from .compare import Comparison
 from .errors import RunFailed, UsageError
+from .models import load_gluon
+from .options import DEFAULT_OPSET, ExportOptions, ProfileOptions
+from .results import ExportResult, ProgressFn, report
+from .runtime import current_threads
 
-DEFAULT_OPSET = 13
-OPSETS = (12, 13)  # the opsets mxnet 1.9.1's translations are written for
 FP32_TOLERANCE = (1e-4, 1e-3)  # atol, rtol
 FP16_TOLERANCE = (1e-2, 1e-2)  # fp16 keeps ~3 significant digits
 RANDOM_BATCHES = 3
 DATA_SAMPLES = 16
 DYNAMIC_BATCH_SIZES = (1, 3)  # a dynamic-batch export is validated at both
 META_PREFIX = "edgetrain."
-
-
-@dataclass
-class ExportResult:
-    path: str
-    size_bytes: int
-    model: str
-    opset: int
-    precision: str  # "fp32" | "fp16"
-    dynamic_batch: bool
-    inputs: list[dict]
-    outputs: list[dict]
-    ops: dict[str, int]
-    comparison: object  # compare.Comparison
-    validated_with: list[dict]  # what each compared batch was
-    device: str | None
-    threads: int
-    seconds: dict[str, float]
-    metadata_keys: list[str]
-    random_weights: bool = False
-    notes: list[str] = field(default_factory=list)
-    # With --device: the profile command's latency verdict and energy budget for the written file.
-    energy: dict | None = None
-
-    @property
-    def failed_checks(self) -> list[str]:
-        return list((self.energy or {}).get("failed_checks", []))
-
-    @property
-    def passed(self) -> bool:
-        return self.comparison.passed and not self.failed_checks
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["comparison"] = self.comparison.to_dict()
-        d["passed"] = self.passed
-        return d
 
 
 def export_onnx(model, path, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False) -> Path:
@@ -84,7 +50,6 @@ def build_onnx(model, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False, f
 
     from .compat import mxnet_onnx
 
-    opset = check_opset(opset)
     sym, params = _symbol_and_params(model)
     try:
         proto = mxnet_onnx.translate(sym, params, model.preprocess.input_name, model.preprocess.batch_shape(1),
@@ -105,33 +70,22 @@ def build_onnx(model, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False, f
     return proto
 
 
-def export(model_ref: str, output, *, params=None, input_shape=None, opset: int = DEFAULT_OPSET,
-           dynamic_batch: bool = False, atol: float | None = None, rtol: float | None = None, data=None,
-           device=None, fp16: bool = False, battery_wh: float | None = None, rate=None,
-           budget_mj: float | None = None, progress: Callable[[str], None] | None = None) -> ExportResult:
-    """Export MODEL to ``output`` and validate it against the Gluon model.
+def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = None) -> ExportResult:
+    """Export MODEL to ``opts.output`` and validate it against the Gluon model.
 
-    ``atol``/``rtol`` default to 1e-4/1e-3 (fp32) or 1e-2/1e-2 (``fp16``). ``device`` is a profile name,
-    path or DeviceProfile; the thread cap in force (runtime.apply_threads) is used for ONNX Runtime.
-    With a device, the export ends with the profile command's energy-budget report for the written
-    file (``battery_wh``, ``rate`` in inferences per hour, ``budget_mj`` as in ``edgetrain profile``).
+    ``atol``/``rtol`` default to 1e-4/1e-3 (fp32) or 1e-2/1e-2 (``fp16``). The thread cap in force
+    (runtime.apply_threads) is used for ONNX Runtime. With a device, the export ends with the energy-budget
+    report for the written file (``battery_wh``, ``rate`` in inferences per hour, ``budget_mj``).
     """
-    from . import energy
-    from .compare import Comparison
-    from .models import load_gluon
-    from .runtime import current_threads
-
-    say = progress or (lambda msg: None)
+    say = lambda message: report(progress, "export", message=message)  # noqa: E731
+    params, input_shape, opset, dynamic_batch, fp16, data = (opts.params, opts.input_shape, opts.opset,
+                                                             opts.dynamic_batch, opts.fp16, opts.data)
+    battery_wh, rate, budget_mj = opts.battery_wh, opts.rate, opts.budget_mj
     default_atol, default_rtol = FP16_TOLERANCE if fp16 else FP32_TOLERANCE
-    atol = check_tolerance(default_atol if atol is None else atol, "--atol")
-    rtol = check_tolerance(default_rtol if rtol is None else rtol, "--rtol")
-    opset = check_opset(opset)
-    output = _writable(Path(output))
-    profile = _profile(device)
-    if isinstance(rate, str):
-        rate = energy.parse_rate(rate)
-    energy.check_positive(battery_wh, "--battery-wh", "watt-hours")
-    energy.check_positive(budget_mj, "--budget-mj", "millijoules")
+    atol = default_atol if opts.atol is None else opts.atol
+    rtol = default_rtol if opts.rtol is None else opts.rtol
+    output = _writable(Path(opts.output))
+    profile = opts.profile()
     if profile is None and any(v is not None for v in (battery_wh, rate, budget_mj)):
         raise UsageError("an energy budget needs a device", "--battery-wh/--rate/--budget-mj",
                          "add --device NAME (its power figures price the energy)")
@@ -191,30 +145,11 @@ def _energy_budget(path: Path, profile, threads: int, battery_wh, rate, budget_m
     """The profile command's device verdict and energy budget for the exported file (a short run)."""
     from .profile import profile as run_profile
 
-    pr = run_profile(str(path), device=profile, threads=[threads], warmup=ENERGY_WARMUP, runs=ENERGY_RUNS,
-                     battery_wh=battery_wh, rate=rate, budget_mj=budget_mj, op_profile=False, progress=say)
+    opts = ProfileOptions(device=profile, threads=[threads], warmup=ENERGY_WARMUP, runs=ENERGY_RUNS,
+                          battery_wh=battery_wh, rate=rate, budget_mj=budget_mj)
+    pr = run_profile(str(path), opts, op_profile=False, progress=say)
     return {"runs": ENERGY_RUNS, "threads": threads, "latency": pr.verdict.get("latency"),
             "memory": pr.verdict.get("memory"), "report": pr.energy, "failed_checks": pr.failed_checks}
-
-
-def check_opset(opset) -> int:
-    try:
-        value = int(opset)
-    except (TypeError, ValueError):
-        value = None
-    if value not in OPSETS:
-        raise UsageError(f"unsupported opset {opset!r}", "--opset",
-                         f"use {' or '.join(map(str, OPSETS))}: the opsets mxnet 1.9.1's exporter translates to")
-    return value
-
-
-def check_tolerance(value, where: str) -> float:
-    from .compare import _tolerance
-
-    try:
-        return _tolerance(value, where)
-    except ValueError as exc:
-        raise UsageError(str(exc), where, "give a non-negative number, e.g. 1e-4") from None
 
 
 def to_fp16(proto):
@@ -349,14 +284,6 @@ def _session(blob: bytes, threads: int, where: str):
     except Exception as exc:
         raise RunFailed(f"ONNX Runtime refused the exported model: {str(exc).splitlines()[0][:300]}", where,
                         "report this with the model; EDGETRAIN_DEBUG=1 shows the details") from exc
-
-
-def _profile(device):
-    if device is None or hasattr(device, "name"):
-        return device
-    from .devices import load_device
-
-    return load_device(device)
 
 
 def _real_samples(data, model):

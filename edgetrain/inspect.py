@@ -1,11 +1,13 @@
 """What a MODEL reference (and optionally a DATA reference) resolves to: the check before real work."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+
+from .results import Result
 
 
 @dataclass
-class InspectResult:
+class InspectResult(Result):
     model: str
     kind: str
     input_shape: list[int]
@@ -17,8 +19,6 @@ class InspectResult:
     notes: list[str] = field(default_factory=list)
     data: dict | None = None
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def inspect(model_ref: str, data_ref: str | None = None, params: str | None = None,

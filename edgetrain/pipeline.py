@@ -25,7 +25,9 @@ from typing import Callable
 
 from . import child
 from .errors import UsageError
-from .recipes import LoadedRecipe
+from .options import COMMANDS
+from .recipes import ORIGIN_FILE, LoadedRecipe
+from .results import step_passed
 
 EXIT_STATUS = {0: "done", 1: "failed", 2: "bad input", 3: "budget not met"}
 
@@ -153,6 +155,10 @@ def _prepare_rundir(rundir: Path, loaded: LoadedRecipe, resume: bool) -> None:
     from .fileio import atomic_write_text
 
     atomic_write_text(recipe_copy, loaded.text, "run folder")
+    # Where the recipe came from: `run --resume RUNDIR` needs no recipe argument, and its relative paths
+    # still resolve against the recipe's own folder.
+    atomic_write_text(rundir / ORIGIN_FILE, json.dumps({"source": loaded.source, "base": str(loaded.base)}) + "\n",
+                      "run folder")
 
 
 def _split_data(loaded: LoadedRecipe, rundir: Path, model_ref: str, say) -> tuple[str, str]:
@@ -183,21 +189,23 @@ def _split_data(loaded: LoadedRecipe, rundir: Path, model_ref: str, say) -> tupl
     return str(train_path), str(val_path)
 
 
-def _flags(options, skip=()) -> list[str]:
+def _flags(command: str, options, skip=()) -> list[str]:
     """The options a recipe step sets, as the command's flags (an option left out: the command's default)."""
+    declared = COMMANDS[command]
     argv = []
     for name in type(options).model_fields:  # declaration order: the same command line every run
-        if name not in options.model_fields_set or name in skip:
-            continue
         value = getattr(options, name)
-        flag = "--" + name.replace("_", "-")
+        if value is None or name in skip:
+            continue
+        on, _, off = ((declared.model_fields[name].json_schema_extra or {}).get("flag")
+                      or "--" + name.replace("_", "-")).partition("/")
         if isinstance(value, bool):
-            argv.append(flag if value else {"--per-channel": "--per-tensor"}.get(flag, ""))
-        elif isinstance(value, list):
-            argv += [flag, ",".join(map(str, value))]
-        elif value is not None:
-            argv += [flag, str(value)]
-    return [a for a in argv if a]
+            argv += [on] if value else [off] if off else []
+        elif isinstance(value, (list, tuple)):
+            argv += [on, ",".join(map(str, value))]
+        else:
+            argv += [on, str(value)]
+    return argv
 
 
 def _command(step, art: _Artifacts, rundir: Path, device: str, threads, json_path: Path, resume: bool) -> list[str]:
@@ -206,21 +214,21 @@ def _command(step, art: _Artifacts, rundir: Path, device: str, threads, json_pat
     if threads and not (step.name == "profile" and o.threads):  # a profile sweep replaces the single cap
         common += ["--threads", str(threads)]
     if step.name == "finetune":
-        argv = ["finetune", art.model, "--data", art.train, "-o", str(rundir / "finetune"), *_flags(o)]
+        argv = ["finetune", art.model, "--data", art.train, "-o", str(rundir / "finetune"), *_flags(step.name, o)]
         argv += ["--val", art.val] if art.val else []
         argv += ["--resume"] if resume and (rundir / "finetune").is_dir() else []
     elif step.name == "quantize":
         out = rundir / ("model_int8" if o.backend == "mxnet" else "model_int8.onnx")
-        argv = ["quantize", art.model, "--calib", art.train, "-o", str(out), *_flags(o)]
+        argv = ["quantize", art.model, "--calib", art.train, "-o", str(out), *_flags(step.name, o)]
         argv += ["--val", art.val] if art.val else []
     elif step.name == "export":
-        argv = ["export", art.model, "-o", str(rundir / "model.onnx"), "--data", art.val or art.train, *_flags(o)]
+        argv = ["export", art.model, "-o", str(rundir / "model.onnx"), "--data", art.val or art.train, *_flags(step.name, o)]
     elif step.name == "profile":
         target = {"fp32": art.fp32_onnx, "int8": art.int8_onnx}.get(o.target) or art.int8_onnx or art.fp32_onnx
         if target is None:
             raise UsageError(f"profile target '{o.target}' has no model yet", "recipe steps",
                              "put an export or quantize step before profile")
-        argv = ["profile", target, "--report", str(rundir / "profile.html"), *_flags(o, skip=("target",))]
+        argv = ["profile", target, "--report", str(rundir / "profile.html"), *_flags("profile", o, skip=("target",))]
     else:  # pragma: no cover - the schema allows no other step
         raise AssertionError(step.name)
     return argv + common
@@ -271,8 +279,8 @@ def _advance(name: str, run: StepRun, art: _Artifacts, rundir: Path) -> None:
 
 
 def _complete(json_path: Path) -> bool:
-    res = _read_json(json_path)
-    return bool(res) and res.get("exit_code", 0) == 0 and res.get("passed", True) is not False
+    """A step is done only if its record says it passed (a step that exited 3 runs again on --resume)."""
+    return step_passed(_read_json(json_path))
 
 
 def _read_json(path: Path) -> dict | None:

@@ -23,44 +23,16 @@ from typing import Callable
 from . import energy, memory_model, power, runtime
 from .errors import RunFailed, UsageError
 from .fileio import temp_dir
+from .options import ProfileOptions
+from .results import ProgressFn, Result, report
 
 RUNTIMES = ("onnxruntime", "mxnet")
 # Generous: a zoo model under QEMU or on a Pi Zero takes minutes; a hang still ends.
 DEFAULT_TIMEOUT_S = float(os.environ.get("EDGETRAIN_PROFILE_TIMEOUT", "900"))
 REFERENCE_RUNS, REFERENCE_WARMUP = 20, 3
-MAX_THREADS = 256
 
 
 # --- input checks -------------------------------------------------------------------------------------
-
-def parse_threads(text) -> list[int]:
-    """'1,2,4' -> [1, 2, 4] (order kept, duplicates dropped)."""
-    if isinstance(text, (list, tuple)):
-        items = [str(t) for t in text]
-    else:
-        items = [p.strip() for p in str(text).split(",")]
-    out: list[int] = []
-    for item in items:
-        if not item.isdigit():
-            raise UsageError(f"cannot read thread count '{item}' in '{text}'", "--threads",
-                             "give positive whole numbers separated by commas, e.g. 1,2,4")
-        n = int(item)
-        if n < 1 or n > MAX_THREADS:
-            raise UsageError(f"thread count must be between 1 and {MAX_THREADS}, got {n}", "--threads",
-                             "give positive whole numbers separated by commas, e.g. 1,2,4")
-        if n not in out:
-            out.append(n)
-    if not out:
-        raise UsageError("no thread counts given", "--threads", "give e.g. 1,2,4")
-    return out
-
-
-def _check_count(value: int, where: str, minimum: int) -> int:
-    if not isinstance(value, int) or value < minimum:
-        raise UsageError(f"{where} must be at least {minimum}, got {value}", where,
-                         f"give a whole number >= {minimum}")
-    return value
-
 
 # --- the result ---------------------------------------------------------------------------------------
 
@@ -70,7 +42,7 @@ def figure(name: str, value, unit: str, provenance: str, source: str) -> dict:
 
 
 @dataclass
-class ProfileResult:
+class ProfileResult(Result):
     model: str
     runtime: str
     model_file: str | None
@@ -89,9 +61,8 @@ class ProfileResult:
     figures: list[dict]
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def failed_checks(self) -> list[str]:
-        """Budgets the run did not meet (memory fit, energy budget): the CLI exits 3 on any."""
+    def checks(self) -> list[str]:
+        """Budgets the run did not meet (memory fit, energy budget)."""
         out = []
         mem = self.verdict.get("memory")
         if mem and mem.get("fits") is False:
@@ -103,11 +74,6 @@ class ProfileResult:
                        f"{budget['budget_mj']:g} mJ")
         return out
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["failed_checks"] = self.failed_checks
-        d["passed"] = not self.failed_checks
-        return d
 
 
 # --- children -----------------------------------------------------------------------------------------
@@ -177,36 +143,25 @@ def _summarise_config(raw: dict, label: str, source: str) -> dict:
 
 # --- the work -----------------------------------------------------------------------------------------
 
-def profile(model: str, *, runtime_name: str | None = None, threads=None, batch: int = 1, warmup: int = 10,
-            runs: int = 100, device=None, battery_wh: float | None = None, rate=None,
-            budget_mj: float | None = None, input_shape=None, params: str | None = None,
-            timeout: float = DEFAULT_TIMEOUT_S, op_profile: bool = True, power_log=None,
-            progress: Callable[[str], None] | None = None) -> ProfileResult:
+def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
+            progress: ProgressFn | None = None) -> ProfileResult:
     """Profile MODEL: one fresh child per thread count, then the device verdict and energy budget.
 
-    ``device`` is a profile name, a YAML path or a DeviceProfile (None: host only). ``rate`` is
-    inferences per hour (a number or 'N/h'). ``power_log`` is a USB power meter's CSV recorded during
-    the run (``power.read_power_log``), aligned to the timed runs' wall-clock window afterwards. Raises
-    UsageError for bad input before any work.
+    ``opts.power_log`` is a USB power meter's CSV recorded during the run (``power.read_power_log``),
+    aligned to the timed runs' wall-clock window afterwards. Raises UsageError for bad input before any work.
     """
+    runtime_name, threads, batch, warmup, runs = opts.runtime, opts.threads, opts.batch, opts.warmup, opts.runs
+    battery_wh, rate, budget_mj, input_shape, params = (opts.battery_wh, opts.rate, opts.budget_mj,
+                                                        opts.input_shape, opts.params)
+    timeout, power_log, device = opts.timeout or DEFAULT_TIMEOUT_S, opts.power_log, opts.profile()
     from .devices import detect_host, load_device
     from .models import parse_model_ref
 
-    say = progress or (lambda msg: None)
-    thread_list = parse_threads(threads) if threads is not None else None
-    _check_count(batch, "--batch", 1)
-    _check_count(warmup, "--warmup", 0)
-    _check_count(runs, "--runs", 1)
-    rate_per_h = energy.parse_rate(rate) if isinstance(rate, str) else rate
-    if rate_per_h is not None and not (rate_per_h > 0):
-        raise UsageError(f"rate must be more than zero, got {rate}", "--rate", "give e.g. 120/h")
-    battery_wh = energy.check_positive(battery_wh, "--battery-wh", "watt-hours")
-    budget_mj = energy.check_positive(budget_mj, "--budget-mj", "millijoules")
-    if timeout is None or not timeout > 0:
-        raise UsageError(f"--timeout must be more than zero, got {timeout}", "--timeout", "give seconds, e.g. 600")
+    say = lambda message: report(progress, "profile", message=message)  # noqa: E731
+    thread_list, rate_per_h = threads, rate
     if power_log is not None:
         power_log = power.check_power_log(power_log)
-    prof = load_device(device) if isinstance(device, (str, Path)) else device
+    prof = device
     if prof is None and (battery_wh or rate_per_h or budget_mj):
         raise UsageError("the energy budget needs the device's power figures", "--device",
                          "add --device NAME (see `edgetrain devices list`)")
@@ -315,9 +270,6 @@ def profile(model: str, *, runtime_name: str | None = None, threads=None, batch:
     result.figures = collect_figures(result)
     return result
 
-
-# The public name (edgetrain.profile_model): `edgetrain.profile` is this module.
-profile_model = profile
 
 
 def _timing_label(host) -> tuple[str, str]:

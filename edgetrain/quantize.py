@@ -4,120 +4,43 @@ Steps: get an fp32 ONNX model (export a Gluon MODEL, or take an exported .onnx),
 inference, BatchNorm folding), calibrate once on ``--calib`` samples, quantize with the scheme the target
 CPU calls for, and, with ``--val``, compare top-1 against fp32. While the drop exceeds ``max_drop``, keep
 the nodes that lose the most signal in fp32 and quantize again (calibration is reused). The best model
-is always written; ``budget_met`` says whether it is within budget.
+is always written; the result's ``failed_checks`` say whether it is within budget.
 """
 from __future__ import annotations
 
-import math
 import tempfile
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
+from .calibration import check_symbol_not_quantized, load_calibration, load_validation
 from .errors import UsageError
+from .fileio import check_output_path
+from .int8_scheme import scheme_for
+from .options import QuantizeOptions
+from .quantize_mxnet import quantize_mxnet
+from .results import BudgetStep, ProgressFn, QuantizeResult, stage
+from .runtime import current_threads
 
-BACKENDS = ("onnxruntime", "mxnet")
-DEFAULT_SAMPLES = 300
 RANKING_SAMPLES = 8    # samples compared activation by activation to rank nodes: every activation is held in memory
 MAX_STEPS = 12
 
-# progress(stage, done, total), e.g. ("calibrate", 120, 300), ("int8 top-1", 64, 539), ("latency", 1, 2)
-ProgressFn = Callable[[str, int, int], None]
+def quantize(model: str, opts: QuantizeOptions, progress: ProgressFn | None = None) -> QuantizeResult:
+    """Quantize MODEL to int8 calibrated on ``opts.calib``; see the module docstring.
 
-
-def stage(progress: ProgressFn | None, name: str):
-    """The (done, total) callback for one stage, or None."""
-    return (lambda done, total: progress(name, done, total)) if progress else None
-
-
-@dataclass
-class BudgetStep:
-    step: int
-    kept_fp32: list[str]        # every node in fp32 at this step (cumulative)
-    added: list[str]            # the nodes this step moved to fp32
-    int8_top1: float
-    drop: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class QuantizeResult:
-    model: str
-    output: str
-    backend: str
-    scheme: dict
-    calibration: dict            # method, samples, source
-    accuracy: dict               # checked, fp32_top1, int8_top1, drop, max_drop, samples, source
-    budget_met: bool | None      # None: not checked (no --val)
-    steps: list[BudgetStep]
-    nodes_kept_fp32: list[str]
-    size: dict                   # fp32_bytes, int8_bytes, ratio
-    latency: dict | None         # fp32/int8 p50 ms, speedup, threads, measured_on
-    onnx_exportable: bool
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["steps"] = [s.to_dict() for s in self.steps]
-        return d
-
-
-def check_max_drop(value, where: str = "--max-drop") -> float:
-    try:
-        drop = float(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"--max-drop must be a number of percentage points, got {value!r}", where,
-                         "e.g. --max-drop 1.0") from None
-    if not math.isfinite(drop) or drop < 0:
-        raise UsageError(f"--max-drop must be zero or more percentage points, got {value!r}", where,
-                         "e.g. --max-drop 1.0") from None
-    return drop
-
-
-def quantize(model: str, calib: str, output: str | Path, val: str | None = None, max_drop: float = 1.0,
-             method: str = "minmax", samples: int = DEFAULT_SAMPLES, per_channel: bool = True, profile=None,
-             threads: int | None = None, backend: str = "onnxruntime", params: str | None = None,
-             input_shape: tuple[int, int, int] | None = None, max_fp32_nodes: int | None = None,
-             progress: ProgressFn | None = None, measure_latency: bool = True) -> QuantizeResult:
-    """Quantize MODEL to int8 calibrated on DATA ``calib``; see the module docstring.
-
-    ``profile`` (a DeviceProfile, or None for this host) chooses the int8 scheme and the thread count the
-    latency is measured at (``threads`` overrides it). ``max_fp32_nodes`` caps how many nodes the budget
+    The device (``opts.device``, None for this host) chooses the int8 scheme and the thread count the
+    latency is measured at (``opts.threads`` overrides it). ``max_fp32_nodes`` caps how many nodes the budget
     search may keep in fp32 (default: half the quantized nodes; beyond that the model is barely int8).
     """
-    from .fileio import check_output_path
-    from .int8_scheme import scheme_for
-    from .quantize_ort import METHODS
-    from .runtime import current_threads
-
-    if backend not in BACKENDS:
-        raise UsageError(f"unknown backend '{backend}'", "--backend", f"use one of: {', '.join(BACKENDS)}")
-    if method not in METHODS:
-        raise UsageError(f"unknown calibration method '{method}'", "--method", f"use one of: {', '.join(METHODS)}")
-    if int(samples) < 1:
-        raise UsageError(f"--samples must be at least 1, got {samples}", "--samples", "e.g. --samples 300")
-    max_drop = check_max_drop(max_drop)
-    if max_fp32_nodes is not None and int(max_fp32_nodes) < 0:
-        raise UsageError(f"--max-fp32-nodes must be 0 or more, got {max_fp32_nodes}", "--max-fp32-nodes",
-                         "e.g. --max-fp32-nodes 4, or 0 for an all-int8 model")
-    threads = threads or (profile.default_threads if profile is not None else current_threads())
-    output = Path(output)
-    scheme = scheme_for(profile, per_channel=per_channel)
-    if backend == "mxnet":
-        from .quantize_mxnet import quantize_mxnet
-
-        return quantize_mxnet(model, calib, output, val=val, max_drop=max_drop, method=method, samples=samples,
-                              per_channel=per_channel, scheme=scheme, threads=threads, params=params,
-                              input_shape=input_shape, progress=progress)
+    profile = opts.profile()
+    threads = opts.thread_cap() or current_threads()
+    output = Path(opts.output)
+    scheme = scheme_for(profile, per_channel=opts.per_channel)
+    if opts.backend == "mxnet":
+        return quantize_mxnet(model, opts, output, scheme=scheme, threads=threads, progress=progress)
     if output.suffix.lower() != ".onnx":
         raise UsageError("the onnxruntime backend writes an .onnx file", str(output), "name the output *.onnx")
     check_output_path(output, "-o")
     with tempfile.TemporaryDirectory(prefix="edgetrain-quantize-") as tmp:
-        return _quantize_ort(model, calib, output, val, max_drop, method, int(samples), scheme, threads, params,
-                             input_shape, max_fp32_nodes, progress, Path(tmp), measure_latency, profile)
+        return _quantize_ort(model, opts, output, scheme, threads, progress, Path(tmp), profile)
 
 
 def _fp32_onnx(model: str, workdir: Path, params, input_shape, progress=None):
@@ -165,46 +88,6 @@ def _num_classes(onnx_model) -> int:
     return int(out[-1].dim_value) if out and out[-1].dim_value > 0 else 0
 
 
-def check_symbol_not_quantized(symbol_file: Path, where: str) -> None:
-    """An MXNet PREFIX written by MXNet's own quantization (e.g. `--backend mxnet`) cannot be quantized again."""
-    import json
-
-    try:
-        nodes = json.loads(Path(symbol_file).read_text(encoding="utf-8")).get("nodes", [])
-    except (OSError, ValueError, AttributeError):
-        return  # models.load_gluon reports an unreadable symbol file properly
-    quantized = [n.get("op", "") for n in nodes
-                 if "quantize" in n.get("op", "") or str((n.get("attrs") or {}).get("quantized", "")).lower() == "true"]
-    if quantized:
-        raise UsageError(f"model is already quantized (it has {quantized[0]} nodes)", where,
-                         "pass the fp32 model it was made from")
-
-
-def load_calibration(calib: str, preprocess, samples: int):
-    from .calibration import pick_samples
-    from .data import load_data
-
-    ds = load_data(calib, preprocess, where="--calib")
-    if len(ds) == 0:
-        raise UsageError("calibration data has no samples", calib, "give images (or an .npz) to calibrate on")
-    return ds, pick_samples(ds, samples)
-
-
-def load_validation(val: str, preprocess, num_classes: int):
-    from .data import load_data
-
-    ds = load_data(val, preprocess, where="--val")
-    if len(ds) == 0:
-        raise UsageError("validation data has no samples", val, "give labelled images (or an .npz)")
-    top = int(ds.labels.max())
-    if num_classes and (ds.num_classes > num_classes or top >= num_classes):
-        raise UsageError(f"--val data has {ds.num_classes} classes (labels up to {top}) but the model has "
-                         f"{num_classes} outputs", val,
-                         "validate on data labelled with the model's classes (0.."
-                         f"{num_classes - 1}), or fine-tune the model on these classes first")
-    return ds
-
-
 def _check_fits(fp32_path: Path, sample, where: str, threads: int) -> None:
     """Run one preprocessed sample through the fp32 model: calibration data that does not fit fails here."""
     from .accuracy import onnx_predictor
@@ -217,15 +100,16 @@ def _check_fits(fp32_path: Path, sample, where: str, threads: int) -> None:
                          where, "give data of the kind the model was built for, or pass --input-shape") from None
 
 
-def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, threads, params, input_shape,
-                  max_fp32_nodes, progress, tmp: Path, measure_latency, profile) -> QuantizeResult:
+def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: int, progress, tmp: Path,
+                  profile) -> QuantizeResult:
+    calib, val, max_drop, method, samples = opts.calib, opts.val, opts.max_drop, opts.method, opts.samples
     from .accuracy import onnx_top1
     from .calibration import calibration_reader, stride_for
     from .fileio import atomic_path
     from .int8_sensitivity import rank_nodes
     from .quantize_ort import Quantizer, prepare, quantized_node_names, set_metadata
 
-    onnx_model, num_classes, notes = _fp32_onnx(model, tmp, params, input_shape, progress)
+    onnx_model, num_classes, notes = _fp32_onnx(model, tmp, opts.params, opts.input_shape, progress)
     pre = onnx_model.preprocess
     full_calib, calib_ds = load_calibration(calib, pre, samples)
     val_ds = load_validation(val, pre, num_classes) if val else None
@@ -244,10 +128,10 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
     candidate = tmp / "int8_0.onnx"
     quantizer.quantize(candidate)
     quantized = quantized_node_names(candidate, node_names)
-    cap = len(quantized) // 2 if max_fp32_nodes is None else min(int(max_fp32_nodes), len(quantized))
+    cap = len(quantized) // 2 if opts.max_fp32_nodes is None else min(opts.max_fp32_nodes, len(quantized))
 
     steps: list[BudgetStep] = []
-    best, accuracy, budget_met = (candidate, []), {"checked": False, "max_drop": max_drop}, None
+    best, accuracy, within_budget = (candidate, []), {"checked": False, "max_drop": max_drop}, None
     if val_ds is not None:
         fp32_top1 = onnx_top1(onnx_model.path, val_ds, threads, stage(progress, "fp32 top-1"))
         int8_top1 = onnx_top1(candidate, val_ds, threads, stage(progress, "int8 top-1"))
@@ -263,10 +147,10 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
 
             best = _search(trial, [name for name, _ in ranked][:cap], steps, candidate, fp32_top1, max_drop)
         chosen = next(s for s in steps if s.kept_fp32 == best[1])
-        budget_met = chosen.drop <= max_drop + 1e-9
+        within_budget = chosen.drop <= max_drop + 1e-9
         accuracy = {"checked": True, "fp32_top1": fp32_top1, "int8_top1": chosen.int8_top1,
                     "drop": chosen.drop, "max_drop": max_drop, "samples": len(val_ds), "source": val}
-        if budget_met is False:
+        if within_budget is False:
             notes.append(f"searched up to {cap} of {len(quantized)} quantized nodes kept in fp32 "
                          "(--max-fp32-nodes)")
     else:
@@ -281,15 +165,15 @@ def _quantize_ort(model, calib, output, val, max_drop, method, samples, scheme, 
 
     fp32_bytes, int8_bytes = onnx_model.path.stat().st_size, output.stat().st_size
     latency = (_latency(onnx_model.path, output, pre.batch_shape(1), threads, profile, stage(progress, "latency"))
-               if measure_latency else None)
+               if opts.latency else None)
     warnings = [scheme.warning] if scheme.warning else []
-    if budget_met is False:
+    if within_budget is False:
         warnings.append(f"no mix of int8 and fp32 nodes met --max-drop {max_drop:g}: kept the best "
                         f"(drop {accuracy['drop']:.2f} pts with {len(kept)} node(s) in fp32)")
     return QuantizeResult(
         model=model, output=str(output), backend="onnxruntime", scheme=scheme.to_dict(),
         calibration={"method": method, "samples": len(calib_ds), "source": calib},
-        accuracy=accuracy, budget_met=budget_met, steps=steps, nodes_kept_fp32=kept,
+        accuracy=accuracy, steps=steps, nodes_kept_fp32=kept,
         size={"fp32_bytes": fp32_bytes, "int8_bytes": int8_bytes, "ratio": fp32_bytes / max(int8_bytes, 1)},
         latency=latency, onnx_exportable=True, warnings=warnings, notes=notes)
 
@@ -341,7 +225,3 @@ def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profil
         where = f"this host ({host.cpu}, {host.arch})"
     return {"fp32_p50_ms": fp32.p50_ms, "int8_p50_ms": int8.p50_ms, "speedup": fp32.p50_ms / int8.p50_ms,
             "threads": threads, "batch": batch_shape[0], "runtime": "onnxruntime", "measured_on": where}
-
-
-# The public name (edgetrain.quantize_model): `edgetrain.quantize` is this module once it is imported.
-quantize_model = quantize

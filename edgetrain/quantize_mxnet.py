@@ -14,18 +14,21 @@ from pathlib import Path
 import numpy as np
 
 from . import _lazy
+from .accuracy import top1
+from .calibration import check_symbol_not_quantized, load_calibration, load_validation
 from .errors import UsageError
+from .fileio import check_output_path
+from .models import load_gluon, parse_model_ref
+from .options import QuantizeOptions
+from .results import BudgetStep, QuantizeResult, stage
 
 CALIB_MODES = {"minmax": "naive", "entropy": "entropy"}
 BATCH = 32
 
 
-def quantize_mxnet(model: str, calib: str, output: Path, *, val, max_drop, method, samples, per_channel, scheme,
-                   threads, params, input_shape, progress):
-    from .accuracy import top1
-    from .fileio import check_output_path
-    from .models import load_gluon, parse_model_ref
-    from .quantize import QuantizeResult, check_symbol_not_quantized, load_calibration, load_validation
+def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, threads: int, progress):
+    calib, val, max_drop, method, samples, per_channel = (opts.calib, opts.val, opts.max_drop, opts.method,
+                                                          opts.samples, opts.per_channel)
 
     if method not in CALIB_MODES:
         raise UsageError(f"calibration method '{method}' is not available with --backend mxnet", "--method",
@@ -44,7 +47,7 @@ def quantize_mxnet(model: str, calib: str, output: Path, *, val, max_drop, metho
     for suffix in ("-symbol.json", "-0000.params"):
         check_output_path(Path(f"{prefix}{suffix}"), "-o")
 
-    fp32 = load_gluon(model, params=params, input_shape=input_shape)
+    fp32 = load_gluon(model, params=opts.params, input_shape=opts.input_shape)
     pre = fp32.preprocess
     full, calib_ds = load_calibration(calib, pre, samples)
     val_ds = load_validation(val, pre, fp32.num_classes) if val else None
@@ -59,14 +62,12 @@ def quantize_mxnet(model: str, calib: str, output: Path, *, val, max_drop, metho
 
         return qnet(mx.nd.array(x)).asnumpy()
 
-    accuracy, budget_met, steps = {"checked": False, "max_drop": max_drop}, None, []
+    accuracy, within_budget, steps = {"checked": False, "max_drop": max_drop}, None, []
     if val_ds is not None:
-        from .quantize import BudgetStep, stage
-
         f = top1(fp32.predict, val_ds, progress=stage(progress, "fp32 top-1"))
         q = top1(run_int8, val_ds, progress=stage(progress, "int8 top-1"))
         steps = [BudgetStep(0, [], [], q, f - q)]
-        budget_met = f - q <= max_drop + 1e-9
+        within_budget = f - q <= max_drop + 1e-9
         accuracy = {"checked": True, "fp32_top1": f, "int8_top1": q, "drop": f - q, "max_drop": max_drop,
                     "samples": len(val_ds), "source": val}
     else:
@@ -81,7 +82,7 @@ def quantize_mxnet(model: str, calib: str, output: Path, *, val, max_drop, metho
 
     host = detect_host()
     warnings = [scheme.warning] if scheme.warning else []
-    if budget_met is False:
+    if within_budget is False:
         warnings.append(f"int8 top-1 drop {accuracy['drop']:.2f} pts exceeds --max-drop {max_drop:g}; the mxnet "
                         "backend does not search for nodes to keep in fp32 (--backend onnxruntime does)")
     notes.append("MXNet stores int8 weights as fp32 in the params file, so it is not smaller on disk")
@@ -93,7 +94,7 @@ def quantize_mxnet(model: str, calib: str, output: Path, *, val, max_drop, metho
     return QuantizeResult(
         model=model, output=str(prefix), backend="mxnet", scheme=mx_scheme,
         calibration={"method": method, "samples": len(calib_ds), "source": calib},
-        accuracy=accuracy, budget_met=budget_met, steps=steps, nodes_kept_fp32=[],
+        accuracy=accuracy, steps=steps, nodes_kept_fp32=[],
         size={"fp32_bytes": fp32_bytes, "int8_bytes": int8_bytes, "ratio": fp32_bytes / max(int8_bytes, 1)},
         latency={"fp32_p50_ms": f_ms, "int8_p50_ms": q_ms, "speedup": f_ms / q_ms, "threads": threads, "batch": 1,
                  "runtime": "mxnet", "measured_on": f"this host ({host.cpu}, {host.arch})"},

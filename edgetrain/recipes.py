@@ -6,6 +6,7 @@ naming the file, the field path and what is expected.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -17,6 +18,7 @@ from .errors import UsageError
 
 BUNDLED_PACKAGE = "edgetrain._recipes"
 DEFAULT_RECIPE = "quickstart"
+ORIGIN_FILE = "recipe-origin.json"  # in a run folder, beside recipe.yaml: where the recipe came from
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,19 @@ def bundled_names() -> list[str]:
     return sorted(_bundled())
 
 
-def read_recipe(name_or_path: str | None) -> LoadedRecipe:
-    """Parse and schema-validate a recipe: a bundled name, a path, or None for the quickstart."""
-    name_or_path = name_or_path or DEFAULT_RECIPE
+def read_recipe(name_or_path: str | None, rundir: str | Path | None = None) -> LoadedRecipe:
+    """Parse and schema-validate a recipe: a bundled name, a path, or None: the one a run folder being
+    resumed (``rundir``) was made with, else the quickstart."""
     bundled = _bundled()
-    if name_or_path in bundled:
+    if name_or_path is None and rundir is not None and (Path(rundir) / "recipe.yaml").is_file():
+        text = (Path(rundir) / "recipe.yaml").read_text(encoding="utf-8")
+        try:
+            origin = json.loads((Path(rundir) / ORIGIN_FILE).read_text(encoding="utf-8"))
+            source, base = str(origin["source"]), Path(origin["base"])
+        except (OSError, ValueError, KeyError, TypeError):
+            source, base = str(Path(rundir) / "recipe.yaml"), Path(rundir).resolve()
+    elif (name_or_path or DEFAULT_RECIPE) in bundled:
+        name_or_path = name_or_path or DEFAULT_RECIPE
         entry = bundled[name_or_path]
         text, source, base = entry.read_text(encoding="utf-8"), f"bundled recipe recipes/{entry.name}", Path.cwd()
     else:

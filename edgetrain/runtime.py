@@ -33,8 +33,12 @@ def quiet_libraries() -> None:
     os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")  # "Subgraph backend MKLDNN is activated" on every load
 
 
-def apply_threads(threads: int | None) -> int:
-    """Cap all thread pools to ``threads`` (None: leave them as they are) and return the cap in force."""
+def apply_threads(threads: int | None, strict: bool = True) -> int:
+    """Cap all thread pools to ``threads`` (None: leave them as they are) and return the cap in force.
+
+    After mxnet is loaded its pools cannot change: ``strict`` refuses (a bug in a command); otherwise (the
+    Python API, a second call in one interpreter) ONNX Runtime sessions take the new cap and a warning
+    says MXNet keeps its own."""
     global _threads
     if threads is None:
         return current_threads()
@@ -43,8 +47,14 @@ def apply_threads(threads: int | None) -> int:
         raise UsageError(f"--threads must be at least 1, got {threads}", "--threads", "pass a positive count")
     if "mxnet" in sys.modules and _threads != threads:
         # ONNX Runtime takes the cap per session, but MXNet's pools are sized at import.
-        raise RuntimeError(f"thread cap {threads} requested after mxnet was imported; "
-                           "apply_threads must run before the first heavy import")
+        if strict:
+            raise RuntimeError(f"thread cap {threads} requested after mxnet was imported; "
+                               "apply_threads must run before the first heavy import")
+        import warnings
+
+        warnings.warn(f"mxnet was loaded before the thread cap {threads} was asked for: ONNX Runtime uses "
+                      f"{threads} thread(s), MXNet keeps the pools it started with (set the cap in a fresh "
+                      "interpreter, or call edgetrain.runtime.apply_threads first)", stacklevel=3)
     os.environ.update(thread_env(threads))
     _threads = threads
     return threads

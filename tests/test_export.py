@@ -9,7 +9,8 @@ import pytest
 
 from clitools import GROUPNORM_NET
 from edgetrain.errors import UsageError
-from edgetrain.export import build_onnx, export, export_onnx
+from edgetrain.api import export
+from edgetrain.export import build_onnx, export_onnx
 from edgetrain.models import load_gluon, load_onnx
 
 
@@ -196,7 +197,7 @@ def test_fp16_export_validates_at_looser_tolerance(tmp_path):
 
 @pytest.mark.parametrize("opset", [11, 14, "x"])
 def test_unsupported_opset(opset, tmp_path):
-    with pytest.raises(UsageError, match="unsupported opset"):
+    with pytest.raises(UsageError, match="--opset"):
         export("edgetrain.nets:digits_cnn", tmp_path / "d.onnx", opset=opset)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edgetrain import memplan
-from edgetrain.finetune import finetune_model
+from edgetrain.api import finetune as finetune_model
 
 
 def _run(data, out, **kw):

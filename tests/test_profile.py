@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from edgetrain.errors import UsageError
-from edgetrain.profile import latency_summary, parse_threads, percentile, profile
+from edgetrain.api import profile
+from edgetrain.options import parse_threads
+from edgetrain.profile import latency_summary, percentile
 from test_profile_models import conv_gemm_onnx, user_profile
 
 PROVENANCES = {"measured", "estimated", "modelled", "emulated"}
@@ -130,14 +132,14 @@ def test_model_that_does_not_fit_fails_the_check(onnx_file, tmp_path):
 
 
 def test_gluon_prefix_exported_for_onnxruntime(tiny_prefix):
-    res = profile(str(tiny_prefix), runtime_name="onnxruntime", threads="1", **FAST)
+    res = profile(str(tiny_prefix), runtime="onnxruntime", threads="1", **FAST)
     assert res.runtime == "onnxruntime" and res.input_shape == [1, 1, 16, 16]
     assert res.configs[0]["memory"]["runtime_mb"] < 100  # no mxnet in the timed child
 
 
 def test_onnx_file_cannot_run_in_mxnet(onnx_file):
     with pytest.raises(UsageError, match="cannot run in MXNet"):
-        profile(str(onnx_file), runtime_name="mxnet", **FAST)
+        profile(str(onnx_file), runtime="mxnet", **FAST)
 
 
 @pytest.mark.parametrize("kwargs,where", [({"runs": 0}, "--runs"), ({"warmup": -1}, "--warmup"),

@@ -39,7 +39,7 @@ def zeros_npz(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def int8_result(trained, tmp_path_factory):
-    from edgetrain.quantize import quantize
+    from edgetrain.api import quantize
 
     out = tmp_path_factory.mktemp("int8") / "digits_int8.onnx"
     return quantize(str(trained / "digits10"), str(trained / "calib.npz"), out, val=str(trained / "val.npz"),
@@ -51,18 +51,18 @@ def test_trained_digits_lose_at_most_one_point_in_int8(int8_result):
     assert a["checked"] and a["samples"] == 539           # the held-out 30%, never trained on
     assert a["fp32_top1"] > 95.0                          # a real model, not chance
     assert a["drop"] <= 1.0, a
-    assert int8_result.budget_met is True and int8_result.nodes_kept_fp32 == []  # all int8, no fallback
+    assert int8_result.passed and int8_result.nodes_kept_fp32 == []  # all int8, no fallback
     assert int8_result.calibration["method"] == "minmax" and int8_result.calibration["samples"] == 300
 
 
 @pytest.mark.parametrize("device", ["rpi4b-4gb", "x86-64-generic"])
 def test_each_target_scheme_also_stays_within_one_point(trained, tmp_path, device):
     from edgetrain.devices import load_device
-    from edgetrain.quantize import quantize
+    from edgetrain.api import quantize
 
     res = quantize(str(trained / "digits10"), str(trained / "calib.npz"), tmp_path / "m.onnx",
-                   val=str(trained / "val.npz"), max_fp32_nodes=0, profile=load_device(device), threads=1,
-                   measure_latency=False)
+                   val=str(trained / "val.npz"), max_fp32_nodes=0, device=load_device(device), threads=1,
+                   latency=False)
     assert res.scheme["target"].startswith(device) and res.accuracy["drop"] <= 1.0, (res.scheme, res.accuracy)
 
 
@@ -113,13 +113,13 @@ print(json.dumps({"shape": list(y.shape), "top1": float((y.argmax(1) == d["label
 
 
 def test_budget_search_keeps_the_costliest_nodes_in_fp32(trained, zeros_npz, tmp_path):
-    from edgetrain.quantize import quantize
+    from edgetrain.api import quantize
 
     res = quantize(str(trained / "digits10"), str(zeros_npz), tmp_path / "m.onnx", val=str(trained / "val.npz"),
-                   max_drop=1.0, threads=1, measure_latency=False)
+                   max_drop=1.0, threads=1, latency=False)
     first, last = res.steps[0], res.steps[-1]
     assert first.kept_fp32 == [] and first.drop > 10.0        # useless ranges wreck the all-int8 model
-    assert res.budget_met is True and last.drop <= 1.0 and len(res.steps) >= 2
+    assert res.passed and last.drop <= 1.0 and len(res.steps) >= 2
     assert res.nodes_kept_fp32 == last.kept_fp32 and res.nodes_kept_fp32
     for before, after in zip(res.steps, res.steps[1:]):       # cumulative, one report per step
         assert after.kept_fp32 == before.kept_fp32 + after.added
@@ -130,20 +130,20 @@ def test_budget_search_keeps_the_costliest_nodes_in_fp32(trained, zeros_npz, tmp
 
 
 def test_no_mix_within_budget_keeps_the_best_model(trained, zeros_npz, tmp_path):
-    from edgetrain.quantize import quantize
+    from edgetrain.api import quantize
 
     res = quantize(str(trained / "digits10"), str(zeros_npz), tmp_path / "m.onnx", val=str(trained / "val.npz"),
-                   max_drop=0.5, max_fp32_nodes=0, threads=1, measure_latency=False)
-    assert res.budget_met is False and (tmp_path / "m.onnx").is_file()
+                   max_drop=0.5, max_fp32_nodes=0, threads=1, latency=False)
+    assert not res.passed and res.failed_checks and (tmp_path / "m.onnx").is_file()
     assert any("no mix" in w for w in res.warnings)
 
 
 @pytest.mark.parametrize("method", ["entropy", "percentile"])
 def test_histogram_methods_with_an_uneven_sample_count(trained, tmp_path, method):
-    from edgetrain.quantize import quantize
+    from edgetrain.api import quantize
 
     res = quantize(str(trained / "digits10"), str(trained / "calib.npz"), tmp_path / "m.onnx", method=method,
-                   samples=7, threads=1, measure_latency=False)
+                   samples=7, threads=1, latency=False)
     assert res.calibration["samples"] == 7 and res.accuracy == {"checked": False, "max_drop": 1.0}
     assert any("not checked" in n for n in res.notes)
 
@@ -151,11 +151,11 @@ def test_histogram_methods_with_an_uneven_sample_count(trained, tmp_path, method
 def test_exported_onnx_input_and_requantizing_is_refused(int8_result, trained, tmp_path):
     from edgetrain.export import export_onnx
     from edgetrain.models import load_gluon
-    from edgetrain.quantize import quantize
+    from edgetrain.api import quantize
 
     fp32 = export_onnx(load_gluon(str(trained / "digits10")), tmp_path / "fp32.onnx", opset=13)
     res = quantize(str(fp32), str(trained / "calib.npz"), tmp_path / "q.onnx", samples=20, threads=1,
-                   measure_latency=False)
+                   latency=False)
     assert Path(res.output).is_file()
     with pytest.raises(UsageError, match="already quantized"):
         quantize(int8_result.output, str(trained / "calib.npz"), tmp_path / "again.onnx", samples=5)
@@ -164,11 +164,11 @@ def test_exported_onnx_input_and_requantizing_is_refused(int8_result, trained, t
 
 def test_mxnet_backend_writes_a_loadable_prefix(trained, tmp_path):
     from edgetrain.models import load_gluon
-    from edgetrain.quantize import quantize
+    from edgetrain.api import quantize
 
     res = quantize(str(trained / "digits10"), str(trained / "calib.npz"), tmp_path / "mx_int8", backend="mxnet",
                    val=str(trained / "val.npz"), samples=64, threads=1)
-    assert res.backend == "mxnet" and res.onnx_exportable is False and res.budget_met is True
+    assert res.backend == "mxnet" and res.onnx_exportable is False and res.passed
     assert res.accuracy["drop"] <= 1.0
     model = load_gluon(str(tmp_path / "mx_int8"))
     assert model.num_classes == 10 and model.preprocess.input_shape == (1, 16, 16)
@@ -179,15 +179,16 @@ def test_mxnet_backend_writes_a_loadable_prefix(trained, tmp_path):
 
 
 @pytest.mark.parametrize("value", [-0.5, "abc", "nan", float("inf")])
-def test_max_drop_must_be_a_non_negative_number(value):
-    from edgetrain.quantize import check_max_drop
+def test_max_drop_must_be_a_non_negative_number(value, tmp_path):
+    from edgetrain.api import quantize
 
     with pytest.raises(UsageError, match="--max-drop"):
-        check_max_drop(value)
+        quantize("edgetrain.nets:digits_cnn", "builtin:digits", tmp_path / "m.onnx", max_drop=value)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_val_labels_outside_the_models_classes(tmp_path):
-    from edgetrain.quantize import quantize
+    from edgetrain.api import quantize
 
     np.savez(tmp_path / "val.npz", data=np.random.RandomState(0).rand(12, 8, 8).astype(np.float32),
              label=np.arange(12))
@@ -199,8 +200,8 @@ def test_val_labels_outside_the_models_classes(tmp_path):
 
 def test_mobilenetv2_int8_file_is_at_least_3_5x_smaller(tmp_path):
     """The size figure for conv nets (issue 4). File size does not depend on the input size: 32x32 keeps it fast."""
-    from edgetrain.quantize import quantize
+    from edgetrain.api import quantize
 
     res = quantize("zoo:mobilenetv2_1.0", "builtin:digits", tmp_path / "mb.onnx", samples=4, input_shape=(3, 32, 32),
-                   threads=1, measure_latency=False)
+                   threads=1, latency=False)
     assert res.size["fp32_bytes"] > 13_000_000 and res.size["ratio"] >= 3.5, res.size

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 import pytest
 
 from edgetrain.errors import UsageError
-from edgetrain.profile import profile
+from edgetrain.api import profile
 from edgetrain.report import check_report_path, render_html, render_markdown, text_summary, write_report
 from test_profile_models import conv_gemm_onnx
 

@@ -29,49 +29,34 @@ def run_cli(group: click.Group, argv=None) -> None:
     sys.exit(rc if isinstance(rc, int) else 0)
 
 
-def device_option(f):
-    return click.option("--device", "device", metavar="NAME",
-                        help="Device profile name (see `edgetrain devices list`) or a profile YAML path.")(f)
-
-
-def threads_option(f):
-    return click.option("--threads", type=click.IntRange(min=1), metavar="N",
-                        help="Cap every thread pool (OpenMP, MXNet, ONNX Runtime); default: the device's.")(f)
-
-
 def json_option(f):
     return click.option("--json", "json_path", metavar="PATH",
                         help="Write the result as JSON to PATH ('-' for stdout).")(f)
 
 
-def setup(device: str | None = None, threads: int | None = None):
-    """Resolve the device profile and apply the thread cap, before any heavy library loads.
-
-    Returns (profile or None, threads in force).
-    """
+def setup(opts) -> int | None:
+    """Apply the thread cap the options ask for (--threads, else the device's), before any heavy import."""
     from .. import runtime
 
     runtime.quiet_libraries()
-    profile = None
-    if device:
-        from ..devices import load_device
+    return runtime.apply_threads(opts.thread_cap() if opts is not None else None)
 
-        profile = load_device(device)
-    if threads is None and profile is not None:
-        threads = profile.default_threads
-    return profile, runtime.apply_threads(threads)
+
+def finish(json_path: str | None, result, render) -> None:
+    """Write the result as JSON, render it for a human, and turn a failed check into exit 3 (one place)."""
+    from ..errors import BudgetExceeded
+
+    write_json(json_path, result)
+    if not quiet(json_path):
+        render(json_path, result)
+    if not result.passed:
+        raise BudgetExceeded("; ".join(result.failed_checks), _where(result),
+                             "the outputs and report are kept; see them for the details")
 
 
 def quiet(json_path: str | None) -> bool:
     """Human output and progress stay off stdout when JSON goes there."""
     return json_path == "-"
-
-
-def progress_lines(json_path: str | None, template: str = "... {}"):
-    """A progress callback printing one line per message on a terminal's stderr; None when quiet or piped."""
-    if quiet(json_path) or not sys.stderr.isatty():
-        return None
-    return lambda message: click.echo(template.format(message), err=True)
 
 
 def say(json_path: str | None, message: str = "", **kw) -> None:
@@ -104,3 +89,10 @@ def _default(obj):
     if hasattr(obj, "item"):
         return obj.item()
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _where(result) -> str:
+    for name in ("output", "path", "outdir", "rundir"):
+        if getattr(result, name, None):
+            return str(getattr(result, name))
+    return "result"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from .common import json_option, progress_lines, say, write_json
+from ..results import report
+from .common import json_option, quiet, say, write_json
+from .render import ProgressLine
 
 
 @click.command()
@@ -21,8 +23,8 @@ def doctor(fix, json_path):
     """
     from ..doctor import render, run_checks
 
-    progress = progress_lines(json_path, "checking {}...")
-    report = run_checks(fix=fix, progress=progress)
-    say(json_path, render(report))
-    write_json(json_path, report)
-    return report.exit_code
+    line = ProgressLine(not quiet(json_path))
+    result = run_checks(fix=fix, progress=lambda name: report(line, "doctor", message=f"checking {name}"))
+    say(json_path, render(result))
+    write_json(json_path, result)
+    return result.exit_code

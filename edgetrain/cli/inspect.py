@@ -3,26 +3,25 @@ from __future__ import annotations
 
 import click
 
-from .common import json_option, say, setup, threads_option, write_json
-from .options import input_shape_option, params_option
+from ..options import InspectOptions
+from .common import finish, json_option, say, setup
+from .options import declared_options, parse
 
 
 @click.command()
 @click.argument("model")
-@click.option("--data", "data_ref", metavar="DATA", help="Also read this data as the model would see it.")
-@params_option
-@input_shape_option
-@threads_option
+@declared_options(InspectOptions)
 @json_option
-def inspect(model, data_ref, params, input_shape, threads, json_path):
+def inspect(model, json_path, **values):
     """Load MODEL (and DATA) exactly as the other commands would, and describe them."""
-    setup(None, threads)
+    opts = parse(InspectOptions, values)
+    setup(opts)
     from ..inspect import inspect as run
 
-    res = run(model, data_ref, params=params, input_shape=input_shape)
-    write_json(json_path, res)
-    if json_path == "-":
-        return
+    finish(json_path, run(model, opts.data, params=opts.params, input_shape=opts.input_shape), _render)
+
+
+def _render(json_path, res) -> None:
     say(json_path, f"model      {res.model} ({res.kind})")
     say(json_path, f"input      {res.input_name} {'x'.join(map(str, res.input_shape))}  "
                    f"mean {res.preprocess['mean']} std {res.preprocess['std']}")

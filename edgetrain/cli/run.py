@@ -3,37 +3,34 @@ from __future__ import annotations
 
 import click
 
-from .common import json_option, quiet, say, setup, threads_option, write_json
+from ..options import RunOptions
+from .common import json_option, quiet, say, setup, write_json
+from .options import declared_options, parse
 
 
 @click.command()
 @click.argument("recipe", required=False)
-@click.option("-o", "--output", "rundir", metavar="RUNDIR",
-              help="Run folder, new or empty (default: ./edgetrain-run-NAME, or NAME-2, -3... if taken).")
-@click.option("--device", metavar="NAME", help="Run for this device instead of the recipe's.")
-@click.option("--resume", "resume_dir", metavar="RUNDIR",
-              help="Continue the run in RUNDIR, skipping the steps whose outputs are complete.")
-@threads_option
+@declared_options(RunOptions)
 @json_option
-def run(recipe, rundir, device, resume_dir, threads, json_path):
+def run(recipe, json_path, **values):
     """Run RECIPE (a YAML path or a bundled name; default: the quickstart) step by step.
 
     Steps (finetune, quantize, export, profile, report) run in order, each as its own edgetrain
     command, each taking the previous one's artifact. Exit code: the first failing step's (1 or 2),
     else 3 if a budget was not met, else 0.
     """
+    from ..errors import UsageError
     from ..pipeline import run_recipe
     from ..recipes import read_recipe
 
-    if resume_dir and rundir and resume_dir != rundir:
-        from ..errors import UsageError
-
+    opts = parse(RunOptions, values)
+    if opts.resume and opts.output and opts.resume != opts.output:
         raise UsageError("-o and --resume name different run folders", "--resume", "give only --resume RUNDIR")
-    setup(None, threads)
-    loaded = read_recipe(recipe)
+    setup(opts)
+    loaded = read_recipe(recipe, opts.resume)
     show = (lambda m: None) if quiet(json_path) else (lambda m: click.echo(m, err=True))
-    res = run_recipe(loaded, rundir=resume_dir or rundir, device=device, threads=threads,
-                     resume=bool(resume_dir), progress=show)
+    res = run_recipe(loaded, rundir=opts.resume or opts.output, device=opts.device, threads=opts.threads,
+                     resume=bool(opts.resume), progress=show)
     write_json(json_path, res)
     if not quiet(json_path):
         _render_summary(json_path, res)

@@ -1,0 +1,77 @@
+"""The Python API: the same commands as the CLI, as functions that return typed results.
+
+Each function takes the same options as its command (``edgetrain.options`` declares them once; a flag
+``--max-drop`` is the keyword ``max_drop``), validates them the same way, applies the device's thread
+count the same way, and raises the same ``edgetrain.errors`` exceptions the CLI turns into its one-line
+messages. Models, data and devices are the references the CLI takes (``"zoo:mobilenetv2_1.0"``,
+``"builtin:digits"``, ``"rpi4b-4gb"``); a device may also be a loaded ``DeviceProfile``.
+
+    import edgetrain
+    res = edgetrain.quantize("edgetrain.nets:pretrained_digits", calib="builtin:digits", output="m.onnx",
+                             val="builtin:digits", max_drop=1.0, device="rpi4b-4gb")
+    res.passed, res.failed_checks, res.accuracy["drop"]
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import runtime
+from .options import ExportOptions, FinetuneOptions, InspectOptions, Options, ProfileOptions, QuantizeOptions
+from .results import ProgressFn
+
+
+def _prepare(model: type[Options], values: dict) -> Options:
+    opts = model.parse({k: v for k, v in values.items() if v is not None})
+    runtime.quiet_libraries()
+    runtime.apply_threads(opts.thread_cap(), strict=False)
+    return opts
+
+
+def quantize(model, calib, output, *, progress: ProgressFn | None = None, **options):
+    """``edgetrain quantize``: int8 within an accuracy budget. Returns a QuantizeResult."""
+    from .quantize import quantize as run
+
+    return run(str(model), _prepare(QuantizeOptions, dict(options, calib=str(calib), output=str(output))),
+               progress=progress)
+
+
+def export(model, output, *, progress: ProgressFn | None = None, **options):
+    """``edgetrain export``: ONNX validated against the Gluon model. Returns an ExportResult."""
+    from .export import export as run
+
+    return run(str(model), _prepare(ExportOptions, dict(options, output=str(output))), progress=progress)
+
+
+def finetune(model, data, out, *, progress: ProgressFn | None = None, **options):
+    """``edgetrain finetune``: train on this device within its memory budget. Returns a FinetuneResult."""
+    from .finetune import finetune as run
+
+    return run(str(model), _prepare(FinetuneOptions, dict(options, data=str(data), out=str(out))), progress=progress)
+
+
+def profile(model, *, progress: ProgressFn | None = None, **options):
+    """``edgetrain profile``: latency, peak memory and energy. Returns a ProfileResult."""
+    from .profile import profile as run
+
+    return run(str(model), _prepare(ProfileOptions, options), progress=progress)
+
+
+def inspect(model, **options):
+    """``edgetrain inspect``: load MODEL (and ``data``) as the other commands would and describe them."""
+    from .inspect import inspect as run
+
+    opts = _prepare(InspectOptions, options)
+    return run(str(model), opts.data, params=opts.params, input_shape=opts.input_shape)
+
+
+def run(recipe: str | Path | None = None, *, rundir: str | Path | None = None, device=None,
+        threads: int | None = None, resume: bool = False, progress=None):
+    """``edgetrain run``: a recipe's steps into one run folder (``resume=True`` continues ``rundir``)."""
+    from .pipeline import run_recipe
+    from .recipes import read_recipe
+
+    runtime.quiet_libraries()
+    runtime.apply_threads(threads, strict=False)
+    loaded = read_recipe(str(recipe) if recipe else None, rundir if resume else None)
+    return run_recipe(loaded, rundir=rundir, device=device, threads=threads, resume=resume,
+                      progress=progress or (lambda message: None))

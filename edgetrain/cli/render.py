@@ -1,0 +1,59 @@
+"""Progress on the terminal: one renderer for every command's ``Progress`` events."""
+from __future__ import annotations
+
+import sys
+import time
+
+from ..results import Progress
+
+# How a metric a command reports is shown, in this order.
+METRICS = (("epoch", "epoch {}"), ("step", "step {}"), ("loss", "loss {:.4f}"), ("train_accuracy", "acc {:.3f}"),
+           ("acc", "acc {:.3f}"), ("val_accuracy", "val acc {:.3f}"), ("samples_per_s", "{:.0f} samples/s"),
+           ("seconds", "{:.1f}s"), ("rss_mb", "RSS {:.0f} MB"), ("budget_mb", "of {:.0f}"), ("eta_s", "ETA {:.0f}s"))
+
+
+class ProgressLine:
+    """Rewrites one status line on a terminal's stderr; when stderr is not a terminal, prints only the
+    lines that stay (final events and messages). Disabled (``--json -``): prints nothing."""
+
+    def __init__(self, enabled: bool = True, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.live = enabled and self.stream.isatty()
+        self.width = 0
+        self.started: dict[str, float] = {}
+
+    def __call__(self, ev: Progress) -> None:
+        if not self.enabled:
+            return
+        if ev.message and ev.done is None and not ev.final:  # a step of the work: on a terminal only
+            if self.live:
+                self._line(f"... {ev.message}", final=True)
+            return
+        if not (self.live or ev.final):
+            return
+        self._line(self.text(ev), final=ev.final or (ev.total is not None and ev.done == ev.total))
+
+    def text(self, ev: Progress) -> str:
+        parts = [ev.stage]
+        if ev.total:
+            t0 = self.started.setdefault(ev.stage, time.monotonic())
+            fill = int(30 * (ev.done or 0) / ev.total)
+            parts.append(f"[{'#' * fill}{'.' * (30 - fill)}] {ev.done}/{ev.total}")
+            if "eta_s" not in ev.metrics and ev.done:
+                ev.metrics["eta_s"] = (time.monotonic() - t0) / ev.done * (ev.total - ev.done)
+        for key, fmt in METRICS:
+            value = ev.metrics.get(key)
+            if value is not None:
+                parts.append(fmt.format(value))
+        return "  ".join(parts) + (f"  {ev.message}" if ev.message else "")
+
+    def _line(self, text: str, final: bool = False) -> None:
+        if self.live:
+            self.stream.write("\r" + text.ljust(self.width))
+            self.width = 0 if final else len(text)
+            if final:
+                self.stream.write("\n")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()

@@ -1,0 +1,336 @@
+"""Each command's options, declared once.
+
+A command's options are one pydantic model below. The click flags (``edgetrain.cli``), the Python API's
+keyword arguments (``edgetrain.quantize(...)`` etc.) and the recipe steps (``recipes/*.yaml``) are all made
+from it, so a default, a constraint or a flag name has exactly one home. Each field carries its flag, help
+text and whether a recipe step may set it (``recipe=False``: the recipe or the run folder supplies it).
+
+Values are parsed once, here, into what the library uses: sizes into megabytes (a bare number *is*
+megabytes, never bytes), shapes into (C, H, W), rates into inferences per hour, ``train_layers`` checked.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from .errors import UsageError
+
+OPSETS = (12, 13)  # the opsets mxnet 1.9.1's ONNX translations are written for
+DEFAULT_OPSET = 13
+MAX_THREADS = 256
+
+
+def opt(default: Any = ..., *, help: str, flag: str | None = None, short: str | None = None,
+        metavar: str | None = None, recipe: bool = True, **constraints) -> Any:
+    """A field with its command-line spelling. ``flag`` overrides ``--field-name``; for a bool it may be
+    ``--on/--off``. ``recipe=False``: not settable in a recipe step (the recipe supplies it)."""
+    extra = {"flag": flag, "short": short, "metavar": metavar, "recipe": recipe}
+    return Field(default, description=help, json_schema_extra=extra, **constraints)
+
+
+# --- value types: each parsed once ------------------------------------------------------------------
+
+def _reraise(fn):
+    """Run a parser that raises UsageError; pydantic needs ValueError to report the field."""
+    def check(value):
+        try:
+            return fn(value)
+        except UsageError as exc:
+            raise ValueError(f"{exc.what}; {exc.fix}" if exc.fix else exc.what) from None
+    return check
+
+
+def parse_megabytes(value) -> float | None:
+    """'512MB', '2GiB', '1.5G', 300 (a bare number is megabytes) -> MiB. Binary units throughout."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise UsageError(f"not a size: {value!r}", "size", "write e.g. 512MB")
+    if isinstance(value, (int, float)):
+        mb = float(value)
+    else:
+        from .devices import parse_size
+
+        text = str(value).strip()
+        try:
+            mb = float(text)
+        except ValueError:
+            mb = parse_size(text, "size") / (1024 * 1024)
+    if not (math.isfinite(mb) and mb > 0):
+        raise UsageError(f"a size must be more than zero, got {value!r}", "size", "write e.g. 512MB")
+    return mb
+
+
+def _shape(value):
+    if value is None or isinstance(value, tuple) and len(value) == 3:
+        return value
+    from .preprocess import parse_shape
+
+    text = ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else value
+    return parse_shape(text, "input_shape")
+
+
+def _train_layers(value: str) -> str:
+    from .netsplit import parse_train_layers
+
+    parse_train_layers(value)
+    return str(value).strip().lower()
+
+
+def _rate(value):
+    if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    from .energy import parse_rate
+
+    try:
+        return float(value)  # inferences per hour, as a recipe step passes it on
+    except ValueError:
+        pass
+
+    return parse_rate(value)
+
+
+def parse_threads(text) -> list[int]:
+    """'1,2,4' (or [1, 2, 4]) -> [1, 2, 4]: order kept, duplicates dropped."""
+    items = [str(t) for t in text] if isinstance(text, (list, tuple)) else [p.strip() for p in str(text).split(",")]
+    out: list[int] = []
+    for item in items:
+        if not item.isdigit():
+            raise UsageError(f"cannot read thread count '{item[:20]}'", "--threads",
+                             "give positive whole numbers separated by commas, e.g. 1,2,4")
+        n = int(item)
+        if not 1 <= n <= MAX_THREADS:
+            raise UsageError(f"thread count must be between 1 and {MAX_THREADS}, got {n}", "--threads",
+                             "give positive whole numbers separated by commas, e.g. 1,2,4")
+        if n not in out:
+            out.append(n)
+    if not out:
+        raise UsageError("no thread counts given", "--threads", "give e.g. 1,2,4")
+    return out
+
+
+def _opset(value: int) -> int:
+    if value not in OPSETS:
+        raise ValueError(f"opset {value} is not one mxnet 1.9.1's exporter translates for; use 12 or 13")
+    return value
+
+
+MemoryMB = Annotated[Optional[float], BeforeValidator(_reraise(parse_megabytes))]
+InputShape = Annotated[Optional[tuple[int, int, int]], BeforeValidator(_reraise(_shape))]
+TrainLayers = Annotated[str, AfterValidator(_reraise(_train_layers))]
+RatePerHour = Annotated[Optional[float], BeforeValidator(_reraise(_rate)), Field(gt=0)]
+ThreadList = Annotated[Optional[list[int]], BeforeValidator(_reraise(lambda v: None if v is None else parse_threads(v)))]
+Opset = Annotated[int, AfterValidator(_opset)]
+Threads = Annotated[Optional[int], Field(ge=1, le=MAX_THREADS)]
+Positive = Annotated[Optional[float], Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[Optional[float], Field(ge=0, allow_inf_nan=False)]
+
+
+class Options(BaseModel):
+    """Base of every command's options: unknown names are errors; values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    @classmethod
+    def parse(cls, values: dict, where: str = "") -> "Options":
+        """Validate ``values``; the first problem becomes one UsageError naming the flag (or ``where.field``)."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise usage_error(cls, exc, where) from None
+
+    def changed(self) -> dict:
+        """The options set to something other than their default (what a recipe step passes on)."""
+        return {k: v for k, v in self.model_dump().items() if v != self.model_fields[k].default}
+
+
+def flag_of(model: type[BaseModel], name: str) -> str:
+    info = model.model_fields.get(name)
+    extra = (info.json_schema_extra or {}) if info else {}
+    flag = extra.get("flag") or "--" + name.replace("_", "-")
+    return flag.split("/")[0]
+
+
+def usage_error(model: type[BaseModel], exc: ValidationError, where: str = "") -> UsageError:
+    err = exc.errors()[0]
+    name = str(err["loc"][0]) if err["loc"] else ""
+    label = f"{where}.{'.'.join(str(p) for p in err['loc'])}" if where else flag_of(model, name)
+    if err["type"] == "extra_forbidden":
+        known = ", ".join(sorted(model.model_fields))
+        return UsageError(f"unknown option '{name}'", label, f"known options: {known}")
+    if err["type"] == "missing":
+        return UsageError(f"missing option {flag_of(model, name) if not where else name}", label, "add it")
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    what, _, fix = msg.partition("; ")
+    shown = repr(err.get("input"))[:40]
+    return UsageError(f"bad value {shown} for {flag_of(model, name) if not where else name}: {what}", label,
+                      fix or "see the command's --help for what it takes")
+
+
+# --- what every command shares -------------------------------------------------------------------------
+
+class DeviceOptions(Options):
+    device: Optional[Any] = opt(None, metavar="NAME", recipe=False,
+                                help="Device profile name (see `edgetrain devices list`) or a profile YAML path.")
+    threads: Threads = opt(None, metavar="N", recipe=False,
+                           help="Cap every thread pool (OpenMP, MXNet, ONNX Runtime); default: the device's.")
+
+    def profile(self):
+        """The DeviceProfile (loaded once), or None for this host."""
+        from .devices import DeviceProfile, load_device
+
+        if self.device is None or isinstance(self.device, DeviceProfile):
+            return self.device
+        return load_device(str(self.device))
+
+    def thread_cap(self) -> int | None:
+        """--threads, else the device's default thread count, else None (leave the pools alone)."""
+        if self.threads is not None:
+            return self.threads
+        prof = self.profile()
+        return prof.default_threads if prof is not None else None
+
+
+class ModelFields(Options):
+    params: Optional[str] = opt(None, metavar="FILE", recipe=False,
+                                help="Weights for a zoo: or factory model (save_parameters file).")
+    input_shape: InputShape = opt(None, metavar="N,C,H,W",
+                                  help="Input shape, e.g. 1,3,224,224 (default: recorded with the model, "
+                                       "else 3x224x224).")
+
+
+class EnergyOptions(Options):
+    battery_wh: Positive = opt(None, metavar="WH", help="Battery capacity for the battery-life figure (with a device).")
+    rate: RatePerHour = opt(None, metavar="N/h", help="Inferences per hour for the daily energy budget, e.g. 120/h.")
+    budget_mj: Positive = opt(None, metavar="MJ",
+                              help="Energy budget per inference in millijoules; over budget exits 3 (report kept).")
+
+
+# --- the commands ----------------------------------------------------------------------------------------
+
+class ModelOptions(ModelFields, DeviceOptions):
+    """A command that loads a MODEL and runs for a device."""
+
+
+class InspectOptions(ModelFields):
+    data: Optional[str] = opt(None, metavar="DATA", help="Also read this data as the model would see it.")
+    threads: Threads = opt(None, metavar="N", help="Cap every thread pool (OpenMP, MXNet, ONNX Runtime).")
+
+    def thread_cap(self) -> int | None:
+        return self.threads
+
+
+class QuantizeOptions(ModelOptions):
+    calib: str = opt(metavar="DATA", recipe=False, help="Data to calibrate activation ranges on.")
+    output: str = opt(metavar="PATH", short="-o", recipe=False,
+                      help="The int8 model: FILE.onnx (onnxruntime backend) or PREFIX (mxnet backend).")
+    val: Optional[str] = opt(None, metavar="DATA", recipe=False,
+                             help="Labelled data to compare fp32 and int8 top-1 on.")
+    max_drop: Annotated[float, Field(ge=0, allow_inf_nan=False)] = opt(
+        1.0, metavar="PTS", help="Largest top-1 drop allowed, in percentage points (needs --val).")
+    method: Literal["minmax", "entropy", "percentile"] = opt("minmax", help="How activation ranges are calibrated.")
+    samples: Annotated[int, Field(ge=1)] = opt(300, help="Calibration samples (fewer if --calib has fewer).")
+    per_channel: bool = opt(True, flag="--per-channel/--per-tensor", help="Weight scales per output channel.")
+    max_fp32_nodes: Annotated[Optional[int], Field(ge=0)] = opt(
+        None, metavar="N", help="Most nodes the accuracy search may keep in fp32 (default: half of them; 0: all int8).")
+    backend: Literal["onnxruntime", "mxnet"] = opt(
+        "onnxruntime", help="onnxruntime: portable QDQ .onnx; mxnet: MXNet oneDNN int8 PREFIX (not exportable to ONNX).")
+    latency: bool = opt(True, flag="--latency/--no-latency", help="Time the fp32 and int8 models after quantizing.")
+
+
+class ExportOptions(ModelOptions, EnergyOptions):
+    output: str = opt(metavar="FILE", short="-o", recipe=False,
+                      help="Where to write the ONNX model (written atomically; kept even if validation fails).")
+    opset: Opset = opt(DEFAULT_OPSET, metavar="N",
+                       help="ONNX opset to translate for (12 or 13, the opsets mxnet 1.9.1's exporter knows).")
+    dynamic_batch: bool = opt(False, help="Variable batch size (validated at batch 1 and 3).")
+    atol: NonNegative = opt(None, metavar="X", help="Absolute tolerance (default 1e-4; 1e-2 with --fp16).")
+    rtol: NonNegative = opt(None, metavar="X", help="Relative tolerance (default 1e-3; 1e-2 with --fp16).")
+    data: Optional[str] = opt(None, metavar="DATA", recipe=False, help="Also validate on real samples from DATA.")
+    fp16: bool = opt(False, help="fp16 weights and compute (fp32 inputs/outputs), for GPU targets.")
+
+
+class FinetuneOptions(ModelOptions):
+    data: str = opt(metavar="DATA", recipe=False, help="Training data (classes come from it).")
+    out: str = opt(metavar="OUTDIR", short="-o", recipe=False,
+                   help="Folder for the model (OUTDIR/model), metrics.json and the checkpoint.")
+    val: Optional[str] = opt(None, metavar="DATA", recipe=False, help="Held-out data to report accuracy on.")
+    val_split: Annotated[Optional[float], Field(gt=0, lt=1)] = opt(
+        None, metavar="F", recipe=False,
+        help="Hold out this fraction of DATA (stratified) for accuracy; default 0.2 unless --val.")
+    epochs: Annotated[int, Field(ge=1)] = opt(10, help="Passes over the training data.")
+    batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = opt(
+        32, help="Effective batch size (micro-batches accumulate up to it).")
+    lr: Positive = opt(None, metavar="LR",
+                       help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, else 0.003 / 0.05).")
+    optimizer: Literal["sgd", "adam"] = opt("adam", help="Optimizer.")
+    train_layers: TrainLayers = opt("head", metavar="head|last:N|all",
+                                    help="What trains: the output layer, the last N trainable layers/blocks, "
+                                         "or everything.")
+    memory_budget: MemoryMB = opt(None, metavar="SIZE",
+                                  help="Peak RSS bound for the whole process, e.g. 512MB; a bare number is MB "
+                                       "(default: the device's).")
+    resume: bool = opt(False, recipe=False, help="Continue the run checkpointed in OUTDIR.")
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = opt(0, help="Random seed (0 to 2**32-1).")
+
+    def budget_mb(self) -> float | None:
+        """--memory-budget, else the device's budget, else None (no budget)."""
+        if self.memory_budget is not None:
+            return self.memory_budget
+        prof = self.profile()
+        return float(prof.memory_budget_mb) if prof is not None else None
+
+
+class ProfileOptions(ModelOptions, EnergyOptions):
+    threads: ThreadList = opt(None, metavar="N[,N...]",
+                              help="Thread counts to sweep, e.g. 1,2,4; one fresh process each (default: the device's).")
+    runtime: Optional[Literal["onnxruntime", "mxnet"]] = opt(
+        None, help="Runtime to profile in (default: onnxruntime for .onnx, mxnet for a Gluon MODEL; onnxruntime on "
+                   "a Gluon MODEL exports it first, as `edgetrain export` would).")
+    batch: Annotated[int, Field(ge=1, le=65536)] = opt(1, help="Batch size of each inference.")
+    warmup: Annotated[int, Field(ge=0, le=100_000)] = opt(10, help="Untimed runs after the first inference.")
+    runs: Annotated[int, Field(ge=1, le=1_000_000)] = opt(100, help="Timed runs per configuration.")
+    report: Optional[str] = opt(None, metavar="PATH", recipe=False,
+                                help="Write a self-contained report (.html or .md).")
+    timeout: Positive = opt(None, metavar="S",
+                            help="Stop a configuration that runs longer than this many seconds (default 900).")
+    power_log: Optional[str] = opt(None, metavar="FILE", recipe=False,
+                                   help="A USB power meter's CSV log recorded during the run (timestamp + watts, or "
+                                        "volts + amps): energy is measured from it over the timed runs.")
+
+    def thread_cap(self) -> int | None:  # a sweep: each child gets its own cap
+        prof = self.profile()
+        return prof.default_threads if self.threads is None and prof is not None else None
+
+
+class RunOptions(Options):
+    output: Optional[str] = opt(None, short="-o", metavar="RUNDIR",
+                                help="Run folder, new or empty (default: ./edgetrain-run-NAME, or NAME-2, -3... if taken).")
+    device: Optional[str] = opt(None, metavar="NAME", help="Run for this device instead of the recipe's.")
+    resume: Optional[str] = opt(None, metavar="RUNDIR",
+                                help="Continue the run in RUNDIR (its recipe is kept there), re-running every step "
+                                     "that did not pass.")
+    threads: Threads = opt(None, metavar="N", help="Cap every thread pool of every step; default: the recipe's, "
+                                                   "else the device's.")
+
+    def thread_cap(self) -> int | None:
+        return self.threads
+
+
+COMMANDS: dict[str, type[Options]] = {
+    "quantize": QuantizeOptions, "export": ExportOptions, "finetune": FinetuneOptions, "profile": ProfileOptions,
+    "inspect": InspectOptions, "run": RunOptions,
+}
+
+
+def recipe_fields(command: str) -> dict[str, Any]:
+    """The fields a recipe step may set for ``command``."""
+    model = COMMANDS[command]
+    return {n: f for n, f in model.model_fields.items() if (f.json_schema_extra or {}).get("recipe", True)}
+
+
+def path_of(value) -> Path | None:
+    return None if value is None else Path(value)

@@ -1,0 +1,107 @@
+"""One declaration per command: the CLI flags, the Python API and the recipe steps agree with it."""
+from __future__ import annotations
+
+import click
+import pytest
+import yaml
+
+from clitools import assert_user_error, run_edgetrain
+from edgetrain.cli import cli
+from edgetrain.config import FinetuneStep
+from edgetrain.errors import UsageError
+from edgetrain.options import COMMANDS, FinetuneOptions, flag_of, recipe_fields
+
+CLI_ONLY = {"json_path"}  # rendering, not an option of the work
+
+
+def _command(name: str) -> click.Command:
+    return cli.get_command(click.Context(cli), name)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_field_has_a_flag_with_the_same_default_and_every_flag_a_field(name):
+    model, command = COMMANDS[name], _command(name)
+    params = {p.name: p for p in command.params if isinstance(p, click.Option)}
+    assert set(params) - CLI_ONLY == set(model.model_fields), name
+    for field, info in model.model_fields.items():
+        p = params[field]
+        assert flag_of(model, field) in p.opts, (field, p.opts)
+        assert p.required == info.is_required(), field
+        if not info.is_required():
+            assert p.default == info.default, (field, p.default, info.default)
+        assert p.help == info.description
+
+
+# One bad value per constraint kind; each must be refused the same way by the CLI, the API and a recipe.
+BAD = {
+    "finetune": [("memory_budget", "banana"), ("memory_budget", "0"), ("train_layers", "last:0"),
+                 ("train_layers", "middle"), ("epochs", "0"), ("batch_size", "-3"), ("lr", "nan"),
+                 ("optimizer", "rmsprop"), ("seed", "-1"), ("input_shape", "2,3,32,32")],
+    "quantize": [("max_drop", "-1"), ("max_drop", "inf"), ("samples", "0"), ("method", "kl"),
+                 ("max_fp32_nodes", "-1"), ("backend", "tvm")],
+    "export": [("opset", "7"), ("opset", "14"), ("atol", "-1e-3"), ("rate", "fast")],
+    "profile": [("threads", "0"), ("runs", "0"), ("warmup", "-1"), ("batch", "0"), ("timeout", "0"),
+                ("budget_mj", "-5")],
+}
+REQUIRED = {"finetune": {"data": "builtin:digits", "out": "o"}, "quantize": {"calib": "builtin:digits", "output": "q.onnx"},
+            "export": {"output": "m.onnx"}, "profile": {}}
+
+
+@pytest.mark.parametrize("command,field,value", [(c, f, v) for c, cases in BAD.items() for f, v in cases])
+def test_the_api_and_recipes_refuse_what_the_command_refuses(command, field, value, tmp_path):
+    model = COMMANDS[command]
+    with pytest.raises(UsageError) as api:
+        model.parse({**REQUIRED[command], field: value})
+    assert flag_of(model, field) in api.value.line()
+
+    recipe = {"name": "bad", "device": "rpi4b-4gb", "model": "edgetrain.nets:pretrained_digits",
+              "data": "builtin:digits", "steps": [{command: {field: yaml.safe_load(value)}}]}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    res = run_edgetrain("recipes", "validate", str(path), cwd=tmp_path)
+    assert_user_error(res, 2, f"steps[0].{command}.{field}")
+
+
+@pytest.mark.parametrize("command,field,value", [("finetune", "memory_budget", "banana"), ("export", "opset", "7"),
+                                                 ("quantize", "max_drop", "-1")])
+def test_the_command_line_refuses_with_the_flag_named(command, field, value, tmp_path):
+    argv = [command, "edgetrain.nets:digits_cnn", flag_of(COMMANDS[command], field), value]
+    for k, v in REQUIRED[command].items():
+        argv += [flag_of(COMMANDS[command], k), v]
+    res = run_edgetrain(*argv, cwd=tmp_path)
+    assert_user_error(res, 2, flag_of(COMMANDS[command], field))
+    assert list(tmp_path.iterdir()) == []  # refused before any work
+
+
+@pytest.mark.parametrize("value,mb", [(300, 300.0), ("300", 300.0), ("300MB", 300.0), ("1GiB", 1024.0),
+                                      (512.5, 512.5)])
+def test_a_bare_memory_size_is_megabytes_everywhere(value, mb):
+    assert FinetuneOptions.parse({"data": "d", "out": "o", "memory_budget": value}).memory_budget == mb
+    assert FinetuneStep.model_validate({"memory_budget": value}).memory_budget == mb
+
+
+def test_recipes_can_set_every_option_a_step_may_set():
+    for command in ("finetune", "quantize", "export"):
+        assert set(recipe_fields(command)) >= {"input_shape"}
+    assert {"max_fp32_nodes", "per_channel", "backend"} <= set(recipe_fields("quantize"))
+    assert {"fp16", "opset"} <= set(recipe_fields("export"))
+    assert {"runtime", "timeout"} <= set(recipe_fields("profile"))
+
+
+def test_the_device_default_thread_count_applies_from_python_as_from_the_cli():
+    opts = FinetuneOptions.parse({"data": "d", "out": "o", "device": "rpi-zero2w"})
+    assert opts.thread_cap() == opts.profile().default_threads
+    assert FinetuneOptions.parse({"data": "d", "out": "o", "device": "rpi-zero2w", "threads": 1}).thread_cap() == 1
+    assert opts.budget_mb() == opts.profile().memory_budget_mb
+
+
+def test_the_reference_docs_are_generated_from_the_code():
+    """docs/cli.md (every command's --help) and docs/formats.md (recipe and profile fields) are not stale:
+    regenerate them with `python -m edgetrain.cli.reference docs/`."""
+    from pathlib import Path
+
+    from edgetrain.cli.reference import cli_reference, formats_reference
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    assert (docs / "cli.md").read_text(encoding="utf-8") == cli_reference()
+    assert (docs / "formats.md").read_text(encoding="utf-8") == formats_reference()
