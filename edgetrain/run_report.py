@@ -62,6 +62,53 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def duty_cycle(steps) -> dict | None:
+    """A day of fine-tuning then inference on the device's battery, from the finetune and profile steps.
+
+    The fine-tune (this run's, measured or modelled) takes the place of the same stretch of the
+    inference day (the profile step's daily figure at its rate); the battery lasts ``battery_wh`` over
+    that day's energy. Also given with one fine-tune a week, the rest of the week inference only.
+    """
+    by = {s.name: (s.result or {}) for s in steps}
+    ft = (by.get("finetune") or {}).get("energy") or {}
+    daily = ((by.get("profile") or {}).get("energy") or {}).get("daily") or {}
+    if not ft.get("joules") or not daily.get("energy_wh_per_day"):
+        return None
+    ft_wh = ft["joules"] / 3600.0
+    ft_s = min(float(ft.get("seconds") or 0.0), 86400.0)
+    day_wh = daily["energy_wh_per_day"] * (86400.0 - ft_s) / 86400.0 + ft_wh
+    week_wh = 6 * daily["energy_wh_per_day"] + day_wh
+    both_measured = ft.get("provenance") == "measured" and daily.get("provenance") == "measured"
+    out = {"finetune_wh": ft_wh, "finetune_s": ft_s, "finetune_provenance": ft.get("provenance"),
+           "inference_wh_per_day": daily["energy_wh_per_day"], "inference_provenance": daily.get("provenance"),
+           "rate_per_h": daily.get("rate_per_h"), "daily_with_finetune_wh": day_wh,
+           "weekly_finetune_wh_per_day": week_wh / 7.0,
+           "provenance": "measured" if both_measured else "modelled",
+           "source": (f"one fine-tune ({ft_wh:.3g} Wh over {ft_s:.0f} s, {ft.get('provenance')}) + the rest of the day "
+                      f"at {daily.get('rate_per_h', 0):g} inferences/h ({daily['energy_wh_per_day']:.3g} Wh/day, "
+                      f"{daily.get('provenance')})")}
+    if daily.get("battery_wh"):
+        out["battery_wh"] = daily["battery_wh"]
+        out["battery_days_daily_finetune"] = daily["battery_wh"] / day_wh
+        out["battery_days_weekly_finetune"] = daily["battery_wh"] / (week_wh / 7.0)
+        out["battery_days_inference_only"] = daily.get("battery_days")
+    return out
+
+
+def duty_cycle_rows(dc: dict | None) -> list[tuple[str, str]]:
+    if not dc:
+        return []
+    tag = f" [{dc['provenance']}]"
+    rows = [("fine-tune energy", f"{dc['finetune_wh']:.3g} Wh ({dc['finetune_s']:.0f} s) [{dc['finetune_provenance']}]"),
+            ("day: fine-tune then infer", f"{dc['daily_with_finetune_wh']:.3g} Wh (inference only "
+                                          f"{dc['inference_wh_per_day']:.3g} Wh){tag}")]
+    if dc.get("battery_wh"):
+        rows.append(("battery, fine-tune daily", f"{_fmt(dc['battery_days_daily_finetune'], 'days')} on "
+                                                 f"{dc['battery_wh']:g} Wh{tag}"))
+        rows.append(("battery, fine-tune weekly", f"{_fmt(dc['battery_days_weekly_finetune'], 'days')}{tag}"))
+    return rows
+
+
 def write_run_report(result, path: Path) -> None:
     text = _markdown(result) if path.suffix == ".md" else _html(result, path.parent)
     atomic_write_text(path, text, "report")
@@ -71,6 +118,11 @@ def _markdown(result) -> str:
     lines = [f"# edgetrain run: {result.recipe}", "", f"Device: **{result.device}** · run folder `{result.rundir}`", "",
              "| figure | value |", "|---|---|"]
     lines += [f"| {label} | {value} |" for label, value in summary_rows(result.summary)]
+    dc = duty_cycle(result.steps)
+    if dc:
+        lines += ["", "## Fine-tune then infer: a day on the battery", "", "| figure | value |", "|---|---|"]
+        lines += [f"| {label} | {value} |" for label, value in duty_cycle_rows(dc)]
+        lines += ["", dc["source"]]
     lines += ["", "| step | status | exit | seconds | log |", "|---|---|---|---|---|"]
     lines += [f"| {s.name} | {s.status} | {s.exit_code} | {s.seconds:.1f} | {s.log} |" for s in result.steps]
     return "\n".join(lines) + "\n"
@@ -84,6 +136,10 @@ def _html(result, folder: Path) -> str:
         f"<td>{s.seconds:.1f}</td><td>{esc(_rel(s.log, folder))}</td></tr>" for s in result.steps)
     profile = folder / "profile.html"
     link = "<p>Latency, memory and energy detail: <a href='profile.html'>profile.html</a></p>" if profile.exists() else ""
+    dc = duty_cycle(result.steps)
+    duty = ("<h2>Fine-tune then infer: a day on the battery</h2><table>"
+            + "".join(f"<tr><th>{esc(label)}</th><td>{esc(value)}</td></tr>" for label, value in duty_cycle_rows(dc))
+            + f"</table><p>{esc(dc['source'])}</p>") if dc else ""
     failed = (f"<p class='bad'>Step <b>{esc(result.failed_step)}</b> did not pass; exit code {result.exit_code}.</p>"
               if result.failed_step else "")
     details = "".join(f"<details><summary>{esc(s.name)} result</summary><pre>{esc(json.dumps(s.result, indent=2))}</pre>"
@@ -95,7 +151,7 @@ tr.done td:nth-child(2){{color:#060}}tr.failed td:nth-child(2),tr.budget td:nth-
 pre{{background:#f6f6f6;padding:.5rem;overflow:auto;font-size:.8rem}}</style></head><body>
 <h1>edgetrain run: {esc(result.recipe)}</h1>
 <p>Device profile <b>{esc(result.device)}</b> · recipe {esc(result.source)} · run folder <code>{esc(result.rundir)}</code></p>
-{failed}<h2>Summary</h2><table>{rows}</table>{link}
+{failed}<h2>Summary</h2><table>{rows}</table>{duty}{link}
 <h2>Steps</h2><table><tr><th>step</th><th>status</th><th>exit</th><th>seconds</th><th>log</th></tr>{steps}</table>
 <h2>Step results</h2>{details}
 </body></html>
