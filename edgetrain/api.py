@@ -29,7 +29,7 @@ def _prepare(model: type[Options], values: dict) -> Options:
 
 def quantize(model, calib, output, *, progress: ProgressFn | None = None, **options):
     """``edgetrain quantize``: int8 within an accuracy budget. Returns a QuantizeResult."""
-    from .quantize import quantize as run
+    from .ops.quantize import quantize as run
 
     return run(str(model), _prepare(QuantizeOptions, dict(options, calib=str(calib), output=str(output))),
                progress=progress)
@@ -37,7 +37,7 @@ def quantize(model, calib, output, *, progress: ProgressFn | None = None, **opti
 
 def export(model, output, *, progress: ProgressFn | None = None, **options):
     """``edgetrain export``: ONNX validated against the Gluon model. Returns an ExportResult."""
-    from .export import export as run
+    from .ops.export import export as run
 
     return run(str(model), _prepare(ExportOptions, dict(options, output=str(output))), progress=progress)
 
@@ -58,7 +58,7 @@ def profile(model, *, progress: ProgressFn | None = None, **options):
 
 def inspect(model, **options):
     """``edgetrain inspect``: load MODEL (and ``data``) as the other commands would and describe them."""
-    from .inspect import inspect as run
+    from .ops.inspect import inspect as run
 
     opts = _prepare(InspectOptions, options)
     return run(str(model), opts.data, params=opts.params, input_shape=opts.input_shape)

@@ -348,7 +348,7 @@ def plan(spec: dict) -> dict:
 
     out: dict = {"notes": []}
     if spec.get("export_to"):
-        from .export import export_onnx
+        from .convert import export_onnx
         from .models import load_gluon
 
         model = load_gluon(spec["model"], params=spec.get("params"),

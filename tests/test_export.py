@@ -10,7 +10,7 @@ import pytest
 from clitools import GROUPNORM_NET
 from edgetrain.errors import UsageError
 from edgetrain.api import export
-from edgetrain.export import build_onnx, export_onnx
+from edgetrain.convert import build_onnx, export_onnx
 from edgetrain.models import load_gluon, load_onnx
 
 

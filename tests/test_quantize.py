@@ -1,4 +1,4 @@
-"""edgetrain.quantize: real MXNet export, real ONNX Runtime calibration/quantization, real data."""
+"""edgetrain.ops.quantize: real MXNet export, real ONNX Runtime calibration/quantization, real data."""
 from __future__ import annotations
 
 import json
@@ -69,7 +69,7 @@ def test_each_target_scheme_also_stays_within_one_point(trained, tmp_path, devic
 def test_int8_file_is_smaller_and_carries_the_fp32_metadata(int8_result, trained, tmp_path):
     import onnx
 
-    from edgetrain.export import export_onnx
+    from edgetrain.convert import export_onnx
     from edgetrain.models import load_gluon, load_onnx
 
     fp32 = load_onnx(export_onnx(load_gluon(str(trained / "digits10")), tmp_path / "fp32.onnx", opset=13))
@@ -149,7 +149,7 @@ def test_histogram_methods_with_an_uneven_sample_count(trained, tmp_path, method
 
 
 def test_exported_onnx_input_and_requantizing_is_refused(int8_result, trained, tmp_path):
-    from edgetrain.export import export_onnx
+    from edgetrain.convert import export_onnx
     from edgetrain.models import load_gluon
     from edgetrain.api import quantize
 

@@ -70,9 +70,9 @@ def child(kind: str, path: str, shape: list[int], runs: int, warmup: int) -> dic
 
 
 def build(model: str, size: int, workdir: Path, samples: int) -> dict[str, Path]:
-    from edgetrain.export import export_onnx
+    from edgetrain.convert import export_onnx
     from edgetrain.models import load_gluon, save_prefix
-    from edgetrain.quantize import quantize
+    from edgetrain.ops.quantize import quantize
 
     shape = (3, size, size)
     gluon_model = load_gluon(model, input_shape=shape)

@@ -59,7 +59,7 @@ def plain_p50(path: Path, threads: int, warmup: int, runs: int) -> float:
 def export_zoo(name: str, folder: Path) -> Path:
     """Export in a child so this process stays free of mxnet."""
     path = folder / f"{name}.onnx"
-    code = ("from edgetrain.models import load_gluon; from edgetrain.export import export_onnx; "
+    code = ("from edgetrain.models import load_gluon; from edgetrain.convert import export_onnx; "
             f"export_onnx(load_gluon('zoo:{name}'), {str(path)!r}, opset=13)")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     return path

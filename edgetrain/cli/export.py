@@ -22,7 +22,7 @@ def export(model, json_path, **values):
     for the exported model (exit 3 if over --budget-mj or the peak memory does not fit)."""
     opts = parse(ExportOptions, values)
     setup(opts)
-    from ..export import export as run
+    from ..ops.export import export as run
 
     finish(json_path, run(model, opts, progress=ProgressLine(not quiet(json_path))), _render)
 

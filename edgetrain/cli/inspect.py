@@ -16,7 +16,7 @@ def inspect(model, json_path, **values):
     """Load MODEL (and DATA) exactly as the other commands would, and describe them."""
     opts = parse(InspectOptions, values)
     setup(opts)
-    from ..inspect import inspect as run
+    from ..ops.inspect import inspect as run
 
     finish(json_path, run(model, opts.data, params=opts.params, input_shape=opts.input_shape), _render)
 

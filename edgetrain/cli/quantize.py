@@ -22,7 +22,7 @@ def quantize(model, json_path, **values):
     """
     opts = parse(QuantizeOptions, values)
     setup(opts)
-    from ..quantize import quantize as run
+    from ..ops.quantize import quantize as run
 
     finish(json_path, run(model, opts, progress=ProgressLine(not quiet(json_path))), render)
 

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _lazy
-from .accuracy import top1
-from .calibration import check_symbol_not_quantized, load_calibration, load_validation
-from .errors import UsageError
-from .fileio import check_output_path
-from .models import load_gluon, parse_model_ref
-from .options import QuantizeOptions
-from .results import BudgetStep, QuantizeResult, stage
+from .. import _lazy
+from ..accuracy import top1
+from ..calibration import check_symbol_not_quantized, load_calibration, load_validation
+from ..errors import UsageError
+from ..fileio import check_output_path
+from ..models import load_gluon, parse_model_ref
+from ..options import QuantizeOptions
+from ..results import BudgetStep, QuantizeResult, stage
 
 CALIB_MODES = {"minmax": "naive", "entropy": "entropy"}
 BATCH = 32
@@ -78,7 +78,7 @@ def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, t
     fp32_bytes, int8_bytes = _save(fp32, qnet, prefix, record)
     x = np.random.RandomState(0).standard_normal(pre.batch_shape(1)).astype(np.float32)
     f_ms, q_ms = _p50_ms(fp32.predict, x), _p50_ms(run_int8, x)
-    from .devices import detect_host
+    from ..devices import detect_host
 
     host = detect_host()
     warnings = [scheme.warning] if scheme.warning else []
@@ -105,7 +105,7 @@ def _quantize_net(fp32, calib_ds, method, per_channel, progress):
     mx = _lazy.mxnet()
     quantization = _lazy.from_import("mxnet.contrib", "quantization")
 
-    from .runtime import quiet_libraries
+    from ..runtime import quiet_libraries
 
     x, _ = calib_ds.arrays()
     name = fp32.preprocess.input_name
@@ -132,8 +132,8 @@ def _quantize_net(fp32, calib_ds, method, per_channel, progress):
 
 def _save(fp32, qnet, prefix: Path, record: dict) -> tuple[int, int]:
     """Write PREFIX-symbol.json, PREFIX-0000.params and the preprocessing record; return (fp32, int8) bytes."""
-    from .fileio import atomic_path
-    from .preprocess import sidecar_path, sidecar_text
+    from ..fileio import atomic_path
+    from ..preprocess import sidecar_path, sidecar_text
 
     mx = _lazy.mxnet()
 

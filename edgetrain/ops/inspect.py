@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .results import Result
+from ..results import Result
 
 
 @dataclass
@@ -23,9 +23,9 @@ class InspectResult(Result):
 
 def inspect(model_ref: str, data_ref: str | None = None, params: str | None = None,
             input_shape: tuple[int, int, int] | None = None) -> InspectResult:
-    from .data import load_data
-    from .errors import UsageError
-    from .models import load_gluon
+    from ..data import load_data
+    from ..errors import UsageError
+    from ..models import load_gluon
 
     model = load_gluon(model_ref, params=params, input_shape=input_shape)
     n_params = sum(int(p.data().size) for p in model.block.collect_params().values())

@@ -11,14 +11,14 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .calibration import check_symbol_not_quantized, load_calibration, load_validation
-from .errors import UsageError
-from .fileio import check_output_path
-from .int8_scheme import scheme_for
-from .options import QuantizeOptions
+from ..calibration import check_symbol_not_quantized, load_calibration, load_validation
+from ..errors import UsageError
+from ..fileio import check_output_path
+from ..int8_scheme import scheme_for
+from ..options import QuantizeOptions
 from .quantize_mxnet import quantize_mxnet
-from .results import BudgetStep, ProgressFn, QuantizeResult, stage
-from .runtime import current_threads
+from ..results import BudgetStep, ProgressFn, QuantizeResult, stage
+from ..runtime import current_threads
 
 RANKING_SAMPLES = 8    # samples compared activation by activation to rank nodes: every activation is held in memory
 MAX_STEPS = 12
@@ -45,7 +45,7 @@ def quantize(model: str, opts: QuantizeOptions, progress: ProgressFn | None = No
 
 def _fp32_onnx(model: str, workdir: Path, params, input_shape, progress=None):
     """(OnnxModel of the fp32 graph, number of classes, notes) for a Gluon MODEL or an exported .onnx."""
-    from .models import load_onnx, parse_model_ref
+    from ..models import load_onnx, parse_model_ref
 
     ref = parse_model_ref(model, accept_onnx=True)
     notes = []
@@ -59,8 +59,8 @@ def _fp32_onnx(model: str, workdir: Path, params, input_shape, progress=None):
     else:
         if ref.kind == "prefix":
             check_symbol_not_quantized(ref.symbol_file, model)
-        from .export import export_onnx
-        from .models import load_gluon
+        from ..convert import export_onnx
+        from ..models import load_gluon
 
         gluon_model = load_gluon(model, params=params, input_shape=input_shape)
         if gluon_model.random_weights:
@@ -77,7 +77,7 @@ def _fp32_onnx(model: str, workdir: Path, params, input_shape, progress=None):
 
             onnx_model.metadata["edgetrain.preprocess"] = json.dumps(gluon_model.preprocess.to_dict())
             onnx_model.preprocess = gluon_model.preprocess
-    from .quantize_ort import check_not_quantized
+    from ..quantize_ort import check_not_quantized
 
     check_not_quantized(onnx_model.proto, model)
     return onnx_model, _num_classes(onnx_model), notes
@@ -90,7 +90,7 @@ def _num_classes(onnx_model) -> int:
 
 def _check_fits(fp32_path: Path, sample, where: str, threads: int) -> None:
     """Run one preprocessed sample through the fp32 model: calibration data that does not fit fails here."""
-    from .accuracy import onnx_predictor
+    from ..accuracy import onnx_predictor
 
     try:
         onnx_predictor(fp32_path, threads)(sample)
@@ -103,11 +103,11 @@ def _check_fits(fp32_path: Path, sample, where: str, threads: int) -> None:
 def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: int, progress, tmp: Path,
                   profile) -> QuantizeResult:
     calib, val, max_drop, method, samples = opts.calib, opts.val, opts.max_drop, opts.method, opts.samples
-    from .accuracy import onnx_top1
-    from .calibration import calibration_reader, stride_for
-    from .fileio import atomic_path
-    from .int8_sensitivity import rank_nodes
-    from .quantize_ort import Quantizer, prepare, quantized_node_names, set_metadata
+    from ..accuracy import onnx_top1
+    from ..calibration import calibration_reader, stride_for
+    from ..fileio import atomic_path
+    from ..int8_sensitivity import rank_nodes
+    from ..quantize_ort import Quantizer, prepare, quantized_node_names, set_metadata
 
     onnx_model, num_classes, notes = _fp32_onnx(model, tmp, opts.params, opts.input_shape, progress)
     pre = onnx_model.preprocess
@@ -204,8 +204,8 @@ def _search(trial, order: list[str], steps: list[BudgetStep], first: Path, fp32_
 
 
 def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profile, progress=None) -> dict:
-    from .devices import detect_host
-    from .ort_latency import ort_latency
+    from ..devices import detect_host
+    from ..ort_latency import ort_latency
 
     host = detect_host()
     report = progress or (lambda done, total: None)
