@@ -204,6 +204,9 @@ def _ort_session(path: Path, threads: int, arena: bool):
 
     opts = ort_session_options(threads)
     opts.enable_cpu_mem_arena = arena  # the memory plan's choice: off under a tight budget
+    # the feature pass runs the session back to back: letting its workers spin between ops is faster
+    # (the shared default turns spinning off for one-off inferences on a battery)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
@@ -772,6 +775,8 @@ class _HeadJob(_Job):
         self.replaced_head = False
         outputs = head_units(g)
         head = prep["linear"]
+        self.frozen_n = sum(int(v.size) for k, v in template.items()
+                            if k[4:] not in (head["weight"], head["bias"]))
         if outputs != len(self.classes):
             replace_head(g, len(self.classes))
             self.replaced_head = True
@@ -789,8 +794,6 @@ class _HeadJob(_Job):
         if head["bias"]:
             self.head["bias"] = g.arg_params[head["bias"]].copy()
         self.head_names = {"weight": head["weight"], "bias": head["bias"]}
-        self.frozen_n = sum(int(v.size) for v in {**arg, **aux}.values()) - sum(
-            int(np.size(template.get("arg:" + n, ()))) for n in (head["weight"], head["bias"]) if n)
         self.split = SimpleNamespace(frozen=True, feature_shape=tuple(prep["feature_shape"]), cut_name=prep["cut_name"],
                                      trained_input=None)
         self.prep = prep

@@ -49,6 +49,12 @@ def _killed_run(args: list, kill: str, cwd: Path) -> subprocess.CompletedProcess
 _references: dict = {}
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """The head-only path's per-user export cache, kept out of the user's home."""
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "edgetrain-cache"))
+
+
 @pytest.fixture
 def reference(digits_npz, tmp_path_factory):
     def get(model_kind: str, layers: str) -> dict:
