@@ -140,14 +140,13 @@ def load_data(ref: str, pre: Preprocess, where: str = "--data", num_classes: int
         if name not in BUILTINS:
             raise UsageError(f"unknown built-in data set '{name}'", where, "use one of: "
                              + ", ".join(BUILTIN_PREFIX + b for b in BUILTINS))
-        return _load_digits(pre, ref)
-    path = Path(ref)
-    if not path.exists():
+        ds = _load_digits(pre, ref)
+    elif not Path(ref).exists():
         raise UsageError("data not found", ref, "give an image folder, an .npz file or builtin:digits")
-    if path.is_dir():
-        ds = _load_folder(path, pre, where)
-    elif path.suffix.lower() == ".npz":
-        ds = _load_npz(path, pre, where, num_classes, max_bytes)
+    elif Path(ref).is_dir():
+        ds = _load_folder(Path(ref), pre, where)
+    elif Path(ref).suffix.lower() == ".npz":
+        ds = _load_npz(Path(ref), pre, where, num_classes, max_bytes)
     else:
         raise UsageError("unsupported data file", ref, "give an image folder (one sub-folder per class), "
                      "an .npz with 'data' and 'label', or builtin:digits")
@@ -241,15 +240,41 @@ def _load_npz(path: Path, pre: Preprocess, where: str, num_classes: int | None =
 
 
 def default_read_budget() -> int:
-    """Half of the memory available now (MemAvailable), or 2 GiB where that cannot be read."""
+    """Half of the memory this process may still take: the smallest of MemAvailable, the cgroup's
+    memory.max and the address-space limit (RLIMIT_AS); 2 GiB where none can be read."""
+    limits = []
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // 2
+                    limits.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
-    return 2 << 30
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if text.isdigit():
+            limits.append(int(text))
+    except OSError:
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            limits.append(max(0, soft - _vm_size()))
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(limits) // 2 if limits else 2 << 30
+
+
+def _vm_size() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _mb(n: int) -> str:

@@ -79,7 +79,7 @@ def lying_npz(path: Path, claimed_shape=(1000000, 224, 224, 3), real_samples: in
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("data.npy", _npy_header(claimed_shape, "uint8") + bytes(real_samples * 64))
         buf = io.BytesIO()
-        np.save(buf, labels(claimed_shape[0]).astype(np.int64)[:real_samples])
+        np.save(buf, labels(real_samples).astype(np.int64))
         zf.writestr("label.npy", buf.getvalue())
     return path
 
@@ -111,7 +111,7 @@ def corrupt_npz_cases(tmp: Path, good: Path):
         out.append((f"truncated-{cut}", p))
     flipped = bytearray(raw)
     mid = len(raw) // 2
-    flipped[mid:mid + 16] = bytes(16)
+    flipped[mid:mid + 16] = bytes(b ^ 0x5A for b in flipped[mid:mid + 16])
     (tmp / "flip.npz").write_bytes(bytes(flipped))
     out.append(("bitflip", tmp / "flip.npz"))
     (tmp / "text.npz").write_text("hello " * 1000)
@@ -184,7 +184,10 @@ def undecodable_image_cases():
     png = good_png(32, 32)
     idat = png.find(b"IDAT")
     yield "png-truncated-idat", png[: idat + 20]
-    yield "png-header-claims-more-rows", png_bytes(8, 8, claim=(8, 64))
+    bad = bytearray(png)
+    bad[idat + 30:idat + 40] = bytes(10)  # pixel stream damaged: CRC and zlib both fail
+    yield "png-damaged-idat", bytes(bad)
+    yield "png-not-zlib", png_bytes(8, 8)[:41] + b"\x00" * 40
     jpeg = good_jpeg(64, 64)
     yield "jpeg-truncated-half", jpeg[: len(jpeg) // 2]
     yield "jpeg-truncated-tail", jpeg[:-40]
