@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import UsageError
@@ -51,26 +50,17 @@ def validate(data: object, schema: type[M], source: str) -> M:
             fix = "add it"
         else:
             what = f"bad value for '{path}': {err['msg']}"
-            fix = f"got {err.get('input')!r}"
+            import reprlib
+
+            fix = f"got {reprlib.repr(err.get('input'))}"  # bounded: the input may be huge
         raise UsageError(what, source, fix) from None
 
 
 def load_yaml(path: Path, schema: type[M]) -> M:
-    """Read a YAML file and validate it into ``schema``."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError("file not found", str(path), "check the path") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read file: {exc.strerror}", str(path), "check its permissions") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise UsageError(f"not valid YAML: {getattr(exc, 'problem', exc)}", where, "fix the syntax") from None
-    return validate(data, schema, str(path))
+    """Read a YAML file (bounded: regular file, size, UTF-8, nesting, alias expansion) and validate it."""
+    from .fileio import read_yaml
+
+    return validate(read_yaml(Path(path), "file"), schema, str(path))
 
 
 # --- Device profiles (devices/*.yaml) ------------------------------------------------------------

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
-import yaml
 
 from .config import DeviceProfile, load_yaml, validate
+from .fileio import parse_yaml
 from .errors import UsageError
 
 BUNDLED_PACKAGE = "edgetrain._devices"
@@ -40,12 +40,7 @@ def bundled_names() -> list[str]:
 
 def _load_bundled(name: str, entry) -> DeviceProfile:
     source = f"bundled profile devices/{entry.name}"
-    try:
-        data = yaml.safe_load(entry.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:  # a broken bundled file is our bug, but say which file and line
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise UsageError(f"not valid YAML: {getattr(exc, 'problem', exc)}", where, "reinstall edgetrain") from None
+    data = parse_yaml(entry.read_text(encoding="utf-8"), source)  # a broken bundled file says which
     profile = validate(data, DeviceProfile, source)
     if profile.name != name:
         raise UsageError(f"profile name '{profile.name}' differs from its file name", source,

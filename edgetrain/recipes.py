@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import yaml
 
 from .config import Recipe, validate
 from .errors import UsageError
+from .fileio import parse_yaml, read_text_bounded
 
 BUNDLED_PACKAGE = "edgetrain._recipes"
 DEFAULT_RECIPE = "quickstart"
@@ -71,20 +71,12 @@ def read_recipe(name_or_path: str | None, rundir: str | Path | None = None) -> L
         text, source, base = entry.read_text(encoding="utf-8"), f"bundled recipe recipes/{entry.name}", Path.cwd()
     else:
         path = Path(name_or_path)
-        if not path.is_file():
+        if not path.exists():
             raise UsageError(f"recipe not found: {name_or_path}", "RECIPE",
                              f"give a recipe YAML path or one of: {', '.join(sorted(bundled))}")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"cannot read recipe: {exc.strerror}", str(path), "check its permissions") from None
+        text = read_text_bounded(path, "recipe")  # a FIFO, /dev/zero or a huge file is refused, not read
         source, base = str(path), path.resolve().parent
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise UsageError(f"not valid YAML: {getattr(exc, 'problem', exc)}",
-                         f"{source}:{mark.line + 1}" if mark else source, "fix the syntax") from None
+    data = parse_yaml(text, source)  # bounded nesting and alias expansion
     return LoadedRecipe(validate(data, Recipe, source), source, base, text)
 
 
