@@ -217,7 +217,8 @@ def check_outputs(inputs: dict | None = None, outputs: dict | None = None, prefi
     for i, (oopt, opath) in enumerate(outs):
         for iopt, ipath in ins:
             if _same(opath, ipath):
-                raise UsageError(f"{oopt} would overwrite the input {iopt} ({clip(ipath, 120)})", str(opath),
+                also = f" ({clip(ipath, 120)})" if str(ipath) != str(opath) else ""
+                raise UsageError(f"{oopt} would overwrite the input {iopt}{also}", str(opath),
                                  f"write {oopt} to another file")
         for oopt2, opath2 in outs[i + 1:]:
             if oopt2 != oopt and _same(opath, opath2):
@@ -358,3 +359,34 @@ def fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# Which option of a command names an input file and which an output: one table for every command.
+_INPUT_FIELDS = ("data", "calib", "val", "params", "device", "power_log")
+_FINETUNE_FILES = ("model", "metrics.json", "checkpoint.npz")
+
+
+def check_command_outputs(model, opts, json_path: str | None = None) -> None:
+    """``check_outputs`` for a command's parsed options: MODEL and the DATA/--params/--device files are
+    inputs; -o (a file, an int8 PREFIX, or a finetune OUTDIR's files), --report and --json are outputs."""
+    inputs = {"MODEL": model}
+    for name in _INPUT_FIELDS:
+        value = getattr(opts, name, None)
+        if isinstance(value, (str, Path)):
+            inputs[f"--{name.replace('_', '-')}"] = value
+    outputs, prefixes = {}, []
+    output = getattr(opts, "output", None)
+    if output is not None and hasattr(opts, "calib") and getattr(opts, "backend", None) == "mxnet":
+        prefixes.append("-o")  # quantize --backend mxnet writes a PREFIX
+    if isinstance(output, str):  # quantize / export: the model written
+        outputs["-o"] = output
+    out_dir = getattr(opts, "out", None)
+    if isinstance(out_dir, str) and hasattr(opts, "epochs"):  # finetune OUTDIR
+        for name in _FINETUNE_FILES:
+            outputs[f"-o {name}"] = str(Path(out_dir) / name)
+        prefixes.append("-o model")
+    report = getattr(opts, "report", None)
+    if isinstance(report, str):
+        outputs["--report"] = report
+    outputs["--json"] = json_path
+    check_outputs(inputs, outputs, prefix_outputs=tuple(prefixes))

@@ -6,6 +6,7 @@ from collections import Counter
 import click
 
 from ..options import ExportOptions
+from ..fileio import check_command_outputs
 from .common import finish, json_option, quiet, say, setup
 from .options import declared_options, parse
 from .render import ProgressLine
@@ -21,6 +22,7 @@ def export(model, json_path, **values):
     file is still written). With --device it ends with the energy-budget report of `edgetrain profile`
     for the exported model (exit 3 if over --budget-mj or the peak memory does not fit)."""
     opts = parse(ExportOptions, values)
+    check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
     setup(opts)
     from ..ops.export import export as run
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from ..options import FinetuneOptions
+from ..fileio import check_command_outputs
 from .common import finish, json_option, quiet, say, setup
 from .options import declared_options, parse
 from .render import ProgressLine
@@ -20,6 +21,7 @@ def finetune(model, json_path, **values):
     OUTDIR/checkpoint.npz. Exit 3 when the run's peak RSS went over the budget (outputs are kept).
     """
     opts = parse(FinetuneOptions, values)
+    check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
     setup(opts)
     from ..finetune import finetune as run
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from ..options import InspectOptions
+from ..fileio import check_command_outputs
 from .common import finish, json_option, say, setup
 from .options import declared_options, parse
 
@@ -15,6 +16,7 @@ from .options import declared_options, parse
 def inspect(model, json_path, **values):
     """Load MODEL (and DATA) exactly as the other commands would, and describe them."""
     opts = parse(InspectOptions, values)
+    check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
     setup(opts)
     from ..ops.inspect import inspect as run
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from ..options import ProfileOptions
+from ..fileio import check_command_outputs
 from .common import finish, json_option, quiet, say, setup
 from .options import declared_options, parse
 from .render import ProgressLine
@@ -29,6 +30,7 @@ def profile(model, json_path, **values):
     from ..report import check_report_path, write_report
 
     opts = parse(ProfileOptions, values)
+    check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
     setup(opts)
     if opts.report:
         check_report_path(Path(opts.report))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from ..options import QuantizeOptions
+from ..fileio import check_command_outputs
 from .common import finish, json_option, quiet, say, setup
 from .options import declared_options, parse
 from .render import ProgressLine
@@ -21,6 +22,7 @@ def quantize(model, json_path, **values):
     the best model is written and the exit code is 3.
     """
     opts = parse(QuantizeOptions, values)
+    check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
     setup(opts)
     from ..ops.quantize import quantize as run
 
