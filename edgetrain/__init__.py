@@ -16,7 +16,7 @@ _API = {
     "Preprocess": "preprocess",
     "load_gluon": "models", "load_onnx": "models", "save_prefix": "models", "parse_model_ref": "models",
     "load_data": "data", "Dataset": "data",
-    "load_device": "devices", "list_profiles": "devices", "detect_host": "devices",
+    "load_device": "devices", "list_profiles": "devices", "detect_host": "host",
     "QuantizeOptions": "options", "ExportOptions": "options", "FinetuneOptions": "options",
     "ProfileOptions": "options",
     "Result": "results", "QuantizeResult": "results", "ExportResult": "results", "Progress": "results",

@@ -7,6 +7,7 @@ The parent imports none of them.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -18,13 +19,29 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _lazy
 from . import runtime
 from .compat import armpl
+from .host import read_cpuinfo
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 NOTHING = "nothing to do"
-PIP_PINS = '"mxnet==1.9.1" "numpy<1.24"'
+MXNET_PIN = "mxnet==1.9.1"
+NUMPY_MIN = (1, 23, 5)
+SUPPORTED_PYTHON = ((3, 11), (3, 12), (3, 13))
+# mxnet installed without its dependencies: its metadata pins numpy<2.0, which has no wheels for Python >=
+# 3.12; it needs none of them to import (requests and graphviz are optional, numpy is edgetrain's own).
+PIP_MXNET = [sys.executable, "-m", "pip", "install", "--no-deps", MXNET_PIN]
+# Debian packages that provide the system libraries the mxnet wheels link (and do not bundle).
+SYSTEM_PACKAGES = {
+    "libgomp.so.1": "libgomp1", "libquadmath.so.0": "libquadmath0", "libgfortran.so.5": "libgfortran5",
+    "libopenblas.so.0": "libopenblas0-openmp", "liblapacke.so.3": "liblapacke",
+    "libstdc++.so.6": "libstdc++6", "libgcc_s.so.1": "libgcc-s1",
+}
+# What each wheel links from the system, for when mxnet is not installed yet to read it from (1.9.1).
+WHEEL_SYSTEM_LIBS = {
+    "x86_64": ("libgomp.so.1", "libquadmath.so.0"),
+    "aarch64": ("libgomp.so.1", "libopenblas.so.0", "liblapacke.so.3"),
+}
 # Under QEMU a child importing mxnet takes tens of seconds; on a Pi Zero 2 W about as long.
 PROBE_TIMEOUT = float(os.environ.get("EDGETRAIN_DOCTOR_TIMEOUT", "600"))
 
@@ -47,12 +64,19 @@ def done():
     sys.exit(0)
 t0 = time.time()
 try:
+    from edgetrain import _lazy   # the one door: thread cap, numpy/Python compatibility, no telemetry
     if name == "numpy":
         import numpy
         out["version"] = numpy.__version__
         out["file"] = numpy.__file__
     elif name == "mxnet":
-        mx = _lazy.mxnet()
+        from edgetrain.compat import numpy_names
+        try:
+            mx = _lazy.mxnet()
+        finally:
+            if numpy_names.applied() is not None:
+                out["compat"] = numpy_names.applied().to_dict()
+                out["compat_text"] = numpy_names.applied().describe()
         out["version"] = mx.__version__
         out["file"] = mx.__file__
         out["import_s"] = round(time.time() - t0, 2)
@@ -107,6 +131,7 @@ try:
             (got,) = sess.run(None, {"a": a, "b": b})
             out["matmul_max_abs_err"] = float(np.abs(got - a.dot(b)).max())
 except BaseException as exc:
+    exc = exc.__cause__ or exc   # edgetrain's one-line error keeps the library's own as its cause
     out["error_type"] = type(exc).__name__
     out["error"] = str(exc)
 out["seconds"] = round(time.time() - t0, 2)
@@ -222,24 +247,65 @@ def check_python() -> Check:
     v = sys.version_info
     text = platform.python_version()
     details = {"version": text, "executable": sys.executable}
-    if (v.major, v.minor) == (3, 11):
+    if (v.major, v.minor) in SUPPORTED_PYTHON:
         return Check("python", OK, f"Python {text}", details=details)
     return Check("python", FAIL,
-                 f"Python {text}: edgetrain needs 3.11 (mxnet 1.9.1 needs numpy<1.24, which has no wheels "
-                 "for 3.12+)", "install Python 3.11 (Raspberry Pi OS / Debian bookworm ship it) and reinstall "
-                 "edgetrain in a 3.11 venv", details)
+                 f"Python {text}: edgetrain supports 3.11 to 3.13 (mxnet 1.9.1 is not tested on others)",
+                 "install Python 3.13 (Raspberry Pi OS / Debian trixie) or 3.11 (bookworm) and reinstall "
+                 "edgetrain in a venv of it", details)
 
 
 def check_numpy(result: dict) -> Check:
     if "error" in result:
         return Check("numpy", FAIL, f"numpy does not import: {result['error_type']}: {result['error']}",
-                     f"pip install {PIP_PINS.split()[1]}", result)
+                     'pip install --force-reinstall "numpy>=1.23.5"', result)
     version = result.get("version", "?")
     details = {"version": version, "file": result.get("file")}
-    if _version_tuple(version) >= (1, 24):
-        return Check("numpy", FAIL, f"numpy {version} is too new: mxnet 1.9.1 uses np.bool, removed in 1.24",
-                     'pip install "numpy<1.24"', details)
-    return Check("numpy", OK, f"numpy {version} (< 1.24, as mxnet 1.9.1 needs)", details=details)
+    if _version_tuple(version) < NUMPY_MIN:
+        return Check("numpy", FAIL, f"numpy {version} is older than edgetrain supports (1.23.5 to 2.x)",
+                     'pip install "numpy>=1.23.5"', details)
+    return Check("numpy", OK, f"numpy {version} (edgetrain supports 1.23.5 to 2.x; what mxnet 1.9.1 reads "
+                 "and newer numpy removed is restored for mxnet alone: see mxnet-compat)", details=details)
+
+
+def check_compat(result: dict) -> Check:
+    """Which compatibility the mxnet door applied for this numpy and Python (informative)."""
+    compat = result.get("compat")
+    if compat is None:
+        return Check("mxnet-compat", WARN, "not known: the mxnet probe did not reach the compatibility layer",
+                     "see mxnet-import", details={})
+    return Check("mxnet-compat", OK, result.get("compat_text") or "applied", details=compat)
+
+
+def check_system_libs(machine: str, libmxnet: Path | None, lib_dirs: list[Path] | None = None,
+                      use_cache: bool = True) -> Check:
+    """The system libraries the mxnet wheel links and does not bundle, with the apt line when missing."""
+    arch = "aarch64" if machine in ("aarch64", "arm64") else machine
+    bundled: set[str] = set()
+    if libmxnet is not None and libmxnet.exists():
+        wanted: list[str] = []
+        for lib in [libmxnet, *sorted(libmxnet.parent.glob("*.so*"))]:
+            bundled.add(lib.name)
+            try:
+                wanted += [n for n in armpl.elf_needed(lib) if n not in wanted]
+            except (OSError, ValueError):
+                continue
+        source = "read from the wheel's libraries"
+    else:
+        wanted = list(WHEEL_SYSTEM_LIBS.get(arch, ()))
+        source = "what the mxnet 1.9.1 wheel links; mxnet is not installed yet"
+    checked = [n for n in wanted if n in SYSTEM_PACKAGES and n not in bundled]
+    missing = [n for n in checked if armpl.locate(n, lib_dirs, use_cache) is None]
+    details = {"checked": checked, "missing": missing, "source": source}
+    if not missing:
+        return Check("system-libs", OK, f"{', '.join(checked) or 'none needed'} found ({source})",
+                     details=details)
+    packages = sorted({SYSTEM_PACKAGES[n] for n in missing})
+    details["packages"] = packages
+    sudo = "" if os.geteuid() == 0 else "sudo "
+    return Check("system-libs", FAIL, f"the mxnet wheel needs {', '.join(missing)}, not installed "
+                 f"(Debian/Raspberry Pi OS packages {', '.join(packages)})",
+                 f"{sudo}apt-get install -y {' '.join(packages)}", details)
 
 
 def check_armpl(machine: str, libmxnet: Path | None) -> tuple[Check, armpl.Plan | None]:
@@ -249,7 +315,7 @@ def check_armpl(machine: str, libmxnet: Path | None) -> tuple[Check, armpl.Plan 
                      details={"applicable": False}), None
     if libmxnet is None:
         return Check(name, WARN, "mxnet is not installed, so its libraries cannot be checked",
-                     f"pip install {PIP_PINS}", {"applicable": True}), None
+                     "edgetrain doctor --fix", {"applicable": True}), None
     p = armpl.plan(libmxnet)
     details = {"applicable": True, **p.to_dict()}
     if p.ok:
@@ -280,7 +346,9 @@ def check_mxnet(result: dict, libmxnet: Path | None, machine: str) -> list[Check
     if "error" in result:
         err = f"{result['error_type']}: {result['error']}"
         if result["error_type"] == "ModuleNotFoundError" and libmxnet is None:
-            fail = Check("mxnet-import", FAIL, "mxnet is not installed", f"pip install {PIP_PINS}", result)
+            fail = Check("mxnet-import", FAIL, "mxnet is not installed (on Python >= 3.12 pip cannot install "
+                         "it with the numpy<2 pin in its metadata, so edgetrain installs it without)",
+                         "edgetrain doctor --fix (runs: pip install --no-deps mxnet==1.9.1)", result)
         else:
             missing = sorted(set(_MISSING_LIB.findall(result["error"])) |
                              set(ldd_missing(libmxnet) if libmxnet else []))
@@ -292,7 +360,7 @@ def check_mxnet(result: dict, libmxnet: Path | None, machine: str) -> list[Check
                        else f"install the package that provides {', '.join(missing)}")
             else:
                 message = f"mxnet does not import ({err})"
-                fix = f"reinstall: pip install --force-reinstall {PIP_PINS}"
+                fix = "reinstall: pip install --force-reinstall --no-deps mxnet==1.9.1"
             fail = Check("mxnet-import", FAIL, message, fix, details)
         return [fail, Check("mxnet-compute", FAIL, "not run: mxnet does not import", fail.fix)]
     version = result.get("version", "?")
@@ -305,7 +373,7 @@ def check_mxnet(result: dict, libmxnet: Path | None, machine: str) -> list[Check
     details = {"dot_max_abs_err": dot, "potrf_max_abs_err": potrf, "tolerance": 1e-3}
     if dot is None or potrf is None:
         comp = Check("mxnet-compute", FAIL, "mxnet imported but the compute check did not run",
-                     f"reinstall: pip install --force-reinstall {PIP_PINS}", details)
+                     "reinstall: pip install --force-reinstall --no-deps mxnet==1.9.1", details)
     elif dot <= 1e-3 and potrf <= 1e-3:
         comp = Check("mxnet-compute", OK, f"dot (BLAS) and potrf (LAPACK) match numpy (max abs error "
                      f"{max(dot, potrf):.1e})", details=details)
@@ -364,27 +432,6 @@ def check_threads() -> Check:
     return Check("threads", OK, f"{where}; {set_vars}", details=details)
 
 
-def read_cpuinfo(path: str = "/proc/cpuinfo") -> dict:
-    info: dict = {"flags": [], "model": None, "processors": 0}
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return info
-    for line in text.splitlines():
-        if ":" not in line:
-            continue
-        key, value = (s.strip() for s in line.split(":", 1))
-        if key == "processor":
-            info["processors"] += 1
-        elif key in ("flags", "Features") and not info["flags"]:
-            info["flags"] = value.split()
-        elif key in ("model name", "Model", "Hardware") and not info["model"]:
-            info["model"] = value
-        elif key == "CPU part" and "cpu_part" not in info:
-            info["cpu_part"] = value
-    return info
-
-
 def check_isa(machine: str) -> Check:
     info = read_cpuinfo()
     flags = set(info["flags"])
@@ -412,7 +459,7 @@ def check_isa(machine: str) -> Check:
 def _emulated() -> bool:
     """A cheap guess used only to word a fix: is an aarch64 Python running on an x86 kernel via QEMU?"""
     try:
-        from .devices import detect_host  # written alongside; optional here
+        from .host import detect_host  # written alongside; optional here
         return bool(detect_host().emulated)
     except Exception:
         return False
@@ -434,6 +481,12 @@ def run_checks(fix: bool = False, progress=None) -> DoctorReport:
     report.checks.append(check_numpy(probe("numpy")))
 
     libmxnet = armpl.find_libmxnet()
+    if fix and not _mxnet_installed():
+        say("installing mxnet")
+        report.fixed.append(install_mxnet())
+        libmxnet = armpl.find_libmxnet()
+    say("system-libs")
+    report.checks.append(check_system_libs(machine, libmxnet))
     say("aarch64-armpl")
     armpl_check, p = check_armpl(machine, libmxnet)
     if fix and p is not None and p.fixable:
@@ -450,7 +503,9 @@ def run_checks(fix: bool = False, progress=None) -> DoctorReport:
     report.checks.append(armpl_check)
 
     say("mxnet")
-    report.checks += check_mxnet(probe("mxnet"), libmxnet, machine)
+    mx_result = probe("mxnet")
+    report.checks += check_mxnet(mx_result, libmxnet, machine)
+    report.checks.append(check_compat(mx_result))
     say("onnx")
     report.checks.append(check_onnx(probe("onnx")))
     say("onnxruntime")
@@ -469,6 +524,27 @@ def run_checks(fix: bool = False, progress=None) -> DoctorReport:
     return report
 
 
+def _mxnet_installed() -> bool:
+    try:
+        return importlib.util.find_spec("mxnet") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def install_mxnet() -> dict:
+    """``pip install --no-deps mxnet==1.9.1`` into this interpreter's environment (doctor --fix).
+
+    Without its dependencies because its metadata pins numpy<2.0, which pip cannot satisfy on Python >=
+    3.12 (no wheels) and which would downgrade a numpy 2 that other packages need.
+    """
+    proc = subprocess.run(PIP_MXNET, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=PROBE_TIMEOUT)
+    tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1][:300]
+    importlib.invalidate_caches()
+    return {"action": "pip", "command": "pip install --no-deps " + MXNET_PIN, "exit_code": proc.returncode,
+            "message": tail}
+
+
 def render(report: DoctorReport) -> str:
     """The human report: one line per check, a fix line under each that is not ok."""
     lines = [f"edgetrain doctor: Python {platform.python_version()} on {report.machine} "
@@ -478,7 +554,10 @@ def render(report: DoctorReport) -> str:
         if c.status != OK:
             lines.append(f"        {'':<14} fix: {c.fix}")
     for action in report.fixed:
-        lines.append(f"  fixed: {action['path']} -> {action['target']}")
+        if action.get("action") == "pip":
+            lines.append(f"  fixed: {action['command']} (exit {action['exit_code']})")
+        else:
+            lines.append(f"  fixed: {action['path']} -> {action['target']}")
     n = report.counts()
     verdict = "healthy" if report.healthy else "NOT healthy"
     lines.append(f"{verdict}: {n[OK]} ok, {n[WARN]} warning(s), {n[FAIL]} failed")

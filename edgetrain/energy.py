@@ -430,7 +430,7 @@ def measure_energy(profile=None, threads: int | None = None, power_log=None):
 
 
 def _on_device(profile) -> bool:
-    from .devices import detect_host
+    from .host import detect_host
 
     try:
         return detect_host().matches(profile)

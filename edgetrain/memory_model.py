@@ -10,7 +10,7 @@ Weights and activations come from the graph: ONNX shape inference for .onnx file
 MXNet symbols. The coefficients are the model's only fitted numbers: least squares over the VmHWM of
 Gluon model-zoo networks (1.8 MB to 507 MB of weights, 224x224, batch 1, 1 thread) measured by
 edgetrain.profile_child on x86-64 with onnxruntime 1.32 and mxnet 1.9.1, rounded.
-tools/memory_prediction.py re-measures and prints how well they hold.
+tests/test_acceptance.py re-measures them and fails when a prediction is off by more than 20%.
 """
 from __future__ import annotations
 

@@ -121,12 +121,12 @@ def _opset(value: int) -> int:
 MemoryMB = Annotated[Optional[float], BeforeValidator(_reraise(parse_megabytes))]
 InputShape = Annotated[Optional[tuple[int, int, int]], BeforeValidator(_reraise(_shape))]
 TrainLayers = Annotated[str, AfterValidator(_reraise(_train_layers))]
-RatePerHour = Annotated[Optional[float], BeforeValidator(_reraise(_rate)), Field(gt=0)]
+RatePerHour = Annotated[Optional[Annotated[float, Field(gt=0)]], BeforeValidator(_reraise(_rate))]
 ThreadList = Annotated[Optional[list[int]], BeforeValidator(_reraise(lambda v: None if v is None else parse_threads(v)))]
 Opset = Annotated[int, AfterValidator(_opset)]
-Threads = Annotated[Optional[int], Field(ge=1, le=MAX_THREADS)]
-Positive = Annotated[Optional[float], Field(gt=0, allow_inf_nan=False)]
-NonNegative = Annotated[Optional[float], Field(ge=0, allow_inf_nan=False)]
+Threads = Optional[Annotated[int, Field(ge=1, le=MAX_THREADS)]]
+Positive = Optional[Annotated[float, Field(gt=0, allow_inf_nan=False)]]
+NonNegative = Optional[Annotated[float, Field(ge=0, allow_inf_nan=False)]]
 
 
 class Options(BaseModel):
@@ -234,7 +234,7 @@ class QuantizeOptions(ModelOptions):
     method: Literal["minmax", "entropy", "percentile"] = opt("minmax", help="How activation ranges are calibrated.")
     samples: Annotated[int, Field(ge=1)] = opt(300, help="Calibration samples (fewer if --calib has fewer).")
     per_channel: bool = opt(True, flag="--per-channel/--per-tensor", help="Weight scales per output channel.")
-    max_fp32_nodes: Annotated[Optional[int], Field(ge=0)] = opt(
+    max_fp32_nodes: Optional[Annotated[int, Field(ge=0)]] = opt(
         None, metavar="N", help="Most nodes the accuracy search may keep in fp32 (default: half of them; 0: all int8).")
     backend: Literal["onnxruntime", "mxnet"] = opt(
         "onnxruntime", help="onnxruntime: portable QDQ .onnx; mxnet: MXNet oneDNN int8 PREFIX (not exportable to ONNX).")
@@ -258,7 +258,7 @@ class FinetuneOptions(ModelOptions):
     out: str = opt(metavar="OUTDIR", short="-o", recipe=False,
                    help="Folder for the model (OUTDIR/model), metrics.json and the checkpoint.")
     val: Optional[str] = opt(None, metavar="DATA", recipe=False, help="Held-out data to report accuracy on.")
-    val_split: Annotated[Optional[float], Field(gt=0, lt=1)] = opt(
+    val_split: Optional[Annotated[float, Field(gt=0, lt=1)]] = opt(
         None, metavar="F", recipe=False,
         help="Hold out this fraction of DATA (stratified) for accuracy; default 0.2 unless --val.")
     epochs: Annotated[int, Field(ge=1)] = opt(10, help="Passes over the training data.")

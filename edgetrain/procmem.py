@@ -23,15 +23,6 @@ def rss_mb(pid: int | None = None) -> float | None:
 
 
 def peak_rss_mb(pid: int | None = None) -> float | None:
-    """Peak resident set size (VmHWM) in MiB since the process started or the last reset."""
+    """Peak resident set size (VmHWM) in MiB since the process started."""
     kb = _status_kb("VmHWM", Path(f"/proc/{pid}/status") if pid else _STATUS)
     return kb / 1024 if kb is not None else None
-
-
-def reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs). False if not permitted."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False

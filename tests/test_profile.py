@@ -84,7 +84,7 @@ def test_estimate_is_never_presented_as_a_measurement(swept):
 
 
 def test_matching_host_is_measured(onnx_file, tmp_path):
-    from edgetrain.devices import detect_host
+    from edgetrain.host import detect_host
 
     host = detect_host()
     path = user_profile(tmp_path, name="this-host", arch=host.arch, cores=host.cores_usable, ram_mb=host.ram_mb,
@@ -95,15 +95,23 @@ def test_matching_host_is_measured(onnx_file, tmp_path):
     assert res.verdict["memory"]["provenance"] == ("estimated" if host.emulated else "measured")
 
 
-def test_reference_latency_scales_the_host_measurement(onnx_file, tmp_path):
-    ref = {"model": "edgetrain.nets:digits_cnn", "input": 16, "threads": 1, "runtime": "mxnet",
+@pytest.mark.parametrize("threads", [1, 2])
+def test_reference_latency_scales_the_host_measurement(onnx_file, tmp_path, threads):
+    ref = {"model": "edgetrain.nets:digits_cnn", "input": 16, "threads": threads, "runtime": "mxnet",
            "latency_ms": 50.0, "source": "a made-up figure for the test, 50 ms on the board"}
     path = user_profile(tmp_path, name="slowboard", speed={"method": "reference_latency", "reference": ref})
-    res = profile(str(onnx_file), device=str(path), threads="1", **FAST)
+    res = profile(str(onnx_file), device=str(path), threads=str(threads), **FAST)
     lat = res.verdict["latency"]
     assert lat["provenance"] == "estimated"
-    assert lat["factor"] == pytest.approx(50.0 / lat["reference"]["host_ms"])
-    assert lat["p50_ms"] == pytest.approx(lat["host_p50_ms"] * lat["factor"])
+    if threads == 1:  # CPU time on both sides: a busy host does not stretch the estimate
+        cpu = res.configs[0]["cpu_latency"]
+        assert lat["basis"] == "cpu_time" and "CPU time" in lat["source"]
+        assert lat["factor"] == pytest.approx(50.0 / lat["reference"]["host_cpu_ms"])
+        assert lat["p50_ms"] == pytest.approx(cpu["p50_ms"] * lat["factor"])
+    else:  # several threads' CPU time is not a latency: wall clock on both sides
+        assert lat["basis"] == "wall_clock"
+        assert lat["factor"] == pytest.approx(50.0 / lat["reference"]["host_ms"])
+        assert lat["p50_ms"] == pytest.approx(lat["host_p50_ms"] * lat["factor"])
     assert "50.0 ms" in lat["source"] and "mxnet" in lat["reference"]["host_runtime"]
 
 
@@ -172,7 +180,8 @@ def test_fixed_batch_or_shape_mismatch_is_a_usage_error(tmp_path):
 
 
 def test_timings_under_emulation_are_labelled_emulated_and_not_scaled(swept):
-    from edgetrain.devices import HostInfo, load_device
+    from edgetrain.devices import load_device
+    from edgetrain.host import HostInfo
     from edgetrain.profile import _latency_verdict, _timing_label
 
     host = HostInfo(arch="aarch64", cores_logical=4, cores_usable=4, ram_mb=4096, cpu="Cortex-A72", isa={},

@@ -9,18 +9,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clitools import run_edgetrain
 from edgetrain.errors import UsageError
 
-REPO = Path(__file__).resolve().parents[1]
-
-
 def trained_digits_dir(tmp_path_factory) -> Path:
-    """digits_cnn trained on builtin:digits by tools/train_digits_cnn.py (a child process), once per session."""
+    """digits_cnn trained on 70% of builtin:digits by `edgetrain finetune --train-layers all` (a child
+    process, as a user would), once per session: OUT/model, calib.npz (the training split as raw 8x8
+    pixels in [0, 1]) and val.npz (the held-out 30%, never trained on)."""
     out = tmp_path_factory.getbasetemp() / "trained_digits"
-    if not (out / "val.npz").exists():
-        proc = subprocess.run([sys.executable, str(REPO / "tools" / "train_digits_cnn.py"), str(out)],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
+    if not (out / "model-symbol.json").exists():
+        from edgetrain.data import load_data
+        from edgetrain.preprocess import Preprocess
+
+        out.mkdir(parents=True, exist_ok=True)
+        raw = load_data("builtin:digits", Preprocess((1, 8, 8), mean=(0.0,), std=(1.0,))).split(0.3, 0)
+        for name, split in (("calib", raw[0]), ("val", raw[1])):
+            x, y = split.arrays()
+            np.savez(out / f"{name}.npz", data=x[:, 0], label=y)
+        res = run_edgetrain("finetune", "edgetrain.nets:digits_cnn", "--data", out / "calib.npz", "--val",
+                            out / "val.npz", "--train-layers", "all", "--epochs", "12", "--threads", "1",
+                            "-o", out / "run")
+        assert res.code == 0, res.err[-3000:]
+        for f in (out / "run").glob("model*"):
+            f.rename(out / f.name.replace("model", "digits10", 1))
     return out
 
 

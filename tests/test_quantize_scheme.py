@@ -31,7 +31,7 @@ def test_arm_boards_get_s8s8_and_a_warning_without_dot_product(name, warns):
 
 
 def test_without_a_device_the_host_decides():
-    from edgetrain.devices import detect_host
+    from edgetrain.host import detect_host
 
     host = detect_host()
     s = scheme_for(None, host=host)

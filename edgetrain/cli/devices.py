@@ -87,7 +87,8 @@ def show(name_or_path, json_path):
 @json_option
 def host(json_path):
     """This machine: arch, cores, RAM, CPU, int8 features, and the bundled profile it matches."""
-    from ..devices import detect_host, match_profile
+    from ..devices import match_profile
+    from ..host import detect_host
 
     h = detect_host()
     match = match_profile(h)

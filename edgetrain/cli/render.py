@@ -35,7 +35,7 @@ class ProgressLine:
         self._line(self.text(ev), final=ev.final or (ev.total is not None and ev.done == ev.total))
 
     def text(self, ev: Progress) -> str:
-        parts = [ev.stage]
+        parts = [] if ev.stage in ev.metrics else [ev.stage]
         if ev.total:
             t0 = self.started.setdefault(ev.stage, time.monotonic())
             fill = int(30 * (ev.done or 0) / ev.total)

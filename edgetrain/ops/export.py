@@ -25,7 +25,8 @@ from ..errors import RunFailed, UsageError
 from ..models import load_gluon
 from ..options import DEFAULT_OPSET, ExportOptions, ProfileOptions
 from ..results import ExportResult, ProgressFn, report
-from ..runtime import current_threads, ort_session
+from ..runners import OrtRunner
+from ..runtime import current_threads
 
 FP32_TOLERANCE = (1e-4, 1e-3)  # atol, rtol
 FP16_TOLERANCE = (1e-2, 1e-2)  # fp16 keeps ~3 significant digits
@@ -72,7 +73,7 @@ def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = No
     out_names = [o.name for o in proto.graph.output]
     for what, x in batches:
         expected.append(_gluon_outputs(model, x, out_names))
-        actual.append(_ort_outputs(session, model.preprocess.input_name, x, out_names, model.ref.text))
+        actual.append(_ort_outputs(session, x, out_names, model.ref.text))
         described.append({"source": what, "batch": int(x.shape[0])})
     comparison: Comparison = _compare(expected, actual, atol, rtol)
     comparison.batches = len(batches)
@@ -116,9 +117,9 @@ def _energy_budget(path: Path, profile, threads: int, battery_wh, rate, budget_m
             "memory": pr.verdict.get("memory"), "report": pr.energy, "failed_checks": pr.failed_checks}
 
 
-def _session(blob: bytes, threads: int, where: str):
+def _session(blob: bytes, threads: int, where: str) -> OrtRunner:
     try:
-        return ort_session(blob, threads)
+        return OrtRunner(blob, threads)
     except Exception as exc:
         raise RunFailed(f"ONNX Runtime refused the exported model: {str(exc).splitlines()[0][:300]}", where,
                         "report this with the model; EDGETRAIN_DEBUG=1 shows the details") from exc
@@ -161,9 +162,9 @@ def _gluon_outputs(model, x: np.ndarray, names: list[str]) -> dict:
     return {n: o.asnumpy() for n, o in zip(names, outs)}
 
 
-def _ort_outputs(session, input_name: str, x: np.ndarray, names: list[str], where: str) -> dict:
+def _ort_outputs(runner: OrtRunner, x: np.ndarray, names: list[str], where: str) -> dict:
     try:
-        res = session.run(names, {input_name: x})
+        res = runner.run(x, names)
     except Exception as exc:
         raise RunFailed(f"ONNX Runtime failed to run the exported model: {str(exc).splitlines()[0][:300]}", where,
                         "report this with the model; EDGETRAIN_DEBUG=1 shows the details") from exc

@@ -8,7 +8,6 @@ is always written; the result's ``failed_checks`` say whether it is within budge
 """
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from ..calibration import check_symbol_not_quantized, load_calibration, load_validation
@@ -16,9 +15,11 @@ from ..errors import UsageError
 from ..fileio import check_output_path
 from ..int8_scheme import scheme_for
 from ..options import QuantizeOptions
+from ..runners import OrtRunner
 from .quantize_mxnet import quantize_mxnet
 from ..results import BudgetStep, ProgressFn, QuantizeResult, stage
 from ..runtime import current_threads
+from ..fileio import temp_dir
 
 RANKING_SAMPLES = 8    # samples compared activation by activation to rank nodes: every activation is held in memory
 MAX_STEPS = 12
@@ -39,7 +40,7 @@ def quantize(model: str, opts: QuantizeOptions, progress: ProgressFn | None = No
     if output.suffix.lower() != ".onnx":
         raise UsageError("the onnxruntime backend writes an .onnx file", str(output), "name the output *.onnx")
     check_output_path(output, "-o")
-    with tempfile.TemporaryDirectory(prefix="edgetrain-quantize-") as tmp:
+    with temp_dir("quantize") as tmp:  # PID-named: a SIGKILLed run's is removed next time
         return _quantize_ort(model, opts, output, scheme, threads, progress, Path(tmp), profile)
 
 
@@ -90,10 +91,8 @@ def _num_classes(onnx_model) -> int:
 
 def _check_fits(fp32_path: Path, sample, where: str, threads: int) -> None:
     """Run one preprocessed sample through the fp32 model: calibration data that does not fit fails here."""
-    from ..accuracy import onnx_predictor
-
     try:
-        onnx_predictor(fp32_path, threads)(sample)
+        OrtRunner(fp32_path, threads).infer(sample)
     except Exception as exc:  # ORT raises InvalidArgument / Fail with a long message
         first = str(exc).splitlines()[0][:200]
         raise UsageError(f"samples of shape {','.join(map(str, sample.shape))} do not fit the model input: {first}",
@@ -204,15 +203,13 @@ def _search(trial, order: list[str], steps: list[BudgetStep], first: Path, fp32_
 
 
 def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profile, progress=None) -> dict:
-    from ..devices import detect_host
-    from ..ort_latency import ort_latency
-
+    from ..host import detect_host
     host = detect_host()
     report = progress or (lambda done, total: None)
     report(0, 2)
-    fp32 = ort_latency(fp32_path, batch_shape, threads)
+    fp32 = OrtRunner(fp32_path, threads).time(batch_shape=batch_shape)
     report(1, 2)
-    int8 = ort_latency(int8_path, batch_shape, threads)
+    int8 = OrtRunner(int8_path, threads).time(batch_shape=batch_shape)
     report(2, 2)
     if profile is not None and host.matches(profile):
         where = f"this host ({host.cpu}), which matches {profile.name}"

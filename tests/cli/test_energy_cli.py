@@ -22,7 +22,7 @@ def onnx_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def this_host(tmp_path_factory):
     """A device profile that matches this machine: what is measured here is measured on the device."""
-    from edgetrain.devices import detect_host
+    from edgetrain.host import detect_host
 
     host = detect_host()
     return user_profile(tmp_path_factory.mktemp("dev"), name="this-board", arch=host.arch, cores=host.cores_usable,
