@@ -332,18 +332,24 @@ class _quiet_warnings:
 
 
 def save_prefix(model: GluonModel, prefix: str | Path, extra: dict | None = None) -> dict[str, Path]:
-    """Write ``PREFIX-symbol.json``, ``PREFIX-0000.params`` and the preprocessing record, each atomically."""
-    import tempfile
-
-    from .fileio import atomic_path, check_output_path
+    """Write ``PREFIX-symbol.json``, ``PREFIX-0000.params`` and the preprocessing record, each atomically.
+    A full disk is a one-line error and leaves the old files (if any) as they were."""
+    from .fileio import atomic_path, check_output_path, disk_full_error, is_disk_full, temp_dir
 
     prefix = Path(prefix)
     check_output_path(Path(f"{prefix}-symbol.json"), "model")
-    with tempfile.TemporaryDirectory(dir=prefix.parent, prefix=f".{prefix.name}.") as tmp:
+    with temp_dir("save", dir=prefix.parent) as tmp:  # PID-named: a SIGKILLed save's is removed next time
         tmp_prefix = Path(tmp) / "model"
         model.block.hybridize()
         model.predict(np.zeros(model.preprocess.batch_shape(1), dtype="float32"))
-        model.block.export(str(tmp_prefix), epoch=0)
+        try:
+            model.block.export(str(tmp_prefix), epoch=0)
+        except Exception as exc:  # MXNet reports a failed write as MXNetError, not OSError
+            import shutil
+
+            if is_disk_full(exc) or shutil.disk_usage(tmp).free < (1 << 20):
+                raise disk_full_error(OSError(28, "No space left on device"), prefix, "model") from None
+            raise
         out = {"symbol": Path(f"{prefix}-symbol.json"), "params": Path(f"{prefix}-0000.params"),
                "preprocess": sidecar_path(prefix)}
         for key, src in (("symbol", Path(f"{tmp_prefix}-symbol.json")), ("params", Path(f"{tmp_prefix}-0000.params"))):

@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from . import _lazy
 from .procmem import peak_rss_mb, rss_mb
+from .fileio import temp_dir
 
 # Per-op timings come from a second, profiled session after the timed runs: the profiler slows every
 # node down, so its figures are for "where the time goes", never for the latency itself.
@@ -209,7 +209,7 @@ class OrtRunner:
 
         from .runtime import ort_session_options
 
-        with tempfile.TemporaryDirectory(prefix="edgetrain-ortprof-") as tmp:
+        with temp_dir("ortprof") as tmp:
             opts = ort_session_options(self.spec["threads"])
             opts.enable_profiling = True
             opts.profile_file_prefix = str(Path(tmp) / "ort")
@@ -279,7 +279,7 @@ class MxnetRunner:
     def op_profile(self, runs: int) -> dict:
         profiler = _lazy.from_import("mxnet", "profiler")
 
-        with tempfile.TemporaryDirectory(prefix="edgetrain-mxprof-") as tmp:
+        with temp_dir("mxprof") as tmp:
             # mx.runtime.Features() reports PROFILER off in the PyPI 1.9.1 wheel, yet the operator
             # profiler works there (measured); if it does not on some build, say so instead of guessing.
             try:

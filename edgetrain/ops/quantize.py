@@ -15,7 +15,6 @@ from ..errors import UsageError
 from ..fileio import check_output_path
 from ..int8_scheme import scheme_for
 from ..options import QuantizeOptions
-from ..runners import OrtRunner
 from .quantize_mxnet import quantize_mxnet
 from ..results import BudgetStep, ProgressFn, QuantizeResult, stage
 from ..runtime import current_threads
@@ -91,8 +90,10 @@ def _num_classes(onnx_model) -> int:
 
 def _check_fits(fp32_path: Path, sample, where: str, threads: int) -> None:
     """Run one preprocessed sample through the fp32 model: calibration data that does not fit fails here."""
+    from ..accuracy import onnx_predictor
+
     try:
-        OrtRunner(fp32_path, threads).infer(sample)
+        onnx_predictor(fp32_path, threads)(sample)
     except Exception as exc:  # ORT raises InvalidArgument / Fail with a long message
         first = str(exc).splitlines()[0][:200]
         raise UsageError(f"samples of shape {','.join(map(str, sample.shape))} do not fit the model input: {first}",
@@ -203,13 +204,15 @@ def _search(trial, order: list[str], steps: list[BudgetStep], first: Path, fp32_
 
 
 def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profile, progress=None) -> dict:
-    from ..host import detect_host
+    from ..devices import detect_host
+    from ..ort_latency import ort_latency
+
     host = detect_host()
     report = progress or (lambda done, total: None)
     report(0, 2)
-    fp32 = OrtRunner(fp32_path, threads).time(batch_shape=batch_shape)
+    fp32 = ort_latency(fp32_path, batch_shape, threads)
     report(1, 2)
-    int8 = OrtRunner(int8_path, threads).time(batch_shape=batch_shape)
+    int8 = ort_latency(int8_path, batch_shape, threads)
     report(2, 2)
     if profile is not None and host.matches(profile):
         where = f"this host ({host.cpu}), which matches {profile.name}"
