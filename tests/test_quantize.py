@@ -17,7 +17,7 @@ def trained_digits_dir(tmp_path_factory) -> Path:
     process, as a user would), once per session: OUT/model, calib.npz (the training split as raw 8x8
     pixels in [0, 1]) and val.npz (the held-out 30%, never trained on)."""
     out = tmp_path_factory.getbasetemp() / "trained_digits"
-    if not (out / "model-symbol.json").exists():
+    if not (out / "digits10-symbol.json").exists():
         from edgetrain.data import load_data
         from edgetrain.preprocess import Preprocess
 
