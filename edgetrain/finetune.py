@@ -143,6 +143,10 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
         opts.data, opts.out, opts.val, opts.val_split, opts.epochs, opts.batch_size, opts.lr, opts.optimizer,
         opts.train_layers, opts.seed, opts.resume)
     params, input_shape, profile = opts.params, opts.input_shape, opts.profile()
+    if getattr(opts, "mean", None) is not None or getattr(opts, "std", None) is not None:  # never silently ignored
+        raise UsageError("--mean/--std are not applied by finetune yet", "--mean/--std",
+                         'record them beside the model instead: PREFIX-edgetrain.json {"preprocess": {"input_shape": '
+                         '[C, H, W], "mean": [...], "std": [...]}}')
     if val is not None and val_split is not None:
         raise UsageError("--val and --val-split both given", "--val", "give held-out data or a split fraction, not both")
     layers = parse_train_layers(train_layers)

@@ -198,8 +198,13 @@ class ModelFields(Options):
     params: Optional[str] = opt(None, metavar="FILE", recipe=False,
                                 help="Weights for a zoo: or factory model (save_parameters file).")
     input_shape: InputShape = opt(None, metavar="N,C,H,W",
-                                  help="Input shape, e.g. 1,3,224,224 (default: recorded with the model, "
-                                       "else 3x224x224).")
+                                  help="Input shape, e.g. 1,3,224,224 (default: recorded with the model; zoo: "
+                                       "3x224x224; a PREFIX without a record needs it).")
+    mean: Optional[str] = opt(None, metavar="M[,M,M]",
+                              help="Per-channel mean subtracted from [0,1] pixels (default: recorded with the model, "
+                                   "else ImageNet's / 0.5 for grayscale, with a note).")
+    std: Optional[str] = opt(None, metavar="S[,S,S]",
+                             help="Per-channel std the pixels are divided by (default: as --mean).")
 
 
 class EnergyOptions(Options):

@@ -20,7 +20,8 @@ def inspect(model, json_path, **values):
     setup(opts)
     from ..ops.inspect import inspect as run
 
-    finish(json_path, run(model, opts.data, params=opts.params, input_shape=opts.input_shape), _render)
+    finish(json_path, run(model, opts.data, params=opts.params, input_shape=opts.input_shape,
+                               mean=opts.mean, std=opts.std), _render)
 
 
 def _render(json_path, res) -> None:

@@ -58,7 +58,7 @@ def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = No
 
     t0 = time.perf_counter()
     say(f"loading {model_ref}")
-    model = load_gluon(model_ref, params=params, input_shape=input_shape)
+    model = load_gluon(model_ref, params=params, input_shape=input_shape, mean=opts.mean, std=opts.std)
     samples = _real_samples(data, model) if data else None
     t1 = time.perf_counter()
     say(f"translating to ONNX opset {opset}" + (" (fp16)" if fp16 else ""))

@@ -43,7 +43,7 @@ def quantize(model: str, opts: QuantizeOptions, progress: ProgressFn | None = No
         return _quantize_ort(model, opts, output, scheme, threads, progress, Path(tmp), profile)
 
 
-def _fp32_onnx(model: str, workdir: Path, params, input_shape, progress=None):
+def _fp32_onnx(model: str, workdir: Path, params, input_shape, progress=None, mean=None, std=None):
     """(OnnxModel of the fp32 graph, number of classes, notes) for a Gluon MODEL or an exported .onnx."""
     from ..models import load_onnx, parse_model_ref
 
@@ -56,13 +56,16 @@ def _fp32_onnx(model: str, workdir: Path, params, input_shape, progress=None):
                              model, "export it with `edgetrain export`, or pass the Gluon MODEL it came from")
         if input_shape and tuple(input_shape) != onnx_model.preprocess.input_shape:
             onnx_model.preprocess = onnx_model.preprocess.with_shape(tuple(input_shape))
+        from ..models import _with_norm
+
+        onnx_model.preprocess = _with_norm(onnx_model.preprocess, mean, std)
     else:
         if ref.kind == "prefix":
             check_symbol_not_quantized(ref.symbol_file, model)
         from ..convert import export_onnx
         from ..models import load_gluon
 
-        gluon_model = load_gluon(model, params=params, input_shape=input_shape)
+        gluon_model = load_gluon(model, params=params, input_shape=input_shape, mean=mean, std=std)
         if gluon_model.random_weights:
             notes.append("the model has random weights (no --params given): accuracy figures mean nothing until "
                          "it is trained")
@@ -109,7 +112,8 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     from ..int8_sensitivity import rank_nodes
     from ..quantize_ort import Quantizer, prepare, quantized_node_names, set_metadata
 
-    onnx_model, num_classes, notes = _fp32_onnx(model, tmp, opts.params, opts.input_shape, progress)
+    onnx_model, num_classes, notes = _fp32_onnx(model, tmp, opts.params, opts.input_shape, progress,
+                                                     mean=opts.mean, std=opts.std)
     pre = onnx_model.preprocess
     full_calib, calib_ds = load_calibration(calib, pre, samples)
     val_ds = load_validation(val, pre, num_classes) if val else None

@@ -47,7 +47,7 @@ def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, t
     for suffix in ("-symbol.json", "-0000.params"):
         check_output_path(Path(f"{prefix}{suffix}"), "-o")
 
-    fp32 = load_gluon(model, params=opts.params, input_shape=opts.input_shape)
+    fp32 = load_gluon(model, params=opts.params, input_shape=opts.input_shape, mean=opts.mean, std=opts.std)
     pre = fp32.preprocess
     full, calib_ds = load_calibration(calib, pre, samples)
     val_ds = load_validation(val, pre, fp32.num_classes) if val else None
