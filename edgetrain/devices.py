@@ -6,7 +6,6 @@ import them.
 from __future__ import annotations
 
 import os
-import re
 from importlib import resources
 from pathlib import Path
 
@@ -64,29 +63,6 @@ def load_device(name_or_path: str) -> DeviceProfile:
         return load_yaml(Path(text), DeviceProfile)
     raise UsageError(f"unknown device '{text}'", "--device",
                      f"use one of: {', '.join(sorted(files))}; or give a path to a profile YAML")
-
-
-# --- sizes ------------------------------------------------------------------------------------------
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
-_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
-
-
-def parse_size(text: str, what: str = "size") -> int:
-    """'512MB', '2GiB', '1.5G', '300m', '1048576' -> bytes.
-
-    Binary units throughout (1 MB = 1 MiB = 2**20 bytes): RAM is sold and reported in powers of two, and
-    a budget read as 10**6 would silently be 5% smaller than the user meant.
-    """
-    m = _SIZE_RE.match(str(text))
-    if not m or (m.group(3) and not m.group(2)):
-        raise UsageError(f"cannot read {what} '{text}'", what,
-                         "write a number with an optional unit, e.g. 512MB, 2GiB, 1.5G")
-    number, unit = float(m.group(1)), m.group(2).lower()
-    size = int(number * (1024 ** _POWERS[unit]))
-    if size <= 0:
-        raise UsageError(f"{what} must be more than zero, got '{text}'", what, "give a positive size")
-    return size
 
 
 def match_profile(host: HostInfo, profiles: list[DeviceProfile] | None = None) -> DeviceProfile | None:

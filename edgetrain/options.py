@@ -11,12 +11,16 @@ megabytes, never bytes), shapes into (C, H, W), rates into inferences per hour, 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from .energy import parse_rate
 from .errors import UsageError
+from .netsplit import parse_train_layers
+from .preprocess import parse_shape
 
 OPSETS = (12, 13)  # the opsets mxnet 1.9.1's ONNX translations are written for
 DEFAULT_OPSET = 13
@@ -29,6 +33,29 @@ def opt(default: Any = ..., *, help: str, flag: str | None = None, short: str | 
     ``--on/--off``. ``recipe=False``: not settable in a recipe step (the recipe supplies it)."""
     extra = {"flag": flag, "short": short, "metavar": metavar, "recipe": recipe}
     return Field(default, description=help, json_schema_extra=extra, **constraints)
+
+
+# --- sizes ------------------------------------------------------------------------------------------
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """'512MB', '2GiB', '1.5G', '300m', '1048576' -> bytes.
+
+    Binary units throughout (1 MB = 1 MiB = 2**20 bytes): RAM is sold and reported in powers of two, and
+    a budget read as 10**6 would silently be 5% smaller than the user meant.
+    """
+    m = _SIZE_RE.match(str(text))
+    if not m or (m.group(3) and not m.group(2)):
+        raise UsageError(f"cannot read {what} '{text}'", what,
+                         "write a number with an optional unit, e.g. 512MB, 2GiB, 1.5G")
+    number, unit = float(m.group(1)), m.group(2).lower()
+    size = int(number * (1024 ** _POWERS[unit]))
+    if size <= 0:
+        raise UsageError(f"{what} must be more than zero, got '{text}'", what, "give a positive size")
+    return size
 
 
 # --- value types: each parsed once ------------------------------------------------------------------
@@ -52,8 +79,6 @@ def parse_megabytes(value) -> float | None:
     if isinstance(value, (int, float)):
         mb = float(value)
     else:
-        from .devices import parse_size
-
         text = str(value).strip()
         try:
             mb = float(text)
@@ -67,15 +92,11 @@ def parse_megabytes(value) -> float | None:
 def _shape(value):
     if value is None or isinstance(value, tuple) and len(value) == 3:
         return value
-    from .preprocess import parse_shape
-
     text = ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else value
     return parse_shape(text, "input_shape")
 
 
 def _train_layers(value: str) -> str:
-    from .netsplit import parse_train_layers
-
     parse_train_layers(value)
     return str(value).strip().lower()
 
@@ -83,8 +104,6 @@ def _train_layers(value: str) -> str:
 def _rate(value):
     if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
-    from .energy import parse_rate
-
     try:
         return float(value)  # inferences per hour, as a recipe step passes it on
     except ValueError:
@@ -339,3 +358,17 @@ def recipe_fields(command: str) -> dict[str, Any]:
 
 def path_of(value) -> Path | None:
     return None if value is None else Path(value)
+
+
+class PredictOptions(DeviceOptions):
+    """``edgetrain predict MODEL DATA``: MODEL (an ONNX file written by edgetrain) and DATA are arguments."""
+
+    top_k: Annotated[int, Field(ge=1, le=1000)] = opt(5, metavar="K", help="Labels shown per input, best first.")
+    format: Literal["table", "csv", "jsonl"] = opt("table", help="How each input's top-k labels are written.")
+    batch: Annotated[int, Field(ge=1, le=4096)] = opt(
+        16, help="Inputs per inference (a model exported with a fixed batch runs that many at a time).")
+    output: Optional[str] = opt(None, metavar="FILE", short="-o", recipe=False,
+                                help="Write the predictions to FILE (atomically) instead of standard output.")
+
+
+COMMANDS["predict"] = PredictOptions

@@ -1,6 +1,6 @@
 """Recipes: find them (bundled or a path), validate them whole before any step runs.
 
-Validation is schema (config.Recipe: unknown keys, types) plus what the schema cannot know: the device
+Validation is schema (Recipe below: unknown keys, types) plus what the schema cannot know: the device
 profile exists, the model reference resolves, every data path exists. Each problem is one UsageError
 naming the file, the field path and what is expected.
 """
@@ -12,9 +12,107 @@ from importlib import resources
 from pathlib import Path
 
 
-from .config import Recipe, validate
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic.fields import FieldInfo
+
+from .config import Strict, validate
+from .options import recipe_fields
 from .errors import UsageError
 from .fileio import parse_yaml, read_text_bounded
+
+# --- Recipes (recipes/*.yaml) -------------------------------------------------------------------
+# A recipe names one model, one data set, one device and the steps to run, each step's options
+# spelled as the matching command's flags (max_drop <-> --max-drop). An option left out takes the
+# command's own default, so a recipe and the command line never disagree about defaults. Paths are
+# relative to the recipe file's folder.
+
+StepName = Literal["finetune", "quantize", "export", "profile", "report"]
+
+
+def _step(command: str, **extra):
+    """A recipe step's schema: the command's declared options a recipe may set, each optional (left out:
+    the command's own default), with the same types and constraints (edgetrain.options)."""
+    fields = {name: (Optional[info.annotation], FieldInfo.merge_field_infos(info, default=None))
+              for name, info in recipe_fields(command).items()}
+    return create_model(f"{command.title()}Step", __base__=StepOptions, **fields, **extra)
+
+
+class StepOptions(BaseModel):
+    """Base of the step schemas: unknown keys are errors; values parse as the command line's do."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+FinetuneStep = _step("finetune")
+QuantizeStep = _step("quantize")
+ExportStep = _step("export")
+# deployed: int8 if quantized, else fp32
+ProfileStep = _step("profile", target=(Literal["deployed", "fp32", "int8"], "deployed"))
+
+
+class ReportStep(Strict):
+    format: Literal["html", "md"] = "html"
+
+
+class Step(Strict):
+    """One entry of ``steps``: exactly one of the keys below."""
+
+    finetune: Optional[FinetuneStep] = None
+    quantize: Optional[QuantizeStep] = None
+    export: Optional[ExportStep] = None
+    profile: Optional[ProfileStep] = None
+    report: Optional[ReportStep] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_options_allowed(cls, data):
+        # `- export:` (no options) parses as {"export": None}: treat as the defaults
+        if isinstance(data, dict):
+            return {k: ({} if v is None else v) for k, v in data.items()}
+        return data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Step":
+        set_ = [name for name in StepName.__args__ if getattr(self, name) is not None]
+        if len(set_) != 1:
+            raise ValueError(f"each step is exactly one of {', '.join(StepName.__args__)}; got "
+                             f"{', '.join(set_) or 'none'}")
+        return self
+
+    @property
+    def name(self) -> str:
+        return next(n for n in StepName.__args__ if getattr(self, n) is not None)
+
+    @property
+    def options(self):
+        return getattr(self, self.name)
+
+
+class Recipe(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="The run's name (the default run folder "
+                      "is edgetrain-run-NAME).")
+    description: str = Field("", description="Free text.")
+    device: str = Field(description="Device profile name or a profile YAML path (relative to the recipe).")
+    model: str = Field(description="MODEL: PREFIX, zoo:NAME, pkg.module:function.")
+    data: str = Field(description="Training and calibration DATA: image folder, .npz or builtin:digits.")
+    val: Optional[str] = Field(None, description="Held-out DATA for every accuracy figure.")
+    val_split: Optional[float] = Field(default=None, gt=0, lt=1,
+                                       description="Or: hold out this fraction of `data` (stratified).")
+    seed: int = Field(0, description="Seed of the held-out split.")
+    threads: Optional[int] = Field(default=None, ge=1, description="Thread cap of every step (default: the device's).")
+    steps: list[Step] = Field(min_length=1, description="The steps, in order (see below).")
+
+    @model_validator(mode="after")
+    def _one_validation_source(self) -> "Recipe":
+        if self.val is not None and self.val_split is not None:
+            raise ValueError("give either 'val' or 'val_split', not both")
+        return self
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json", exclude_none=True)
+
 
 BUNDLED_PACKAGE = "edgetrain._recipes"
 DEFAULT_RECIPE = "quickstart"

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from edgetrain.config import DeviceProfile
-from edgetrain.devices import bundled_names, list_profiles, load_device, match_profile, parse_size
+from edgetrain.devices import bundled_names, list_profiles, load_device, match_profile
+from edgetrain.options import parse_size
 from edgetrain.host import detect_host, emulation_evidence, isa_from_cpuinfo
 from edgetrain.errors import UsageError
 

@@ -7,7 +7,7 @@ import yaml
 
 from clitools import assert_user_error, run_edgetrain
 from edgetrain.cli import cli
-from edgetrain.config import FinetuneStep
+from edgetrain.recipes import FinetuneStep
 from edgetrain.errors import UsageError
 from edgetrain.options import COMMANDS, FinetuneOptions, flag_of, recipe_fields
 
