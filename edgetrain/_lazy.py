@@ -8,17 +8,20 @@ edgetrain imports these three only through this module, and only when a command 
   newer numpy and Python is installed (edgetrain/compat/numpy_names.py). mxnet missing (Python >= 3.12,
   where pip cannot install it with its numpy<2 pin) or a system library it links missing is a one-line
   error that names the fix.
-- onnxruntime: its telemetry is switched off (ONNX Runtime 1.32 otherwise writes a device id and an
-  SQLite event log under ~/.cache/Microsoft/DeveloperTools/.onnxruntime/).
+- onnxruntime: its telemetry writes nothing (ONNX Runtime 1.32 otherwise writes a device id and an
+  SQLite event log under ~/.cache/Microsoft/DeveloperTools/.onnxruntime/ as it loads) and is switched off.
 
 ``module("onnxruntime.quantization")`` and ``from_import("onnx", "TensorProto", "helper")`` open the
 right door first, then import what follows the package name.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import re
 import sys
+import tempfile
 import threading
 from types import ModuleType
 from typing import Any
@@ -72,16 +75,62 @@ def onnx() -> ModuleType:
 
 
 def onnxruntime() -> ModuleType:
-    """``import onnxruntime``, with its telemetry switched off before the first session."""
+    """``import onnxruntime`` without its telemetry touching the user's home folder.
+
+    ONNX Runtime 1.32 creates ~/.cache/Microsoft/DeveloperTools/.onnxruntime/ (a device id and an SQLite
+    event log) while its extension loads, before ``disable_telemetry_events()`` can be called (measured:
+    calling it right after the import leaves both files). So while it loads, XDG_CACHE_HOME (which it
+    honours) points where no folder can be made; it then keeps an in-memory id and writes nothing, and
+    the one warning it prints about that is held back. Its event reporting is then switched off.
+    """
     if "onnxruntime" not in _opened:
         with _lock:
             if "onnxruntime" not in _opened:
-                ort = importlib.import_module("onnxruntime")
+                if "onnxruntime" in sys.modules:
+                    ort = sys.modules["onnxruntime"]   # loaded before the door: too late for the cache folder
+                else:
+                    with _no_telemetry_cache():
+                        ort = importlib.import_module("onnxruntime")
                 disable = getattr(ort, "disable_telemetry_events", None)
                 if disable is not None:
                     disable()
                 _opened.add("onnxruntime")
     return sys.modules["onnxruntime"]
+
+
+NO_CACHE_DIR = "/dev/null/edgetrain-no-telemetry"   # a path under a device file: never creatable
+_TELEMETRY_WARNING = "telemetry device ID"
+
+
+@contextlib.contextmanager
+def _no_telemetry_cache():
+    prev = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = NO_CACHE_DIR
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:   # no stderr at all: nothing to hold back
+        saved = None
+    held = tempfile.TemporaryFile() if saved is not None else None
+    if held is not None:
+        os.dup2(held.fileno(), 2)
+    try:
+        yield
+    finally:
+        if held is not None:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode(errors="replace")
+            held.close()
+            keep = [line for line in text.splitlines(True) if _TELEMETRY_WARNING not in line]
+            if keep:
+                sys.stderr.write("".join(keep))
+                sys.stderr.flush()
+        if prev is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = prev
 
 
 DOORS = {"mxnet": mxnet, "onnx": onnx, "onnxruntime": onnxruntime}

@@ -33,8 +33,8 @@ def by_name(report: dict) -> dict:
     return {c["name"]: c for c in report["checks"]}
 
 
-EXPECTED = {"python", "numpy", "aarch64-armpl", "mxnet-import", "mxnet-compute", "onnx", "onnxruntime",
-            "threads", "isa"}
+EXPECTED = {"python", "numpy", "system-libs", "aarch64-armpl", "mxnet-import", "mxnet-compute", "mxnet-compat",
+            "onnx", "onnxruntime", "threads", "isa"}
 
 
 def test_healthy_host_exits_0_with_json(tmp_path):
@@ -55,6 +55,33 @@ def test_healthy_host_exits_0_with_json(tmp_path):
     assert "healthy" in proc.stderr
 
 
+@pytest.mark.compat
+def test_doctor_reports_the_compatibility_applied_for_this_numpy(tmp_path):
+    import numpy
+
+    from edgetrain.compat import numpy_names
+
+    proc = run_doctor("--json", "-", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = by_name(parsed(proc))
+    assert checks["numpy"]["status"] == "ok" and numpy.__version__ in checks["numpy"]["message"]
+    compat = checks["mxnet-compat"]
+    assert compat["status"] == "ok"
+    restored = {r["name"]: r["removed_in"] for r in compat["details"]["restored"]}
+    assert restored == {a.name: a.removed_in for a in numpy_names.missing(numpy)}
+    if restored:    # numpy >= 1.24: say what was restored, by release
+        assert "restored for mxnet only" in compat["message"] and all(n in compat["message"] for n in restored)
+    else:
+        assert "none needed" in compat["message"]
+    try:
+        import distutils.version  # noqa: F401
+        has_distutils = True
+    except ImportError:
+        has_distutils = False
+    assert compat["details"]["distutils_stand_in"] is (not has_distutils)
+    assert checks["python"]["status"] == "ok"
+
+
 def test_fix_on_healthy_host_changes_nothing(tmp_path):
     proc = run_doctor("--fix", "--json", str(tmp_path / "doctor.json"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -64,20 +91,67 @@ def test_fix_on_healthy_host_changes_nothing(tmp_path):
     assert "healthy: " in proc.stdout
 
 
-def test_too_new_numpy_fails_with_the_pin(tmp_path):
+def test_too_old_numpy_fails_with_the_fix(tmp_path):
     fake = tmp_path / "fake"
     (fake / "numpy").mkdir(parents=True)
-    (fake / "numpy" / "__init__.py").write_text('__version__ = "1.26.0"\n')
+    (fake / "numpy" / "__init__.py").write_text('__version__ = "1.22.4"\n')
     proc = run_doctor("--json", "-", pythonpath=fake, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     checks = by_name(parsed(proc))
     numpy = checks["numpy"]
     assert numpy["status"] == "fail"
-    assert "1.26.0" in numpy["message"] and "1.24" in numpy["message"]
-    assert 'numpy<1.24' in numpy["fix"]
+    assert "1.22.4" in numpy["message"] and "1.23.5" in numpy["message"]
+    assert 'numpy>=1.23.5' in numpy["fix"]
     # mxnet cannot work with it either, and its fix points back at numpy
     assert checks["mxnet-import"]["status"] == "fail"
     assert "numpy" in checks["mxnet-import"]["fix"]
+
+
+def test_mxnet_not_installed_points_at_doctor_fix(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "mxnet").mkdir(parents=True)
+    (fake / "mxnet" / "__init__.py").write_text(
+        'raise ModuleNotFoundError("No module named \'mxnet\'", name="mxnet")\n')
+    proc = run_doctor("--json", "-", pythonpath=fake, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    checks = by_name(parsed(proc))
+    imp = checks["mxnet-import"]
+    assert imp["status"] == "fail" and "not installed" in imp["message"]
+    assert imp["fix"].startswith("edgetrain doctor --fix") and "--no-deps mxnet==1.9.1" in imp["fix"]
+    # without the wheel to read, the libraries it will need are checked by name
+    assert checks["system-libs"]["details"]["source"].startswith("what the mxnet 1.9.1 wheel links")
+
+
+def test_system_libraries_missing_give_the_apt_line(tmp_path):
+    from edgetrain.doctor import check_system_libs
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for machine, packages in (("x86_64", "libgomp1 libquadmath0"),
+                              ("aarch64", "libgomp1 liblapacke libopenblas0-openmp")):
+        check = check_system_libs(machine, None, lib_dirs=[empty], use_cache=False)
+        assert check.status == "fail", check
+        assert check.fix.endswith(f"apt-get install -y {packages}"), check.fix
+        assert all(p in check.message for p in packages.split())
+    # present (real libraries under those names): ok, nothing to install
+    libs = tmp_path / "lib"
+    libs.mkdir()
+    for name in ("libgomp.so.1", "libquadmath.so.0"):
+        (libs / name).symlink_to(system_lib("libm.so.6"))
+    check = check_system_libs("x86_64", None, lib_dirs=[libs], use_cache=False)
+    assert check.status == "ok" and check.details["missing"] == []
+
+
+def test_system_libraries_are_read_from_the_installed_wheel():
+    from edgetrain.doctor import check_system_libs
+
+    lib = armpl.find_libmxnet()
+    check = check_system_libs(platform.machine(), lib)
+    assert check.status == "ok", check
+    assert check.details["source"] == "read from the wheel's libraries"
+    assert "libgomp.so.1" in check.details["checked"]
+    bundled = {p.name for p in lib.parent.glob("*.so*")}
+    assert not bundled & set(check.details["checked"])    # what the wheel ships is not asked of the system
 
 
 def test_mxnet_missing_armpl_is_reported_not_crashed(tmp_path):

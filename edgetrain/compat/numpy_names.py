@@ -58,6 +58,25 @@ def _msort(np):
     return msort
 
 
+def _trapz(np):
+    new = getattr(np, "trapezoid", None)   # numpy >= 2.0: the same function under its new name
+    if new is not None:
+        return new
+
+    def trapz(y, x=None, dx=1.0, axis=-1):
+        y = np.asanyarray(y)
+        if x is None:
+            d = dx
+        else:
+            x = np.asanyarray(x)
+            d = np.diff(x) if x.ndim != 1 else np.diff(x).reshape(
+                [-1 if k == (axis % y.ndim) else 1 for k in range(y.ndim)])
+        hi, lo = [slice(None)] * y.ndim, [slice(None)] * y.ndim
+        hi[axis], lo[axis] = slice(1, None), slice(None, -1)
+        return (d * (y[tuple(hi)] + y[tuple(lo)]) / 2.0).sum(axis)
+    return trapz
+
+
 def _compat(np):
     mod = types.ModuleType("numpy.compat", "numpy.compat as mxnet 1.9.1 reads it (restored by edgetrain)")
     mod.basestring = str
@@ -95,7 +114,7 @@ ALIASES: tuple[Alias, ...] = (
     Alias("pv", "2.0", lambda np: _expired("pv"), "mxnet/numpy/fallback.py"),
     Alias("rate", "2.0", lambda np: _expired("rate"), "mxnet/numpy/fallback.py"),
     Alias("in1d", "2.4", _in1d, "mxnet/numpy/fallback.py"),
-    Alias("trapz", "2.4", lambda np: np.trapezoid, "mxnet/numpy/fallback.py"),
+    Alias("trapz", "2.4", _trapz, "mxnet/numpy/fallback.py"),
 )
 
 
@@ -183,6 +202,9 @@ def _stack() -> list:
     return s
 
 
+_ABSENT = object()
+
+
 class _Swap:
     """While a module executes: sys.modules["numpy"] is the view (mxnet's modules) or the real numpy
     (any other module imported in the middle of mxnet's import); restored afterwards."""
@@ -193,7 +215,7 @@ class _Swap:
     def __enter__(self):
         want = _state.view if self.for_mxnet else _state.real
         self.prev_numpy = sys.modules.get("numpy")
-        self.prev_distutils = {k: sys.modules.get(k) for k in ("distutils", "distutils.version")}
+        self.prev_distutils = {k: sys.modules.get(k, _ABSENT) for k in ("distutils", "distutils.version")}
         sys.modules["numpy"] = want
         if self.for_mxnet and _state.applied.distutils_stand_in:
             sys.modules["distutils"] = distutils_version.PACKAGE
@@ -208,7 +230,7 @@ class _Swap:
         _stack().pop()
         sys.modules["numpy"] = self.prev_numpy
         for k, v in self.prev_distutils.items():
-            if v is None:
+            if v is _ABSENT:
                 sys.modules.pop(k, None)
             else:
                 sys.modules[k] = v
@@ -281,7 +303,7 @@ def applied() -> Applied | None:
 
 
 def _distutils_missing() -> bool:
-    if "distutils.version" in sys.modules:
+    if sys.modules.get("distutils.version") is not None:
         return False
     try:
         return importlib.util.find_spec("distutils") is None
