@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 _API = {
     "quantize": "api", "export": "api", "finetune": "api", "profile": "api", "inspect": "api", "run": "api",
+    "predict": "api",
     "EdgetrainError": "errors", "UsageError": "errors", "BudgetExceeded": "errors", "RunFailed": "errors",
     "Preprocess": "preprocess",
     "load_gluon": "models", "load_onnx": "models", "save_prefix": "models", "parse_model_ref": "models",

@@ -75,3 +75,12 @@ def run(recipe: str | Path | None = None, *, rundir: str | Path | None = None, d
     loaded = read_recipe(str(recipe) if recipe else None, rundir if resume else None)
     return run_recipe(loaded, rundir=rundir, device=device, threads=threads, resume=resume,
                       progress=progress or (lambda message: None))
+
+
+def predict(model, data, *, progress: ProgressFn | None = None, on_rows=None, **options):
+    """``edgetrain predict``: classify DATA with an ONNX model written by edgetrain (no mxnet loaded).
+    Returns a PredictResult; ``on_rows(rows)`` receives each batch's predictions as they are made."""
+    from .ops.predict import predict as run
+    from .options import PredictOptions
+
+    return run(str(model), str(data), _prepare(PredictOptions, options), progress=progress, on_rows=on_rows)

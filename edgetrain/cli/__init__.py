@@ -16,6 +16,7 @@ COMMANDS = {
     "export": "export",
     "finetune": "finetune",
     "inspect": "inspect",
+    "predict": "predict",
     "profile": "profile",
     "quantize": "quantize",
     "recipes": "recipes",
