@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
-# Prove the ARM path under QEMU user-mode emulation: an arm64 Debian bookworm root (what Raspberry Pi
-# OS bookworm is built on), edgetrain installed into a venv inside it from this checkout, then
-# `edgetrain doctor --fix` (what a Pi user runs) and the smoke suite (tools/arm64/smoke.py).
+# Prove the ARM path under QEMU user-mode emulation: an arm64 Debian root (trixie: what Raspberry Pi OS
+# is built on now, Python 3.13 and numpy 2; bookworm: the previous release, Python 3.11), edgetrain
+# installed into a venv inside it from this checkout, then `edgetrain doctor --fix` (what a Pi user
+# runs: on Python >= 3.12 it also installs mxnet 1.9.1 without its numpy<2 pin) and the smoke suite
+# (tools/arm64/smoke.py).
 #
 # Run as root on a Debian/Ubuntu x86-64 host:  bash tools/arm64/check.sh
 #
 # Environment:
-#   EDGETRAIN_ARM_CACHE   where the root, wheels and stamps live (default /var/cache/edgetrain-arm64);
+#   EDGETRAIN_ARM_CACHE   where the root, wheels and stamps live (default /var/cache/edgetrain-arm64/SUITE);
 #                         outside the clone because CI clones afresh each run. Delete it for a cold run
 #                         (never while this script runs: /dev is bind-mounted into the root then).
 #   EDGETRAIN_ARM_CPU     the CPU QEMU emulates (default cortex-a72, a Raspberry Pi 4's core).
 #   EDGETRAIN_ARM_MIRROR  Debian mirror for debootstrap (default: the host's own apt source).
-#   EDGETRAIN_ARM_SUITE   default bookworm.
+#   EDGETRAIN_ARM_SUITE   trixie (default; Debian 13, Python 3.13) or bookworm (Debian 12, Python 3.11).
 #   EDGETRAIN_ARM_STRICT  1: a verb whose CLI differs from what smoke.py expects fails instead of skipping.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE="$REPO/tools/arm64"
-CACHE=${EDGETRAIN_ARM_CACHE:-/var/cache/edgetrain-arm64}
-SUITE=${EDGETRAIN_ARM_SUITE:-bookworm}
+SUITE=${EDGETRAIN_ARM_SUITE:-trixie}
+CACHE=${EDGETRAIN_ARM_CACHE:-/var/cache/edgetrain-arm64/$SUITE}
 CPU=${EDGETRAIN_ARM_CPU:-cortex-a72}
 ROOT="$CACHE/root"
 WHEELS="$CACHE/wheels"
@@ -177,11 +179,19 @@ quiet_pip() {   # pip, without the host configuration's warnings about absent lo
 "$PY" -m pip wheel --no-deps --wheel-dir "$BUILD/dist" "$BUILD/src" > "$BUILD/wheel.log" 2>&1 \
   || { tail -30 "$BUILD/wheel.log" >&2; die "could not build the edgetrain wheel"; }
 EDGE_WHEEL=$(ls "$BUILD"/dist/edgetrain-*.whl)
-log "downloading aarch64 wheels for its dependencies"
+# The root's own Python (bookworm 3.11, trixie 3.13) decides which wheels to fetch.
+PYVER=$(ls "$ROOT"/usr/bin/ | sed -n 's/^python\(3\.[0-9]*\)$/\1/p' | sort -V | tail -1)
+[ -n "$PYVER" ] || die "no python3.N in the root's /usr/bin"
+log "downloading aarch64 wheels for its dependencies (Python $PYVER)"
 mkdir -p "$WHEELS"
-quiet_pip download --quiet --only-binary=:all: "${PLATFORMS[@]}" --python-version 3.11 \
+quiet_pip download --quiet --only-binary=:all: "${PLATFORMS[@]}" --python-version "$PYVER" \
     --implementation cp --dest "$WHEELS" "$EDGE_WHEEL" \
   || die "could not download aarch64 wheels for edgetrain's dependencies"
+# On Python >= 3.12 mxnet is not a dependency (its numpy<2 pin cannot be met there): `edgetrain doctor
+# --fix` installs it inside, offline from these wheels, as it does online on a Pi.
+quiet_pip download --quiet --no-deps --only-binary=:all: "${PLATFORMS[@]}" --python-version "$PYVER" \
+    --implementation cp --dest "$WHEELS" "mxnet==1.9.1" \
+  || die "could not download the aarch64 mxnet wheel"
 rm -f "$WHEELS"/edgetrain-*.whl   # the dependencies are cached, edgetrain itself is always fresh
 
 # --- mount /proc, /sys, /dev and the ARM cpuinfo into the root ------------------------------------
@@ -202,6 +212,7 @@ log "mounted proc (with an ARM cpuinfo, $nproc_host CPUs), sys and dev in the ro
 
 inside() {   # run a command in the root, as a Pi user's shell would, with the emulated CPU
   QEMU_CPU="$CPU" chroot "$ROOT" /usr/bin/env -i QEMU_CPU="$CPU" HOME=/root LANG=C.UTF-8 TERM=dumb \
+    PIP_NO_INDEX=1 PIP_FIND_LINKS=/opt/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH="$VENV/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin" PYTHONDONTWRITEBYTECODE=1 \
     EDGETRAIN_ARM_STRICT="${EDGETRAIN_ARM_STRICT:-0}" "$@"
 }
@@ -222,7 +233,7 @@ else
   inside pip install --quiet --no-index --find-links /opt/wheels "/opt/wheels/$(basename "$EDGE_WHEEL")"
   echo "$deps_stamp" > "$ROOT$VENV/.deps"
 fi
-log "installed: $(inside pip list 2>/dev/null | grep -Ei '^(edgetrain|mxnet|numpy|onnx|onnxruntime) ' | tr -s ' ' | paste -sd, -)"
+log "installed: Python $PYVER, $(inside pip list 2>/dev/null | grep -Ei '^(edgetrain|mxnet|numpy|onnx|onnxruntime) ' | tr -s ' ' | paste -sd, -)"
 
 # --- the smoke suite --------------------------------------------------------------------------------
 log "running the smoke suite inside the root (QEMU_CPU=$CPU)"
