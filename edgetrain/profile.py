@@ -217,6 +217,8 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
             raw = run_child({**base_spec, "threads": t, "warmup": warmup, "runs": runs, "op_profile": op_profile},
                             t, f"the {runtime_name} run with {t} thread(s)", timeout)
             configs.append(_summarise_config(raw, label, where))
+        # Before the model file goes with the temporary folder.
+        paired_ref = _paired_reference(prof, host, label, thread_list, base_spec, warmup, timeout, say)
     input_shape_full = (configs[0].get("input") or {}).get("shape") or base_spec["input_shape"] or []
     if power_log is not None:
         for c in configs:  # the meter's log, aligned to the window each child recorded
@@ -238,7 +240,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
     energy_d = None
     if prof is not None:
         verdict["memory"] = _memory_verdict(peak, prof, host)
-        verdict["latency"] = _latency_verdict(best, configs, prof, host, label, timeout, say)
+        verdict["latency"] = _latency_verdict(best, configs, prof, host, label, timeout, say, paired_ref)
         lat = verdict["latency"]
         if lat.get("p50_ms") is not None:
             timed = next((c for c in configs if c["threads"] == lat["threads"]), best)
@@ -301,7 +303,8 @@ def _memory_verdict(peak_mb: float, prof, host) -> dict:
     }
 
 
-def _latency_verdict(best: dict, configs: list[dict], prof, host, label: str, timeout: float, say) -> dict:
+def _latency_verdict(best: dict, configs: list[dict], prof, host, label: str, timeout: float, say,
+                     paired_ref: dict | None = None) -> dict:
     lat = best["latency"]
     out = {"threads": best["threads"], "host_p50_ms": lat["p50_ms"], "host_mean_ms": lat["mean_ms"]}
     if label == "emulated":
@@ -325,15 +328,15 @@ def _latency_verdict(best: dict, configs: list[dict], prof, host, label: str, ti
         if same is not None:
             best, lat = same, same["latency"]
             out.update(threads=same["threads"], host_p50_ms=lat["p50_ms"], host_mean_ms=lat["mean_ms"])
-        host_ref = reference_latency_ms(refp, timeout, say)
-        # At 1 thread both sides are scaled by CPU time per inference: a busy host stretches wall-clock time
-        # (more for the long reference runs than for a small model's), the device will run the model alone.
-        cpu = same.get("cpu_latency") if same is not None else None
-        by_cpu = refp.threads == 1 and bool(cpu) and bool(host_ref.get("cpu_p50_ms"))
-        base, ref_ms = (cpu, host_ref["cpu_p50_ms"]) if by_cpu else (lat, host_ref["p50_ms"])
-        basis = "CPU time per inference (1 thread)" if by_cpu else "latency"
+        host_ref = paired_ref or reference_latency_ms(refp, timeout, say)
+        # Paired (1 thread): the model and the reference timed in turns in one process, in CPU time, so a
+        # busy host slows both alike; otherwise two separate wall-clock runs.
+        pr = host_ref.get("paired")
+        base, ref_ms = (pr["model_cpu"], host_ref["cpu_p50_ms"]) if pr else (lat, host_ref["p50_ms"])
+        basis = "CPU time per inference, timed in turns with the reference" if pr else "latency"
         factor = refp.latency_ms / ref_ms
-        return {**out, "provenance": "estimated", "factor": factor, "basis": "cpu_time" if by_cpu else "wall_clock",
+        return {**out, "provenance": "estimated", "factor": factor, "basis": "paired_cpu_time" if pr else "wall_clock",
+                "paired": {k: v for k, v in pr.items() if k != "model_cpu"} if pr else None,
                 "mean_ms": base["mean_ms"] * factor,
                 "p50_ms": base["p50_ms"] * factor, "p99_ms": base["p99_ms"] * factor,
                 "p10_ms": base["p10_ms"] * factor, "p90_ms": base["p90_ms"] * factor,
@@ -360,14 +363,30 @@ def _latency_verdict(best: dict, configs: list[dict], prof, host, label: str, ti
 _reference_cache: dict[tuple, dict] = {}
 
 
-def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None) -> dict:
+PAIRED_ROUNDS = 60  # measured here under a load of 9 on 2 cores: the paired ratio moved 3.5% over 5 runs
+
+
+def _paired_reference(prof, host, label, thread_list, base_spec, warmup, timeout, say) -> dict | None:
+    """The reference timed in turns with the model, when the device's latency is to be estimated from a
+    1-thread reference and the model ran at 1 thread; None otherwise (the separate reference run)."""
+    if prof is None or label == "emulated" or host.matches(prof) or prof.speed.method != "reference_latency":
+        return None
+    if prof.speed.reference.threads != 1 or 1 not in thread_list:
+        return None
+    return reference_latency_ms(prof.speed.reference, timeout, say,
+                                paired_with={**base_spec, "threads": 1, "warmup": warmup})
+
+
+def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None, paired_with: dict | None = None) -> dict:
     """This host's p50 on the profile's reference workload, in a fresh child; cached for this process.
 
     A zoo name runs as the exported ONNX model in ONNX Runtime (the closest host runtime to the fp32
-    CPU kernels the published figures come from); a runtime named 'mxnet' runs in MXNet.
+    CPU kernels the published figures come from); a runtime named 'mxnet' runs in MXNet. With
+    ``paired_with`` (a model's 1-thread run spec) the reference and that model are timed in turns in one
+    child (``profile_child.paired``) and the result carries the model's CPU times too (not cached).
     """
     key = (refp.model, refp.input, refp.threads, refp.runtime)
-    if key in _reference_cache:
+    if paired_with is None and key in _reference_cache:
         return _reference_cache[key]
     model = refp.model if (":" in refp.model or "/" in refp.model) else f"zoo:{refp.model}"
     rt = "mxnet" if refp.runtime == "mxnet" else "onnxruntime"
@@ -394,10 +413,27 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None) -> 
                     "warmup": REFERENCE_WARMUP, "runs": REFERENCE_RUNS, "op_profile": False}
         if rt == "onnxruntime":
             run_spec["model_file"] = info["model_file"]
+        if paired_with is not None:
+            if say:
+                say(f"timing the model and the speed reference in turns ({PAIRED_ROUNDS} rounds, 1 thread)")
+            raw = run_child({"mode": "paired", "model": paired_with, "reference": run_spec, "rounds": PAIRED_ROUNDS,
+                             "warmup": paired_with.get("warmup", 10)}, 1,
+                            "the model and the speed reference in turns", timeout)
+            summary = latency_summary(raw["ref_wall_ms"])
+            loads = [x for x in (raw.get("loadavg_before"), raw.get("loadavg_after")) if x is not None]
+            return {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"],
+                    "spread_p99_p50": latency_summary(raw["ref_cpu_ms"])["spread_p99_p50"],
+                    "cpu_p50_ms": percentile(raw["ref_cpu_ms"], 50),
+                    "runtime": f"{rt} {raw.get('runtime_version')}",
+                    "paired": {"model_cpu": latency_summary(raw["model_cpu_ms"]),
+                               "model_cpu_p50_ms": percentile(raw["model_cpu_ms"], 50),
+                               "model_wall_p50_ms": percentile(raw["model_wall_ms"], 50),
+                               "reference_cpu_p50_ms": percentile(raw["ref_cpu_ms"], 50),
+                               "reference_wall_p50_ms": summary["p50_ms"], "rounds": raw["rounds"],
+                               "per_round": raw["per_round"], "loadavg": max(loads) if loads else None}}
         raw = run_child(run_spec, refp.threads, "the speed reference run", timeout)
     summary = latency_summary(raw["latencies_ms"])
     out = {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"], "spread_p99_p50": summary["spread_p99_p50"],
-           "cpu_p50_ms": percentile(raw["cpu_ms"], 50) if raw.get("cpu_ms") and refp.threads == 1 else None,
            "runtime": f"{rt} {raw.get('runtime_version')}"}
     _reference_cache[key] = out
     return out

@@ -37,7 +37,8 @@ def main(argv: list[str]) -> int:
     from .errors import EdgetrainError
 
     try:
-        result = plan(spec) if spec.get("mode") == "plan" else run(spec)
+        mode = spec.get("mode")
+        result = plan(spec) if mode == "plan" else paired(spec) if mode == "paired" else run(spec)
     except EdgetrainError as exc:
         result = {"error": {"type": type(exc).__name__, "what": exc.what, "where": exc.where, "fix": exc.fix}}
     Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
@@ -84,14 +85,17 @@ def run(spec: dict) -> dict:
         time.sleep(power_spec.get("idle_s", 0))  # an idle stretch the meter's log can show too
         out["wall_idle"] = [idle_t0, time.time()]
     out["loadavg_before"] = _loadavg()
-    lat = []
+    lat, cpu = [], []
     energy_start = rapl() if rapl else None
     wall_t0 = meter.begin() if meter is not None else time.time()
     wall0 = time.perf_counter()
     for _ in range(spec["runs"]):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         runner.infer()
         lat.append((time.perf_counter() - t0) * 1000)
+        # CPU time of the process: at 1 thread it leaves out the time this host gave to other processes
+        cpu.append((time.process_time() - c0) * 1000)
     wall = time.perf_counter() - wall0
     energy_end = rapl() if rapl else None
     out["wall_timed"] = [wall_t0, time.time()]
@@ -99,6 +103,7 @@ def run(spec: dict) -> dict:
         out["power"] = _measure_power(meter, power_spec, runner, wall_t0, spec["runs"], out)
     out["loadavg_after"] = _loadavg()
     out["latencies_ms"] = lat
+    out["cpu_ms"] = cpu
     out["timed_wall_s"] = wall
     mem["final_rss_mb"], mem["peak_rss_mb"] = rss_mb(), peak_rss_mb()
     out["memory"] = mem
@@ -112,6 +117,48 @@ def run(spec: dict) -> dict:
     # After VmHWM is read: the profiled session's own memory must not count.
     out["ops"] = runner.op_profile(min(OP_PROFILE_RUNS, spec["runs"])) if spec.get("op_profile", True) else \
         {"available": False, "note": "per-op profiling switched off"}
+    return out
+
+
+def paired(spec: dict) -> dict:
+    """The model and the speed reference timed in turns in one process, at 1 thread, in CPU time.
+
+    A busy host slows both alike when they alternate within milliseconds (a shared core, caches, the
+    clock), so their ratio holds where two runs minutes apart drift; CPU time leaves out the time the
+    host gave to other processes. ``rounds`` rounds of ``per_round`` model runs then one reference run.
+    """
+    model = OrtRunner(spec["model"]) if spec["model"]["runtime"] == "onnxruntime" else MxnetRunner(spec["model"])
+    ref = OrtRunner(spec["reference"]) if spec["reference"]["runtime"] == "onnxruntime" else \
+        MxnetRunner(spec["reference"])
+    for _ in range(max(int(spec.get("warmup", 10)), 1)):
+        model.infer()
+    for _ in range(3):
+        ref.infer()
+    c0 = time.process_time()
+    ref.infer()
+    ref_ms = (time.process_time() - c0) * 1000
+    c0 = time.process_time()
+    model.infer()
+    model_ms = max((time.process_time() - c0) * 1000, 1e-3)
+    # About as much model time as reference time per round, at most 10 model runs.
+    per_round = int(min(10, max(1, round(ref_ms / model_ms))))
+    out = {"model_cpu_ms": [], "model_wall_ms": [], "ref_cpu_ms": [], "ref_wall_ms": [], "per_round": per_round,
+           "rounds": spec["rounds"], "loadavg_before": _loadavg(),
+           "runtime_version": (_lazy.onnxruntime() if spec["reference"]["runtime"] == "onnxruntime"
+                               else _lazy.mxnet()).__version__}
+
+    def timed(runner, cpu, wall):
+        c0, t0 = time.process_time(), time.perf_counter()
+        runner.infer()
+        wall.append((time.perf_counter() - t0) * 1000)
+        cpu.append((time.process_time() - c0) * 1000)
+
+    for _ in range(spec["rounds"]):
+        model.infer()  # untimed: the reference run just before has evicted the model from the caches
+        for _ in range(per_round):
+            timed(model, out["model_cpu_ms"], out["model_wall_ms"])
+        timed(ref, out["ref_cpu_ms"], out["ref_wall_ms"])
+    out["loadavg_after"] = _loadavg()
     return out
 
 

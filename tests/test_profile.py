@@ -103,11 +103,12 @@ def test_reference_latency_scales_the_host_measurement(onnx_file, tmp_path, thre
     res = profile(str(onnx_file), device=str(path), threads=str(threads), **FAST)
     lat = res.verdict["latency"]
     assert lat["provenance"] == "estimated"
-    if threads == 1:  # CPU time on both sides: a busy host does not stretch the estimate
-        cpu = res.configs[0]["cpu_latency"]
-        assert lat["basis"] == "cpu_time" and "CPU time" in lat["source"]
+    if threads == 1:  # the model and the reference timed in turns in one process, in CPU time
+        pr = lat["paired"]
+        assert lat["basis"] == "paired_cpu_time" and "timed in turns" in lat["source"]
+        assert pr["rounds"] == 60 and 1 <= pr["per_round"] <= 10
         assert lat["factor"] == pytest.approx(50.0 / lat["reference"]["host_cpu_ms"])
-        assert lat["p50_ms"] == pytest.approx(cpu["p50_ms"] * lat["factor"])
+        assert lat["p50_ms"] == pytest.approx(pr["model_cpu_p50_ms"] * lat["factor"])
     else:  # several threads' CPU time is not a latency: wall clock on both sides
         assert lat["basis"] == "wall_clock"
         assert lat["factor"] == pytest.approx(50.0 / lat["reference"]["host_ms"])
