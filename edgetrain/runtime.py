@@ -45,6 +45,7 @@ def apply_threads(threads: int | None, strict: bool = True) -> int:
     if threads < 1:
         from .errors import UsageError
         raise UsageError(f"--threads must be at least 1, got {threads}", "--threads", "pass a positive count")
+    threads = cap_to_cores(threads)
     if "mxnet" in sys.modules and _threads != threads:
         # ONNX Runtime takes the cap per session, but MXNet's pools are sized at import.
         if strict:
@@ -58,6 +59,24 @@ def apply_threads(threads: int | None, strict: bool = True) -> int:
     os.environ.update(thread_env(threads))
     _threads = threads
     return threads
+
+
+cap_notes: list[str] = []  # what cap_to_cores did in this process, for a command's notes
+
+
+def cap_to_cores(threads: int) -> int:
+    """A cap above the cores this process may use only adds contention (512 threads on 2 cores ran 50x
+    slower): capped to the cores, with a warning on stderr. ``EDGETRAIN_ALLOW_OVERSUBSCRIBE=1`` keeps it
+    (measuring a bigger board's thread count on purpose)."""
+    cores = usable_cores()
+    if threads <= cores or os.environ.get("EDGETRAIN_ALLOW_OVERSUBSCRIBE") == "1":
+        return threads
+    note = (f"thread cap {threads} is above the {cores} core(s) this process may use: capped to {cores} "
+            "(EDGETRAIN_ALLOW_OVERSUBSCRIBE=1 keeps it)")
+    if note not in cap_notes:
+        cap_notes.append(note)
+        sys.stderr.write(f"warning: {note}\n")
+    return cores
 
 
 def requested_threads() -> int | None:

@@ -179,3 +179,40 @@ def test_parse_model_ref_never_imports(tmp_path, monkeypatch):
     (tmp_path / "spy.py").write_text(TRAP)
     ref = parse_model_ref("spy:best")
     assert ref.kind == "factory" and not (tmp_path / "IMPORTED").exists()
+
+
+# --- thread caps above the cores ----------------------------------------------------------------------
+
+CAP_CODE = ("import os, sys\nos.sched_setaffinity(0, {0})\nfrom edgetrain import runtime\n"
+            "print(runtime.apply_threads(int(sys.argv[1])))\n")
+
+
+@pytest.mark.parametrize("asked", [2, 8, 64, 256])
+def test_thread_cap_above_the_cores_is_capped_with_a_warning(asked):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", CAP_CODE, str(asked)], capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "1", res.stderr
+    assert res.stderr.count("warning: thread cap") == 1 and "capped to 1" in res.stderr
+    env = {**__import__("os").environ, "EDGETRAIN_ALLOW_OVERSUBSCRIBE": "1"}
+    res = subprocess.run([sys.executable, "-c", CAP_CODE, str(asked)], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert res.stdout.strip() == str(asked) and "warning" not in res.stderr
+
+
+@pytest.mark.parametrize("device", ["rpi-zero2w", "jetson-nano-10w"])
+def test_device_default_above_the_cores_is_capped(tmp_path, device):
+    """A 4-thread device default on a 1-core host: capped, said once, and the command runs."""
+    import os
+    import subprocess
+    import sys
+
+    def one_core():
+        os.sched_setaffinity(0, {0})
+
+    res = subprocess.run([sys.executable, "-m", "edgetrain", "export", "edgetrain.nets:digits_cnn", "-o",
+                          str(tmp_path / "m.onnx"), "--device", device, "--json", "-"], capture_output=True, text=True,
+                         timeout=600, preexec_fn=one_core)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "thread cap 4 is above the 1 core(s)" in res.stderr
