@@ -95,6 +95,25 @@ def duty_cycle(steps) -> dict | None:
     return out
 
 
+def energy_notes(steps) -> list[str]:
+    """How much the energy per inference may move, and whether the host was too busy to trust it."""
+    by = {s.name: (s.result or {}) for s in steps}
+    e = (by.get("profile") or {}).get("energy") or {}
+    pi = e.get("per_inference") or {}
+    out = []
+    sp = pi.get("spread") or (e.get("modelled_per_inference") or {}).get("spread")
+    if sp:
+        out.append(f"energy per inference at the p10 to p90 latency: {sp['p10']['total_mj']:.3g} to "
+                   f"{sp['p90']['total_mj']:.3g} mJ (modelled from the p50: {pi.get('total_mj', 0):.3g} mJ)")
+    if pi.get("provenance") == "measured":
+        out.append(f"energy per inference measured by {pi.get('meter')}: {pi.get('samples')} samples over "
+                   f"{pi.get('inferences')} inferences")
+    reasons = (e.get("reliability") or {}).get("reasons")
+    if reasons:
+        out.append("the latency and energy estimates are unreliable: " + "; ".join(reasons))
+    return out
+
+
 def duty_cycle_rows(dc: dict | None) -> list[tuple[str, str]]:
     if not dc:
         return []
@@ -118,6 +137,7 @@ def _markdown(result) -> str:
     lines = [f"# edgetrain run: {result.recipe}", "", f"Device: **{result.device}** · run folder `{result.rundir}`", "",
              "| figure | value |", "|---|---|"]
     lines += [f"| {label} | {value} |" for label, value in summary_rows(result.summary)]
+    lines += [f"\n- {n}" for n in energy_notes(result.steps)]
     dc = duty_cycle(result.steps)
     if dc:
         lines += ["", "## Fine-tune then infer: a day on the battery", "", "| figure | value |", "|---|---|"]
@@ -136,8 +156,10 @@ def _html(result, folder: Path) -> str:
         f"<td>{s.seconds:.1f}</td><td>{esc(_rel(s.log, folder))}</td></tr>" for s in result.steps)
     profile = folder / "profile.html"
     link = "<p>Latency, memory and energy detail: <a href='profile.html'>profile.html</a></p>" if profile.exists() else ""
+    notes = "".join(f"<p class='{'bad' if 'unreliable' in n else 'src'}'>{esc(n)}</p>"
+                    for n in energy_notes(result.steps))
     dc = duty_cycle(result.steps)
-    duty = ("<h2>Fine-tune then infer: a day on the battery</h2><table>"
+    duty = notes + ("<h2>Fine-tune then infer: a day on the battery</h2><table>"
             + "".join(f"<tr><th>{esc(label)}</th><td>{esc(value)}</td></tr>" for label, value in duty_cycle_rows(dc))
             + f"</table><p>{esc(dc['source'])}</p>") if dc else ""
     failed = (f"<p class='bad'>Step <b>{esc(result.failed_step)}</b> did not pass; exit code {result.exit_code}.</p>"

@@ -48,3 +48,18 @@ def test_no_battery_no_battery_rows_and_missing_parts_give_nothing():
     assert duty_cycle([Step("finetune", {"energy": {"joules": 5.0, "seconds": 1}})]) is None
     assert duty_cycle([Step("finetune", {"energy": None}), Step("profile", {})]) is None
     assert duty_cycle_rows(None) == []
+
+
+def test_the_run_report_says_how_much_energy_may_move_and_when_not_to_trust_it():
+    from edgetrain.run_report import energy_notes
+
+    pi = {"total_mj": 1.9, "provenance": "modelled",
+          "spread": {"p10": {"total_mj": 1.3}, "p90": {"total_mj": 3.1}}}
+    rel = {"reasons": ["the host's 1-minute load average was 9.50, above its 2 usable cores"]}
+    notes = energy_notes([Step("profile", {"energy": {"per_inference": pi, "reliability": rel}})])
+    assert "1.3 to 3.1 mJ" in notes[0] and "unreliable" in notes[1] and "9.50" in notes[1]
+    measured = {"total_mj": 2.0, "provenance": "measured", "meter": "pi5-pmic", "samples": 12, "inferences": 400}
+    notes = energy_notes([Step("profile", {"energy": {"per_inference": measured, "reliability": {"reasons": []},
+                                                      "modelled_per_inference": pi}})])
+    assert "1.3 to 3.1" in notes[0] and "pi5-pmic: 12 samples over 400 inferences" in notes[1] and len(notes) == 2
+    assert energy_notes([Step("profile", {})]) == []
