@@ -204,13 +204,15 @@ def _frozen_onnx(outdir: Path, fingerprint: str, record: dict | None, export) ->
 
 def _ort_session(path: Path, threads: int, arena: bool):
     ort = _lazy.module("onnxruntime")
-    from .runtime import ort_session_options
 
-    opts = ort_session_options(threads)
+    # not runtime.ort_session_options: that one stops the workers spinning between ops (right for one-off
+    # inferences on a battery); the feature pass runs the session back to back, where spinning is faster
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.enable_cpu_mem_arena = arena  # the memory plan's choice: off under a tight budget
-    # the feature pass runs the session back to back: letting its workers spin between ops is faster
-    # (the shared default turns spinning off for one-off inferences on a battery)
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 

@@ -1,4 +1,6 @@
-"""finetune_model in-process: the plan's choices (micro-batches, disk cache) change memory, not the result."""
+"""finetune in-process (edgetrain.api): the plan's choices (micro-batches, disk cache) change memory, not the
+result; on both training paths: head only (frozen part in ONNX Runtime, linear head in NumPy, no mxnet in
+the process) and last:2 (frozen part in ONNX Runtime, the rest in MXNet)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,47 +12,69 @@ from edgetrain import memplan
 from edgetrain.api import finetune as finetune_model
 
 
-def _run(data, out, **kw):
-    res = finetune_model("edgetrain.nets:pretrained_digits", str(data), out, epochs=3, seed=3, **kw)
+LAYERS = ("head", "last:2")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """The head-only path's per-user export cache, kept out of the user's home."""
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "edgetrain-cache"))
+
+
+@pytest.fixture(params=LAYERS)
+def layers(request):
+    return request.param
+
+
+def _run(data, out, layers="head", **kw):
+    res = finetune_model("edgetrain.nets:pretrained_digits", str(data), out, epochs=3, seed=3, train_layers=layers,
+                         **kw)
     import mxnet as mx
 
     return res, {k: v.asnumpy() for k, v in mx.nd.load(str(Path(out) / "model-0000.params")).items()}
 
 
-@pytest.fixture(scope="module")
-def reference(digits_npz, tmp_path_factory):
-    return _run(digits_npz, tmp_path_factory.mktemp("ref") / "o")
+_refs: dict = {}
 
 
-def test_micro_batches_accumulate_to_the_full_batch_update(digits_npz, reference, tmp_path, monkeypatch):
+@pytest.fixture
+def reference(digits_npz, tmp_path_factory, layers):
+    if layers not in _refs:
+        _refs[layers] = _run(digits_npz, tmp_path_factory.mktemp("ref") / "o", layers)
+    return _refs[layers]
+
+
+def test_micro_batches_accumulate_to_the_full_batch_update(digits_npz, reference, tmp_path, monkeypatch, layers):
+    if layers != "head":
+        pytest.skip("last:2 trains a BatchNorm: micro-batch statistics differ from the full batch's by design")
     ref_res, ref_params = reference
     assert ref_res.plan["micro_batch"] == 32 and ref_res.plan["cache"] == "memory"
     monkeypatch.setattr(memplan, "UNBUDGETED_TRAIN_MB", 0.0)  # forces micro-batch 1: 32 backward passes per step
-    res, params = _run(digits_npz, tmp_path / "o")
+    res, params = _run(digits_npz, tmp_path / "o", layers)
     assert res.plan["micro_batch"] == 1
     for k in params:
         np.testing.assert_allclose(params[k], ref_params[k], rtol=1e-4, atol=1e-5, err_msg=k)
 
 
-def test_disk_feature_cache_trains_the_same_model(digits_npz, reference, tmp_path, monkeypatch):
+def test_disk_feature_cache_trains_the_same_model(digits_npz, reference, tmp_path, monkeypatch, layers):
     _, ref_params = reference
     monkeypatch.setattr(memplan, "UNBUDGETED_CACHE_MB", 0.0)
-    res, params = _run(digits_npz, tmp_path / "o")
+    res, params = _run(digits_npz, tmp_path / "o", layers)
     assert res.plan["cache"] == "disk"
     for k in params:
         np.testing.assert_array_equal(params[k], ref_params[k], err_msg=k)
     assert not (tmp_path / "o" / "features.cache").exists(), "the cache file is removed when the run is done"
 
 
-def test_last_partial_batch_is_masked(digits_npz, tmp_path):
+def test_last_partial_batch_is_masked(digits_npz, tmp_path, layers):
     # 240 training samples, batch 64: the last step has 48 real rows padded to 64; accuracy counts only real rows
-    res, _ = _run(digits_npz, tmp_path / "o", batch_size=64, val_split=0.2)
+    res, _ = _run(digits_npz, tmp_path / "o", layers, batch_size=64, val_split=0.2)
     first = res.epochs[0]
     assert first["samples"] == 240
     assert abs(first["train_accuracy"] * 240 - round(first["train_accuracy"] * 240)) < 1e-6
 
 
-def test_interrupted_run_reuses_its_disk_feature_cache(digits_npz, reference, tmp_path, monkeypatch):
+def test_interrupted_run_reuses_its_disk_feature_cache(digits_npz, reference, tmp_path, monkeypatch, layers):
     import os
     import signal
 
@@ -59,22 +83,22 @@ def test_interrupted_run_reuses_its_disk_feature_cache(digits_npz, reference, tm
     _, ref_params = reference
     monkeypatch.setattr(memplan, "UNBUDGETED_CACHE_MB", 0.0)
 
-    def stop_after_first_epoch(info):
-        if info["phase"] == "epoch" and info["epoch"] == 1:
+    def stop_after_first_epoch(event):
+        if event.stage == "epoch" and event.metrics.get("epoch") == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # caught by finetune: checkpoint, then Interrupted
 
     with pytest.raises(Interrupted) as err:
-        _run(digits_npz, tmp_path / "o", progress=stop_after_first_epoch)
+        _run(digits_npz, tmp_path / "o", layers, progress=stop_after_first_epoch)
     assert err.value.exit_code == 128 + signal.SIGTERM
     assert (tmp_path / "o" / "features.cache").exists()
-    res, params = _run(digits_npz, tmp_path / "o", resume=True)
+    res, params = _run(digits_npz, tmp_path / "o", layers, resume=True)
     assert "feature cache on disk reused from the interrupted run" in res.notes
     assert res.resumed_from == {"epoch": 1, "step": 0}
     for k in params:
         np.testing.assert_array_equal(params[k], ref_params[k], err_msg=k)
 
 
-def test_cache_interrupted_mid_pass_is_computed_again(digits_npz, reference, tmp_path, monkeypatch):
+def test_cache_interrupted_mid_pass_is_computed_again(digits_npz, reference, tmp_path, monkeypatch, layers):
     import os
     import signal
 
@@ -83,13 +107,13 @@ def test_cache_interrupted_mid_pass_is_computed_again(digits_npz, reference, tmp
     _, ref_params = reference
     monkeypatch.setattr(memplan, "UNBUDGETED_CACHE_MB", 0.0)
 
-    def stop_in_feature_pass(info):
-        if info["phase"] == "features":
+    def stop_in_feature_pass(event):
+        if event.stage == "features":
             os.kill(os.getpid(), signal.SIGINT)
 
     with pytest.raises(Interrupted):
-        _run(digits_npz, tmp_path / "o", progress=stop_in_feature_pass)
-    res, params = _run(digits_npz, tmp_path / "o", resume=True)
-    assert not any("reused" in n for n in res.notes)
+        _run(digits_npz, tmp_path / "o", layers, progress=stop_in_feature_pass)
+    res, params = _run(digits_npz, tmp_path / "o", layers, resume=True)
+    assert "feature cache on disk reused from the interrupted run" not in res.notes
     for k in params:
         np.testing.assert_array_equal(params[k], ref_params[k], err_msg=k)
