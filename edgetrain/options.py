@@ -263,6 +263,8 @@ class QuantizeOptions(ModelOptions):
     backend: Literal["onnxruntime", "mxnet"] = opt(
         "onnxruntime", help="onnxruntime: portable QDQ .onnx; mxnet: MXNet oneDNN int8 PREFIX (not exportable to ONNX).")
     latency: bool = opt(True, flag="--latency/--no-latency", help="Time the fp32 and int8 models after quantizing.")
+    allow_chance: bool = opt(False, help="Accept a model at chance on the held-out data (else exit 3: it learned nothing "
+                                         "the data can show).")
 
 
 class ExportOptions(ModelOptions, EnergyOptions):
@@ -275,6 +277,8 @@ class ExportOptions(ModelOptions, EnergyOptions):
     rtol: NonNegative = opt(None, metavar="X", help="Relative tolerance (default 1e-3; 1e-2 with --fp16).")
     data: Optional[str] = opt(None, metavar="DATA", recipe=False, help="Also validate on real samples from DATA.")
     fp16: bool = opt(False, help="fp16 weights and compute (fp32 inputs/outputs), for GPU targets.")
+    allow_chance: bool = opt(False, help="Accept a model at chance on the held-out data (else exit 3: it learned nothing "
+                                         "the data can show).")
 
 
 class FinetuneOptions(ModelOptions):

@@ -124,9 +124,12 @@ class QuantizeResult(Result):
 
     def checks(self) -> list[str]:
         a = self.accuracy
+        from .compare import chance_failure
+
+        failed = []
         if a.get("checked") and a["drop"] > a["max_drop"] + 1e-9:
-            return [f"int8 top-1 drop {a['drop']:.2f} pts exceeds --max-drop {a['max_drop']:g}"]
-        return []
+            failed.append(f"int8 top-1 drop {a['drop']:.2f} pts exceeds --max-drop {a['max_drop']:g}")
+        return failed + [f for f in [chance_failure(a.get("chance"), "int8")] if f]
 
 
 @dataclass
@@ -150,9 +153,12 @@ class ExportResult(Result):
     notes: list[str] = field(default_factory=list)
     # With --device: the profile command's latency verdict and energy budget for the written file.
     energy: dict | None = None
+    accuracy: dict | None = None  # with --data: top-1 of the ONNX model on its samples, against chance
 
     def checks(self) -> list[str]:
-        failed = []
+        from .compare import chance_failure
+
+        failed = [f for f in [chance_failure((self.accuracy or {}).get("chance"), "ONNX model")] if f]
         if not self.comparison.passed:
             worst = self.comparison.failed[0] if self.comparison.failed else None
             if worst is None:

@@ -75,6 +75,7 @@ def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = No
         expected.append(_gluon_outputs(model, x, out_names))
         actual.append(_ort_outputs(session, x, out_names, model.ref.text))
         described.append({"source": what, "batch": int(x.shape[0])})
+    accuracy = _data_accuracy(samples, batches, actual, out_names, model, opts)
     comparison: Comparison = _compare(expected, actual, atol, rtol)
     comparison.batches = len(batches)
     t3 = time.perf_counter()
@@ -96,6 +97,7 @@ def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = No
         device=profile.name if profile is not None else None, threads=threads,
         seconds={"load": round(t1 - t0, 3), "translate": round(t2 - t1, 3), "validate": round(t3 - t2, 3)},
         metadata_keys=[p.key for p in proto.metadata_props], random_weights=model.random_weights, notes=notes,
+        accuracy=accuracy,
     )
     if profile is not None and comparison.passed:
         say(f"energy budget on {profile.name}: profiling the exported file")
@@ -127,8 +129,26 @@ def _session(blob: bytes, threads: int, where: str) -> OrtRunner:
 
 def _real_samples(data, model):
     ds = load_data(data, model.preprocess)
-    x, _ = ds.arrays(DATA_SAMPLES)
-    return x, list(ds.notes)
+    x, labels = ds.arrays(DATA_SAMPLES)
+    return x, list(ds.notes), labels
+
+
+def _data_accuracy(samples, batches, actual, out_names, model, opts) -> dict | None:
+    """Top-1 of the ONNX model on the --data samples (their labels), checked against chance."""
+    if samples is None or len(samples) < 3 or model.num_classes < 2:
+        return None
+    from ..compare import chance_check
+
+    logits = np.concatenate([np.asarray(out[out_names[0]]).reshape(len(x), -1)
+                             for (what, x), out in zip(batches, actual) if what == "data"])
+    labels = np.asarray(samples[2][: len(logits)])
+    if logits.shape[1] != model.num_classes or labels.max(initial=0) >= model.num_classes:
+        return {"checked": False, "note": "the data's labels are not the model's classes"}
+    top1 = 100.0 * float(np.mean(np.argmax(logits, axis=1) == labels))
+    check = chance_check(top1, labels, model.num_classes)
+    # random weights are at chance by construction: that export checks the conversion, not the model
+    return {"top1": top1, "samples": int(len(labels)),
+            "chance": {**check, "allowed": bool(opts.allow_chance or model.random_weights)}}
 
 
 def _validation_batches(model, dynamic_batch: bool, samples) -> list[tuple[str, np.ndarray]]:

@@ -154,6 +154,12 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         within_budget = chosen.drop <= max_drop + 1e-9
         accuracy = {"checked": True, "fp32_top1": fp32_top1, "int8_top1": chosen.int8_top1,
                     "drop": chosen.drop, "max_drop": max_drop, "samples": len(val_ds), "source": val}
+        from ..compare import chance_check  # a model at chance passes no budget worth having
+
+        accuracy["chance"] = {**chance_check(chosen.int8_top1, val_ds.labels, num_classes or val_ds.num_classes),
+                              # random weights are at chance by construction (that run checks the tooling)
+                              "allowed": bool(opts.allow_chance)
+                              or onnx_model.metadata.get("edgetrain.random_weights") == "true"}
         if within_budget is False:
             notes.append(f"searched up to {cap} of {len(quantized)} quantized nodes kept in fp32 "
                          "(--max-fp32-nodes)")
