@@ -131,6 +131,7 @@ def load_gluon(text: str, params: str | None = None, input_shape: tuple[int, int
     if hybridize:
         model.block.hybridize()
     model.num_classes = _check_runs(model)
+    check_finite_params(model.block, ref.text)
     if model.preprocess.class_names is not None and len(model.preprocess.class_names) != model.num_classes:
         model.notes.append(f"recorded {len(model.preprocess.class_names)} class names but the model has "
                            f"{model.num_classes} outputs; class names dropped")
@@ -299,6 +300,20 @@ def _load_params(block, params: str) -> None:
                          "use the params saved from this architecture (save_parameters)") from None
 
 
+def check_finite_params(block, where: str) -> None:
+    """A model holding NaN/inf weights is refused at load: ReLU maps NaN to 0, so its outputs can look
+    fine while it is broken (an export would "pass", an int8 model sits at chance)."""
+    for name, p in block.collect_params().items():
+        try:
+            arr = p.data().asnumpy()
+        except Exception:  # deferred/uninitialised: nothing to check yet
+            continue
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+            raise UsageError(f"model weights hold {bad} non-finite value(s) (NaN/inf) in {clip(name, 80)}", where,
+                             "the model is broken (a diverged training?): use an earlier checkpoint")
+
+
 def _check_runs(model: GluonModel) -> int:
     """Run one zero batch: proves the shape fits and gives the number of outputs (classes)."""
     import contextlib
@@ -395,7 +410,23 @@ def load_onnx(path: str | Path) -> OnnxModel:
                              "export the model again with `edgetrain export`")
         pre = Preprocess.from_dict(record, f"{path} metadata 'edgetrain.preprocess'")
     check_onnx_ops(proto, str(path))
+    _check_finite_initializers(proto, str(path))
     return OnnxModel(path, proto, pre, meta)
+
+
+def _check_finite_initializers(proto, where: str) -> None:
+    from onnx import numpy_helper
+
+    for init in proto.graph.initializer:
+        if init.data_type not in (1, 10, 11, 16):  # float, float16, double, bfloat16
+            continue
+        try:
+            arr = numpy_helper.to_array(init)
+        except Exception:  # external data not found etc.: ONNX Runtime reports it properly
+            continue
+        if not np.isfinite(arr).all():
+            raise UsageError(f"ONNX weights hold non-finite values (NaN/inf) in {clip(init.name, 80)}", where,
+                             "the model is broken (a diverged training?): export it again from good weights")
 
 
 # Operator domains ONNX Runtime's CPU provider implements; any other domain is a custom op it cannot run.
