@@ -10,14 +10,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from . import _lazy
 from .errors import RunFailed, UsageError
 from .options import DEFAULT_OPSET
+from .runners import OrtRunner
 
 META_PREFIX = "edgetrain."
 
 
-def export_onnx(model, path, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False) -> Path:
+def export_onnx(model, path, opset: int = DEFAULT_OPSET, dynamic_batch: bool = True) -> Path:
     """Translate ``model`` (a GluonModel), repair it, record its preprocessing, and write it atomically.
 
     No validation: ``export`` does that. Raises UsageError for an operator the exporter cannot translate.
@@ -28,8 +31,11 @@ def export_onnx(model, path, opset: int = DEFAULT_OPSET, dynamic_batch: bool = F
     return path
 
 
-def build_onnx(model, opset: int = DEFAULT_OPSET, dynamic_batch: bool = False, fp16: bool = False):
-    """The checked ONNX ModelProto for ``model`` (nothing written)."""
+def build_onnx(model, opset: int = DEFAULT_OPSET, dynamic_batch: bool = True, fp16: bool = False):
+    """The checked ONNX ModelProto for ``model`` (nothing written).
+
+    Batch policy, the same for every ONNX file edgetrain writes: a dynamic batch dimension unless the user
+    fixes it (``dynamic_batch=False``: batch 1); ``check_batch_sizes`` proves a written file takes both."""
     onnx = _lazy.onnx()
 
     from .compat import mxnet_onnx
@@ -176,3 +182,36 @@ def write_atomically(blob: bytes, path: Path) -> None:
     except OSError as exc:  # disk full, folder removed meanwhile: the temp file is already gone
         raise RunFailed(f"cannot write the ONNX file: {exc.strerror or exc}", str(path),
                         "free space or choose another location for -o") from None
+
+
+BATCH_SIZES = (1, 3)  # a dynamic-batch file is run at both
+
+
+def check_batch_sizes(model, preprocess, threads: int | None = None, where: str = "output") -> dict:
+    """Prove an ONNX file (path or bytes) follows the batch policy: a dynamic file runs at every size in
+    BATCH_SIZES and a batch gives each sample the output it gets alone. Returns what was checked; a file
+    that fails is a bug in edgetrain, not the user's doing (RunFailed)."""
+    runner = OrtRunner(model, threads)
+    declared = runner.session.get_inputs()[0].shape[0]
+    if runner.fixed_batch is not None:
+        return {"dynamic": False, "batch": runner.fixed_batch, "checked_sizes": [runner.fixed_batch]}
+    mean = np.asarray(preprocess.mean, dtype=np.float32).reshape(-1, 1, 1)
+    std = np.asarray(preprocess.std, dtype=np.float32).reshape(-1, 1, 1)
+    x = ((np.random.RandomState(7).rand(max(BATCH_SIZES), *preprocess.input_shape).astype(np.float32) - mean)
+         / std).astype(np.float32)
+    alone = np.concatenate([runner.run(x[i:i + 1])[0] for i in range(len(x))])
+    worst = 0.0
+    for n in BATCH_SIZES:
+        try:
+            together = runner.run(x[:n])[0]
+        except Exception as exc:
+            raise RunFailed(f"the written model does not run at batch {n} although its batch is dynamic: "
+                            f"{str(exc).splitlines()[0][:200]}", where, "report this with the model") from exc
+        scale = max(float(np.abs(alone[:n]).max()), 1e-6)
+        err = float(np.abs(together - alone[:n]).max()) / scale
+        if together.shape[0] != n or err > 1e-3:
+            raise RunFailed(f"the written model gives a batch of {n} other outputs than one sample at a time "
+                            f"(max rel error {err:.3g})", where, "report this with the model")
+        worst = max(worst, err)
+    return {"dynamic": True, "batch": declared if isinstance(declared, str) else None,
+            "checked_sizes": list(BATCH_SIZES), "max_rel_error": worst}

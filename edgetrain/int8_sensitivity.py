@@ -19,6 +19,16 @@ def rank_nodes(fp32_path: Path, int8_path: Path, candidates: list[str], reader: 
 
     ``reader()`` returns a fresh CalibrationDataReader over the samples to compare on.
     """
+    rows = {r["node"]: r for r in node_errors(fp32_path, int8_path, reader, workdir)}
+    costs = [(name, rows[name]["lost_db"] if name in rows else 0.0) for name in candidates]
+    costs.sort(key=lambda c: -c[1])
+    return costs
+
+
+def node_errors(fp32_path: Path, int8_path: Path, reader: Callable[[], object], workdir: Path) -> list[dict]:
+    """Every fp32 node whose output the int8 model quantizes: its output's SQNR (dB) against fp32 and the
+    SQNR it loses (its worst input's minus its output's), the nodes that lose most first. A node whose
+    output is not quantized has nothing measurable and is not listed."""
     onnx = _lazy.onnx()
     (collect_activations, compute_activation_error, create_activation_matching,
      modify_model_output_intermediate_tensors) = _lazy.from_import(
@@ -35,18 +45,16 @@ def rank_nodes(fp32_path: Path, int8_path: Path, candidates: list[str], reader: 
         float_acts = collect_activations(str(fp32_aug), reader())
         int8_acts = collect_activations(str(int8_aug), reader())
     matched = {name: m for name, m in create_activation_matching(int8_acts, float_acts).items() if "float" in m}
-    sqnr = {name: e["xmodel_err"] for name, e in compute_activation_error(matched).items()}
+    sqnr = {name: float(e["xmodel_err"]) for name, e in compute_activation_error(matched).items()}
 
-    nodes = {n.name: n for n in onnx.load(str(fp32_path)).graph.node}
     best = max(sqnr.values(), default=0.0)
-    costs = []
-    for name in candidates:
-        node = nodes.get(name)
-        outs = [sqnr[o] for o in (node.output if node is not None else []) if o in sqnr]
+    rows = []
+    for node in onnx.load(str(fp32_path)).graph.node:
+        outs = [sqnr[o] for o in node.output if o in sqnr]
         if not outs:
-            costs.append((name, 0.0))  # its output is not quantized: nothing measurable to win back
             continue
         ins = [sqnr[i] for i in node.input if i in sqnr]
-        costs.append((name, (min(ins) if ins else best) - min(outs)))
-    costs.sort(key=lambda c: -c[1])
-    return costs
+        rows.append({"node": node.name, "op": node.op_type, "output_sqnr_db": round(min(outs), 2),
+                     "lost_db": round((min(ins) if ins else best) - min(outs), 2)})
+    rows.sort(key=lambda r: -r["lost_db"])
+    return rows

@@ -263,6 +263,11 @@ class QuantizeOptions(ModelOptions):
     backend: Literal["onnxruntime", "mxnet"] = opt(
         "onnxruntime", help="onnxruntime: portable QDQ .onnx; mxnet: MXNet oneDNN int8 PREFIX (not exportable to ONNX).")
     latency: bool = opt(True, flag="--latency/--no-latency", help="Time the fp32 and int8 models after quantizing.")
+    scheme: Literal["auto", "rule"] = opt(
+        "auto", help="auto: where quantize runs on the device's CPU (or with no --device), time fp32, QDQ S8S8/U8S8 "
+                     "per-channel/per-tensor and dynamic int8 in fresh processes and write the fastest within "
+                     "--max-drop, even fp32; rule: ONNX Runtime's per-architecture advice, not measured (always "
+                     "so when quantizing for another device).")
     allow_chance: bool = opt(False, help="Accept a model at chance on the held-out data (else exit 3: it learned nothing "
                                          "the data can show).")
 
@@ -272,7 +277,9 @@ class ExportOptions(ModelOptions, EnergyOptions):
                       help="Where to write the ONNX model (written atomically; kept even if validation fails).")
     opset: Opset = opt(DEFAULT_OPSET, metavar="N",
                        help="ONNX opset to translate for (12 or 13, the opsets mxnet 1.9.1's exporter knows).")
-    dynamic_batch: bool = opt(False, help="Variable batch size (validated at batch 1 and 3).")
+    dynamic_batch: bool = opt(True, flag="--dynamic-batch/--fixed-batch",
+                              help="Any batch size (validated at batch 1 and 3), as every ONNX file edgetrain "
+                                   "writes; --fixed-batch writes batch 1 only.")
     atol: NonNegative = opt(None, metavar="X", help="Absolute tolerance (default 1e-4; 1e-2 with --fp16).")
     rtol: NonNegative = opt(None, metavar="X", help="Relative tolerance (default 1e-3; 1e-2 with --fp16).")
     data: Optional[str] = opt(None, metavar="DATA", recipe=False, help="Also validate on real samples from DATA.")

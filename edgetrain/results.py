@@ -121,6 +121,8 @@ class QuantizeResult(Result):
     onnx_exportable: bool
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Per node of the all-int8 model, the nodes that lose most first: node, op, output_sqnr_db, lost_db, kept_fp32
+    node_errors: list[dict] = field(default_factory=list)
 
     def checks(self) -> list[str]:
         a = self.accuracy

@@ -26,7 +26,7 @@ def models(tmp_path_factory):
     fixed = edgetrain.export("edgetrain.nets:pretrained_digits", root / "fixed.onnx", dynamic_batch=False)
     assert fp32.passed and fixed.passed
     q = edgetrain.quantize(root / "fp32.onnx", calib=root / "digits5.npz", output=root / "int8.onnx",
-                           latency=False, samples=100)
+                           latency=False, samples=100, scheme="rule")
     assert (root / "int8.onnx").is_file(), q
     return root
 

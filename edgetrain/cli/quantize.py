@@ -38,6 +38,8 @@ def render(json_path, res) -> None:
     say(json_path, f"quantized  {res.model} -> {res.output} ({res.backend})")
     say(json_path, f"scheme     {s['name']} for {s['target']}")
     say(json_path, f"           why: {s['reason']}")
+    for line in candidate_table(s.get("candidates")):
+        say(json_path, line)
     c = res.calibration
     say(json_path, f"calibrated {c['method']} on {c['samples']} samples of {c['source']}")
     a = res.accuracy
@@ -50,6 +52,8 @@ def render(json_path, res) -> None:
     else:
         say(json_path, "accuracy   not checked (no --val)")
     say(json_path, f"fp32 nodes {', '.join(res.nodes_kept_fp32) if res.nodes_kept_fp32 else 'none'}")
+    for line in node_error_table(res.node_errors):
+        say(json_path, line)
     z = res.size
     say(json_path, f"size       {_size(z['fp32_bytes'])} -> {_size(z['int8_bytes'])} ({z['ratio']:.2f}x smaller)")
     if res.latency:
@@ -64,3 +68,35 @@ def render(json_path, res) -> None:
         say(json_path, f"warning    {w}")
     for n in res.notes:
         say(json_path, f"note       {n}")
+
+
+def candidate_table(candidates) -> list[str]:
+    """The measured schemes: p50 latency, size, accuracy; * marks the one written."""
+    if not candidates:
+        return []
+    lines = ["candidates (batch 1, each timed in fresh processes; * the one written)",
+             f"             {'candidate':<38} {'p50 ms':>8} {'size':>9} {'top-1':>7} {'drop':>6}"]
+    for c in candidates:
+        mark = "*" if c["chosen"] else " "
+        name = c["name"] + (" [rule]" if c["rule"] else "")
+        if c["error"]:
+            lines.append(f"           {mark} {name:<38} {c['error']}")
+            continue
+        top1 = f"{c['top1']:.2f}" if c["top1"] is not None else "-"
+        drop = f"{c['drop']:+.2f}" if c["drop"] is not None else "-"
+        over = "  over --max-drop" if c["within_budget"] is False else ""
+        p50 = f"{c['p50_ms']:.3f}" if c["p50_ms"] is not None else "-"
+        lines.append(f"           {mark} {name:<38} {p50:>8} {_size(c['size_bytes'] or 0):>9} {top1:>7} {drop:>6}{over}")
+    return lines
+
+
+def node_error_table(rows) -> list[str]:
+    """Per-node SQNR of the all-int8 model against fp32: why a node was kept in fp32."""
+    if not rows:
+        return []
+    lines = ["node SQNR  all-int8 vs fp32, the nodes that lose most (dB; higher SQNR is better)"]
+    for r in rows:
+        kept = "  kept in fp32" if r.get("kept_fp32") else ""
+        lines.append(f"           {r['node'][:44]:<44} {r['op'][:18]:<18} SQNR {r['output_sqnr_db']:6.1f}  "
+                     f"lost {r['lost_db']:5.1f}{kept}")
+    return lines

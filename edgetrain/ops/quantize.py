@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import _lazy
 from ..calibration import check_symbol_not_quantized, load_calibration, load_validation
+from ..convert import check_batch_sizes
+from ..host import detect_host
 from ..errors import UsageError
 from ..fileio import check_output_path
 from ..int8_scheme import scheme_for
 from ..options import QuantizeOptions
+from ..runners import OrtRunner
 from .quantize_mxnet import quantize_mxnet
 from ..results import BudgetStep, ProgressFn, QuantizeResult, stage
 from ..runtime import current_threads
@@ -22,6 +26,7 @@ from ..fileio import temp_dir
 
 RANKING_SAMPLES = 8    # samples compared activation by activation to rank nodes: every activation is held in memory
 MAX_STEPS = 12
+NODE_ERROR_ROWS = 10   # nodes listed with their SQNR in the report (those that lose most)
 
 def quantize(model: str, opts: QuantizeOptions, progress: ProgressFn | None = None) -> QuantizeResult:
     """Quantize MODEL to int8 calibrated on ``opts.calib``; see the module docstring.
@@ -93,10 +98,8 @@ def _num_classes(onnx_model) -> int:
 
 def _check_fits(fp32_path: Path, sample, where: str, threads: int) -> None:
     """Run one preprocessed sample through the fp32 model: calibration data that does not fit fails here."""
-    from ..accuracy import onnx_predictor
-
     try:
-        onnx_predictor(fp32_path, threads)(sample)
+        OrtRunner(fp32_path, threads).infer(sample)
     except Exception as exc:  # ORT raises InvalidArgument / Fail with a long message
         first = str(exc).splitlines()[0][:200]
         raise UsageError(f"samples of shape {','.join(map(str, sample.shape))} do not fit the model input: {first}",
@@ -126,9 +129,12 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     report(0, 1)
     node_names = prepare(onnx_model.path, prepared)
     report(1, 1)
-    quantizer = Quantizer(prepared, tmp, scheme, method,
-                          calibration_reader(calib_ds, pre.input_name, stage(progress, "calibrate")),
-                          len(calib_ds), stride_for(len(calib_ds)))
+    reader = calibration_reader(calib_ds, pre.input_name, stage(progress, "calibrate"))
+
+    def quantizer_for(s) -> Quantizer:  # every scheme reuses the one calibration (cached in tmp)
+        return Quantizer(prepared, tmp, s, method, reader, len(calib_ds), stride_for(len(calib_ds)))
+
+    quantizer = quantizer_for(scheme)
     candidate = tmp / "int8_0.onnx"
     quantizer.quantize(candidate)
     quantized = quantized_node_names(candidate, node_names)
@@ -167,25 +173,176 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         notes.append("accuracy was not checked: pass --val DATA to measure the int8 model against fp32")
 
     best_path, kept = best
-    record = {"scheme": scheme.name, "method": method, "calibration_samples": len(calib_ds),
-              "nodes_kept_fp32": kept, "tool": "edgetrain quantize"}
-    set_metadata(best_path, onnx_model.metadata, record)
-    with atomic_path(output, "-o") as dst:
-        dst.write_bytes(best_path.read_bytes())
+    host = detect_host()
+    measured = opts.scheme == "auto" and (profile is None or host.matches(profile))
+    rule_record = scheme.to_dict()
+    metadata = onnx_model.metadata
+
+    def write(path: Path, name: str, kept_nodes: list[str], final: bool) -> None:
+        """The model written to -o, atomically; while the search runs, the best so far (final False)."""
+        record = {"scheme": name, "precision": "fp32" if name == "fp32" else "int8", "method": method,
+                  "calibration_samples": len(calib_ds), "nodes_kept_fp32": kept_nodes, "tool": "edgetrain quantize",
+                  "search": "done" if final else "stopped before the end: the best candidate so far"}
+        staged = tmp / "staged.onnx"
+        staged.write_bytes(Path(path).read_bytes())
+        set_metadata(staged, metadata, record)
+        with atomic_path(output, "-o") as dst:
+            dst.write_bytes(staged.read_bytes())
+
+    search = None
+    if measured:
+        from ..scheme_search import fastest
+
+        rule_top1 = accuracy.get("int8_top1")
+        search = _scheme_candidates(onnx_model, prepared, quantizer_for, scheme, best_path, kept, rule_top1,
+                                    val_ds, accuracy.get("fp32_top1"), max_drop, threads, host, tmp,
+                                    progress)
+        _measure(search, pre.batch_shape(1), threads, write, kept, progress)
+        chosen = fastest(search)
+        if chosen is None:  # every candidate failed to run: the rule's model is still good
+            chosen = next(c for c in search if c.rule)
+            notes.append("no candidate could be timed; the rule's scheme was written")
+        chosen.chosen = True
+        kept = kept if chosen.kind == "static" else []
+        best_path = chosen.path
+        scheme_dict = _measured_scheme(chosen, search, scheme, host, threads)
+        if chosen.kind == "fp32":
+            notes.append("fp32 was the fastest candidate within the budget on this CPU: the fp32 model was written "
+                         "(no int8 scheme ran faster here)")
+        if accuracy.get("checked") and chosen.top1 is not None:
+            accuracy = {**accuracy, "int8_top1": chosen.top1, "drop": chosen.drop}
+            within_budget = chosen.within_budget
+    else:
+        scheme_dict = {**rule_record, "measured": False}
+        if opts.scheme == "auto":
+            notes.append(f"the scheme was not measured: quantizing for {profile.name} on this host "
+                         f"({host.cpu}, {host.arch}); ONNX Runtime's rule for its CPU was used (run quantize on "
+                         "the device to choose by measurement)")
+        else:
+            notes.append("the scheme was not measured (--scheme rule): ONNX Runtime's rule for the CPU was used")
+        scheme_dict["reason"] = rule_record["reason"] + " (rule; not measured)"
+    write(best_path, scheme_dict["name"], kept, final=True)
+    batch = check_batch_sizes(output, pre, threads, str(output))
+    notes.append("the model takes any batch size (checked at batch " + " and ".join(map(str, batch["checked_sizes"]))
+                 + ")" if batch["dynamic"] else f"the model takes a fixed batch of {batch['batch']} (as its input)")
+    node_errors = _node_errors(quantizer, prepared, candidate, kept, val_ds or calib_ds, pre, tmp, notes)
 
     fp32_bytes, int8_bytes = onnx_model.path.stat().st_size, output.stat().st_size
-    latency = (_latency(onnx_model.path, output, pre.batch_shape(1), threads, profile, stage(progress, "latency"))
-               if opts.latency else None)
-    warnings = [scheme.warning] if scheme.warning else []
+    if search is not None:
+        latency = _measured_latency(search, threads, pre, host) if opts.latency else None
+    else:
+        latency = (_latency(onnx_model.path, output, pre.batch_shape(1), threads, profile,
+                            stage(progress, "latency")) if opts.latency else None)
+    warnings = [scheme.warning] if scheme.warning and search is None else []
     if within_budget is False:
         warnings.append(f"no mix of int8 and fp32 nodes met --max-drop {max_drop:g}: kept the best "
                         f"(drop {accuracy['drop']:.2f} pts with {len(kept)} node(s) in fp32)")
     return QuantizeResult(
-        model=model, output=str(output), backend="onnxruntime", scheme=scheme.to_dict(),
+        model=model, output=str(output), backend="onnxruntime", scheme=scheme_dict,
         calibration={"method": method, "samples": len(calib_ds), "source": calib},
         accuracy=accuracy, steps=steps, nodes_kept_fp32=kept,
         size={"fp32_bytes": fp32_bytes, "int8_bytes": int8_bytes, "ratio": fp32_bytes / max(int8_bytes, 1)},
-        latency=latency, onnx_exportable=True, warnings=warnings, notes=notes)
+        latency=latency, onnx_exportable=True, warnings=warnings, notes=notes, node_errors=node_errors)
+
+
+def _scheme_candidates(onnx_model, prepared: Path, quantizer_for, rule, rule_path: Path, kept: list[str],
+                       rule_top1, val_ds, fp32_top1, max_drop: float, threads: int, host, tmp: Path, progress):
+    """fp32, the rule's model (already searched for the budget), the other static schemes with the same
+    nodes kept in fp32, and dynamic int8 where it applies; each with its size and (with --val) top-1."""
+    from ..accuracy import onnx_top1
+    from ..scheme_search import Candidate, DYNAMIC_OPS, dynamic_applies, static_candidates
+
+    cands = [Candidate("fp32", "fp32", None, onnx_model.path, top1=fp32_top1,
+                       drop=0.0 if fp32_top1 is not None else None, within_budget=True)]
+    for i, s in enumerate(static_candidates(rule, host.arch, dict(host.isa))):
+        c = Candidate(s.name, "static", s, rule=i == 0)
+        try:
+            c.path = rule_path if i == 0 else quantizer_for(s).quantize(tmp / f"scheme_{i}.onnx", kept)
+        except Exception as exc:  # a scheme ORT cannot build for this graph is reported, not fatal
+            c.error = f"quantizing failed: {str(exc).splitlines()[0][:150]}"
+        cands.append(c)
+    if dynamic_applies(onnx_model.proto):
+        quantize_dynamic, QuantType = _lazy.from_import("onnxruntime.quantization", "quantize_dynamic", "QuantType")
+        from ..quantize_ort import quiet_ort
+
+        c = Candidate("dynamic (MatMul/Gemm int8)", "dynamic")
+        try:
+            with quiet_ort():
+                quantize_dynamic(str(prepared), str(tmp / "dynamic.onnx"), weight_type=QuantType.QInt8,
+                                 op_types_to_quantize=list(DYNAMIC_OPS))
+            c.path = tmp / "dynamic.onnx"
+        except Exception as exc:
+            c.error = f"quantizing failed: {str(exc).splitlines()[0][:150]}"
+        cands.append(c)
+    report = stage(progress, "candidates' top-1") or (lambda done, total: None)
+    for k, c in enumerate(cands):
+        if c.path is not None:
+            c.size_bytes = Path(c.path).stat().st_size
+        if c.kind == "fp32" or c.error is not None:
+            continue
+        if c.rule:
+            c.top1 = rule_top1
+        elif val_ds is not None:
+            c.top1 = onnx_top1(c.path, val_ds, threads)
+        if c.top1 is not None and fp32_top1 is not None:
+            c.drop = fp32_top1 - c.top1
+            c.within_budget = c.drop <= max_drop + 1e-9
+        report(k + 1, len(cands))
+    return cands
+
+
+def _measure(cands, batch_shape, threads: int, write, kept: list[str], progress) -> None:
+    """Time the candidates in fresh processes; write the best so far as soon as it is known."""
+    from ..scheme_search import measure
+
+    best = {"p50": None}
+
+    def saved(c) -> None:
+        if c.eligible and (best["p50"] is None or c.p50_ms < best["p50"]):
+            best["p50"] = c.p50_ms
+            write(c.path, c.name, kept if c.kind == "static" else [], final=False)
+
+    measure(cands, batch_shape, threads, on_measured=saved, progress=stage(progress, "time candidates"))
+
+
+def _measured_scheme(chosen, cands, rule, host, threads: int) -> dict:
+    base = chosen.scheme.to_dict() if chosen.scheme is not None else {
+        "name": chosen.name, "format": "fp32" if chosen.kind == "fp32" else "dynamic"}
+    others = sorted((c for c in cands if c.eligible and c is not chosen), key=lambda c: c.p50_ms)
+    runner_up = (f"; next {others[0].name} {others[0].p50_ms:.3f} ms" if others else "")
+    budget = "within the accuracy budget" if chosen.top1 is not None or chosen.kind == "fp32" else \
+        "(accuracy not checked: no --val)"
+    return {**base, "name": chosen.name, "target": f"this host ({host.cpu}, {host.arch})", "measured": True,
+            "reason": f"measured: the fastest of {sum(c.eligible for c in cands)} candidates {budget}, "
+                      f"p50 {chosen.p50_ms:.3f} ms at batch 1, {threads} thread(s), each timed in fresh processes"
+                      f"{runner_up}; ONNX Runtime's rule would have chosen {rule.name}",
+            "rule": rule.to_dict(), "candidates": [c.to_dict() for c in cands]}
+
+
+def _measured_latency(cands, threads: int, pre, host) -> dict:
+    fp32 = next(c for c in cands if c.kind == "fp32")
+    chosen = next(c for c in cands if c.chosen)
+    return {"fp32_p50_ms": fp32.p50_ms, "int8_p50_ms": chosen.p50_ms, "speedup": fp32.p50_ms / chosen.p50_ms,
+            "threads": threads, "batch": 1, "runtime": "onnxruntime",
+            "measured_on": f"this host ({host.cpu}, {host.arch}), each candidate in fresh processes "
+                           f"(the written model: {chosen.name})"}
+
+
+def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds, pre, tmp: Path, notes) -> list[dict]:
+    """Per-node SQNR of the all-int8 model against fp32 (the nodes that lose most first), and which of them
+    the written model keeps in fp32: why a node was kept."""
+    from ..calibration import calibration_reader
+    from ..int8_sensitivity import node_errors
+
+    try:
+        sample = ds.subset(range(min(RANKING_SAMPLES, len(ds))))
+        rows = node_errors(prepared, all_int8, lambda: calibration_reader(sample, pre.input_name), tmp)
+    except Exception as exc:  # a diagnostic: its failure must not cost the user the model
+        notes.append(f"per-node SQNR not measured: {str(exc).splitlines()[0][:150]}")
+        return []
+    for r in rows:
+        r["kept_fp32"] = r["node"] in kept
+    return rows[:NODE_ERROR_ROWS]
 
 
 def _search(trial, order: list[str], steps: list[BudgetStep], first: Path, fp32_top1: float,
@@ -214,15 +371,13 @@ def _search(trial, order: list[str], steps: list[BudgetStep], first: Path, fp32_
 
 
 def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profile, progress=None) -> dict:
-    from ..devices import detect_host
-    from ..ort_latency import ort_latency
-
+    from ..host import detect_host
     host = detect_host()
     report = progress or (lambda done, total: None)
     report(0, 2)
-    fp32 = ort_latency(fp32_path, batch_shape, threads)
+    fp32 = OrtRunner(fp32_path, threads).time(batch_shape=batch_shape)
     report(1, 2)
-    int8 = ort_latency(int8_path, batch_shape, threads)
+    int8 = OrtRunner(int8_path, threads).time(batch_shape=batch_shape)
     report(2, 2)
     if profile is not None and host.matches(profile):
         where = f"this host ({host.cpu}), which matches {profile.name}"
