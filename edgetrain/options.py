@@ -383,3 +383,73 @@ class PredictOptions(DeviceOptions):
 
 
 COMMANDS["predict"] = PredictOptions
+
+
+# --- edgetrain fleet (issue 15) ----------------------------------------------------------------------
+
+class FleetServeOptions(Options):
+    """``edgetrain fleet serve MODEL``: the coordinator (Flower SuperLink + the rounds)."""
+
+    val: str = opt(metavar="DATA", recipe=False,
+                   help="Held-out data on the coordinator: the global model's top-1 per round (its classes are the "
+                        "fleet's).")
+    out: str = opt(metavar="RUNDIR", short="-o", recipe=False,
+                   help="Folder for the global weights per round, fleet.json, fleet-report.html and logs.")
+    rounds: Annotated[int, Field(ge=1, le=100_000)] = opt(10, help="Federated rounds.")
+    min_clients: Annotated[int, Field(ge=1, le=100_000)] = opt(
+        2, metavar="N", help="Devices to wait for before a round starts (after --join-timeout: whoever is there).")
+    min_updates: Annotated[int, Field(ge=1, le=100_000)] = opt(
+        1, metavar="N", help="Updates a round needs to change the global model (fewer: the round leaves it as it was).")
+    fraction: Annotated[float, Field(gt=0, le=1)] = opt(1.0, metavar="F",
+                                                         help="Fraction of the available devices asked each round.")
+    round_timeout: Annotated[float, Field(gt=0, le=86_400)] = opt(
+        600.0, metavar="S", help="Seconds a round waits for updates; a slower device is left out of that round.")
+    join_timeout: Annotated[float, Field(gt=0, le=86_400)] = opt(
+        300.0, metavar="S", help="Seconds to wait for --min-clients devices before a round starts with fewer.")
+    codec: Literal["fp32", "int8", "2bit"] = opt(
+        "int8", help="How devices compress their updates: fp32 (none), int8 (per-tensor affine), 2bit (with error "
+                     "feedback: what is dropped stays on the device and is sent with the next round).")
+    epochs: Annotated[int, Field(ge=1, le=10_000)] = opt(1, help="Local epochs per round on each device.")
+    batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = opt(32, help="Effective batch size on the devices.")
+    lr: Positive = opt(None, metavar="LR", help="Devices' learning rate (default: the fine-tuning engine's).")
+    optimizer: Literal["sgd", "adam"] = opt("sgd", help="Devices' optimizer (its state starts afresh each round).")
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = opt(0, help="Seed of the new output layer and of the devices.")
+    params: Optional[str] = opt(None, metavar="FILE", recipe=False,
+                                help="Weights for a zoo: or factory model (save_parameters file).")
+    listen: str = opt("127.0.0.1", metavar="HOST",
+                      help="Address to listen on. Loopback by default; give 0.0.0.0 (with TLS) to accept devices.")
+    port: Annotated[int, Field(ge=1, le=65535)] = opt(9092, help="Port devices connect to (Flower's HTTP APIs).")
+    tls_cert: Optional[str] = opt(None, metavar="PEM", recipe=False, help="Server certificate (enables TLS).")
+    tls_key: Optional[str] = opt(None, metavar="PEM", recipe=False, help="Server private key (with --tls-cert).")
+    tls_ca: Optional[str] = opt(None, metavar="PEM", recipe=False, help="CA certificate that signed --tls-cert.")
+    resume: bool = opt(False, recipe=False, help="Continue the run in RUNDIR after its last completed round.")
+    threads: Threads = opt(None, metavar="N", recipe=False, help="Cap the coordinator's thread pools.")
+
+    def thread_cap(self) -> int | None:
+        return self.threads
+
+
+class FleetJoinOptions(DeviceOptions):
+    """``edgetrain fleet join ADDRESS``: one device (a Flower SuperNode training with edgetrain)."""
+
+    data: str = opt(metavar="DATA", recipe=False, help="This device's training data (it never leaves the device).")
+    state: str = opt(metavar="DIR", short="-o", recipe=False,
+                     help="This device's folder: its round state, error-feedback residual and logs.")
+    name: Optional[str] = opt(None, metavar="NAME", help="Name shown in the coordinator's report (default: hostname).")
+    model: Optional[str] = opt(None, metavar="MODEL", recipe=False,
+                               help="The model on this device (default: the coordinator's, when it is built in).")
+    params: Optional[str] = opt(None, metavar="FILE", recipe=False, help="Weights for a zoo: or factory --model.")
+    memory_budget: MemoryMB = opt(None, metavar="SIZE", help="Peak RSS bound per round (default: the device's).")
+    tls_ca: Optional[str] = opt(None, metavar="PEM", recipe=False,
+                                help="CA certificate to verify the coordinator with (enables TLS).")
+    local_port: Optional[Annotated[int, Field(ge=1, le=65535)]] = opt(
+        None, metavar="PORT", help="Loopback port of this device's own Flower runtime API (default: a free one).")
+    max_wait: Positive = opt(None, metavar="S", help="Give up after this many seconds without the coordinator "
+                                                     "(default: keep trying).")
+
+    def budget_mb(self) -> float | None:
+        if self.memory_budget is not None:
+            return self.memory_budget
+        prof = self.profile()
+        return float(prof.memory_budget_mb) if prof is not None else None
+

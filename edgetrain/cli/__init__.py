@@ -15,6 +15,7 @@ COMMANDS = {
     "doctor": "doctor",
     "export": "export",
     "finetune": "finetune",
+    "fleet": "fleet",
     "inspect": "inspect",
     "predict": "predict",
     "profile": "profile",

@@ -1,0 +1,66 @@
+"""A fleet on one machine: builtin:digits split into non-IID device shares and a held-out set.
+
+``split_digits(folder)`` writes ``val.npz`` (a stratified held-out quarter, all ten digits) and one
+``device-K.npz`` per device holding only some of the digits (``SHARES``), each with the ten class names,
+so every device trains the same ten-way output layer. Used by the one-machine script
+(``recipes/fleet-local.sh``), the benchmark (``tools/bench_fleet.py``) and the tests.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+# Which digits each device sees: none sees more than four, together they see all ten.
+SHARES = ((0, 1, 5, 6), (2, 3, 7, 8), (4, 9, 6, 7))
+CLASSES = [str(d) for d in range(10)]
+
+
+def _digits():
+    from ..data import load_data
+    from ..preprocess import Preprocess
+
+    ds = load_data("builtin:digits", Preprocess.from_dict({"input_shape": [1, 8, 8], "mean": [0.0], "std": [1.0]}))
+    raw = np.stack([ds._raw(i) for i in range(len(ds))])  # 8x8x1 in [0, 1], as shipped
+    return np.round(raw * 16).astype(np.float32) / 16, np.asarray(ds.labels)
+
+
+def _save(path: Path, data: np.ndarray, labels: np.ndarray) -> None:
+    from ..fileio import atomic_path
+
+    with atomic_path(path, "fleet demo data") as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, data=(data * 255).round().astype(np.uint8), label=labels.astype(np.int64),
+                     class_names=np.array(CLASSES))
+
+
+def split_digits(folder, shares=SHARES, val_fraction: float = 0.25, seed: int = 0,
+                 per_device: int | None = None) -> dict:
+    """Write the held-out set and the device shares; returns their paths ({"val", "devices", "union"})."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    x, y = _digits()
+    rng = np.random.RandomState(seed)
+    val_idx, train_idx = [], []
+    for c in range(10):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        k = int(round(len(idx) * val_fraction))
+        val_idx += list(idx[:k])
+        train_idx += list(idx[k:])
+    _save(folder / "val.npz", x[val_idx], y[val_idx])
+    train_idx = np.array(train_idx)
+    owners: dict[int, list[int]] = {c: [d for d, s in enumerate(shares) if c in s] for c in range(10)}
+    parts: list[list[int]] = [[] for _ in shares]
+    for c in range(10):  # a digit seen by several devices is dealt out between them
+        idx = rng.permutation(train_idx[y[train_idx] == c])
+        for j, i in enumerate(idx):
+            if owners[c]:
+                parts[owners[c][j % len(owners[c])]].append(int(i))
+    paths = []
+    for d, part in enumerate(parts):
+        part = rng.permutation(np.array(part))[:per_device]
+        _save(folder / f"device-{d}.npz", x[part], y[part])
+        paths.append(str(folder / f"device-{d}.npz"))
+    union = np.concatenate([rng.permutation(np.array(p))[:per_device] for p in parts])
+    _save(folder / "union.npz", x[union], y[union])
+    return {"val": str(folder / "val.npz"), "devices": paths, "union": str(folder / "union.npz")}

@@ -1,0 +1,325 @@
+"""`edgetrain fleet serve` and `edgetrain fleet join`: orchestration of Flower's processes.
+
+serve: check MODEL and the held-out data (the engine loads them once here, so a mistake is one line
+before any process starts), write the starting global weights and a Flower App into RUNDIR, start a
+Flower SuperLink (loopback unless --listen says otherwise; TLS with --tls-cert/--tls-key/--tls-ca), submit
+the App with ``flwr run`` and follow the rounds until the ServerApp finishes; then stop every process.
+
+join: write the device's settings (join.json) into its state folder and run a Flower SuperNode whose
+ClientApp trains with edgetrain; return when the coordinator says the run is over, or fail with one line
+when the device's model does not fit the fleet's.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from ..errors import RunFailed, UsageError
+from ..fileio import atomic_write_text
+from ..fleet import client as fclient
+from ..fleet import coordinator as coord
+from ..fleet import procs
+from ..fleet.report import FleetResult, JoinResult, html_page
+from ..options import FleetJoinOptions, FleetServeOptions
+from ..results import ProgressFn, report
+
+APP_DIR = "flower-app"
+SPEC = "serve.json"
+RESULT = "fleet.json"
+HTML = "fleet-report.html"
+
+_PYPROJECT = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "edgetrain-fleet"
+version = "1.0.0"
+description = "edgetrain fleet: federated fine-tuning of the output layer (written by edgetrain fleet serve)"
+license = "Apache-2.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "edgetrain"
+
+[tool.flwr.app.components]
+serverapp = "edgetrain.fleet.apps:server_app"
+clientapp = "edgetrain.fleet.apps:client_app"
+
+[tool.flwr.app.config]
+edgetrain = ""
+"""
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _check_file(path: str | None, flag: str) -> str | None:
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError("file not found", f"{flag} {path}", "give a PEM file")
+    return str(p.resolve())
+
+
+def _tls(opts: FleetServeOptions) -> tuple[str, str, str] | None:
+    given = [opts.tls_cert, opts.tls_key, opts.tls_ca]
+    if not any(given):
+        return None
+    if not all(given):
+        raise UsageError("TLS needs --tls-cert, --tls-key and --tls-ca together", "--tls-cert",
+                         "give all three PEM files (or none, for loopback without TLS)")
+    return (_check_file(opts.tls_cert, "--tls-cert"), _check_file(opts.tls_key, "--tls-key"),
+            _check_file(opts.tls_ca, "--tls-ca"))
+
+
+def _prepare_rundir(rundir: Path, resume: bool) -> dict | None:
+    if rundir.exists() and not rundir.is_dir():
+        raise UsageError("RUNDIR is a file", str(rundir), "give a folder (it is created if missing)")
+    state = coord.read_state(rundir) if rundir.exists() else None
+    if state is not None and not resume:
+        raise UsageError(f"RUNDIR holds a fleet run ({state['completed']} round(s) completed)", str(rundir),
+                         "pass --resume to continue it, or choose another RUNDIR")
+    if resume and state is None:
+        raise UsageError("--resume: RUNDIR holds no fleet run", str(rundir), "start without --resume")
+    return state
+
+
+def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = None) -> FleetResult:
+    from .. import runtime
+    from ..fleet.local import Evaluator, LocalSpec
+
+    rundir = Path(opts.out).resolve()
+    tls = _tls(opts)
+    notes: list[str] = []
+    if not tls and not _is_loopback(opts.listen):
+        notes.append(f"listening on {opts.listen} WITHOUT TLS: updates travel unencrypted; give --tls-cert/--tls-key/"
+                     "--tls-ca")
+    state = _prepare_rundir(rundir, opts.resume)
+    threads = runtime.apply_threads(opts.thread_cap(), strict=False)
+    spec = {"format": "edgetrain-fleet-serve/1", "rundir": str(rundir), "model": model, "val": opts.val,
+            "params": opts.params, "rounds": opts.rounds, "min_clients": opts.min_clients,
+            "min_updates": opts.min_updates, "fraction": opts.fraction, "round_timeout": opts.round_timeout,
+            "join_timeout": opts.join_timeout, "codec": opts.codec, "epochs": opts.epochs,
+            "batch_size": opts.batch_size, "lr": opts.lr, "optimizer": opts.optimizer, "seed": opts.seed,
+            "threads": threads}
+    if state is None:
+        report(progress, "prepare", message="loading the model and the held-out data")
+        rundir.mkdir(parents=True, exist_ok=True)
+        ev = Evaluator(LocalSpec(model=model, data=opts.val, workdir=str(rundir / "work"), threads=threads,
+                                 seed=opts.seed, params=opts.params), opts.val)
+        coord.save_global(rundir, 0, ev.initial)
+        state = {"format": coord.STATE_FORMAT, "completed": 0, "classes": ev.classes,
+                 "initial_accuracy": ev.top1(ev.initial), "rounds": [], "model": model, "codec": opts.codec}
+        coord.write_state(rundir, state)
+        resumed_after = 0
+    else:
+        old = json.loads((rundir / SPEC).read_text()) if (rundir / SPEC).exists() else {}
+        changed = [k for k in ("model", "val", "codec", "params") if old.get(k) != spec[k]]
+        if changed:
+            raise UsageError(f"--resume with a different {', '.join(changed)} than the run in RUNDIR", str(rundir),
+                             "resume with the same MODEL, --val, --codec and --params")
+        state.pop("finished", None)
+        coord.write_state(rundir, state)
+        resumed_after = int(state["completed"])
+    atomic_write_text(rundir / SPEC, json.dumps(spec, indent=2) + "\n", "fleet spec")
+    address = f"{opts.listen}:{opts.port}"
+    if state["completed"] < opts.rounds:
+        _run_flower(rundir, opts, tls, progress)
+    final = coord.read_state(rundir)
+    return _result(final, rundir, address, bool(tls), opts, resumed_after, notes)
+
+
+def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_after: int, notes) -> FleetResult:
+    rounds = state["rounds"]
+    res = FleetResult(rundir=str(rundir), model=state["model"], address=address, tls=tls, codec=opts.codec,
+                      rounds_requested=opts.rounds, rounds_completed=int(state["completed"]),
+                      initial_accuracy=state.get("initial_accuracy"),
+                      final_accuracy=rounds[-1]["accuracy"] if rounds else state.get("initial_accuracy"),
+                      bytes_up=sum(r["bytes_up"] for r in rounds), bytes_up_fp32=sum(r["bytes_up_fp32"] for r in rounds),
+                      bytes_down=sum(r["bytes_down"] for r in rounds), rounds=rounds, resumed_after=resumed_after,
+                      report=str(rundir / HTML), notes=notes)
+    atomic_write_text(rundir / HTML, html_page(res), "fleet report")
+    atomic_write_text(rundir / RESULT, json.dumps(res.to_dict(), indent=2, default=str) + "\n", "fleet report")
+    return res
+
+
+def _flwr_home(folder: Path, address: str, tls_ca: str | None) -> Path:
+    home = folder / ".flwr"
+    home.mkdir(parents=True, exist_ok=True)
+    conn = f'address = "{address}"\n' + (f'root-certificates = "{tls_ca}"\n' if tls_ca else "insecure = true\n")
+    (home / "config.toml").write_text(f'[superlink]\ndefault = "fleet"\n\n[superlink.fleet]\n{conn}')
+    return home
+
+
+def _run_flower(rundir: Path, opts: FleetServeOptions, tls, progress) -> None:
+    app = rundir / APP_DIR
+    app.mkdir(exist_ok=True)
+    (app / "pyproject.toml").write_text(_PYPROJECT)
+    (app / "README.md").write_text("Written by `edgetrain fleet serve`: the Flower App its ServerApp and ClientApp "
+                                   "come from (edgetrain.fleet.apps).\n")
+    connect_host = "127.0.0.1" if opts.listen in ("0.0.0.0", "::") else opts.listen
+    if tls:
+        connect_host = "localhost" if _is_loopback(connect_host) else connect_host
+    home = _flwr_home(rundir, f"{connect_host}:{opts.port}", tls[2] if tls else None)
+    tag = procs.new_tag("serve")
+    env = procs.flower_env(tag, home)
+    argv = [procs.flower_bin("flower-superlink"), "--host", opts.listen, "--port", str(opts.port),
+            "--disable-runtime-dependency-installation", "--database", str(rundir / "superlink.db")]
+    argv += (["--ssl-certfile", tls[0], "--ssl-keyfile", tls[1], "--ssl-ca-certfile", tls[2]] if tls else ["--insecure"])
+    if procs.port_open(connect_host, opts.port):
+        raise UsageError(f"port {opts.port} on {opts.listen} is already in use", "--port", "choose another --port")
+    logs = rundir / "logs"
+    started: list[subprocess.Popen] = []
+    stop = {"sig": None}
+
+    def on_signal(signum, frame):
+        stop["sig"] = signum
+        raise KeyboardInterrupt
+
+    old = procs.stop_signals(on_signal)
+    try:
+        link = procs.spawn(argv, env, logs / "superlink.log")
+        started.append(link)
+        procs.wait_port(connect_host, opts.port, link, 60, logs / "superlink.log", "the Flower SuperLink")
+        report(progress, "serve", final=True, message=f"coordinator listening on {opts.listen}:{opts.port}"
+               + (" (TLS)" if tls else " (no TLS" + (", loopback only)" if _is_loopback(opts.listen) else ")")))
+        run = procs.spawn([procs.flower_bin("flwr"), "run", str(app), "--stream", "--run-config",
+                           f'edgetrain="{rundir / SPEC}"'], env, logs / "flwr-run.log")
+        started.append(run)
+        seen = -1
+        while True:
+            state = coord.read_state(rundir) or {}
+            if state.get("completed", 0) != seen:
+                seen = state.get("completed", 0)
+                if state.get("rounds"):
+                    r = state["rounds"][-1]
+                    report(progress, "round", seen, opts.rounds, final=True,
+                           message=f"round {r['round']}: {r['updates']} update(s), held-out top-1 {r['accuracy']:.4f}, "
+                                   f"{r['bytes_up']} bytes up")
+            if state.get("finished"):
+                break
+            if link.poll() is not None:
+                raise RunFailed(f"the Flower SuperLink exited (code {link.returncode}): "
+                                f"{procs.last_line(logs / 'superlink.log')}", str(logs / "superlink.log"), "see the log")
+            if run.poll() is not None:
+                time.sleep(1.0)  # the state file is written before flwr run returns
+                state = coord.read_state(rundir) or {}
+                if state.get("finished"):
+                    break
+                raise RunFailed(f"the federated run stopped after round {state.get('completed', 0)}: "
+                                f"{_run_error(rundir, logs)}", str(logs / "flwr-run.log"),
+                                "see the logs; continue with --resume")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        sig = stop["sig"] or signal.SIGINT
+        exc = RunFailed(f"stopped by {signal.Signals(sig).name} after round "
+                        f"{(coord.read_state(rundir) or {}).get('completed', 0)}", str(rundir),
+                        "continue with --resume")
+        exc.exit_code = 128 + int(sig)
+        raise exc from None
+    finally:
+        procs.kill_tagged(tag, started)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _run_error(rundir: Path, logs: Path) -> str:
+    text = (logs / "flwr-run.log").read_text(errors="replace") if (logs / "flwr-run.log").exists() else ""
+    for line in reversed(text.splitlines()):
+        if "Error" in line or "error" in line:
+            import re
+
+            return re.sub(r"\x1b\[[0-9;]*m", "", line).strip()[:300]
+    return procs.last_line(logs / "flwr-run.log")
+
+
+# --- join ---------------------------------------------------------------------------------------------
+
+def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = None) -> JoinResult:
+    from ..data import BUILTIN_PREFIX
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"cannot read ADDRESS '{address[:80]}'", "ADDRESS", "give HOST:PORT, e.g. 192.168.1.10:9092")
+    if not opts.data.startswith(BUILTIN_PREFIX) and not Path(opts.data).exists():
+        raise UsageError("data not found", opts.data, "give an image folder, an .npz file or builtin:digits")
+    device = opts.profile()  # a bad name is one line now, not in every round
+    ca = _check_file(opts.tls_ca, "--tls-ca")
+    state = Path(opts.state).resolve()
+    if state.exists() and not state.is_dir():
+        raise UsageError("the state folder is a file", str(state), "give a folder")
+    state.mkdir(parents=True, exist_ok=True)
+    for f in (fclient.REFUSED, fclient.DONE, fclient.CURRENT):
+        (state / f).unlink(missing_ok=True)
+    name = opts.name or socket.gethostname()
+    data = opts.data if opts.data.startswith(BUILTIN_PREFIX) else str(Path(opts.data).resolve())
+    settings = {"name": name, "data": data, "state": str(state), "device": opts.device if device is None else str(opts.device),
+                "threads": opts.thread_cap(), "memory_budget": opts.budget_mb(), "model": opts.model,
+                "params": str(Path(opts.params).resolve()) if opts.params else None}
+    if device is None:
+        settings["device"] = None
+    atomic_write_text(state / "join.json", json.dumps(settings, indent=2) + "\n", "fleet join")
+    home = _flwr_home(state, address, ca)
+    tag = procs.new_tag("join")
+    env = procs.flower_env(tag, home)
+    local = opts.local_port or procs.free_port()
+    argv = [procs.flower_bin("flower-supernode"), "--superlink", address, "--port", str(local),
+            "--node-config", f'edgetrain="{state / "join.json"}"']
+    argv += ["--root-certificates", ca] if ca else ["--insecure"]
+    if opts.max_wait:
+        argv += ["--max-wait-time", str(opts.max_wait)]
+    log = state / "logs" / "supernode.log"
+    stop = {"sig": None}
+
+    def on_signal(signum, frame):
+        stop["sig"] = signum
+        raise KeyboardInterrupt
+
+    old = procs.stop_signals(on_signal)
+    node = None
+    try:
+        node = procs.spawn(argv, env, log)
+        report(progress, "join", final=True, message=f"{name}: joined {address}" + (" (TLS)" if ca else " (no TLS)"))
+        while True:
+            if (state / fclient.REFUSED).exists():
+                doc = json.loads((state / fclient.REFUSED).read_text())
+                raise UsageError(f"refused by this device in round {doc['round']}: {doc['error']}", str(state),
+                                 "join with the model and class list the coordinator trains")
+            if (state / fclient.DONE).exists():
+                break
+            if node.poll() is not None:
+                raise RunFailed(f"the Flower SuperNode exited (code {node.returncode}): {procs.last_line(log)}",
+                                str(log), "is the coordinator running at ADDRESS?")
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        sig = stop["sig"] or signal.SIGINT
+        exc = RunFailed(f"stopped by {signal.Signals(sig).name}", str(state), "join again to continue")
+        exc.exit_code = 128 + int(sig)
+        raise exc from None
+    finally:
+        procs.kill_tagged(tag, [node] if node else [])
+        for s, h in old.items():
+            signal.signal(s, h)
+    done = json.loads((state / fclient.DONE).read_text())
+    meta = json.loads((state / fclient.STATE).read_text()) if (state / fclient.STATE).exists() else {"round": 0}
+    return JoinResult(name=name, state=str(state), address=address, rounds_trained=_rounds_trained(state),
+                      last_round=int(meta.get("round", 0)), final_accuracy=done.get("accuracy"))
+
+
+def _rounds_trained(state: Path) -> int:
+    return int((json.loads((state / fclient.STATE).read_text()) if (state / fclient.STATE).exists() else {}).get("trained", 0))
