@@ -185,3 +185,22 @@ def test_energy_meter_with_a_source_measures(pi4, tmp_path):
     assert rec["provenance"] == "measured" and rec["meter"] == "hwmon"
     assert rec["joules"] == pytest.approx(4.0 * rec["seconds"]) and rec["joules_per_epoch"] == pytest.approx(
         rec["joules"] / 3)
+
+
+def test_the_report_lines_say_measured_or_modelled_the_spread_and_when_not_to_trust_it(pi4):
+    from edgetrain.energy import measured_per_inference, reliability
+    from edgetrain.report import energy_lines
+
+    busy = reliability(1.2, 9.5, 2)
+    modelled = energy_report(0.5, pi4, threads=1, p10_ms=0.4, p90_ms=0.8, reliable=busy)
+    modelled["reliability"] = busy
+    lines = energy_lines(modelled)
+    assert "[modelled: p50 latency x 3.62 W at 1 of 4 cores busy]" in lines[0] and "p10-p90 latency" in lines[0]
+    assert any(ln.startswith("warning") and "unreliable" in ln and "9.50" in ln for ln in lines)
+    assert not any("unreliable" in ln for ln in energy_lines(energy_report(0.5, pi4, threads=1)))
+    rec = {"available": True, "source": "pi5-pmic", "detail": "PMIC", "joules": 1.0, "average_w": 5.0, "idle_w": 3.0,
+           "joules_above_idle": 0.4, "samples": 12, "rate_hz": 10.0, "inferences": 100, "timed_runs": 100,
+           "extra_runs": 0, "window": {"seconds": 0.2, "samples": 12}}
+    lines = energy_lines(energy_report(0.5, pi4, measured=measured_per_inference(rec)))
+    assert "[measured: pi5-pmic, 12 samples over 100 inferences" in lines[0]
+    assert "modelled for comparison" in lines[1]

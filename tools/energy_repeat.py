@@ -1,0 +1,58 @@
+"""Issue 17's goal: quickstarts run back to back give modelled energy figures within 15% of each other.
+
+Runs `edgetrain run -o DIR` N times in a row (default 2, the quickstart), then prints each run's energy per
+inference, estimated p50 latency, the reference timing behind it, the host's load and the largest
+difference between runs. A goal, not a test: the figure depends on how busy the host is.
+
+    python tools/energy_repeat.py [--runs 2] [RECIPE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def one(recipe: str | None, out: Path) -> dict:
+    load0 = os.getloadavg()[0]
+    cmd = [sys.executable, "-m", "edgetrain", "run", *([recipe] if recipe else []), "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode not in (0, 3):
+        sys.exit(f"{' '.join(cmd)} failed with exit {proc.returncode}:\n{proc.stderr[-2000:]}")
+    result = json.loads((out / "result.json").read_text())
+    profile = json.loads((out / "steps" / "profile.json").read_text())
+    lat = profile["verdict"]["latency"]
+    return {"energy_mj": result["summary"]["energy_per_inference_mj"], "provenance": result["summary"]["energy_provenance"],
+            "p50_ms": lat.get("p50_ms"), "basis": lat.get("basis"), "factor": lat.get("factor"),
+            "reference_ms": (lat.get("reference") or {}).get("host_cpu_ms") or (lat.get("reference") or {}).get("host_ms"),
+            "spread": (profile["energy"]["per_inference"].get("spread") or {}),
+            "unreliable": (profile["energy"].get("reliability") or {}).get("reasons"),
+            "load": (load0, os.getloadavg()[0])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("recipe", nargs="?")
+    ap.add_argument("--runs", type=int, default=2)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="edgetrain-energy-repeat-") as tmp:
+        for i in range(args.runs):
+            r = one(args.recipe, Path(tmp) / f"q{i + 1}")
+            rows.append(r)
+            sp = r["spread"]
+            print(f"run {i + 1}: {r['energy_mj']:.3f} mJ [{r['provenance']}]  p50 {r['p50_ms']:.3f} ms "
+                  f"(basis {r['basis']}, factor {r['factor']:.3g}, reference {r['reference_ms']:.3g} ms)  "
+                  f"p10-p90 {sp.get('p10', {}).get('total_mj', float('nan')):.3f}-"
+                  f"{sp.get('p90', {}).get('total_mj', float('nan')):.3f} mJ  load {r['load'][0]:.2f}->{r['load'][1]:.2f}"
+                  f"{'  UNRELIABLE' if r['unreliable'] else ''}", flush=True)
+    values = [r["energy_mj"] for r in rows]
+    print(f"largest / smallest: {max(values) / min(values):.3f} (goal: at most 1.15)")
+
+
+if __name__ == "__main__":
+    main()
