@@ -25,6 +25,10 @@ class FeatureCache:
             self._mem = np.empty((rows, *self.shape), dtype=np.float32)
         else:
             assert self.path is not None
+            if not reuse:  # the file is sparse until written: check the disk can hold it before any work
+                from .fileio import ensure_free_space
+
+                ensure_free_space(self.path.parent, rows * self.row_bytes, "disk feature cache", margin=16 << 20)
             flags = os.O_RDWR | (0 if reuse else os.O_CREAT | os.O_TRUNC)
             self._fd = os.open(self.path, flags, 0o644)
             if not reuse:
@@ -43,7 +47,14 @@ class FeatureCache:
         if self._mem is not None:
             self._mem[start:start + len(values)] = values
         else:
-            os.pwrite(self._fd, values.tobytes(), start * self.row_bytes)
+            try:
+                os.pwrite(self._fd, values.tobytes(), start * self.row_bytes)
+            except OSError as exc:  # the disk filled up meanwhile (another writer): one line, not a traceback
+                from .fileio import disk_full_error, is_disk_full
+
+                if is_disk_full(exc):
+                    raise disk_full_error(exc, self.path, "disk feature cache") from None
+                raise
 
     def read(self, idx) -> np.ndarray:
         idx = np.asarray(idx, dtype=np.int64)
