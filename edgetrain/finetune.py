@@ -113,6 +113,10 @@ def prepare_outdir(outdir: Path, resume: bool) -> bool:
         raise UsageError("OUTDIR is not writable", str(outdir), "choose a folder you can write to")
     if not outdir.exists():
         return False
+    holder = _lock_holder(outdir)
+    if holder is not None:
+        raise UsageError(f"OUTDIR is in use by another finetune run (PID {holder})", str(outdir),
+                         "wait for that run to finish (or stop it), or choose another OUTDIR")
     held = [f for f in RUN_FILES if (outdir / f).exists()]
     if held and not resume:
         raise UsageError(f"OUTDIR holds an earlier run ({', '.join(held)})", str(outdir),
@@ -158,6 +162,43 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
                _events(progress))
     job.resume = resume
     return job.run(has_checkpoint)
+
+
+LOCK_FILE = ".finetune.lock"
+
+
+def _lock_holder(outdir: Path) -> str | None:
+    """The PID of a live finetune run holding OUTDIR's lock, else None."""
+    import fcntl
+
+    try:
+        fd = os.open(outdir / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except OSError:
+        return os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+    finally:
+        os.close(fd)
+
+
+def _take_lock(outdir: Path) -> int:
+    """Hold OUTDIR for this run (released by the kernel if the process dies): an flock'ed file with our PID."""
+    import fcntl
+
+    fd = os.open(outdir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise UsageError(f"OUTDIR is in use by another finetune run (PID {pid})", str(outdir),
+                         "wait for that run to finish (or stop it), or choose another OUTDIR") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _file_sha(path: Path) -> str:
@@ -499,10 +540,27 @@ class _Job:
                         frozen_in_ort=self.split.frozen is not None)
 
     def run(self, has_checkpoint: bool) -> FinetuneResult:
-        from .optimizers import default_lr
-
         t_start = time.monotonic()
+        created = not self.outdir.exists()
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        lock = _take_lock(self.outdir)  # a second run into this OUTDIR refuses, naming this one's PID
+        try:
+            return self._run(has_checkpoint, t_start, created)
+        except BaseException:
+            if created and not (self.outdir / ckpt.FILENAME).exists():  # nothing to resume: leave nothing behind
+                if self.cache is not None:
+                    self.cache.close()
+                import shutil
+
+                shutil.rmtree(self.outdir, ignore_errors=True)
+            raise
+        finally:
+            (self.outdir / LOCK_FILE).unlink(missing_ok=True)
+            os.close(lock)
+
+    def _run(self, has_checkpoint: bool, t_start: float, created: bool) -> FinetuneResult:
         from .energy import EnergyMeter
+        from .optimizers import default_lr
 
         self.energy_meter = EnergyMeter(self.profile, self.threads).start()  # measured where a sensor is
         self._load()
@@ -537,11 +595,8 @@ class _Job:
         self.frozen_record = (meta or {}).get("frozen_onnx")
         self._advise()
 
-        import shutil
         import threading
 
-        created = not self.outdir.exists()
-        self.outdir.mkdir(parents=True, exist_ok=True)
         old = {}
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
             old = {s: signal.signal(s, self.stop) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -553,12 +608,6 @@ class _Job:
                                       partial)
                 self._interrupted(start_epoch, start_step)
             self._train(start_epoch, start_step, order, partial)
-        except BaseException:
-            if created and not ckpt_path.exists():  # nothing to resume from: leave nothing behind
-                if self.cache is not None:
-                    self.cache.close()
-                shutil.rmtree(self.outdir, ignore_errors=True)
-            raise
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
@@ -659,12 +708,22 @@ class _Job:
         mx = _lazy.mxnet()
         s = self.split
         mxnet_fn = lambda x: s.frozen(mx.nd.array(x)).asnumpy()  # noqa: E731
-        try:
-            path, reused = _frozen_onnx(self.outdir, self.cache_fp, getattr(self, "frozen_record", None),
-                                        lambda: _export_frozen_bytes(s, self.pre))
-        except UsageError as exc:  # an operator the exporter cannot translate: MXNet does it, slower
-            self.notes.append(f"frozen part runs in MXNet: {exc.what}")
-            return mxnet_fn
+        # a base model whose weights come from files: its frozen part is exported once per user (the cache)
+        root = _cache_root() if not self.model_obj.random_weights else None
+        key = hashlib.sha256(f"{_prep_key(self.model, self.params, self.input_shape, 0)}:{s.cut_name}:"
+                             f"{list(self.pre.input_shape)}".encode()).hexdigest()[:20]
+        cached = root / "finetune-frozen" / f"{key}.onnx" if root is not None else None
+        cached_sha = cached.with_suffix(".sha256") if cached is not None else None
+        if cached is not None and cached.exists() and cached_sha.exists() and _file_sha(cached) == cached_sha.read_text():
+            self.notes.append("frozen part's ONNX export reused from the cache")
+            path, reused = cached, True
+        else:
+            try:
+                path, reused = _frozen_onnx(self.outdir, self.cache_fp, getattr(self, "frozen_record", None),
+                                            lambda: _export_frozen_bytes(s, self.pre))
+            except UsageError as exc:  # an operator the exporter cannot translate: MXNet does it, slower
+                self.notes.append(f"frozen part runs in MXNet: {exc.what}")
+                return mxnet_fn
         session = _ort_session(path, self.threads, self.plan.arena)
         if not reused:
             x = self.train_ds.batch(np.arange(min(VALIDATE_SAMPLES, len(self.train_ds))))
@@ -673,6 +732,15 @@ class _Job:
                 path.unlink()
                 self.notes.append(f"frozen part runs in MXNet: its ONNX Runtime export differs from Gluon ({err})")
                 return mxnet_fn
+            if cached is not None:
+                try:
+                    from .fileio import atomic_write_bytes, atomic_write_text
+
+                    cached.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write_bytes(cached, path.read_bytes(), "frozen part cache")
+                    atomic_write_text(cached_sha, _file_sha(cached), "frozen part cache")
+                except (OSError, EdgetrainError) as exc:
+                    self.notes.append(f"the export could not be cached ({type(exc).__name__})")
         self.frozen_record = {"fingerprint": self.cache_fp, "sha256": _file_sha(path)}
         name = session.get_inputs()[0].name
         return lambda x: session.run(None, {name: x})[0]
@@ -886,23 +954,16 @@ class _HeadJob(_Job):
     def _split(self):
         self.trainable = list(self.head)
 
-    def run(self, has_checkpoint: bool) -> FinetuneResult:
+    def _run(self, has_checkpoint: bool, t_start: float, created: bool) -> FinetuneResult:
         import shutil
 
-        created = not self.outdir.exists()
         try:
-            return super().run(has_checkpoint)
+            return super()._run(has_checkpoint, t_start, created)
         except _NotLinear:
             shutil.rmtree(self.outdir / PREP_DIR, ignore_errors=True)
             self.__class__ = _Job  # the general path: the head trains in MXNet
             self.notes.append("the output layer is not a plain linear layer: it trains in MXNet")
-            return self.run(has_checkpoint)
-        except BaseException:
-            if created and not (self.outdir / ckpt.FILENAME).exists():
-                if self.cache is not None:
-                    self.cache.close()
-                shutil.rmtree(self.outdir, ignore_errors=True)
-            raise
+            return self._run(has_checkpoint, t_start, created)
 
     def _make_training(self) -> None:
         from .optimizers import make_numpy_optimizer

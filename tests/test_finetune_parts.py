@@ -137,3 +137,71 @@ def test_plan_refuses_with_what_would_fit():
     with pytest.raises(UsageError) as err:
         choose(_costs(frozen_per_sample=200.0), 300)
     assert "raise --memory-budget to at least" in err.value.fix and "--train-layers" in err.value.fix
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "uint8", "int32", "int8", "int64"])
+def test_params_written_without_mxnet_are_byte_identical_to_mx_nd_save(dtype, tmp_path):
+    import mxnet as mx
+
+    rng = np.random.RandomState(0)
+    arrays = {"arg:w": (rng.rand(3, 4, 1, 1) * 100).astype(dtype), "arg:b": (rng.rand(7) * 100).astype(dtype),
+              "aux:scalar_like": (rng.rand(1) * 100).astype(dtype), "arg:ü-name": (rng.rand(2, 5) * 100).astype(dtype)}
+    path = tmp_path / "m-0000.params"
+    mx.nd.save(str(path), {k: mx.nd.array(v, dtype=dtype) for k, v in arrays.items()})
+    assert ckpt.params_bytes(arrays) == path.read_bytes()
+    back = ckpt.read_params(path)
+    assert list(back) == list(arrays)
+    for k in arrays:
+        assert back[k].dtype == arrays[k].dtype and np.array_equal(back[k], arrays[k])
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam"])
+def test_numpy_optimizers_update_as_mxnet_does(name):
+    import mxnet as mx
+
+    from edgetrain.optimizers import make_numpy_optimizer, make_optimizer
+
+    rng = np.random.RandomState(1)
+    w0 = rng.randn(5, 6).astype("float32")
+    p = mx.gluon.Parameter("w", shape=w0.shape)
+    p.initialize(init=mx.init.Constant(0))
+    p.set_data(mx.nd.array(w0))
+    ref = make_optimizer(name, [p], 0.05)
+    mine = {"w": w0.copy()}
+    opt = make_numpy_optimizer(name, mine, 0.05)
+    for _ in range(5):
+        g = rng.randn(*w0.shape).astype("float32")
+        p.grad()[:] = g
+        ref.step()
+        opt.step({"w": g})
+    np.testing.assert_allclose(mine["w"], p.data().asnumpy(), rtol=1e-5, atol=1e-6)
+    assert opt.t == ref.t == 5
+    assert sorted(opt.state_arrays()) == sorted(ref.state_arrays())
+
+
+def test_checkpoint_record_is_covered_by_the_checksum(tmp_path):
+    import json
+
+    path = tmp_path / "checkpoint.npz"
+    ckpt.save(path, {"fingerprint": {"seed": 0}, "epoch": 2}, {"order": np.arange(4)})
+    with np.load(path) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    record = json.loads(arrays["meta"].tobytes())
+    record["epoch"] = 3  # a changed record with the old checksum
+    arrays["meta"] = np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+    with pytest.raises(UsageError, match="do not match their checksum"):
+        ckpt.load(path)
+
+
+def test_frozen_mismatch_is_measured_against_the_features_scale():
+    from edgetrain.finetune import _mismatch
+
+    want = np.random.RandomState(2).rand(2, 8).astype("float32") * 50
+    assert _mismatch(want + 1e-5, want) is None
+    assert "max abs error" in _mismatch(want + 1.0, want)
+    bad = want.copy()
+    bad[0, 0] = np.nan
+    assert _mismatch(bad, want) is not None
+    assert "shape" in _mismatch(want[:1], want)

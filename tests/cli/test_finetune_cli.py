@@ -19,6 +19,12 @@ from clitools import assert_user_error
 BASE = "edgetrain.nets:pretrained_digits"
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """The head-only path's per-user export cache, kept out of the user's home."""
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "edgetrain-cache"))
+
+
 def _params(outdir: Path) -> dict:
     import mxnet as mx
 
