@@ -36,16 +36,39 @@ _opened: set[str] = set()
 _MISSING_LIB = re.compile(r"([\w.+-]+\.so[\w.]*): cannot open shared object file")
 
 
+def _before_mxnet() -> None:
+    # the cap in force must be in the environment before OpenMP and MXNet's engine load
+    runtime.apply_threads(runtime.requested_threads())
+    runtime.quiet_libraries()
+    numpy_names.install()
+
+
+class _MxnetImportHook:
+    """A plain ``import mxnet`` in a process that has loaded edgetrain (a user's factory module, a test)
+    gets the same preparation as the door: it runs when the import system first looks for mxnet."""
+
+    edgetrain_hook = True   # the compatibility finder, which asks the other finders, skips this one
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "mxnet" or "mxnet" in sys.modules:
+            return None
+        with _lock:
+            _before_mxnet()
+        finder = numpy_names.finder()
+        return finder.find_spec(fullname, path, target) if finder is not None else None
+
+
+if not any(isinstance(f, _MxnetImportHook) for f in sys.meta_path):
+    sys.meta_path.insert(0, _MxnetImportHook())
+
+
 def mxnet() -> ModuleType:
     """``import mxnet``, after the thread cap, the quiet banner and the numpy/Python compatibility."""
     if "mxnet" in _opened:
         return sys.modules["mxnet"]
     with _lock:
         if "mxnet" not in _opened:
-            # the cap in force must be in the environment before OpenMP and MXNet's engine load
-            runtime.apply_threads(runtime.requested_threads())
-            runtime.quiet_libraries()
-            numpy_names.install()
+            _before_mxnet()
             try:
                 importlib.import_module("mxnet")
             except ModuleNotFoundError as exc:

@@ -360,3 +360,17 @@ print("RESULT " + json.dumps({"opened": _lazy.opened(), "mxnet_loaded": "mxnet" 
     with pytest.raises(ValueError):
         from edgetrain import _lazy
         _lazy.module("numpy")
+
+
+def test_a_plain_import_mxnet_after_edgetrain_gets_the_same_preparation():
+    # a user's factory module or script that does `import mxnet` itself, once edgetrain is loaded
+    out = child(REMOVE_ALL + """
+import json, os
+from edgetrain import runtime
+runtime.apply_threads(1)
+import mxnet as mx
+restored = {a.name for a in numpy_names.applied().restored}
+print("RESULT " + json.dumps({"pzero": mx.numpy.PZERO, "all_back": set(removed) <= restored,
+                              "omp": os.environ["OMP_NUM_THREADS"], "numpy_lacks": "PZERO" not in vars(numpy)}))
+""")
+    assert out["pzero"] == 0.0 and out["all_back"] and out["omp"] == "1" and out["numpy_lacks"]

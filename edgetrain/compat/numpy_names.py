@@ -264,7 +264,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         else:
             for_mxnet = is_mxnet
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
+            if finder is self or getattr(finder, "edgetrain_hook", False) or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
@@ -295,6 +295,11 @@ def install() -> Applied:
             _state.finder = _Finder()
             sys.meta_path.insert(0, _state.finder)
         return _state.applied
+
+
+def finder():
+    """The import finder install() put in place (None: not installed, or nothing to restore)."""
+    return _state.finder
 
 
 def applied() -> Applied | None:
