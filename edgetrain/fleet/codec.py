@@ -67,7 +67,7 @@ def payload_size(codec: str, n: int) -> int:
 
 def encode_tensor(x: np.ndarray, codec: str) -> tuple[Encoded, np.ndarray]:
     """``x`` on the wire and what the receiver will decode (so the sender can keep the difference)."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = np.array(x, dtype=np.float32, order="C")  # keeps a 0-d tensor 0-d (ascontiguousarray would not)
     if codec == "fp32":
         return Encoded(codec, tuple(x.shape), x.astype("<f4").tobytes()), x.copy()
     if codec not in _BITS:

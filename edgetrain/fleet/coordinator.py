@@ -25,6 +25,7 @@ from .local import check_shapes
 
 STATE = "fleet-state.json"
 STATE_FORMAT = "edgetrain-fleet-state/1"
+GOODBYE_SECONDS = 15.0  # how long the last message (the run is over) waits for the devices' answers
 
 
 def global_path(rundir: Path, round_no: int) -> Path:
@@ -145,9 +146,9 @@ def run(grid, spec_path: str) -> None:
         write_state(rundir, state)  # after the weights: the state never names weights not on disk
         log(f"round {round_no}: {len(deltas)} update(s), held-out top-1 {record['accuracy']:.4f}, "
             f"{record['bytes_up']} bytes up, {record['seconds']:.1f}s")
-    _goodbye(grid, state, min(30.0, spec["round_timeout"]))
     state["finished"] = _now()
     write_state(rundir, state)
+    _goodbye(grid, state, GOODBYE_SECONDS)
 
 
 def _wait_for_nodes(grid, want: int, seconds: float) -> list[int]:

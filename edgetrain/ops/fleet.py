@@ -33,6 +33,7 @@ APP_DIR = "flower-app"
 SPEC = "serve.json"
 RESULT = "fleet.json"
 HTML = "fleet-report.html"
+DONE_GRACE = 3.0
 
 _PYPROJECT = """[build-system]
 requires = ["hatchling"]
@@ -211,7 +212,11 @@ def _run_flower(rundir: Path, opts: FleetServeOptions, tls, progress) -> None:
                     report(progress, "round", seen, opts.rounds, final=True,
                            message=f"round {r['round']}: {r['updates']} update(s), held-out top-1 {r['accuracy']:.4f}, "
                                    f"{r['bytes_up']} bytes up")
-            if state.get("finished"):
+            if state.get("finished"):  # the devices are being told; let that finish (flwr run exits)
+                try:
+                    run.wait(timeout=coord.GOODBYE_SECONDS + 10)
+                except subprocess.TimeoutExpired:
+                    pass
                 break
             if link.poll() is not None:
                 raise RunFailed(f"the Flower SuperLink exited (code {link.returncode}): "
@@ -301,6 +306,7 @@ def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = Non
                 raise UsageError(f"refused by this device in round {doc['round']}: {doc['error']}", str(state),
                                  "join with the model and class list the coordinator trains")
             if (state / fclient.DONE).exists():
+                time.sleep(DONE_GRACE)  # the SuperNode is still sending the answer to that last message
                 break
             if node.poll() is not None:
                 raise RunFailed(f"the Flower SuperNode exited (code {node.returncode}): {procs.last_line(log)}",

@@ -1,0 +1,107 @@
+"""The fleet's update codec: round-trip error bounds for every codec and shape class, payload sizes,
+and 2-bit error feedback carrying what one round dropped into the next (pure NumPy, no Flower)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgetrain.fleet.codec import (CODECS, Encoded, decode_tensor, encode_tensor, encode_update, payload_size,
+                                   update_bytes)
+
+SHAPES = [(), (1,), (7,), (10, 32), (3, 5, 2, 2), (1001,)]
+KINDS = ["normal", "constant", "zeros", "outlier", "tiny", "huge"]
+
+
+def _tensor(kind: str, shape, rng) -> np.ndarray:
+    x = rng.normal(size=shape).astype(np.float32)
+    if kind == "constant":
+        x = np.full(shape, 0.37, np.float32)
+    elif kind == "zeros":
+        x = np.zeros(shape, np.float32)
+    elif kind == "outlier" and x.size:
+        x.flat[0] = 1000.0
+    elif kind == "tiny":
+        x *= 1e-6
+    elif kind == "huge":
+        x *= 1e6
+    return x
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip_is_within_half_a_step_and_payload_is_the_promised_size(codec, shape, kind):
+    rng = np.random.RandomState(hash((codec, shape, kind)) % 2**31)
+    x = _tensor(kind, shape, rng)
+    enc, decoded = encode_tensor(x, codec)
+    back = decode_tensor(Encoded(enc.codec, enc.shape, bytes(enc.data)))  # what the receiver gets
+    assert back.shape == x.shape and back.dtype == np.float32
+    np.testing.assert_array_equal(back, decoded)  # the sender knows exactly what was received
+    assert enc.nbytes == payload_size(codec, x.size)
+    if codec == "fp32":
+        np.testing.assert_array_equal(back, x)
+        return
+    levels = 256 if codec == "int8" else 4
+    step = (float(x.max()) - float(x.min())) / (levels - 1) if x.size else 0.0
+    err = np.abs(back.astype(np.float64) - x)
+    assert err.max(initial=0.0) <= step / 2 + 1e-6 * max(1.0, float(np.abs(x).max(initial=0.0)))
+    if kind in ("constant", "zeros"):
+        np.testing.assert_array_equal(back, x)  # a flat tensor is exact
+
+
+def test_compressed_sizes_against_float32():
+    n = 330  # the digits model's output layer (10 x 32 + 10), as in the benchmark
+    assert 4 * n / payload_size("int8", n) >= 3.5
+    assert 4 * n / payload_size("2bit", n) >= 12
+    x = {"w": np.ones((10, 32), np.float32), "b": np.ones(10, np.float32)}
+    assert update_bytes(encode_update(x, "int8")[0]) == payload_size("int8", 320) + payload_size("int8", 10)
+
+
+@pytest.mark.parametrize("bad", [b"", b"\x00" * 7, b"\x00" * 100])
+def test_a_payload_of_the_wrong_length_is_refused(bad):
+    with pytest.raises(ValueError, match="does not hold"):
+        decode_tensor(Encoded("int8", (10, 32), bad))
+
+
+def test_unknown_codec_is_a_usage_error():
+    from edgetrain.errors import UsageError
+
+    with pytest.raises(UsageError, match="unknown update codec"):
+        encode_tensor(np.ones(3, np.float32), "4bit")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_error_feedback_accumulates_what_was_dropped(seed):
+    """Over R rounds: sum(decoded) == sum(true updates) - final residual, and the residual stays bounded,
+    so nothing dropped is lost; without feedback the sum drifts by the quantizer's bias."""
+    rng = np.random.RandomState(seed)
+    shape = (10, 32)
+    residual: dict = {}
+    sent = np.zeros(shape, np.float64)
+    true = np.zeros(shape, np.float64)
+    plain = np.zeros(shape, np.float64)
+    bias = rng.normal(scale=0.01, size=shape)  # a steady small push that 2-bit alone would round away
+    for _ in range(40):
+        delta = (bias + rng.normal(scale=0.05, size=shape)).astype(np.float32)
+        before = {k: v.copy() for k, v in residual.items()}
+        enc, residual = encode_update({"w": delta}, "2bit", residual)
+        decoded = decode_tensor(enc["w"])
+        # this round's residual is exactly what this round failed to send of (delta + old residual)
+        np.testing.assert_allclose(residual["w"], delta + before.get("w", 0) - decoded, atol=1e-6)
+        sent += decoded
+        true += delta
+        plain += decode_tensor(encode_update({"w": delta}, "2bit")[0]["w"])
+    np.testing.assert_allclose(sent, true - residual["w"], atol=1e-4)
+    assert np.abs(residual["w"]).max() < 0.2  # bounded: half a step of the last round's range
+    assert np.abs(sent - true).mean() < np.abs(plain - true).mean()
+
+
+def test_other_codecs_keep_no_residual():
+    for codec in ("fp32", "int8"):
+        _, residual = encode_update({"w": np.ones(4, np.float32)}, codec, {"w": np.ones(4, np.float32)})
+        assert residual == {}
+
+
+def test_a_residual_of_another_shape_is_not_added():
+    enc, _ = encode_update({"w": np.zeros(4, np.float32)}, "2bit", {"w": np.ones(5, np.float32)})
+    np.testing.assert_array_equal(decode_tensor(enc["w"]), np.zeros(4))

@@ -1,0 +1,127 @@
+"""A device's round runs edgetrain's fine-tuning engine from the *global* weights (no Flower needed):
+the output layer that trains is the one the coordinator sent, and one that does not fit is refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgetrain.fleet.coordinator import average, decode_update
+from edgetrain.fleet.codec import encode_update
+from edgetrain.fleet.local import Evaluator, LocalSpec, ShapeMismatch, check_shapes, train_round
+
+MODEL = "edgetrain.nets:pretrained_digits"
+
+
+@pytest.fixture(scope="module")
+def shares(tmp_path_factory):
+    from edgetrain.fleet.demo import split_digits
+
+    return split_digits(tmp_path_factory.mktemp("fleet-data"), per_device=120)
+
+
+@pytest.fixture(scope="module")
+def evaluator(shares, tmp_path_factory, monkeypatch_module):
+    return Evaluator(LocalSpec(model=MODEL, data=shares["val"], workdir=str(tmp_path_factory.mktemp("ev")),
+                               threads=1), shares["val"])
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))  # a private export cache
+    yield mp
+    mp.undo()
+
+
+def _spec(shares, tmp_path, **kw):
+    return LocalSpec(model=MODEL, data=shares["devices"][0], workdir=str(tmp_path), threads=1, **kw)
+
+
+def test_the_round_starts_from_the_global_weights(shares, evaluator, tmp_path):
+    """With a learning rate too small to move anything, a round returns what it was given, for any
+    given weights; with a real one it returns the given weights plus a small step, not the base's head."""
+    rng = np.random.RandomState(3)
+    starts = [evaluator.initial,
+              {k: rng.normal(size=v.shape).astype(np.float32) for k, v in evaluator.initial.items()},
+              {k: np.full(v.shape, 0.25, np.float32) for k, v in evaluator.initial.items()}]
+    for i, start in enumerate(starts):
+        still, res = train_round(_spec(shares, tmp_path, lr=1e-12, epochs=1), start, i)
+        assert res.epochs and res.epochs[-1]["samples"] > 0  # it did train (on the device's data)
+        for k in start:
+            np.testing.assert_allclose(still[k], start[k], atol=1e-6)
+    moved, _ = train_round(_spec(shares, tmp_path, lr=0.05, epochs=1), starts[1], 9)
+    for k in starts[1]:
+        step = np.abs(moved[k] - starts[1][k]).max()
+        assert 0 < step < 1.0, (k, step)
+        assert not np.allclose(moved[k], starts[0][k], atol=0.1)
+
+
+def test_the_global_weights_decide_the_devices_accuracy(shares, evaluator, tmp_path):
+    """Train once on the union to get good weights; a device's round from them keeps the held-out accuracy,
+    a round from the untrained head does not reach it: the device used what it was sent."""
+    good, _ = train_round(LocalSpec(model=MODEL, data=shares["union"], workdir=str(tmp_path), threads=1, epochs=8),
+                          evaluator.initial, 1)
+    assert evaluator.top1(good) > evaluator.top1(evaluator.initial) + 0.3
+    from_good, _ = train_round(_spec(shares, tmp_path, lr=1e-4, epochs=1), good, 2)
+    from_initial, _ = train_round(_spec(shares, tmp_path, lr=1e-4, epochs=1), evaluator.initial, 3)
+    assert evaluator.top1(from_good) > evaluator.top1(from_initial) + 0.3
+
+
+@pytest.mark.parametrize("change", ["rows", "columns", "missing", "extra", "renamed"])
+def test_weights_that_do_not_fit_are_refused_by_the_device(shares, evaluator, tmp_path, change):
+    bad = {k: v.copy() for k, v in evaluator.initial.items()}
+    w = next(k for k in bad if k.endswith("weight"))
+    if change == "rows":
+        bad[w] = np.zeros((5, bad[w].shape[1]), np.float32)
+    elif change == "columns":
+        bad[w] = np.zeros((bad[w].shape[0], 7), np.float32)
+    elif change == "missing":
+        del bad[w]
+    elif change == "extra":
+        bad["other_weight"] = np.zeros(3, np.float32)
+    else:
+        bad["x_" + w] = bad.pop(w)
+    with pytest.raises(ShapeMismatch, match="model mismatch") as exc:
+        train_round(_spec(shares, tmp_path), bad, 1)
+    assert exc.value.exit_code == 2
+    assert not any(tmp_path.glob("round-*"))  # nothing left behind
+
+
+def test_a_device_whose_classes_differ_refuses_the_fleets_weights(evaluator, tmp_path):
+    """Five class names on the device, ten in the fleet: the output layers differ, refused in words."""
+    from edgetrain.fleet.demo import _digits
+
+    x, y = _digits()
+    keep = y < 5
+    path = tmp_path / "five.npz"
+    np.savez(path, data=(x[keep][:100] * 255).round().astype(np.uint8), label=y[keep][:100],
+             class_names=np.array([str(d) for d in range(5)]))
+    with pytest.raises(ShapeMismatch) as exc:
+        train_round(LocalSpec(model=MODEL, data=str(path), workdir=str(tmp_path), threads=1), evaluator.initial, 1)
+    import re
+
+    assert re.search(r"model mismatch: 'digits_dense0_\w+' is 10(x32)? there but 5(x32)? here", exc.value.line())
+
+
+@pytest.mark.parametrize("codec", ["fp32", "int8", "2bit"])
+def test_the_coordinator_refuses_an_update_that_does_not_fit(evaluator, codec):
+    good = {k: np.zeros_like(v) for k, v in evaluator.initial.items()}
+    enc, _ = encode_update(good, codec)
+    decoded = decode_update(enc, evaluator.initial, "device-x")
+    assert all(decoded[k].shape == v.shape for k, v in evaluator.initial.items())
+    w = next(k for k in good if k.endswith("weight"))
+    bad, _ = encode_update({**good, w: np.zeros((5, 32), np.float32)}, codec)
+    with pytest.raises(ShapeMismatch, match="device-x") as exc:
+        decode_update(bad, evaluator.initial, "device-x")
+    assert "is 5x32 there but 10x32 here" in exc.value.line()
+
+
+def test_average_is_weighted_by_samples():
+    a, b = {"w": np.zeros(3, np.float32)}, {"w": np.ones(3, np.float32)}
+    np.testing.assert_allclose(average([(a, 1), (b, 3)])["w"], 0.75)
+
+
+def test_check_shapes_accepts_exactly_the_same_arrays():
+    check_shapes({"a": np.zeros((2, 3))}, {"a": (2, 3)}, "here", "fix")
+    with pytest.raises(ShapeMismatch):
+        check_shapes({"a": np.zeros((2, 3))}, {"a": (3, 2)}, "here", "fix")

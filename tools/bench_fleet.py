@@ -1,0 +1,178 @@
+"""Issue 15's measured result: federated fine-tuning of the digits model on three loopback devices.
+
+    python tools/bench_fleet.py [--rounds 5] [--epochs 2] [--out DIR]
+
+Three devices, each holding a non-IID share of builtin:digits (four digits each; together all ten;
+edgetrain.fleet.demo.SHARES), start from the shipped base trained on digits 0-4
+(edgetrain.nets:pretrained_digits). Reported, all on the same held-out quarter of the ten digits:
+(a) each device's local-only fine-tune and (b) one fine-tune on the union of the data, both through the
+same engine for rounds x epochs epochs; federated runs with fp32, int8 and 2-bit (error feedback)
+updates, each a real `edgetrain fleet serve` and three `edgetrain fleet join` processes on loopback;
+and an int8 run in which device 1 is SIGKILLed (with every process it started) during round 2 and
+joined again. Uplink bytes are the update payloads the devices sent (Flower's Array data). Needs the
+fleet extra (flwr) in this Python.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+MODEL = "edgetrain.nets:pretrained_digits"
+MARK = "EDGETRAIN_BENCH_MARK"
+
+
+def _marked(mark: str) -> list[int]:
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARK) == mark:
+                out.append(p.pid)
+        except (psutil.Error, OSError):
+            pass
+    return out
+
+
+def _kill(mark: str) -> None:
+    for _ in range(3):
+        pids = _marked(mark)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not pids:
+            return
+        time.sleep(0.3)
+
+
+def _start(args: list[str], log: Path, mark: str, env_extra: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, MARK: mark, **(env_extra or {})}
+    fh = open(log, "ab")
+    return subprocess.Popen([sys.executable, "-m", "edgetrain", *args], stdout=fh, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+
+
+def federated(work: Path, data: dict, codec: str, rounds: int, epochs: int, kill_device: int | None = None,
+              kill_round: int = 2, threads: int = 1) -> dict:
+    from edgetrain.fleet.procs import free_port
+
+    run = work / f"run-{codec}{'-kill' if kill_device is not None else ''}"
+    port = free_port()
+    marks = {"serve": f"serve-{uuid.uuid4().hex[:6]}"}
+    serve = _start(["fleet", "serve", MODEL, "--val", data["val"], "-o", str(run), "--rounds", str(rounds),
+                    "--min-clients", "3", "--port", str(port), "--codec", codec, "--epochs", str(epochs),
+                    "--threads", str(threads), "--round-timeout", "120", "--join-timeout", "120"],
+                   work / f"{run.name}-serve.log", marks["serve"])
+    joins = {}
+
+    def join(d: int) -> None:
+        marks[d] = f"dev{d}-{uuid.uuid4().hex[:6]}"
+        joins[d] = _start(["fleet", "join", f"127.0.0.1:{port}", "--data", data["devices"][d], "-o",
+                           str(run / f"device-{d}"), "--name", f"device-{d}", "--threads", str(threads),
+                           "--device", "rpi4b-4gb"], work / f"{run.name}-device-{d}.log", marks[d])
+
+    t0 = time.monotonic()
+    try:
+        time.sleep(2)
+        for d in range(3):
+            join(d)
+        killed = None
+        while serve.poll() is None:
+            if kill_device is not None and killed is None:
+                cur = run / f"device-{kill_device}" / "current-round.json"
+                if cur.exists() and json.loads(cur.read_text())["round"] == kill_round:
+                    time.sleep(1.0)  # inside the round's training
+                    _kill(marks[kill_device])  # the power cut: the join, its SuperNode and ClientApp
+                    killed = time.monotonic() - t0
+                    time.sleep(3)
+                    join(kill_device)
+            if time.monotonic() - t0 > 1800:
+                raise RuntimeError("federated run took more than 30 minutes")
+            time.sleep(0.5)
+        for p in joins.values():
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for m in marks.values():
+            _kill(m)
+    res = json.loads((run / "fleet.json").read_text())
+    res["wall_seconds"] = time.monotonic() - t0
+    res["serve_exit"] = serve.returncode
+    res["killed_at_s"] = killed
+    return res
+
+
+def local(work: Path, data: str, val: str, epochs: int, threads: int = 1) -> float:
+    from edgetrain.fleet.local import Evaluator, LocalSpec, train_round
+
+    spec = LocalSpec(model=MODEL, data=val, workdir=str(work / "eval"), threads=threads)
+    ev = Evaluator(spec, val)
+    spec = LocalSpec(model=MODEL, data=data, workdir=str(work / f"local-{Path(data).stem}"), epochs=epochs,
+                     threads=threads)
+    arrays, _ = train_round(spec, ev.initial, 1)
+    return ev.top1(arrays)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=2, help="local epochs per round")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: local,fp32,int8,2bit,kill")
+    a = ap.parse_args()
+    from edgetrain.fleet.demo import SHARES, split_digits
+
+    work = Path(a.out or tempfile.mkdtemp(prefix="bench-fleet-"))
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("EDGETRAIN_CACHE_DIR", str(work / "cache"))
+    data = split_digits(work / "data")
+    skip = set(filter(None, a.skip.split(",")))
+    total = a.rounds * a.epochs
+    out = {"rounds": a.rounds, "local_epochs_per_round": a.epochs, "shares": SHARES}
+    print(f"# edgetrain fleet bench: {MODEL}, 3 devices {SHARES}, {a.rounds} rounds x {a.epochs} local epochs; "
+          f"held-out: {data['val']}", flush=True)
+    if "local" not in skip:
+        out["local_only"] = [local(work, p, data["val"], total) for p in data["devices"]]
+        out["centralised"] = local(work, data["union"], data["val"], total)
+        print(f"local-only ({total} epochs each): " + ", ".join(f"device {i} {v:.4f}" for i, v in enumerate(out["local_only"]))
+              + f"; centralised on the union: {out['centralised']:.4f}", flush=True)
+    for codec in ("fp32", "int8", "2bit"):
+        if codec in skip:
+            continue
+        r = federated(work, data, codec, a.rounds, a.epochs)
+        out[codec] = r
+        print(f"federated {codec:4s}: top-1 {r['final_accuracy']:.4f} after {r['rounds_completed']} rounds "
+              f"(per round: {', '.join(format(x['accuracy'], '.3f') for x in r['rounds'])}); uplink {r['bytes_up']} B "
+              f"({r['bytes_up_fp32']} B as fp32, {r['uplink_reduction']:.2f}x fewer); downlink {r['bytes_down']} B; "
+              f"{r['wall_seconds']:.0f}s", flush=True)
+    if "kill" not in skip:
+        r = federated(work, data, "int8", a.rounds, a.epochs, kill_device=1, kill_round=2)
+        out["int8_kill"] = r
+        parts = [f"round {x['round']}: {len(x['participants'])} updates" for x in r["rounds"]]
+        print(f"int8, device 1 SIGKILLed in round 2 at {r['killed_at_s']:.0f}s and joined again: exit {r['serve_exit']}, "
+              f"{r['rounds_completed']} of {a.rounds} rounds, top-1 {r['final_accuracy']:.4f} "
+              f"(fault-free int8: {out.get('int8', {}).get('final_accuracy', float('nan')):.4f}); {'; '.join(parts)}",
+              flush=True)
+    (work / "bench.json").write_text(json.dumps(out, indent=2, default=str))
+    if "local" not in skip and "int8" not in skip and "fp32" not in skip:
+        best = max(out["local_only"])
+        print(f"summary: federated int8 {out['int8']['final_accuracy']:.4f} vs best local-only {best:.4f} "
+              f"(+{100 * (out['int8']['final_accuracy'] - best):.1f} pts) vs centralised {out['centralised']:.4f} "
+              f"({100 * (out['int8']['final_accuracy'] - out['centralised']):+.1f} pts); int8 vs fp32 "
+              f"{100 * (out['int8']['final_accuracy'] - out['fp32']['final_accuracy']):+.1f} pts; results in {work}")
+
+
+if __name__ == "__main__":
+    main()
