@@ -1006,6 +1006,10 @@ class _HeadJob(_Job):
         return z + self.head["bias"] if "bias" in self.head else z
 
     def _step(self, idx: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverged loss is reported by _train, once
+            return self._numpy_step(idx, labels)
+
+    def _numpy_step(self, idx: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
         m = self.plan.micro_batch
         real = len(idx)
         grads = {k: np.zeros_like(v) for k, v in self.head.items()}

@@ -62,7 +62,7 @@ def test_human_output_and_budget(cli, digits_npz, tmp_path):
     res = cli("finetune", BASE, "--data", digits_npz, "-o", tmp_path / "o", "--epochs", "2",
               "--memory-budget", "400MB", "--train-layers", "last:2", cwd=tmp_path)
     assert res.code == 0, res.err
-    assert "epoch 2:" in res.err and "samples/s" in res.err
+    assert "epoch 2 " in res.err and "samples/s" in res.err
     assert "peak RSS" in res.out and "of 400 MB budget" in res.out
     assert "output layer replaced" in res.out
 
@@ -195,7 +195,7 @@ def test_corrupt_checkpoint_is_refused(cli, digits_npz, finished, tmp_path):
 
 
 @pytest.mark.parametrize("args,fragments", [
-    (["--memory-budget", "lots"], ["cannot read --memory-budget 'lots'"]),
+    (["--memory-budget", "lots"], ["bad value 'lots' for --memory-budget"]),
     (["--train-layers", "last:0"], ["trains nothing"]),
     (["--train-layers", "last:9"], ["beyond the model's depth", "last:1 to last:4"]),
     (["--memory-budget", "100MB"], ["memory budget 100 MB is too small", "impossible"]),

@@ -1,0 +1,53 @@
+"""`edgetrain finetune` guards, end to end in child processes: one run per OUTDIR (the second names the
+first's PID), and a diverging run stops with exit 1 and writes no model, on both training paths."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clitools import assert_user_error, run_edgetrain
+
+BASE = "edgetrain.nets:pretrained_digits"
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """The head-only path's per-user export cache, kept out of the user's home."""
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "edgetrain-cache"))
+
+
+@pytest.mark.parametrize("layers", ["head", "all"])
+@pytest.mark.parametrize("second", [[], ["--resume"]])
+def test_a_second_run_into_a_busy_outdir_refuses_with_the_first_ones_pid(layers, second, digits_npz, tmp_path):
+    out = tmp_path / "run"
+    args = ["finetune", BASE, "--data", str(digits_npz), "-o", str(out), "--train-layers", layers,
+            "--epochs", "400", "--batch-size", "4", "--threads", "1"]
+    env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
+    first = subprocess.Popen([sys.executable, "-m", "edgetrain", *args], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        while not (out / "checkpoint.npz").exists():  # training is under way (the lock is held from the start)
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() - t0 < 300
+            time.sleep(0.05)
+        res = run_edgetrain(*args, *second, cwd=tmp_path)
+        assert_user_error(res, 2, "OUTDIR is in use by another finetune run", f"PID {first.pid}")
+        assert first.poll() is None, "the second run must not disturb the first"
+    finally:
+        first.kill()
+        first.communicate()
+
+
+@pytest.mark.parametrize("layers", ["head", "last:2", "all"])
+def test_a_diverging_run_fails_and_writes_no_model(layers, digits_npz, tmp_path):
+    out = tmp_path / "run"
+    res = run_edgetrain("finetune", BASE, "--data", digits_npz, "-o", out, "--train-layers", layers, "--epochs", "3",
+                        "--optimizer", "sgd", "--lr", "1e38", "--threads", "1", cwd=tmp_path)
+    assert_user_error(res, 1, "training diverged", "no model was written")
+    assert not list(Path(tmp_path).glob("run/model-*")), "a diverged run must not leave a final model"
