@@ -73,7 +73,9 @@ def mxnet() -> ModuleType:
                 importlib.import_module("mxnet")
             except ModuleNotFoundError as exc:
                 if exc.name != "mxnet":
-                    raise
+                    top = (exc.name or "?").split(".")[0]
+                    raise UsageError(f"mxnet cannot load: it imports {top}, which is not installed",
+                                     "import mxnet", f"pip install {top}") from exc
                 raise UsageError(f"mxnet {MXNET_VERSION} is not installed", f"Python {_python()}",
                                  "run `edgetrain doctor --fix` (it installs mxnet==1.9.1 without the "
                                  "numpy<2 pin in its metadata)") from exc

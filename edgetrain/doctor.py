@@ -29,7 +29,7 @@ MXNET_PIN = "mxnet==1.9.1"
 NUMPY_MIN = (1, 23, 5)
 SUPPORTED_PYTHON = ((3, 11), (3, 12), (3, 13))
 # mxnet installed without its dependencies: its metadata pins numpy<2.0, which has no wheels for Python >=
-# 3.12; it needs none of them to import (requests and graphviz are optional, numpy is edgetrain's own).
+# 3.12; of the others it imports only requests, which edgetrain requires there (graphviz is optional).
 PIP_MXNET = [sys.executable, "-m", "pip", "install", "--no-deps", MXNET_PIN]
 # Debian packages that provide the system libraries the mxnet wheels link (and do not bundle).
 SYSTEM_PACKAGES = {
@@ -353,7 +353,13 @@ def check_mxnet(result: dict, libmxnet: Path | None, machine: str) -> list[Check
             missing = sorted(set(_MISSING_LIB.findall(result["error"])) |
                              set(ldd_missing(libmxnet) if libmxnet else []))
             details = {**result, "missing_libraries": missing, "libmxnet": str(libmxnet) if libmxnet else None}
-            if missing:
+            module = re.match(r"No module named '([\w.]+)'", result["error"]) \
+                if result["error_type"] == "ModuleNotFoundError" else None
+            if module and not missing:
+                name = module.group(1).split(".")[0]
+                message = f"mxnet does not import: it needs the Python package {name}, not installed ({err})"
+                fix = f"pip install {name}"
+            elif missing:
                 message = f"mxnet does not import: missing {', '.join(missing)} ({err})"
                 armpl_names = [m for m in missing if m in armpl.STAND_INS]
                 fix = ("edgetrain doctor --fix" if armpl_names and machine in ("aarch64", "arm64")

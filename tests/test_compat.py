@@ -313,12 +313,15 @@ def _fake_package(tmp_path: Path, name: str, body: str) -> Path:
 CLI_EXPORT = ["-m", "edgetrain", "export", "edgetrain.nets:digits_cnn", "-o"]
 
 
-@pytest.mark.parametrize("body,what", [
-    ('raise ModuleNotFoundError("No module named \'mxnet\'", name="mxnet")\n', "mxnet 1.9.1 is not installed"),
+@pytest.mark.parametrize("body,what,fix", [
+    ('raise ModuleNotFoundError("No module named \'mxnet\'", name="mxnet")\n', "mxnet 1.9.1 is not installed",
+     "edgetrain doctor --fix"),
     ('raise OSError("libgomp.so.1: cannot open shared object file: No such file or directory")\n',
-     "mxnet cannot load: libgomp.so.1 is missing"),
+     "mxnet cannot load: libgomp.so.1 is missing", "edgetrain doctor"),
+    ('raise ModuleNotFoundError("No module named \'requests\'", name="requests")\n',
+     "mxnet cannot load: it imports requests, which is not installed", "pip install requests"),
 ])
-def test_mxnet_that_cannot_load_is_one_line_exit_2(tmp_path, body, what):
+def test_mxnet_that_cannot_load_is_one_line_exit_2(tmp_path, body, what, fix):
     fake = _fake_package(tmp_path, "mxnet", body)
     env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
     env["PYTHONPATH"] = str(fake)
@@ -328,7 +331,7 @@ def test_mxnet_that_cannot_load_is_one_line_exit_2(tmp_path, body, what):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and what in lines[0], proc.stderr
-    assert "edgetrain doctor" in lines[0]
+    assert fix in lines[0]
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
