@@ -96,7 +96,8 @@ def _events(progress: ProgressFn | None):
     def send(info: dict) -> None:
         info = dict(info)
         phase = info.pop("phase")
-        report(progress, phase, info.pop("done", None), info.pop("total", None), final=phase == "epoch", **info)
+        report(progress, phase, info.pop("done", None), info.pop("total", None), message=info.pop("message", ""),
+               final=phase in ("epoch", "note"), **info)
     return send
 
 
@@ -594,6 +595,8 @@ class _Job:
         self.plan, self.costs = self._plan(meta["plan"] if meta is not None else None)
         self.frozen_record = (meta or {}).get("frozen_onnx")
         self._advise()
+        for note in self.notes:  # what is known before training is said before it (BatchNorm on micro-batches...)
+            self.progress({"phase": "note", "message": note})
 
         import threading
 

@@ -51,3 +51,14 @@ def test_a_diverging_run_fails_and_writes_no_model(layers, digits_npz, tmp_path)
                         "--optimizer", "sgd", "--lr", "1e38", "--threads", "1", cwd=tmp_path)
     assert_user_error(res, 1, "training diverged", "no model was written")
     assert not list(Path(tmp_path).glob("run/model-*")), "a diverged run must not leave a final model"
+
+
+@pytest.mark.parametrize("layers", ["head", "all"])
+def test_notes_known_before_training_are_printed_before_it(layers, digits_npz, tmp_path):
+    res = run_edgetrain("finetune", BASE, "--data", digits_npz, "-o", tmp_path / "run", "--train-layers", layers,
+                        "--epochs", "1", "--threads", "1", cwd=tmp_path)
+    assert res.code == 0, res.err
+    lines = res.err.splitlines()
+    note = next(i for i, ln in enumerate(lines) if "output layer replaced" in ln)
+    first_epoch = next(i for i, ln in enumerate(lines) if ln.startswith("epoch 1"))
+    assert note < first_epoch, res.err
