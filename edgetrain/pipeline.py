@@ -92,6 +92,7 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
 
     device_ref = loaded.device_ref(device)
     total = len(recipe.steps)
+    ran_again = False
     for i, step in enumerate(recipe.steps, 1):
         json_path = rundir / "steps" / f"{step.name}.json"
         log_path = rundir / "logs" / f"{step.name}.log"
@@ -101,12 +102,14 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
             say(f"[{i}/{total}] report: {run.result['path']}")
             continue
         argv = _command(step, art, rundir, device_ref, threads, json_path, resume)
-        if resume and _complete(json_path):
+        # once a step runs again, every later step does too: its inputs may have changed
+        if resume and not ran_again and _complete(json_path, step.name, rundir, say):
             run = StepRun(step.name, "skipped (complete)", 0, 0.0, argv, str(log_path), _read_json(json_path))
             say(f"[{i}/{total}] {step.name}: already complete, skipped")
         else:
             say(f"[{i}/{total}] {step.name}: edgetrain {' '.join(argv)}")
             run = _run_child(step.name, argv, json_path, log_path, say)
+            ran_again = True
         result.steps.append(run)
         if run.exit_code not in (0, 3):
             result.exit_code = 1 if run.exit_code != 2 else 2
@@ -117,6 +120,8 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
             result.exit_code = 3
             result.failed_step = result.failed_step or step.name
         say(f"[{i}/{total}] {step.name} {run.status} in {run.seconds:.1f} s")
+        if run.exit_code == 0 and not run.status.startswith("skipped"):
+            _seal(step.name, rundir)
         _advance(step.name, run, art, rundir)
 
     result.summary = summarize(result)
@@ -264,23 +269,68 @@ def _run_child(name: str, argv: list[str], json_path: Path, log_path: Path, say)
 
 
 def _advance(name: str, run: StepRun, art: _Artifacts, rundir: Path) -> None:
-    """Record the step's artifact so the next step takes it."""
-    res = run.result or {}
+    """Record the step's artifact so the next step takes it: found by its place in THIS run folder, never
+    by the path an earlier run wrote in steps/*.json (a moved run folder must not point back at the old one)."""
     if name == "finetune":
-        prefix = res.get("model") or res.get("prefix")
-        if prefix:
-            art.model = str(prefix)
+        if Path(f"{rundir / 'finetune' / 'model'}-symbol.json").exists():
+            art.model = str(rundir / "finetune" / "model")
     elif name == "quantize":
-        out = res.get("output") or res.get("path")
-        if out and str(out).endswith(".onnx"):
-            art.int8_onnx = str(out)
+        if (rundir / "model_int8.onnx").exists():
+            art.int8_onnx = str(rundir / "model_int8.onnx")
     elif name == "export":
-        art.fp32_onnx = str(res.get("path") or rundir / "model.onnx")
+        art.fp32_onnx = str(rundir / "model.onnx")
 
 
-def _complete(json_path: Path) -> bool:
-    """A step is done only if its record says it passed (a step that exited 3 runs again on --resume)."""
-    return step_passed(_read_json(json_path))
+# What each step leaves in the run folder (relative to it): sealed with their SHA-256 when the step
+# passes, checked before --resume skips it.
+_STEP_FILES = {"finetune": ("finetune/model-symbol.json", "finetune/model-0000.params", "finetune/model-edgetrain.json"),
+               "quantize": ("model_int8.onnx", "model_int8-symbol.json", "model_int8-0000.params"),
+               "export": ("model.onnx",), "profile": ("profile.html",)}
+
+
+def _seal_path(rundir: Path, name: str) -> Path:
+    return rundir / "steps" / f"{name}.files.json"
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _seal(name: str, rundir: Path) -> None:
+    files = {rel: _sha256(rundir / rel) for rel in _STEP_FILES.get(name, ()) if (rundir / rel).is_file()}
+    _write_json_atomic(_seal_path(rundir, name), {"files": files})
+
+
+def _complete(json_path: Path, name: str = "", rundir: Path | None = None, say=None) -> bool:
+    """A step is done only if its record says it passed (a step that exited 3 runs again on --resume) and
+    the files it made are still there, unchanged (paths relative to the run folder)."""
+    if not step_passed(_read_json(json_path)):
+        return False
+    if rundir is None:
+        return True
+    seal = _read_json(_seal_path(rundir, name))
+    files = (seal or {}).get("files")
+    problem = None
+    if not isinstance(files, dict) or (_STEP_FILES.get(name) and not files):
+        problem = "no record of its files"
+    else:
+        for rel, digest in files.items():
+            path = rundir / rel
+            if not path.is_file():
+                problem = f"{rel} is missing"
+                break
+            if _sha256(path) != digest:
+                problem = f"{rel} changed since the step ran"
+                break
+    if problem and say:
+        say(f"    {name}: {problem}; running it again")
+    return problem is None
 
 
 def _read_json(path: Path) -> dict | None:
