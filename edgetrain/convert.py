@@ -187,10 +187,13 @@ def write_atomically(blob: bytes, path: Path) -> None:
 BATCH_SIZES = (1, 3)  # a dynamic-batch file is run at both
 
 
-def check_batch_sizes(model, preprocess, threads: int | None = None, where: str = "output") -> dict:
+def check_batch_sizes(model, preprocess, threads: int | None = None, where: str = "output",
+                      rtol: float = 1e-3) -> dict:
     """Prove an ONNX file (path or bytes) follows the batch policy: a dynamic file runs at every size in
-    BATCH_SIZES and a batch gives each sample the output it gets alone. Returns what was checked; a file
-    that fails is a bug in edgetrain, not the user's doing (RunFailed)."""
+    BATCH_SIZES and a batch gives each sample the output it gets alone, within ``rtol`` of the outputs'
+    largest magnitude (an int8 model may differ by a few quantization steps: ORT's kernels accumulate in
+    another order at another batch size and a value on a rounding edge moves one step). Returns what was
+    checked; a file that fails is a bug in edgetrain, not the user's doing (RunFailed)."""
     runner = OrtRunner(model, threads)
     declared = runner.session.get_inputs()[0].shape[0]
     if runner.fixed_batch is not None:
@@ -209,7 +212,7 @@ def check_batch_sizes(model, preprocess, threads: int | None = None, where: str 
                             f"{str(exc).splitlines()[0][:200]}", where, "report this with the model") from exc
         scale = max(float(np.abs(alone[:n]).max()), 1e-6)
         err = float(np.abs(together - alone[:n]).max()) / scale
-        if together.shape[0] != n or err > 1e-3:
+        if together.shape[0] != n or err > rtol:
             raise RunFailed(f"the written model gives a batch of {n} other outputs than one sample at a time "
                             f"(max rel error {err:.3g})", where, "report this with the model")
         worst = max(worst, err)

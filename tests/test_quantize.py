@@ -54,7 +54,7 @@ def int8_result(trained, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("int8") / "digits_int8.onnx"
     return quantize(str(trained / "digits10"), str(trained / "calib.npz"), out, val=str(trained / "val.npz"),
-                    max_drop=1.0, max_fp32_nodes=0, threads=1)
+                    max_drop=1.0, max_fp32_nodes=0, threads=1, scheme="rule")
 
 
 def test_trained_digits_lose_at_most_one_point_in_int8(int8_result):
@@ -127,7 +127,7 @@ def test_budget_search_keeps_the_costliest_nodes_in_fp32(trained, zeros_npz, tmp
     from edgetrain.api import quantize
 
     res = quantize(str(trained / "digits10"), str(zeros_npz), tmp_path / "m.onnx", val=str(trained / "val.npz"),
-                   max_drop=1.0, threads=1, latency=False)
+                   max_drop=1.0, threads=1, latency=False, scheme="rule")
     first, last = res.steps[0], res.steps[-1]
     assert first.kept_fp32 == [] and first.drop > 10.0        # useless ranges wreck the all-int8 model
     assert res.passed and last.drop <= 1.0 and len(res.steps) >= 2
@@ -144,7 +144,7 @@ def test_no_mix_within_budget_keeps_the_best_model(trained, zeros_npz, tmp_path)
     from edgetrain.api import quantize
 
     res = quantize(str(trained / "digits10"), str(zeros_npz), tmp_path / "m.onnx", val=str(trained / "val.npz"),
-                   max_drop=0.5, max_fp32_nodes=0, threads=1, latency=False)
+                   max_drop=0.5, max_fp32_nodes=0, threads=1, latency=False, scheme="rule")
     assert not res.passed and res.failed_checks and (tmp_path / "m.onnx").is_file()
     assert any("no mix" in w for w in res.warnings)
 
@@ -214,5 +214,5 @@ def test_mobilenetv2_int8_file_is_at_least_3_5x_smaller(tmp_path):
     from edgetrain.api import quantize
 
     res = quantize("zoo:mobilenetv2_1.0", "builtin:digits", tmp_path / "mb.onnx", samples=4, input_shape=(3, 32, 32),
-                   threads=1, latency=False)
+                   threads=1, latency=False, scheme="rule")
     assert res.size["fp32_bytes"] > 13_000_000 and res.size["ratio"] >= 3.5, res.size
