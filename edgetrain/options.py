@@ -409,6 +409,9 @@ class FleetServeOptions(Options):
     codec: Literal["fp32", "int8", "2bit"] = opt(
         "int8", help="How devices compress their updates: fp32 (none), int8 (per-tensor affine), 2bit (with error "
                      "feedback: what is dropped stays on the device and is sent with the next round).")
+    aggregate: Literal["scaffold", "fedavg"] = opt(
+        "scaffold", help="How updates are combined: scaffold (FedAvg with drift correction: devices that see only "
+                         "some classes do not pull the model towards theirs; twice the bytes) or plain fedavg.")
     epochs: Annotated[int, Field(ge=1, le=10_000)] = opt(1, help="Local epochs per round on each device.")
     batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = opt(32, help="Effective batch size on the devices.")
     lr: Positive = opt(None, metavar="LR", help="Devices' learning rate (default: the fine-tuning engine's).")

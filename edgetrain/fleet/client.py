@@ -21,6 +21,8 @@ from .local import LocalSpec, ShapeMismatch, train_round
 
 STATE = "client-state.json"
 RESIDUAL = "residual.npz"
+CONTROL_FILE = "control.npz"
+CONTROL = "control/"  # prefix of the SCAFFOLD control variates among the arrays that travel
 REFUSED = "refused.json"
 DONE = "done.json"
 CURRENT = "current-round.json"
@@ -40,12 +42,26 @@ def _state(folder: Path) -> tuple[dict, dict]:
     return meta, residual
 
 
-def _save_state(folder: Path, meta: dict, residual: dict) -> None:
+def _save_arrays(path: Path, arrays: dict, what: str) -> None:
     import io
 
     buf = io.BytesIO()
-    np.savez(buf, **residual)
-    atomic_write_bytes(folder / RESIDUAL, buf.getvalue(), "fleet residual")
+    np.savez(buf, **arrays)
+    atomic_write_bytes(path, buf.getvalue(), what)
+
+
+def _control(folder: Path, like: dict) -> dict:
+    """This device's SCAFFOLD control variate c_i (zeros before its first round)."""
+    if (folder / CONTROL_FILE).exists():
+        with np.load(folder / CONTROL_FILE, allow_pickle=False) as z:
+            got = {k: z[k] for k in z.files}
+        if all(k in got and got[k].shape == v.shape for k, v in like.items()):
+            return got
+    return {k: np.zeros_like(v) for k, v in like.items()}
+
+
+def _save_state(folder: Path, meta: dict, residual: dict) -> None:
+    _save_arrays(folder / RESIDUAL, residual, "fleet residual")
     atomic_write_text(folder / STATE, json.dumps(meta), "fleet state")  # last: it vouches for the residual
 
 
@@ -91,14 +107,26 @@ def train(join_path: str, global_arrays: dict, config: dict) -> tuple[dict, dict
     if meta.get("codec") not in (None, codec):
         residual = {}  # a residual only means something to the codec that dropped it
     t0 = time.monotonic()
+    weights = {k: v for k, v in global_arrays.items() if not k.startswith(CONTROL)}
+    c_global = {k[len(CONTROL):]: v for k, v in global_arrays.items() if k.startswith(CONTROL)}
+    c_mine = _control(folder, weights) if c_global else {}
     try:
-        new, result = train_round(spec, global_arrays, round_no)
-    except ShapeMismatch as exc:
+        correction = {k: c_global[k] - c_mine[k] for k in weights} if c_global else None
+        new, result = train_round(spec, weights, round_no, correction)
+    except (ShapeMismatch, KeyError) as exc:
+        if isinstance(exc, KeyError):
+            exc = ShapeMismatch(f"model mismatch: control variate for {exc} missing", "global weights from the "
+                                "coordinator", "every device must fine-tune the same model for the same classes")
         atomic_write_text(folder / REFUSED, json.dumps({"round": round_no, "error": exc.line()}), "fleet state")
-        raise
-    delta = {k: new[k] - global_arrays[k] for k in new}
+        raise exc from None
+    delta = {k: new[k] - weights[k] for k in new}
+    if c_global:  # SCAFFOLD: this device's new control variate, from how far its weights moved
+        c_new = {k: c_mine[k] - c_global[k] + (weights[k] - new[k]) / np.float32(result.fleet_scale) for k in weights}
+        delta.update({CONTROL + k: (c_new[k] - c_mine[k]).astype(np.float32) for k in weights})
     encoded, residual = encode_update(delta, codec, residual)
     seconds = time.monotonic() - t0
+    if c_global:
+        _save_arrays(folder / CONTROL_FILE, c_new, "fleet control variate")
     _save_state(folder, {"round": round_no, "codec": codec, "name": join["name"],
                          "trained": int(meta.get("trained", 0)) + 1}, residual)
     (folder / CURRENT).unlink(missing_ok=True)

@@ -24,22 +24,24 @@ from .codec import decode_tensor
 from .local import check_shapes
 
 STATE = "fleet-state.json"
+CONTROL = "control/"  # the SCAFFOLD control variates travel beside the weights under this prefix
+CONTROL_PREFIX = "control"  # RUNDIR/control-NNNN.npz: the global control variate after round NNNN
 STATE_FORMAT = "edgetrain-fleet-state/1"
 GOODBYE_SECONDS = 15.0  # how long the last message (the run is over) waits for the devices' answers
 
 
-def global_path(rundir: Path, round_no: int) -> Path:
-    return rundir / f"global-{round_no:04d}.npz"
+def global_path(rundir: Path, round_no: int, prefix: str = "global") -> Path:
+    return rundir / f"{prefix}-{round_no:04d}.npz"
 
 
-def save_global(rundir: Path, round_no: int, arrays: dict) -> None:
+def save_global(rundir: Path, round_no: int, arrays: dict, prefix: str = "global") -> None:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    atomic_write_bytes(global_path(rundir, round_no), buf.getvalue(), "global weights")
+    atomic_write_bytes(global_path(rundir, round_no, prefix), buf.getvalue(), "global weights")
 
 
-def load_global(rundir: Path, round_no: int) -> dict:
-    with np.load(global_path(rundir, round_no), allow_pickle=False) as z:
+def load_global(rundir: Path, round_no: int, prefix: str = "global") -> dict:
+    with np.load(global_path(rundir, round_no, prefix), allow_pickle=False) as z:
         return {k: z[k].astype(np.float32) for k in z.files}
 
 
@@ -61,7 +63,7 @@ def decode_update(update: dict, global_arrays: dict, who: str) -> dict:
 
 def average(deltas: list[tuple[dict, int]]) -> dict:
     total = float(sum(n for _, n in deltas))
-    keys = deltas[0][0].keys()
+    keys = [k for k in deltas[0][0] if not k.startswith(CONTROL)]
     return {k: sum(d[k] * (n / total) for d, n in deltas).astype(np.float32) for k in keys}
 
 
@@ -84,6 +86,9 @@ def run(grid, spec_path: str) -> None:
                                     threads=spec.get("threads"), seed=spec["seed"], params=spec.get("params")),
                           spec["val"])
     arrays = load_global(rundir, state["completed"])
+    scaffold = spec.get("aggregate") == "scaffold"
+    control = (load_global(rundir, state["completed"], CONTROL_PREFIX) if scaffold and state["completed"]
+               else {k: np.zeros_like(v) for k, v in arrays.items()})
     log(f"resuming after round {state['completed']}" if state["completed"] else "starting")
     for round_no in range(state["completed"] + 1, spec["rounds"] + 1):
         t0 = time.monotonic()
@@ -92,7 +97,7 @@ def run(grid, spec_path: str) -> None:
         nodes = _wait_for_nodes(grid, spec["min_clients"], spec["join_timeout"])
         record["available"] = len(nodes)
         chosen = nodes[: max(spec["min_updates"], int(round(len(nodes) * spec["fraction"])))]
-        down = wire.weights_record(arrays)
+        down = wire.weights_record({**arrays, **({CONTROL + k: v for k, v in control.items()} if scaffold else {})})
         config = ConfigRecord({"round": round_no, "codec": spec["codec"], "model": spec["model"],
                                "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
                                "optimizer": spec["optimizer"], "seed": spec["seed"]})
@@ -116,7 +121,8 @@ def run(grid, spec_path: str) -> None:
             facts = dict(reply.content["facts"])
             try:
                 update = wire.from_record(reply.content["update"])
-                delta = decode_update(update, arrays, f"{facts.get('name')} (node {node})")
+                expected = {**arrays, **({CONTROL + k: v for k, v in arrays.items()} if scaffold else {})}
+                delta = decode_update(update, expected, f"{facts.get('name')} (node {node})")
             except (EdgetrainError, ValueError) as exc:
                 reason = exc.line() if isinstance(exc, EdgetrainError) else str(exc)
                 record["refused"].append({"node_id": node, "client": facts.get("name"), "reason": reason})
@@ -133,6 +139,10 @@ def run(grid, spec_path: str) -> None:
         if record["updated"]:
             avg = average(deltas)
             arrays = {k: (arrays[k] + avg[k]).astype(np.float32) for k in arrays}
+            if scaffold:  # c += (|S| / N) * mean(delta c_i): a device that did not report keeps its share
+                share = len(deltas) / max(record["available"], len(deltas))
+                control = {k: (control[k] + share * np.mean([d[CONTROL + k] for d, _ in deltas], axis=0))
+                           .astype(np.float32) for k in control}
         else:
             log(f"round {round_no}: {len(deltas)} usable update(s), fewer than --min-updates {spec['min_updates']}: "
                 "global weights unchanged")
@@ -140,6 +150,8 @@ def run(grid, spec_path: str) -> None:
         record["bytes_up_fp32"] = sum(p["bytes_up_fp32"] for p in record["participants"])
         record["accuracy"] = evaluator.top1(arrays)
         record["seconds"] = round(time.monotonic() - t0, 3)
+        if scaffold:
+            save_global(rundir, round_no, control, CONTROL_PREFIX)
         save_global(rundir, round_no, arrays)
         state["rounds"].append(record)
         state["completed"] = round_no

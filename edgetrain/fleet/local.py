@@ -60,9 +60,39 @@ class _FleetHeadJob(ft._HeadJob):
                 if name is not None:
                     self.head[key] = np.array(self.initial[name], dtype=np.float32)  # a copy: the engine trains in place
 
+    correction: dict[str, np.ndarray] | None = None  # SCAFFOLD's (c - c_i), by parameter name
+
+    def _make_training(self) -> None:
+        super()._make_training()
+        by_key = {k: self.correction[n] for k, n in self.head_names.items() if n and self.correction} or None
+        self.opt = _Corrected(self.opt, by_key)
+
     def trainable_arrays(self) -> dict[str, np.ndarray]:
         """The part that travels: the output layer, by its parameter names."""
         return {self.head_names[k]: v for k, v in self.head.items() if self.head_names.get(k)}
+
+
+class _Corrected:
+    """The engine's optimizer, with a drift correction added to every gradient it is given (SCAFFOLD,
+    Karimireddy et al. 2020): devices that each see a few classes otherwise pull the shared output layer
+    towards their own classes. Counts the steps, which the new control variate needs."""
+
+    def __init__(self, opt, correction: dict | None):
+        self._opt, self._correction, self.steps = opt, correction, 0
+
+    def step(self, grads: dict) -> None:
+        if self._correction:
+            grads = {k: g + self._correction[k] for k, g in grads.items()}
+        self.steps += 1
+        self._opt.step(grads)
+
+    def __getattr__(self, name):
+        return getattr(self._opt, name)
+
+
+def displacement_per_gradient(steps: int, lr: float, momentum: float) -> float:
+    """How far ``steps`` SGD steps with momentum move the weights per unit of a constant gradient."""
+    return lr * sum((1 - momentum ** t) / (1 - momentum) for t in range(1, steps + 1)) if momentum else lr * steps
 
 
 @dataclass
@@ -97,15 +127,25 @@ def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, initial) -> _Fle
     return job
 
 
-def train_round(spec: LocalSpec, global_arrays: dict[str, np.ndarray], round_no: int):
+def train_round(spec: LocalSpec, global_arrays: dict[str, np.ndarray], round_no: int,
+                correction: dict[str, np.ndarray] | None = None):
     """Train from ``global_arrays`` on the device's data for ``spec.epochs``; returns
-    (new trainable arrays, the engine's FinetuneResult). The round's folder is removed afterwards."""
+    (new trainable arrays, the engine's FinetuneResult). ``correction`` (SCAFFOLD's c - c_i) is added to
+    every gradient. The result also carries ``fleet_scale``: how far the weights move per unit of constant
+    gradient over this round's steps (the new control variate is the displacement divided by it).
+    The round's folder is removed afterwards."""
+    from ..optimizers import NumpySGD
+
     outdir = Path(spec.workdir) / f"round-{round_no:04d}"
     shutil.rmtree(outdir, ignore_errors=True)  # a round killed earlier left its scratch here
     job = _job(spec, spec.data, outdir, spec.epochs, global_arrays)
     job.mismatch_where = "global weights from the coordinator"
+    job.correction = correction
     try:
         result = job.run(False)
+        opt = job.opt._opt
+        momentum = getattr(opt, "momentum", 0.0) if isinstance(opt, NumpySGD) else 0.0
+        result.fleet_scale = displacement_per_gradient(job.opt.steps, float(job.lr), momentum)
         return {k: v.copy() for k, v in job.trainable_arrays().items()}, result
     finally:
         shutil.rmtree(outdir, ignore_errors=True)

@@ -14,6 +14,7 @@ class FleetResult(Result):
     address: str
     tls: bool
     codec: str
+    aggregate: str
     rounds_requested: int
     rounds_completed: int
     initial_accuracy: float | None
@@ -73,7 +74,7 @@ def html_section(res: FleetResult) -> str:
                     f"<td>{parts}</td><td>{trouble}</td></tr>")
     red = f"{res.uplink_reduction:.2f}x fewer than float32" if res.uplink_reduction else "n/a"
     return (f"<section id='fleet'><h2>Fleet: {e(res.model)}</h2>"
-            f"<p>{res.rounds_completed} of {res.rounds_requested} rounds, codec {e(res.codec)} (uplink {red}); "
+            f"<p>{res.rounds_completed} of {res.rounds_requested} rounds, {e(res.aggregate)}, codec {e(res.codec)} (uplink {red}); "
             f"held-out top-1 {res.initial_accuracy or 0:.4f} before, {res.final_accuracy or 0:.4f} after; "
             f"coordinator {e(res.address)}{' (TLS)' if res.tls else ' (no TLS)'}.</p>"
             "<table><tr><th>round</th><th>held-out top-1</th><th>updates</th><th>bytes up</th><th>bytes down</th>"

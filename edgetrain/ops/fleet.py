@@ -110,11 +110,14 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
     if not tls and not _is_loopback(opts.listen):
         notes.append(f"listening on {opts.listen} WITHOUT TLS: updates travel unencrypted; give --tls-cert/--tls-key/"
                      "--tls-ca")
+    if opts.aggregate == "scaffold" and opts.optimizer != "sgd":
+        raise UsageError("--aggregate scaffold corrects SGD steps", "--optimizer",
+                         "use --optimizer sgd, or --aggregate fedavg with adam")
     state = _prepare_rundir(rundir, opts.resume)
     threads = runtime.apply_threads(opts.thread_cap(), strict=False)
     spec = {"format": "edgetrain-fleet-serve/1", "rundir": str(rundir), "model": model, "val": opts.val,
             "params": opts.params, "rounds": opts.rounds, "min_clients": opts.min_clients,
-            "min_updates": opts.min_updates, "fraction": opts.fraction, "round_timeout": opts.round_timeout,
+            "min_updates": opts.min_updates, "fraction": opts.fraction, "aggregate": opts.aggregate, "round_timeout": opts.round_timeout,
             "join_timeout": opts.join_timeout, "codec": opts.codec, "epochs": opts.epochs,
             "batch_size": opts.batch_size, "lr": opts.lr, "optimizer": opts.optimizer, "seed": opts.seed,
             "threads": threads}
@@ -130,10 +133,10 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
         resumed_after = 0
     else:
         old = json.loads((rundir / SPEC).read_text()) if (rundir / SPEC).exists() else {}
-        changed = [k for k in ("model", "val", "codec", "params") if old.get(k) != spec[k]]
+        changed = [k for k in ("model", "val", "codec", "params", "aggregate") if old.get(k) != spec[k]]
         if changed:
             raise UsageError(f"--resume with a different {', '.join(changed)} than the run in RUNDIR", str(rundir),
-                             "resume with the same MODEL, --val, --codec and --params")
+                             "resume with the same MODEL, --val, --codec, --aggregate and --params")
         state.pop("finished", None)
         coord.write_state(rundir, state)
         resumed_after = int(state["completed"])
@@ -148,6 +151,7 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
 def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_after: int, notes) -> FleetResult:
     rounds = state["rounds"]
     res = FleetResult(rundir=str(rundir), model=state["model"], address=address, tls=tls, codec=opts.codec,
+                      aggregate=opts.aggregate,
                       rounds_requested=opts.rounds, rounds_completed=int(state["completed"]),
                       initial_accuracy=state.get("initial_accuracy"),
                       final_accuracy=rounds[-1]["accuracy"] if rounds else state.get("initial_accuracy"),

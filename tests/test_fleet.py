@@ -1,0 +1,394 @@
+"""edgetrain fleet end to end: a real coordinator and real devices as separate processes talking Flower
+on loopback (SuperLink, SuperNodes, ServerApp/ClientApp processes), tiny data, few rounds, every wait
+bounded. Every process a test starts (and every process Flower starts for it) carries a mark in its
+environment and is SIGKILLed in the fixture's teardown; the teardown fails if one survives."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+psutil = pytest.importorskip("psutil")
+
+from clitools import assert_user_error, run_edgetrain  # noqa: E402
+
+MODEL = "edgetrain.nets:pretrained_digits"
+MARK = "EDGETRAIN_TEST_FLEET_MARK"
+RUN_TIMEOUT = 300  # seconds any one fleet run may take here before the test fails
+
+
+def _marked(prefix: str) -> list[int]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and (p.environ().get(MARK) or "").startswith(prefix):
+                found.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _kill(prefix: str) -> None:
+    for _ in range(5):
+        pids = _marked(prefix)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.3)
+
+
+class Fleet:
+    """Starts `edgetrain fleet ...` processes, each under a key; kills a key's whole process family."""
+
+    def __init__(self, folder: Path, cache: Path):
+        self.folder, self.cache = folder, cache
+        self.mark = f"fleet-test-{uuid.uuid4().hex[:8]}"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.port = _free_port()
+
+    def start(self, key: str, *args, env: dict | None = None) -> subprocess.Popen:
+        full = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
+        full.update({MARK: f"{self.mark}:{key}:", "EDGETRAIN_CACHE_DIR": str(self.cache), **(env or {})})
+        out = open(self.folder / f"{key}.out", "w")
+        err = open(self.folder / f"{key}.err", "w")
+        p = subprocess.Popen([sys.executable, "-m", "edgetrain", *map(str, args)], stdout=out, stderr=err, env=full,
+                             start_new_session=True)
+        self.procs[key] = p
+        return p
+
+    def serve(self, rundir, *args, key="serve", **kw):
+        return self.start(key, "fleet", "serve", MODEL, "--val", self.shares["val"], "-o", rundir, "--port", self.port,
+                          "--threads", 1, "--join-timeout", 60, *args, **kw)
+
+    def join(self, key, data, *args, **kw):
+        return self.start(key, "fleet", "join", f"127.0.0.1:{self.port}", "--data", data, "-o", self.folder / key,
+                          "--name", key, "--threads", 1, *args, **kw)
+
+    def wait(self, key: str, timeout: float = RUN_TIMEOUT) -> tuple[int, str, str]:
+        code = self.procs[key].wait(timeout=timeout)
+        return code, (self.folder / f"{key}.out").read_text(), (self.folder / f"{key}.err").read_text()
+
+    def kill(self, key: str) -> None:
+        """A power cut: the process and everything it (and Flower for it) started, SIGKILL."""
+        _kill(f"{self.mark}:{key}:")
+        self.procs[key].wait(timeout=30)
+
+    def close(self) -> list[int]:
+        left = _marked(self.mark)
+        _kill(self.mark)
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        return left
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def shares(tmp_path_factory):
+    from edgetrain.fleet.demo import split_digits
+
+    return split_digits(tmp_path_factory.mktemp("fleet-shares"), per_device=90)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("fleet-cache")  # the engine's export cache, private to these tests
+
+
+@pytest.fixture
+def fleet(tmp_path, shares, cache):
+    f = Fleet(tmp_path, cache)
+    f.shares = shares
+    yield f
+    left = f.close()
+    assert not left, f"processes outlived the fleet: {left}"
+
+
+def _report(rundir: Path) -> dict:
+    return json.loads((rundir / "fleet.json").read_text())
+
+
+def _only_error_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("Error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_three_devices_train_the_global_model_round_by_round(fleet, tmp_path, shares):
+    run = tmp_path / "run"
+    fleet.serve(run, "--rounds", 2, "--min-clients", 3, "--codec", "int8", "--epochs", 2, "--json", tmp_path / "r.json")
+    for d in range(3):
+        fleet.join(f"device{d}", shares["devices"][d], "--device", "rpi4b-4gb", "--json", tmp_path / f"d{d}.json")
+    code, out, err = fleet.wait("serve")
+    assert code == 0, err
+    assert "listening on 127.0.0.1" in err and "no TLS, loopback only" in err  # it says where it listens
+    res = _report(run)
+    assert res == json.loads((tmp_path / "r.json").read_text())
+    assert res["passed"] and res["rounds_completed"] == 2 and not res["tls"]
+    n = 10 * 32 + 10
+    for r in res["rounds"]:
+        assert sorted(p["client"] for p in r["participants"]) == ["device0", "device1", "device2"]
+        assert r["updated"] and not r["refused"] and not r["failed"] and not r["missing"]
+        # per device: the output layer's change and its SCAFFOLD control variate's, each as int8 codes + (lo, scale)
+        # per tensor; down: the global weights and control variate as float32
+        assert r["bytes_up"] == 3 * 2 * (2 * 8 + n)
+        assert r["bytes_up_fp32"] == 3 * 2 * 4 * n and r["bytes_down"] == 3 * 2 * 4 * n
+        for p in r["participants"]:  # per-device time, memory and modelled energy on its profile
+            assert p["seconds"] > 0 and p["peak_rss_mb"] > 0 and p["joules"] > 0 and p["num_examples"] > 0
+            assert p["device"] == "rpi4b-4gb" and "model" in p["energy_provenance"]
+    assert res["uplink_reduction"] >= 3.5
+    accs = [res["initial_accuracy"]] + [r["accuracy"] for r in res["rounds"]]
+    assert accs[-1] > accs[0] + 0.15, accs  # digits 5-9 were unknown to the base: the fleet taught them
+    # the global weights on disk are the ones the report's accuracy is of
+    from edgetrain.fleet.coordinator import load_global
+    from edgetrain.fleet.local import Evaluator, LocalSpec
+
+    ev = Evaluator(LocalSpec(model=MODEL, data=shares["val"], workdir=str(tmp_path / "ev"), threads=1), shares["val"])
+    assert abs(ev.top1(load_global(run, 2)) - res["final_accuracy"]) < 1e-9
+    html = (run / "fleet-report.html").read_text()
+    assert "<section id='fleet'>" in html and "device2" in html
+    for d in range(3):
+        code, _, err = fleet.wait(f"device{d}", timeout=60)
+        assert code == 0, err
+        dres = json.loads((tmp_path / f"d{d}.json").read_text())
+        assert dres["rounds_trained"] == 2 and dres["last_round"] == 2
+    raw = list((tmp_path / "device0").rglob("*.npz"))  # the device keeps state, never a copy of the data
+    assert {p.name for p in raw} <= {"residual.npz", "control.npz"}, raw
+
+
+@pytest.mark.slow
+def test_2bit_devices_keep_their_residual_between_rounds(fleet, tmp_path, shares):
+    run = tmp_path / "run"
+    fleet.serve(run, "--rounds", 2, "--min-clients", 2, "--codec", "2bit")
+    for d in range(2):
+        fleet.join(f"device{d}", shares["devices"][d])
+    code, _, err = fleet.wait("serve")
+    assert code == 0, err
+    res = _report(run)
+    assert res["uplink_reduction"] >= 12
+    with np.load(tmp_path / "device0" / "residual.npz") as z:
+        residual = {k: z[k] for k in z.files}
+    assert residual and all(np.abs(v).max() > 0 for v in residual.values())  # what 2-bit dropped, kept
+
+
+def _certs(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for localhost/127.0.0.1 signed by it (PEM files)."""
+    x509 = pytest.importorskip("cryptography.x509")
+    import datetime
+    import ipaddress
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("edgetrain test CA")).issuer_name(name("edgetrain test CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder().subject_name(name("localhost")).issuer_name(ca.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = folder / "ca.pem", folder / "server.pem", folder / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+@pytest.mark.slow
+def test_tls_on_loopback_with_generated_certificates(fleet, tmp_path, shares):
+    ca, cert, key = _certs(tmp_path)
+    run = tmp_path / "run"
+    fleet.serve(run, "--rounds", 1, "--min-clients", 1, "--tls-cert", cert, "--tls-key", key, "--tls-ca", ca)
+    fleet.join("device0", shares["devices"][0], "--tls-ca", ca)
+    code, _, err = fleet.wait("serve")
+    assert code == 0, err
+    assert "(TLS)" in err
+    res = _report(run)
+    assert res["tls"] and res["rounds_completed"] == 1 and len(res["rounds"][0]["participants"]) == 1
+    assert fleet.wait("device0", timeout=60)[0] == 0
+    # the coordinator really speaks TLS: a plain-HTTP request to its port gets no HTTP answer
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", fleet.port, timeout=5)
+    with pytest.raises(Exception):
+        conn.request("GET", "/")
+        conn.getresponse()
+
+
+@pytest.mark.slow
+def test_a_slow_device_is_left_out_and_a_killed_device_rejoins(fleet, tmp_path, shares):
+    """Round 1: device2 takes longer than the round timeout: the round ends without it. Round 2:
+    device1 loses power while training (SIGKILL to it and everything Flower started for it); the round
+    completes with the others, device1 joins again, resumes from its own state and trains round 3."""
+    run = tmp_path / "run"
+    fleet.serve(run, "--rounds", 3, "--min-clients", 3, "--round-timeout", 25, "--codec", "2bit")
+    fleet.join("device0", shares["devices"][0])
+    fleet.join("device1", shares["devices"][1])
+    fleet.join("device2", shares["devices"][2], env={"EDGETRAIN_FLEET_TEST_DELAY": "1:60"})
+    state1 = tmp_path / "device1"
+    _wait_for(lambda: (state1 / "current-round.json").exists()
+              and json.loads((state1 / "current-round.json").read_text())["round"] == 2, RUN_TIMEOUT, "round 2")
+    before = json.loads((state1 / "client-state.json").read_text())
+    residual = dict(np.load(state1 / "residual.npz"))
+    fleet.kill("device1")
+    assert before["round"] == 1
+    fleet.start("device1b", "fleet", "join", f"127.0.0.1:{fleet.port}", "--data", shares["devices"][1], "-o", state1,
+                "--name", "device1", "--threads", 1)
+    code, _, err = fleet.wait("serve")
+    assert code == 0, err
+    res = _report(run)
+    r1, r2, r3 = res["rounds"]
+    names = lambda r: sorted(p["client"] for p in r["participants"])  # noqa: E731
+    assert "device2" not in names(r1) and len(r1["missing"]) == 1 and r1["updated"]
+    assert "device1" not in names(r2) and r2["updated"]
+    assert "device1" in names(r3)
+    assert "no answer from device" in (run / "coordinator-rounds.log").read_text()
+    after = json.loads((state1 / "client-state.json").read_text())
+    assert after["round"] == 3 and after["trained"] == before["trained"] + 1
+    assert fleet.wait("device1b", timeout=60)[0] == 0
+    del residual
+
+
+@pytest.mark.slow
+def test_a_coordinator_killed_and_restarted_resumes_after_the_last_completed_round(fleet, tmp_path, shares):
+    run = tmp_path / "run"
+    fleet.serve(run, "--rounds", 3, "--min-clients", 2)
+    fleet.join("device0", shares["devices"][0])
+    fleet.join("device1", shares["devices"][1])
+    state = run / "fleet-state.json"
+    _wait_for(lambda: state.exists() and json.loads(state.read_text())["completed"] >= 1, RUN_TIMEOUT, "round 1")
+    fleet.kill("serve")
+    first = json.loads(state.read_text())
+    done = first["completed"]
+    assert 1 <= done < 3
+    assert_user_error(run_edgetrain("fleet", "serve", MODEL, "--val", shares["val"], "-o", run, "--port", fleet.port),
+                      2, "RUNDIR holds a fleet run", "--resume")
+    fleet.serve(run, "--rounds", 3, "--min-clients", 2, "--resume", key="serve2")
+    code, out, err = fleet.wait("serve2")
+    assert code == 0, err
+    res = _report(run)
+    assert res["resumed_after"] == done and res["rounds_completed"] == 3
+    assert [r["round"] for r in res["rounds"]] == [1, 2, 3]
+    assert res["rounds"][:done] == first["rounds"]  # the completed rounds are kept, not redone
+    for d in range(2):
+        assert fleet.wait(f"device{d}", timeout=60)[0] == 0
+
+
+@pytest.mark.slow
+def test_a_device_with_another_model_shape_is_refused_on_both_sides(fleet, tmp_path, shares):
+    from edgetrain.fleet.demo import _digits
+
+    x, y = _digits()
+    five = tmp_path / "five.npz"
+    keep = np.flatnonzero(y < 5)[:80]
+    np.savez(five, data=(x[keep] * 255).round().astype(np.uint8), label=y[keep],
+             class_names=np.array([str(d) for d in range(5)]))
+    run = tmp_path / "run"
+    fleet.serve(run, "--rounds", 1, "--min-clients", 2)
+    fleet.join("good", shares["devices"][0])
+    fleet.join("odd", five)
+    code, _, err = fleet.wait("odd")
+    line = _only_error_line(err)
+    assert code == 2 and "model mismatch" in line and "10 there but 5 here" in line, err
+    code, _, err = fleet.wait("serve")
+    assert code == 0, err
+    r = _report(run)["rounds"][0]
+    assert [p["client"] for p in r["participants"]] == ["good"]
+    assert len(r["refused"]) == 1 and "model mismatch" in r["refused"][0]["reason"]
+    assert "refused" in (run / "coordinator-rounds.log").read_text()
+
+
+# --- one-line errors before any Flower process starts ------------------------------------------------
+
+def test_serve_refuses_bad_input_in_one_line(tmp_path, shares, cache):
+    env = {"EDGETRAIN_CACHE_DIR": str(cache)}
+    base = ["fleet", "serve", MODEL, "--val", shares["val"], "-o", tmp_path / "run"]
+    assert_user_error(run_edgetrain("fleet", "serve", MODEL, "--val", tmp_path / "nope.npz", "-o", tmp_path / "r",
+                                    env=env), 2, "nope.npz")
+    assert_user_error(run_edgetrain(*base, "--tls-cert", shares["val"], env=env), 2, "--tls-cert", "--tls-key")
+    assert_user_error(run_edgetrain(*base, "--codec", "4bit", env=env), 2, "--codec")
+    assert_user_error(run_edgetrain(*base, "--fraction", "0", env=env), 2, "--fraction")
+    assert_user_error(run_edgetrain(*base, "--resume", env=env), 2, "--resume", "no fleet run")
+    (tmp_path / "file").write_text("x")
+    assert_user_error(run_edgetrain("fleet", "serve", MODEL, "--val", shares["val"], "-o", tmp_path / "file", env=env),
+                      2, "RUNDIR is a file")
+    assert not (tmp_path / "run").exists()  # nothing half-made
+
+
+def test_join_refuses_bad_input_in_one_line(tmp_path, shares):
+    base = ["fleet", "join"]
+    assert_user_error(run_edgetrain(*base, "nowhere", "--data", shares["devices"][0], "-o", tmp_path / "s"), 2, "ADDRESS")
+    assert_user_error(run_edgetrain(*base, "127.0.0.1:1", "--data", tmp_path / "none.npz", "-o", tmp_path / "s"),
+                      2, "data not found")
+    assert_user_error(run_edgetrain(*base, "127.0.0.1:1", "--data", shares["devices"][0], "-o", tmp_path / "s",
+                                    "--device", "toaster"), 2, "toaster")
+    assert_user_error(run_edgetrain(*base, "127.0.0.1:1", "--data", shares["devices"][0], "-o", tmp_path / "s",
+                                    "--tls-ca", tmp_path / "none.pem"), 2, "--tls-ca")
+
+
+def test_join_gives_up_after_max_wait_without_a_coordinator(tmp_path, shares):
+    res = run_edgetrain("fleet", "join", f"127.0.0.1:{_free_port()}", "--data", shares["devices"][0], "-o",
+                        tmp_path / "s", "--max-wait", "3", timeout=120)
+    assert res.code == 1 and "SuperNode exited" in _only_error_line(res.err)
+
+
+@pytest.mark.parametrize("name", ["serve", "join"])
+def test_every_option_has_its_flag(name):
+    import click
+
+    from edgetrain.cli.fleet import fleet as group
+    from edgetrain.options import FleetJoinOptions, FleetServeOptions, flag_of
+
+    model = {"serve": FleetServeOptions, "join": FleetJoinOptions}[name]
+    command = group.get_command(click.Context(group), name)
+    params = {p.name: p for p in command.params if isinstance(p, click.Option)}
+    assert set(params) - {"json_path"} == set(model.model_fields)
+    for field, info in model.model_fields.items():
+        assert flag_of(model, field) in params[field].opts
+        assert params[field].required == info.is_required()
