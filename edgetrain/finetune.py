@@ -1,8 +1,15 @@
 """Fine-tune a model on the device: within its RAM budget and thread cap, resumable after a power cut.
 
-The model's graph is split (netsplit) into a frozen part, run outside autograd in a hybridized block
-with static allocation at one fixed batch shape, and a trained part. With head / last:N training the
-frozen part's outputs are computed once and cached (featurecache); every epoch then trains on the cache.
+The model's graph is split (netsplit) into a frozen part and a trained part. The frozen part runs in ONNX
+Runtime: exported through edgetrain's Gluon->ONNX path, checked equal to Gluon on real samples before it
+is trusted (MXNet stands in when it cannot be exported or differs), with the batch and arena the memory
+plan picks, kept beside the run so a resume does not export again, and cached per user for base models
+whose weights come from files. Its outputs are computed once and cached (featurecache); every epoch
+trains on the cache. With ``head`` on a linear output layer (_HeadJob) the head trains in NumPy and no
+mxnet is imported in the process at all (a short child exports the frozen part once per base model);
+the PREFIX is written in mxnet's own file format. ``last:N`` trains the rest in MXNet; ``all`` freezes
+nothing and trains in MXNet. A diverging loss or non-finite weights fail the run (exit 1, no model);
+one run at a time holds OUTDIR (a lock file names its PID).
 Micro-batches with gradient accumulation keep the effective batch size while capping activation memory
 (memplan picks the sizes). A checkpoint after every epoch and on SIGINT/SIGTERM makes ``resume`` end
 with the same weights as an uninterrupted run.
