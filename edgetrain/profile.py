@@ -67,12 +67,15 @@ class ProfileResult(Result):
         mem = self.verdict.get("memory")
         if mem and mem.get("fits") is False:
             out.append(f"peak memory {mem['peak_rss_mb']:.0f} MB does not fit the {mem['available_mb']} MB "
-                       f"the device leaves (RAM {mem['ram_mb']} MB - OS reserve {mem['os_reserve_mb']} MB)")
+                       f"the {self._device_name()} leaves (RAM {mem['ram_mb']} MB - OS reserve {mem['os_reserve_mb']} MB)")
         budget = (self.energy or {}).get("budget")
         if budget and not budget["passed"]:
-            out.append(f"energy per inference {budget['energy_mj']:.3g} mJ is over the budget of "
-                       f"{budget['budget_mj']:g} mJ")
+            out.append(f"energy per inference {budget['energy_mj']:.3g} mJ on {self._device_name()} is over the "
+                       f"budget of {budget['budget_mj']:g} mJ")
         return out
+
+    def _device_name(self) -> str:
+        return (self.device or {}).get("name") or "device"
 
 
 
