@@ -8,6 +8,7 @@ Parsing a reference imports nothing heavy; loading one imports mxnet (or onnx).
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from .errors import clip
 from .preprocess import Preprocess, default_for_shape, parse_norm, read_sidecar, sidecar_path, sidecar_text
 
 ZOO_PREFIX = "zoo:"
+PRETRAINED_SUFFIX = "@pretrained"
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _PARAMS_EPOCH = re.compile(r"-(\d{4})\.params$")
 
@@ -35,6 +37,7 @@ class ModelRef:
     onnx_file: Path | None = None
     zoo_name: str | None = None
     factory: str | None = None
+    pretrained: bool = False  # zoo:NAME@pretrained: the model zoo's published ImageNet weights
 
 
 @dataclass
@@ -79,9 +82,15 @@ def parse_model_ref(text: str, accept_onnx: bool = False, where: str = "MODEL") 
     text = str(text)
     if text.startswith(ZOO_PREFIX):
         name = text[len(ZOO_PREFIX):]
+        pretrained = name.endswith(PRETRAINED_SUFFIX)
+        name = name[: -len(PRETRAINED_SUFFIX)] if pretrained else name
         if not name:
             raise UsageError("empty model zoo name", where, "write zoo:NAME, e.g. zoo:mobilenetv2_1.0")
-        return ModelRef("zoo", text, zoo_name=name)
+        if "@" in name:
+            raise UsageError(f"unknown weights '{name.partition('@')[2][:40]}' in '{text[:80]}'", where,
+                             f"write zoo:NAME{PRETRAINED_SUFFIX} for the published pretrained weights, or zoo:NAME "
+                             "with --params FILE")
+        return ModelRef("zoo", text, zoo_name=name, pretrained=pretrained)
     if text.lower().endswith(".onnx"):
         path = Path(text)
         if not accept_onnx:
@@ -227,12 +236,98 @@ def _load_zoo(ref: ModelRef, params, input_shape) -> GluonModel:
                          f"try one of: {', '.join(close)} ({len(known)} names in all)") from None
     default = (3, 299, 299) if "inception" in name.lower() else (3, 224, 224)
     pre = default_for_shape(tuple(input_shape or default))
+    if ref.pretrained:
+        if params:
+            raise UsageError("both pretrained weights and --params given", ref.text,
+                             f"drop {PRETRAINED_SUFFIX} to load --params, or drop --params")
+        path = pretrained_params(name.lower(), ref.text)
+        _load_params(block, str(path))
+        return GluonModel(block, ref, pre, num_classes=0, notes=[f"pretrained weights: {path}"])
     if params:
         _load_params(block, params)
         return GluonModel(block, ref, pre, num_classes=0)
     block.initialize()
     return GluonModel(block, ref, pre, num_classes=0, random_weights=True,
                       notes=["random weights (no --params given)"])
+
+
+PRETRAINED_TIMEOUT_S = 60.0
+
+
+def pretrained_params(name: str, where: str) -> Path:
+    """The model zoo's published weights for ``name`` in MXNet's own cache (``$MXNET_HOME/models``, by
+    default ~/.mxnet/models, named NAME-SHA1[:8].params as mxnet names them), downloaded once and checked
+    against the SHA-1 mxnet publishes. A cached file with the right checksum is used with no network."""
+    import hashlib
+
+    model_store = _lazy.module("mxnet.gluon.model_zoo.model_store")
+    base = _lazy.module("mxnet.base")
+    table = model_store._model_sha1
+    if name not in table:
+        raise UsageError(f"the Gluon model zoo publishes no pretrained weights for '{name}'", where,
+                         f"pretrained weights exist for: {', '.join(sorted(table))}")
+    sha1 = table[name]
+    file_name = f"{name}-{sha1[:8]}"
+    root = Path(base.data_dir()).expanduser() / "models"
+    path = root / f"{file_name}.params"
+    repo = os.environ.get("MXNET_GLUON_REPO", model_store.apache_repo_url).rstrip("/") + "/"
+    url = model_store._url_format.format(repo_url=repo, file_name=file_name)
+
+    def digest(p: Path) -> str:
+        h = hashlib.sha1()
+        with open(p, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+
+    fix = (f"download {url} where there is network, unzip it and put {path.name} in {root} (SHA-1 {sha1}); "
+           "edgetrain then uses it offline")
+    if path.is_file():
+        if digest(path) == sha1:
+            return path
+        stale = f"the cached file's SHA-1 is not the published {sha1[:8]}..."
+    else:
+        stale = None
+    try:
+        _download_params(url, path, file_name)
+    except _NoDownload as exc:
+        what = f"{stale}, and a fresh copy cannot be downloaded ({exc})" if stale else \
+            f"pretrained weights for '{name}' are not cached and cannot be downloaded ({exc})"
+        raise UsageError(what, str(path), ("delete it; " if stale else "") + fix) from None
+    if digest(path) != sha1:
+        path.unlink()
+        raise UsageError(f"downloaded weights for '{name}' do not have the published SHA-1 {sha1[:8]}... (removed)",
+                         url, fix)
+    return path
+
+
+class _NoDownload(Exception):
+    pass
+
+
+def _download_params(url: str, path: Path, file_name: str) -> None:
+    """Fetch the zip mxnet publishes and put its .params at ``path`` atomically (no half file is ever left)."""
+    import shutil
+    import urllib.request
+    import zipfile
+
+    from .fileio import atomic_path, temp_dir
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _NoDownload(f"cannot create the cache folder: {exc.strerror}") from None
+    with temp_dir("pretrained", dir=path.parent) as tmp:
+        zipped = Path(tmp) / f"{file_name}.zip"
+        try:
+            with urllib.request.urlopen(url, timeout=PRETRAINED_TIMEOUT_S) as resp, open(zipped, "wb") as out:
+                shutil.copyfileobj(resp, out, 1 << 20)
+            with zipfile.ZipFile(zipped) as zf, zf.open(f"{file_name}.params") as member:
+                with atomic_path(path, "pretrained weights") as dst, open(dst, "wb") as out:
+                    shutil.copyfileobj(member, out, 1 << 20)
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:  # URLError, timeout, no such member
+            reason = getattr(exc, "reason", None) or exc
+            raise _NoDownload(clip(str(reason), 120)) from None
 
 
 def _load_factory(ref: ModelRef, params, input_shape) -> GluonModel:
