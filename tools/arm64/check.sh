@@ -165,8 +165,23 @@ else
 fi
 
 # --- wheels, fetched on the host (emulated pip would take many times longer) ------------------------
-PY=${PYTHON:-python3}
-"$PY" -m pip --version >/dev/null 2>&1 || die "$PY has no pip (needed to fetch the aarch64 wheels)"
+# The root's own Python (bookworm 3.11, trixie 3.13) decides which wheels to fetch. pip evaluates
+# environment markers (mxnet is a dependency only below Python 3.12) with the Python it runs on, not
+# --python-version: fetch with a host Python of the same version (on PATH or pyenv's).
+PYVER=$(ls "$ROOT"/usr/bin/ | sed -n 's/^python\(3\.[0-9]*\)$/\1/p' | sort -V | tail -1)
+[ -n "$PYVER" ] || die "no python3.N in the root's /usr/bin"
+host_python() {
+  local py
+  for py in ${PYTHON:-} "python$PYVER" "$(pyenv root 2>/dev/null)"/versions/"$PYVER"*/bin/python"$PYVER" \
+            /root/.pyenv/versions/"$PYVER"*/bin/python"$PYVER"; do
+    [ -n "$py" ] && [ -x "$(command -v "$py" 2>/dev/null)" ] || continue
+    "$py" -c "import sys; assert '%d.%d' % sys.version_info[:2] == '$PYVER'" 2>/dev/null || continue
+    "$py" -m pip --version >/dev/null 2>&1 || continue
+    command -v "$py"; return 0
+  done
+  return 1
+}
+PY=$(host_python) || die "no Python $PYVER with pip on this host (needed to fetch wheels for the root's Python $PYVER; set PYTHON)"
 BUILD=$(mktemp -d)
 trap 'rc=$?; unmount_all; rm -rf "$BUILD"; exit $rc' EXIT
 log "building the edgetrain wheel from $REPO"
@@ -179,10 +194,7 @@ quiet_pip() {   # pip, without the host configuration's warnings about absent lo
 "$PY" -m pip wheel --no-deps --wheel-dir "$BUILD/dist" "$BUILD/src" > "$BUILD/wheel.log" 2>&1 \
   || { tail -30 "$BUILD/wheel.log" >&2; die "could not build the edgetrain wheel"; }
 EDGE_WHEEL=$(ls "$BUILD"/dist/edgetrain-*.whl)
-# The root's own Python (bookworm 3.11, trixie 3.13) decides which wheels to fetch.
-PYVER=$(ls "$ROOT"/usr/bin/ | sed -n 's/^python\(3\.[0-9]*\)$/\1/p' | sort -V | tail -1)
-[ -n "$PYVER" ] || die "no python3.N in the root's /usr/bin"
-log "downloading aarch64 wheels for its dependencies (Python $PYVER)"
+log "downloading aarch64 wheels for its dependencies (Python $PYVER, with $PY)"
 mkdir -p "$WHEELS"
 quiet_pip download --quiet --only-binary=:all: "${PLATFORMS[@]}" --python-version "$PYVER" \
     --implementation cp --dest "$WHEELS" "$EDGE_WHEEL" \
