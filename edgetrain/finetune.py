@@ -831,6 +831,19 @@ def _xavier(shape: tuple, rng: np.random.RandomState) -> np.ndarray:
     return rng.uniform(-scale, scale, size=shape).astype(np.float32)
 
 
+def _intact_prep(folder: Path, key: str) -> dict | None:
+    """The child's record in ``folder`` if it is for this key and its files are intact (else: export again)."""
+    try:
+        prep = json.loads((folder / "prep.json").read_text())
+        if (prep.get("key") == key and prep.get("format") == PREP_FORMAT
+                and _file_sha(folder / FROZEN_ONNX) == prep.get("frozen_sha256")
+                and _file_sha(folder / "template-0000.params") == prep.get("template_sha256")):
+            return prep
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
 class _NotLinear(Exception):
     """The output layer is not a plain linear layer: train it in MXNet (the general path)."""
 
@@ -892,13 +905,11 @@ class _HeadJob(_Job):
         key = _prep_key(self.model, self.params, self.input_shape, self.seed)
         here = self.outdir / PREP_DIR
         for folder in (here, (_cache_root() / "finetune-prep" / key) if _cache_root() else None):
-            if folder is not None and (folder / "prep.json").exists():
-                prep = json.loads((folder / "prep.json").read_text())
-                if prep.get("key") == key and prep.get("format") == PREP_FORMAT and _file_sha(
-                        folder / FROZEN_ONNX) == prep.get("frozen_sha256"):
-                    if folder != here:
-                        self.notes.append("frozen part and template reused from the cache (no mxnet in this run)")
-                    return folder, prep
+            prep = _intact_prep(folder, key) if folder is not None else None
+            if prep is not None:
+                if folder != here:
+                    self.notes.append("frozen part and template reused from the cache (no mxnet in this run)")
+                return folder, prep
         self.outdir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(here, ignore_errors=True)
         here.mkdir()
@@ -937,6 +948,8 @@ class _HeadJob(_Job):
                 tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=dest.parent))
                 for name in ("prep.json", FROZEN_ONNX, "template-0000.params", "template-symbol.json"):
                     shutil.copyfile(here / name, tmp / name)
+                if dest.exists() and _intact_prep(dest, key) is None:
+                    shutil.rmtree(dest, ignore_errors=True)  # a damaged entry is replaced, not kept forever
                 os.replace(tmp, dest) if not dest.exists() else shutil.rmtree(tmp, ignore_errors=True)
             except OSError as exc:
                 self.notes.append(f"the export could not be cached ({type(exc).__name__}); the next run exports again")
@@ -1158,6 +1171,7 @@ def _prepare(spec: dict, out: Path) -> None:
         prep["linear"] = _linear_head(s, doc, g.head, want)
     atomic_write_text(out / "template-symbol.json", json.dumps(doc), "template")
     atomic_write_bytes(out / "template-0000.params", ckpt.params_bytes(template), "template")
+    prep["template_sha256"] = _file_sha(out / "template-0000.params")
     prep["peak_rss_mb"] = procmem.peak_rss_mb() or 0.0
     atomic_write_text(out / "prep.json", json.dumps(prep), "template")
 

@@ -62,3 +62,28 @@ def test_notes_known_before_training_are_printed_before_it(layers, digits_npz, t
     note = next(i for i, ln in enumerate(lines) if "output layer replaced" in ln)
     first_epoch = next(i for i, ln in enumerate(lines) if ln.startswith("epoch 1"))
     assert note < first_epoch, res.err
+
+
+def test_head_runs_after_the_first_import_no_mxnet_and_a_damaged_cache_is_exported_again(digits_npz, tmp_path,
+                                                                                        monkeypatch):
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path / "cache"))
+
+    def run(name):
+        res = run_edgetrain("finetune", BASE, "--data", digits_npz, "-o", tmp_path / name, "--epochs", "2",
+                            "--threads", "1", "--json", "-", cwd=tmp_path)
+        assert res.code == 0, res.err
+        return res.json()
+
+    first, second = run("a"), run("b")
+    assert any("mxnet only in that step" in n for n in first["notes"])
+    assert any("no mxnet in this run" in n for n in second["notes"])
+    import mxnet as mx
+
+    a = mx.nd.load(str(tmp_path / "a" / "model-0000.params"))
+    b = mx.nd.load(str(tmp_path / "b" / "model-0000.params"))
+    assert a.keys() == b.keys() and all((a[k] == b[k]).asnumpy().all() for k in a), "cached run trains the same"
+    for f in (tmp_path / "cache").rglob("template-0000.params"):
+        f.write_bytes(b"damaged")
+    third, fourth = run("c"), run("d")
+    assert any("mxnet only in that step" in n for n in third["notes"]), "a damaged entry is never trusted"
+    assert any("no mxnet in this run" in n for n in fourth["notes"]), "and it is replaced"
