@@ -4,6 +4,15 @@ DATA is an image folder (one sub-folder per class; JPEG/PNG, grayscale or colour
 ``data`` and ``label`` arrays (loaded with ``allow_pickle=False``; optional ``class_names``), or
 ``builtin:digits`` (the UCI 8x8 handwritten digits that ship with edgetrain). Samples are decoded
 lazily, batch by batch, so an image folder larger than RAM can still be read.
+
+Every size that comes from the input is checked before it is used: an .npz's arrays from their npy
+headers against the memory budget (a compressed bomb is refused before it expands), labels against the
+class count (``class_names``, the model's outputs, or at most ``MAX_CLASSES``), images against a pixel
+limit before they are decoded. NaN/inf pixels are refused at load. The pixel scale of an .npz follows a
+documented rule, stated in the dataset's notes: uint8 -> x/255; any other integer or float data whose
+values all lie in 0..1 -> as they are, in 0..255 -> x/255, in 0..65535 -> x/65535; anything else (e.g.
+data already normalised, with negative values) is refused. An .npz may state its scale itself with a
+scalar ``scale`` array (pixels * scale must then lie in 0..1).
 """
 from __future__ import annotations
 
