@@ -330,7 +330,7 @@ def test_a_device_with_another_model_shape_is_refused_on_both_sides(fleet, tmp_p
     np.savez(five, data=(x[keep] * 255).round().astype(np.uint8), label=y[keep],
              class_names=np.array([str(d) for d in range(5)]))
     run = tmp_path / "run"
-    fleet.serve(run, "--rounds", 1, "--min-clients", 2)
+    fleet.serve(run, "--rounds", 1, "--min-clients", 2, "--round-timeout", 90)
     fleet.join("good", shares["devices"][0])
     fleet.join("odd", five)
     code, _, err = fleet.wait("odd")

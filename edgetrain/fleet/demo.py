@@ -64,3 +64,63 @@ def split_digits(folder, shares=SHARES, val_fraction: float = 0.25, seed: int = 
     union = np.concatenate([rng.permutation(np.array(p))[:per_device] for p in parts])
     _save(folder / "union.npz", x[union], y[union])
     return {"val": str(folder / "val.npz"), "devices": paths, "union": str(folder / "union.npz")}
+
+
+def main(argv=None) -> int:
+    """``python -m edgetrain.fleet.demo FOLDER``: a whole fleet on this machine (coordinator + devices as
+    separate processes on loopback), for trying it out before the devices are real."""
+    import argparse
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from .procs import free_port
+
+    ap = argparse.ArgumentParser(prog="python -m edgetrain.fleet.demo", description=main.__doc__)
+    ap.add_argument("folder", help="where the data shares, the run and the devices' folders go")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--codec", default="int8", choices=("fp32", "int8", "2bit"))
+    ap.add_argument("--device", default="rpi4b-4gb", help="device profile the devices report energy for")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    folder = Path(a.folder).resolve()
+    paths = split_digits(folder / "data")
+    port = free_port()
+    edgetrain = [sys.executable, "-m", "edgetrain"]
+    started = []
+
+    def start(*args):
+        p = subprocess.Popen([*edgetrain, *map(str, args)], start_new_session=True)
+        started.append(p)
+        return p
+
+    serve = start("fleet", "serve", "edgetrain.nets:pretrained_digits", "--val", paths["val"], "-o", folder / "run",
+                  "--rounds", a.rounds, "--min-clients", len(paths["devices"]), "--codec", a.codec, "--port", port,
+                  "--threads", a.threads)
+    time.sleep(2)
+    for i, data in enumerate(paths["devices"]):
+        start("fleet", "join", f"127.0.0.1:{port}", "--data", data, "-o", folder / f"device-{i}", "--name",
+              f"device-{i}", "--device", a.device, "--threads", a.threads)
+    try:
+        code = serve.wait()
+        for p in started[1:]:
+            p.wait(timeout=120)
+    except (KeyboardInterrupt, subprocess.TimeoutExpired):
+        code = 130
+    finally:
+        for p in started:  # each stops its own Flower processes on SIGTERM
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in started:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+    print(f"report: {folder / 'run' / 'fleet-report.html'}")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

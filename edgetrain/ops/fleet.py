@@ -34,6 +34,7 @@ SPEC = "serve.json"
 RESULT = "fleet.json"
 HTML = "fleet-report.html"
 DONE_GRACE = 3.0
+REFUSE_GRACE = 6.0
 
 _PYPROJECT = """[build-system]
 requires = ["hatchling"]
@@ -306,6 +307,7 @@ def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = Non
         report(progress, "join", final=True, message=f"{name}: joined {address}" + (" (TLS)" if ca else " (no TLS)"))
         while True:
             if (state / fclient.REFUSED).exists():
+                time.sleep(REFUSE_GRACE)  # the SuperNode is still sending the refusal to the coordinator
                 doc = json.loads((state / fclient.REFUSED).read_text())
                 raise UsageError(f"refused by this device in round {doc['round']}: {doc['error']}", str(state),
                                  "join with the model and class list the coordinator trains")
