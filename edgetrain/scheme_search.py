@@ -22,6 +22,7 @@ stopped keeps its result.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -48,7 +49,9 @@ class Candidate:
     within_budget: bool | None = None   # None: accuracy not checked (no --val)
     p50_ms: float | None = None
     p90_ms: float | None = None
-    rounds: list | None = None
+    rounds: list | None = None        # p50 of each round, ms
+    pids: list | None = None          # the fresh process of each round
+    threads: int | None = None        # the thread cap the children ran with
     rule: bool = False                 # what the per-architecture rule would have chosen
     chosen: bool = False
     error: str | None = None
@@ -105,6 +108,8 @@ def measure(candidates: list[Candidate], batch_shape, threads: int, rounds: int 
                 c.error = exc.what
                 continue
             c.rounds = (c.rounds or []) + [lat["p50_ms"]]
+            c.pids = (c.pids or []) + [lat["pid"]]
+            c.threads = lat["threads"]
             c.p50_ms = min(c.rounds)
             c.p90_ms = lat["p90_ms"] if c.p90_ms is None else min(c.p90_ms, lat["p90_ms"])
             done += 1
@@ -128,7 +133,7 @@ def main(argv: list[str]) -> int:
     runner = OrtRunner(path)
     x = np.random.RandomState(0).standard_normal(shape).astype(np.float32)
     lat = runner.time(x, warmup=5, min_runs=20, max_runs=500, budget_s=1.0)
-    print(json.dumps(lat.to_dict()), flush=True)
+    print(json.dumps({**lat.to_dict(), "pid": os.getpid()}), flush=True)
     return 0
 
 
