@@ -125,3 +125,13 @@ def test_check_shapes_accepts_exactly_the_same_arrays():
     check_shapes({"a": np.zeros((2, 3))}, {"a": (2, 3)}, "here", "fix")
     with pytest.raises(ShapeMismatch):
         check_shapes({"a": np.zeros((2, 3))}, {"a": (3, 2)}, "here", "fix")
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("flwr") is not None, reason="Flower is installed here")
+def test_without_flower_the_fleet_commands_say_what_to_install(tmp_path):
+    from clitools import assert_user_error, run_edgetrain
+
+    for argv in (["serve", MODEL, "--val", "builtin:digits", "-o", tmp_path / "r"],
+                 ["join", "127.0.0.1:9092", "--data", "builtin:digits", "-o", tmp_path / "s"]):
+        assert_user_error(run_edgetrain("fleet", *argv), 2, "Flower (flwr) is not installed", "edgetrain[fleet]")
+    assert not (tmp_path / "r").exists() and not (tmp_path / "s").exists()

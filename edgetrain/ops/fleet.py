@@ -62,6 +62,15 @@ edgetrain = ""
 """
 
 
+def _need_flower() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("flwr") is None:
+        raise UsageError("Flower (flwr) is not installed", "edgetrain fleet",
+                         'install the fleet extra: pip install "edgetrain[fleet]" (needs numpy >= 1.26)')
+    procs.flower_bin("flower-superlink")
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -105,6 +114,7 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
     from .. import runtime
     from ..fleet.local import Evaluator, LocalSpec
 
+    _need_flower()
     rundir = Path(opts.out).resolve()
     tls = _tls(opts)
     notes: list[str] = []
@@ -263,6 +273,7 @@ def _run_error(rundir: Path, logs: Path) -> str:
 def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = None) -> JoinResult:
     from ..data import BUILTIN_PREFIX
 
+    _need_flower()
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise UsageError(f"cannot read ADDRESS '{address[:80]}'", "ADDRESS", "give HOST:PORT, e.g. 192.168.1.10:9092")
