@@ -510,7 +510,7 @@ def load_onnx(path: str | Path) -> OnnxModel:
 
 
 def _check_finite_initializers(proto, where: str) -> None:
-    from onnx import numpy_helper
+    numpy_helper = _lazy.from_import("onnx", "numpy_helper")
 
     for init in proto.graph.initializer:
         if init.data_type not in (1, 10, 11, 16):  # float, float16, double, bfloat16
