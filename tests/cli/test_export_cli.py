@@ -63,7 +63,7 @@ def test_export_human_output_with_data(cli, tmp_path):
               "--device", "rpi4b-4gb", cwd=tmp_path)
     assert res.code == 0, res.err
     assert "wrote      " in res.out and "opset 13" in res.out and "result     PASS" in res.out
-    assert "3 random x1, 16 data x1" in res.out and "device     rpi4b-4gb" in res.out
+    assert "2 random x1, 1 random x3, 5 data x3, 1 data x1" in res.out and "device     rpi4b-4gb" in res.out
     assert "digits_dense0_fwd: ok; max abs" in res.out
 
 

@@ -21,7 +21,7 @@ def _no_outputs(folder, *keep):
 
 def test_json_report_on_stdout_and_progress_stays_off_it(cli, tiny_prefix, digits_folder, tmp_path):
     res = cli("quantize", tiny_prefix, "--calib", digits_folder, "-o", tmp_path / "q.onnx", "--samples", "20",
-              "--threads", "1", "--json", "-", cwd=tmp_path)
+              "--threads", "1", "--json", "-", "--scheme", "rule", cwd=tmp_path)
     assert res.code == 0, res.err
     out = res.json()
     assert out["backend"] == "onnxruntime" and out["output"].endswith("q.onnx") and (tmp_path / "q.onnx").is_file()
@@ -49,7 +49,7 @@ def test_budget_not_met_exits_3_and_keeps_the_best_model(cli, trained, tmp_path)
     np.savez(tmp_path / "blank.npz", data=np.zeros((8, 8, 8), np.float32), label=np.arange(8) % 2)
     res = cli("quantize", trained / "digits10", "--calib", tmp_path / "blank.npz", "--val", trained / "val.npz",
               "-o", tmp_path / "q.onnx", "--max-fp32-nodes", "0", "--threads", "1", "--json", tmp_path / "r.json",
-              cwd=tmp_path)
+              "--scheme", "rule", cwd=tmp_path)  # auto would write fp32, within any budget
     assert_user_error(res, 3, "exceeds --max-drop 1", "best model kept")
     assert (tmp_path / "q.onnx").is_file() and (tmp_path / "r.json").is_file()
     assert "no mix of int8 and fp32 nodes met --max-drop 1" in res.out
