@@ -11,8 +11,9 @@ from .render import ProgressLine
 
 @click.command()
 @click.option("--fix", is_flag=True,
-              help="Repair what can be repaired (on aarch64: link the ARM Performance Libraries mxnet needs "
-                   "to OpenBLAS/LAPACKE, libm and libc). Changes nothing when all is well.")
+              help="Repair what can be repaired: install mxnet 1.9.1 without its numpy<2 pin when it is missing "
+                   "(Python 3.12+, where pip cannot resolve it); on aarch64 link the ARM Performance Libraries "
+                   "mxnet needs to OpenBLAS/LAPACKE, libm and libc. Changes nothing when all is well.")
 @json_option
 def doctor(fix, json_path):
     """Check Python, numpy, mxnet (import and a computation), onnx, onnxruntime, thread settings and
