@@ -1,24 +1,97 @@
-"""`edgetrain predict MODEL DATA`: classify with an ONNX model written by edgetrain (no mxnet loaded)."""
+"""`edgetrain predict MODEL DATA`: classify with an ONNX model written by edgetrain (no mxnet loaded).
+
+On a Pi Zero 2 W the start-up is the cost: this command must start and stay as small as a hand-written
+ONNX Runtime loop (issue 16: within 10%). Its flags are declared once, by ``options.PredictOptions``, but
+building them from pydantic at every start would double the start-up (pydantic plus every command's
+model: ~0.3 s of CPU). So the click options are made from ``predict_flags.json``, derived from that
+declaration by ``python -m edgetrain.cli.predict --write-flags`` and checked equal to it by a test, and
+the values are checked by click's types with the declaration's bounds. ``--device`` (a profile to read)
+takes the full pydantic path.
+"""
 from __future__ import annotations
 
 import csv
 import io
 import json
+import typing
+from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
-from ..options import PredictOptions
 from .common import finish, json_option, quiet, say, setup
-from .options import declared_options, parse
 from .render import ProgressLine
 
 CONFUSION_ROWS = 10  # classes shown in the confusion summary (the worst recall first)
+FLAGS = Path(__file__).with_name("predict_flags.json")
+
+
+def flag_specs() -> list[dict]:
+    """The click options PredictOptions declares, as plain data (imports pydantic: for writing and checking)."""
+    from ..options import PredictOptions, flag_of
+    from .options import SHARED
+
+    specs = []
+    own = [n for n in PredictOptions.model_fields if n not in SHARED]
+    for name in own + [n for n in PredictOptions.model_fields if n in SHARED]:
+        info = PredictOptions.model_fields[name]
+        extra = info.json_schema_extra or {}
+        spec = {"name": name, "decls": [extra.get("flag") or flag_of(PredictOptions, name)]
+                + ([extra["short"]] if extra.get("short") else []), "help": info.description,
+                "metavar": extra.get("metavar"), "default": info.default, "type": "str"}
+        for arg in (info.annotation, *typing.get_args(info.annotation)):
+            if typing.get_origin(arg) is typing.Literal:
+                spec.update(type="choice", choices=[str(a) for a in typing.get_args(arg)])
+            base = typing.get_args(arg)[0] if typing.get_origin(arg) is typing.Annotated else arg
+            if base is int:
+                spec["type"] = "int"
+                meta = list(info.metadata) + [m for a in typing.get_args(arg)[1:] for m in getattr(a, "metadata", [])]
+                for m in meta:
+                    if hasattr(m, "ge"):
+                        spec["min"] = m.ge
+                    if hasattr(m, "le"):
+                        spec["max"] = m.le
+        if spec["type"] == "str" and not spec["metavar"]:
+            spec["metavar"] = "TEXT"
+        if spec["type"] == "int" and not spec["metavar"]:
+            spec["metavar"] = "N"
+        specs.append(spec)
+    return specs
+
+
+def _flag_options(f):
+    specs = json.loads(FLAGS.read_text(encoding="utf-8")) if FLAGS.is_file() else flag_specs()
+    for spec in reversed(specs):
+        kw = {"help": spec["help"], "metavar": spec["metavar"], "default": spec["default"],
+              "show_default": spec["default"] is not None}
+        if spec["type"] == "choice":
+            kw["type"] = click.Choice(spec["choices"])
+            kw.pop("metavar")
+        elif spec["type"] == "int":
+            kw["type"] = click.IntRange(spec.get("min"), spec.get("max"))
+        f = click.option(*spec["decls"], spec["name"], **kw)(f)
+    return f
+
+
+@dataclass(frozen=True)
+class _Options:
+    """PredictOptions' values as click checked them (no device profile to load)."""
+
+    top_k: int
+    format: str
+    batch: int
+    output: str | None
+    threads: int | None
+    device: None = None
+
+    def thread_cap(self) -> int | None:
+        return self.threads
 
 
 @click.command()
 @click.argument("model")
 @click.argument("data")
-@declared_options(PredictOptions)
+@_flag_options
 @json_option
 def predict(model, data, json_path, **values):
     """Classify DATA with MODEL, an .onnx written by `edgetrain export` or `edgetrain quantize` (fp32 or
@@ -30,7 +103,13 @@ def predict(model, data, json_path, **values):
     latency; with labels, the top-1 and top-k accuracy and a confusion summary. Only ONNX Runtime, NumPy
     and Pillow are loaded (never mxnet).
     """
-    opts = parse(PredictOptions, values)
+    if values.get("device") is not None:  # a device profile to read: the declaration's own parser
+        from ..options import PredictOptions
+        from .options import parse
+
+        opts = parse(PredictOptions, values)
+    else:
+        opts = _Options(**{k: v for k, v in values.items() if k != "device"})
     from ..fileio import check_outputs
 
     check_outputs({"MODEL": model, "DATA": data}, {"-o": opts.output, "--json": json_path})
@@ -41,8 +120,6 @@ def predict(model, data, json_path, **values):
     res = run(model, data, opts, progress=ProgressLine(not quiet(json_path) and opts.output is not None),
               on_rows=rows.add)
     if opts.output is not None:
-        from pathlib import Path
-
         from ..fileio import atomic_write_text
 
         atomic_write_text(Path(opts.output), rows.text(), what="-o")
@@ -98,7 +175,7 @@ def _csv(cols) -> str:
     return buf.getvalue()
 
 
-def render(opts: PredictOptions):
+def render(opts):
     def show(json_path, res) -> None:
         # the predictions may be on stdout in a machine format: the summary then goes to stderr
         err = quiet(json_path) or (opts.output is None and opts.format != "table")
@@ -127,3 +204,10 @@ def render(opts: PredictOptions):
         for note in res.notes:
             out(f"note       {note}")
     return show
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--write-flags"]:
+        FLAGS.write_text(json.dumps(flag_specs(), indent=1) + "\n", encoding="utf-8")

@@ -18,17 +18,19 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from ..data import IMAGE_SUFFIXES, load_data, to_model_input
 from ..errors import UsageError, clip
-from ..options import PredictOptions
 from ..preprocess import Preprocess
 from ..results import ProgressFn, Result, report
 from ..runners import OrtRunner
 from ..runtime import current_threads
+
+if TYPE_CHECKING:
+    from ..options import PredictOptions
 
 STDIN = "-"
 MAX_PATH_LINES = 10_000_000  # a stream of paths longer than this is not a list of images
@@ -62,7 +64,7 @@ class _Source:
     notes: list[str] = field(default_factory=list)
 
 
-def predict(model: str, data: str, opts: PredictOptions, progress: ProgressFn | None = None,
+def predict(model: str, data: str, opts: "PredictOptions", progress: ProgressFn | None = None,
             on_rows: Callable[[list[dict]], None] | None = None, stdin=None) -> PredictResult:
     """Classify DATA with the ONNX MODEL; ``on_rows`` receives each batch's predictions as they are made."""
     t0 = time.perf_counter()

@@ -104,3 +104,24 @@ def test_bad_model_data_and_outputs_are_one_line_errors(cli, models, tmp_path): 
                       2, "-o")
     res = _child(["predict", models / "fp32.onnx", "-"], stdin=str(tmp_path / "gone.png") + "\n")
     assert res.returncode == 2 and "Error: image file not found" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_flag_file_is_what_the_declaration_says():
+    """predict's click options come from predict_flags.json (no pydantic at start-up); it must be exactly
+    what options.PredictOptions declares (regenerate: python -m edgetrain.cli.predict --write-flags)."""
+    from edgetrain.cli.predict import FLAGS, flag_specs
+
+    assert json.loads(FLAGS.read_text(encoding="utf-8")) == flag_specs()
+
+
+def test_start_up_loads_neither_pydantic_nor_the_options_without_a_device(models):  # noqa: F811
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: sys.stderr.write('LOADED ' + ','.join(sorted(m for m in ('pydantic', "
+            "'edgetrain.options', 'mxnet', 'onnx') if m in sys.modules)) + '\\n'))\n"
+            "from edgetrain.cli import main\n"
+            f"main(['predict', {str(models / 'int8.onnx')!r}, {str(models / 'digits5.npz')!r}])\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "LOADED \n" in res.stderr, res.stderr
+    res = _child(["predict", models / "int8.onnx", models / "digits5.npz", "--device", "rpi4b-4gb", "--json", "-"])
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["threads"] == 4  # the device's default threads (capped warning aside)
