@@ -21,7 +21,7 @@ from pathlib import Path
 
 from . import runtime
 from .compat import armpl
-from .host import read_cpuinfo
+from .host import detect_host, read_cpuinfo
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 NOTHING = "nothing to do"
@@ -416,6 +416,95 @@ def check_onnxruntime(result: dict, emulated: bool) -> Check:
     return Check("onnxruntime", OK, f"onnxruntime {result.get('version')} runs{extra}", details=details)
 
 
+# A tiny fp32 and int8 (QDQ, fused by ONNX Runtime into its int8 kernels) inference, in a child: a wheel
+# built for instructions this CPU lacks dies with SIGILL there (onnxruntime 1.21 on a Pi 4: #23957, #24512),
+# only once the int8 or fp32 kernels run, which importing it does not show.
+INFERENCE_PROBE = r'''
+import json, sys
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+rng = np.random.RandomState(0)
+w = rng.uniform(-1, 1, (8, 4, 3, 3)).astype(np.float32)
+m = rng.uniform(-1, 1, (8, 5)).astype(np.float32)
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8, 8])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])
+def model(int8):
+    init = [numpy_helper.from_array(m, "m")]
+    if int8:
+        ws = np.abs(w).max() / 127
+        init += [numpy_helper.from_array(np.round(w / ws).astype(np.int8), "wq"),
+                 numpy_helper.from_array(np.array(ws, np.float32), "ws"), numpy_helper.from_array(np.array(0, np.int8), "wz"),
+                 numpy_helper.from_array(np.array(0.02, np.float32), "s"), numpy_helper.from_array(np.array(128, np.uint8), "z")]
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+                 helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+                 helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"]),
+                 helper.make_node("Conv", ["xd", "w"], ["c"], pads=[1, 1, 1, 1]),
+                 helper.make_node("QuantizeLinear", ["c", "s", "z"], ["cq"]),
+                 helper.make_node("DequantizeLinear", ["cq", "s", "z"], ["cd"])]
+        last = "cd"
+    else:
+        init.append(numpy_helper.from_array(w, "w"))
+        nodes, last = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])], "c"
+    nodes += [helper.make_node("Relu", [last], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+              helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("MatMul", ["f", "m"], ["y"])]
+    g = helper.make_graph(nodes, "probe", [x], [y], init)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+data = rng.uniform(-1, 1, (2, 4, 8, 8)).astype(np.float32)
+out = {}
+for kind in ("fp32", "int8"):
+    so = ort.SessionOptions(); so.intra_op_num_threads = 1
+    s = ort.InferenceSession(model(kind == "int8"), so, providers=["CPUExecutionProvider"])
+    out[kind] = s.run(None, {"x": data})[0]
+err = float(np.abs(out["int8"] - out["fp32"]).max() / max(np.abs(out["fp32"]).max(), 1e-6))
+print("EDGETRAIN-PROBE " + json.dumps({"version": ort.__version__, "int8_rel_err": err}), flush=True)
+'''
+INT8_REL_TOLERANCE = 0.1  # int8 with 8-bit activations against fp32 on a tiny conv net
+
+
+def check_inference(script: str = INFERENCE_PROBE, timeout: float | None = None) -> Check:
+    """A tiny fp32 and int8 inference in a child; SIGILL (a wheel using an instruction this CPU lacks) is
+    one line naming the wheel and the fix."""
+    version = _dist_version("onnxruntime")
+    wheel = f"onnxruntime {version}" if version else "onnxruntime"
+    try:
+        proc = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True,
+                              timeout=timeout or PROBE_TIMEOUT, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return Check("inference", FAIL, f"a tiny fp32/int8 inference with {wheel} did not finish",
+                     "run `edgetrain doctor` again on an idle machine; if it hangs again, reinstall onnxruntime")
+    if proc.returncode == -signal.SIGILL:
+        cpu = detect_host().cpu
+        return Check("inference", FAIL,
+                     f"{wheel} dies with SIGILL (illegal instruction) running a tiny fp32/int8 model on this CPU "
+                     f"({cpu}): the wheel was built for instructions it lacks (onnxruntime #23957, #24512)",
+                     f"install a wheel built for this CPU: pip install 'onnxruntime<1.21' (1.20 runs on a "
+                     f"Cortex-A72/A53), or onnxruntime from your distribution (apt install python3-onnxruntime)",
+                     {"version": version, "signal": "SIGILL", "cpu": cpu})
+    result = next((json.loads(line.split(" ", 1)[1]) for line in reversed(proc.stdout.splitlines())
+                   if line.startswith("EDGETRAIN-PROBE ")), None)
+    if proc.returncode != 0 or result is None:
+        how = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+               else f"exited {proc.returncode}")
+        tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+        return Check("inference", FAIL, f"a tiny fp32/int8 inference with {wheel} {how}" + (f": {tail}" if tail else ""),
+                     'pip install --force-reinstall "onnxruntime>=1.17"', {"version": version})
+    if result["int8_rel_err"] > INT8_REL_TOLERANCE:
+        return Check("inference", WARN, f"{wheel}'s int8 kernels differ from fp32 by {result['int8_rel_err']:.2g} "
+                     "(relative) on a tiny model", "check int8 accuracy with `edgetrain quantize --val`", result)
+    return Check("inference", OK, f"{wheel} runs a tiny fp32 and int8 model (int8 within "
+                 f"{result['int8_rel_err']:.1e} of fp32)", details=result)
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def check_threads() -> Check:
     cores = runtime.usable_cores()
     online = os.cpu_count() or cores
@@ -517,6 +606,9 @@ def run_checks(fix: bool = False, progress=None) -> DoctorReport:
     say("onnxruntime")
     ort_result = probe("onnxruntime")
     report.checks.append(check_onnxruntime(ort_result, "error" in ort_result and _emulated()))
+    if "error" not in ort_result:
+        say("inference")
+        report.checks.append(check_inference())
     numpy_check = report.check("numpy")
     if numpy_check.status == FAIL:
         # mxnet, onnx and onnxruntime all import numpy: a broken numpy is the likely cause of their failures.

@@ -34,7 +34,7 @@ def by_name(report: dict) -> dict:
 
 
 EXPECTED = {"python", "numpy", "system-libs", "aarch64-armpl", "mxnet-import", "mxnet-compute", "mxnet-compat",
-            "onnx", "onnxruntime", "threads", "isa"}
+            "onnx", "onnxruntime", "inference", "threads", "isa"}
 
 
 def test_healthy_host_exits_0_with_json(tmp_path):
