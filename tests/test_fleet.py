@@ -60,12 +60,12 @@ class Fleet:
         self.procs: dict[str, subprocess.Popen] = {}
         self.port = _free_port()
 
-    def start(self, key: str, *args, env: dict | None = None) -> subprocess.Popen:
+    def start(self, key: str, *args, env: dict | None = None, module: str = "edgetrain") -> subprocess.Popen:
         full = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
         full.update({MARK: f"{self.mark}:{key}:", "EDGETRAIN_CACHE_DIR": str(self.cache), **(env or {})})
         out = open(self.folder / f"{key}.out", "w")
         err = open(self.folder / f"{key}.err", "w")
-        p = subprocess.Popen([sys.executable, "-m", "edgetrain", *map(str, args)], stdout=out, stderr=err, env=full,
+        p = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], stdout=out, stderr=err, env=full,
                              start_new_session=True)
         self.procs[key] = p
         return p
@@ -342,6 +342,17 @@ def test_a_device_with_another_model_shape_is_refused_on_both_sides(fleet, tmp_p
     assert [p["client"] for p in r["participants"]] == ["good"]
     assert len(r["refused"]) == 1 and "model mismatch" in r["refused"][0]["reason"]
     assert "refused" in (run / "coordinator-rounds.log").read_text()
+
+
+@pytest.mark.slow
+def test_the_one_machine_demo_runs_a_whole_fleet(fleet, tmp_path):
+    fleet.start("demo", tmp_path / "demo", "--rounds", 1, module="edgetrain.fleet.demo")
+    code, out, err = fleet.wait("demo")
+    assert code == 0, err
+    res = _report(tmp_path / "demo" / "run")
+    assert res["rounds_completed"] == 1 and len(res["rounds"][0]["participants"]) == 3
+    assert "fleet-report.html" in out
+    assert not _marked(f"{fleet.mark}:demo:")  # the demo stops every process it started
 
 
 # --- one-line errors before any Flower process starts ------------------------------------------------
