@@ -289,11 +289,10 @@ def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = Non
         (state / f).unlink(missing_ok=True)
     name = opts.name or socket.gethostname()
     data = opts.data if opts.data.startswith(BUILTIN_PREFIX) else str(Path(opts.data).resolve())
-    settings = {"name": name, "data": data, "state": str(state), "device": opts.device if device is None else str(opts.device),
+    settings = {"name": name, "data": data, "state": str(state), "device": None if device is None else
+                (str(Path(opts.device).resolve()) if Path(str(opts.device)).is_file() else str(opts.device)),
                 "threads": opts.thread_cap(), "memory_budget": opts.budget_mb(), "model": opts.model,
                 "params": str(Path(opts.params).resolve()) if opts.params else None}
-    if device is None:
-        settings["device"] = None
     atomic_write_text(state / "join.json", json.dumps(settings, indent=2) + "\n", "fleet join")
     home = _flwr_home(state, address, ca)
     tag = procs.new_tag("join")
