@@ -38,7 +38,11 @@ EXPECTED = {"python", "numpy", "system-libs", "aarch64-armpl", "mxnet-import", "
 
 
 def test_healthy_host_exits_0_with_json(tmp_path):
-    proc = run_doctor("--json", "-", cwd=tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = run_doctor("--json", "-", cwd=tmp_path, env_extra={"HOME": str(home)})
+    # every library is loaded through edgetrain's door: ONNX Runtime's telemetry wrote nothing in HOME
+    assert sorted(p.relative_to(home).as_posix() for p in home.rglob("*")) == []
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = parsed(proc)
     checks = by_name(report)
