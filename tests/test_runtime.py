@@ -38,7 +38,7 @@ def test_help_imports_no_heavy_library():
 
 
 def test_apply_threads_after_mxnet_import_is_refused():
-    code = ("import mxnet\nfrom edgetrain import runtime\n"
+    code = ("from edgetrain import runtime\nimport mxnet\n"
             "try:\n    runtime.apply_threads(1)\nexcept RuntimeError as e:\n    print('REFUSED', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "REFUSED" in out.stdout, out.stdout + out.stderr
