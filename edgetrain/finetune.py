@@ -34,6 +34,7 @@ import numpy as np
 
 from . import _lazy
 from . import checkpoint as ckpt
+from . import runtime
 from .errors import EdgetrainError, RunFailed, UsageError
 from .options import FinetuneOptions
 from .results import ProgressFn, Result, report
@@ -209,6 +210,12 @@ def _take_lock(outdir: Path) -> int:
     return fd
 
 
+def _data_budget(budget_mb) -> int | None:
+    """The most an .npz's arrays may take once read: the whole --memory-budget at most (checked from the
+    file's headers before anything is read, so a compressed bomb never expands)."""
+    return int(budget_mb * 2**20) if budget_mb else None
+
+
 def _file_sha(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -299,10 +306,10 @@ class _Job:
         self.model_obj = load_gluon(self.model, params=self.params, input_shape=self.input_shape)
         self.notes += self.model_obj.notes
         pre = self.model_obj.preprocess
-        ds = load_data(self.data, pre)
+        ds = load_data(self.data, pre, max_bytes=_data_budget(self.budget_mb))  # refused from headers if over
         self.notes += ds.notes
         if self.val is not None:
-            val = load_data(self.val, pre, where="--val")
+            val = load_data(self.val, pre, where="--val", max_bytes=_data_budget(self.budget_mb))
             if val.class_names != ds.class_names:
                 raise UsageError(f"--val classes ({', '.join(val.class_names[:8])}) differ from the training "
                                  f"data's ({', '.join(ds.class_names[:8])})", self.val,
@@ -844,29 +851,6 @@ def _intact_prep(folder: Path, key: str) -> dict | None:
     return None
 
 
-def _cap_numpy_blas(threads: int) -> None:
-    """Cap the OpenBLAS numpy links to ``threads``: numpy is imported before the thread cap is applied, so
-    OPENBLAS_NUM_THREADS came too late for it. (Uncapped, its spinning workers made a 32x1280 @ 1280x10
-    matmul take 24 ms instead of 0.6 ms on a busy 2-core host.) The way threadpoolctl does it."""
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as fh:
-            libs = {ln.split()[-1] for ln in fh if "openblas" in ln.lower() and ".so" in ln}
-    except OSError:
-        return
-    for path in libs:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in ("openblas_set_num_threads64_", "openblas_set_num_threads", "scipy_openblas_set_num_threads64_"):
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn(ctypes.c_int(threads))
-                break
-
-
 class _NotLinear(Exception):
     """The output layer is not a plain linear layer: train it in MXNet (the general path)."""
 
@@ -981,10 +965,10 @@ class _HeadJob(_Job):
     def _load_data(self, pre):
         from .data import load_data
 
-        ds = load_data(self.data, pre)
+        ds = load_data(self.data, pre, max_bytes=_data_budget(self.budget_mb))  # refused from headers if over
         self.notes += ds.notes
         if self.val is not None:
-            val = load_data(self.val, pre, where="--val")
+            val = load_data(self.val, pre, where="--val", max_bytes=_data_budget(self.budget_mb))
             if val.class_names != ds.class_names:
                 raise UsageError(f"--val classes ({', '.join(val.class_names[:8])}) differ from the training "
                                  f"data's ({', '.join(ds.class_names[:8])})", self.val,
@@ -1014,7 +998,7 @@ class _HeadJob(_Job):
     def _make_training(self) -> None:
         from .optimizers import make_numpy_optimizer
 
-        _cap_numpy_blas(1)  # a head's matmuls (batch x features x classes) are too small to share out
+        runtime.cap_loaded_blas(1)  # a head's matmuls (batch x features x classes) are too small to share out
         self.opt = make_numpy_optimizer(self.optimizer, self.head, self.lr)
 
     def _plan(self, saved: dict | None):
