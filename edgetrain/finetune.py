@@ -152,10 +152,8 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
     from .netsplit import parse_train_layers
 
     threads = runtime.apply_threads(opts.thread_cap(), strict=False)
-    data, outdir, val, val_split, epochs, batch_size, lr, optimizer, train_layers, seed, resume = (
-        opts.data, opts.out, opts.val, opts.val_split, opts.epochs, opts.batch_size, opts.lr, opts.optimizer,
-        opts.train_layers, opts.seed, opts.resume)
-    params, input_shape, profile = opts.params, opts.input_shape, opts.profile()
+    outdir, val, val_split, train_layers, resume, profile = (opts.out, opts.val, opts.val_split, opts.train_layers,
+                                                             opts.resume, opts.profile())
     if getattr(opts, "mean", None) is not None or getattr(opts, "std", None) is not None:  # never silently ignored
         raise UsageError("--mean/--std are not applied by finetune yet", "--mean/--std",
                          'record them beside the model instead: PREFIX-edgetrain.json {"preprocess": {"input_shape": '
@@ -166,9 +164,9 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
     budget_mb = opts.budget_mb()
     outdir = Path(outdir)
     has_checkpoint = prepare_outdir(outdir, resume)
-    job = _job_class(layers)(model, data, outdir, val, DEFAULT_VAL_SPLIT if val is None and val_split is None else val_split,
-               epochs, batch_size, lr, optimizer, layers, budget_mb, seed, params, input_shape, threads, profile,
-               _events(progress))
+    job = _job_class(layers)(model, opts, layers=layers, budget_mb=budget_mb, threads=threads, profile=profile,
+                             val_split=DEFAULT_VAL_SPLIT if val is None and val_split is None else val_split,
+                             progress=_events(progress))
     job.resume = resume
     return job.run(has_checkpoint)
 
@@ -287,10 +285,13 @@ def _mismatch(got: np.ndarray, want: np.ndarray) -> str | None:
 class _Job:
     engine = "mxnet"  # what trains: a checkpoint is resumed only by the same engine
 
-    def __init__(self, model, data, outdir, val, val_split, epochs, batch_size, lr, optimizer, layers, budget_mb,
-                 seed, params, input_shape, threads, profile, progress):
-        self.__dict__.update(locals())
-        del self.__dict__["self"]
+    def __init__(self, model: str, opts: FinetuneOptions, *, layers, val_split: float | None, budget_mb, threads: int,
+                 profile, progress):
+        self.model, self.opts, self.layers, self.val_split = model, opts, layers, val_split
+        self.budget_mb, self.threads, self.profile, self.progress = budget_mb, threads, profile, progress
+        self.data, self.outdir, self.val = opts.data, Path(opts.out), opts.val
+        self.epochs, self.batch_size, self.lr, self.optimizer = opts.epochs, opts.batch_size, opts.lr, opts.optimizer
+        self.seed, self.params, self.input_shape = opts.seed, opts.params, opts.input_shape
         self.cache = None
         self.cache_complete = False
         self.notes: list[str] = []
@@ -577,7 +578,7 @@ class _Job:
         from .energy import EnergyMeter
         from .optimizers import default_lr
 
-        self.energy_meter = EnergyMeter(self.profile, self.threads).start()  # measured where a sensor is
+        self.energy_meter = EnergyMeter(self.profile, self.threads, self.opts.power_log).start()  # measured where a sensor is
         self._load()
         self._split()
         if self.lr is None:
@@ -922,7 +923,7 @@ class _HeadJob(_Job):
         here.mkdir()
         spec = {"dir": str(here), "model": self.model, "params": self.params, "key": key, "seed": self.seed,
                 "input_shape": list(self.input_shape) if self.input_shape else None, "data": self.data,
-                "threads": self.threads}
+                "threads": self.threads, "max_bytes": _data_budget(self.budget_mb)}
         (here / "spec.json").write_text(json.dumps(spec))
         self._tick("prepare", force=True, done=0, total=1)
         proc = subprocess.run([sys.executable, "-c", "from edgetrain.finetune import _prepare_main; _prepare_main()",
@@ -1162,7 +1163,7 @@ def _prepare(spec: dict, out: Path) -> None:
         blob = _export_frozen_bytes(s, pre)
         atomic_write_bytes(out / FROZEN_ONNX, blob, "frozen part")
         del blob
-        ds = load_data(spec["data"], pre)
+        ds = load_data(spec["data"], pre, max_bytes=spec.get("max_bytes"))  # the budget holds in the child too
         x = ds.batch(np.arange(min(VALIDATE_SAMPLES, len(ds))))
         want = s.frozen(mx.nd.array(x)).asnumpy()
         session = _ort_session(out / FROZEN_ONNX, spec["threads"], False)

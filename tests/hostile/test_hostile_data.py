@@ -192,3 +192,15 @@ def test_error_lines_never_embed_unbounded_input(n):
     with pytest.raises(UsageError) as info:
         load_data("builtin:" + "z" * n, PRE)
     assert len(info.value.line()) < 1000
+
+
+@pytest.mark.slow
+def test_finetune_refuses_a_bomb_over_its_memory_budget_up_front(tmp_path, cli, tiny_prefix):
+    """Issue 12: a 3 MB .npz expanding to 2.7 GB was read whole before the budget refused it. Now the
+    npy header is checked against --memory-budget before anything is read."""
+    f = gen.bomb_npz(tmp_path / "bomb.npz", mbytes=2048)
+    assert f.stat().st_size < 16 << 20
+    t0 = time.monotonic()
+    res = cli("finetune", tiny_prefix, "--data", f, "-o", tmp_path / "ft", "--memory-budget", "1500MB", "--epochs", "1")
+    assert_user_error(res, 2, "2,048 MB once read", "1,500 MB allowed")
+    assert time.monotonic() - t0 < 60
