@@ -154,7 +154,8 @@ def test_int8_file_metadata_says_what_it_holds(work, tmp_path, cli, extra):
     assert res.code in (0, 3), res.err
     proto = onnx.load(str(tmp_path / "q.onnx"))
     meta = {p.key: p.value for p in proto.metadata_props}
-    has_int8 = any(n.op_type in ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "ConvInteger")
+    has_int8 = any(n.op_type in ("QuantizeLinear", "DequantizeLinear", "QLinearConv", "ConvInteger",
+                                 "DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul")  # --scheme auto
                    for n in proto.graph.node)
     assert meta.get("edgetrain.precision") == ("int8" if has_int8 else "fp32"), meta.get("edgetrain.precision")
 
