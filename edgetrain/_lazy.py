@@ -45,17 +45,41 @@ def _before_mxnet() -> None:
 
 class _MxnetImportHook:
     """A plain ``import mxnet`` in a process that has loaded edgetrain (a user's factory module, a test)
-    gets the same preparation as the door: it runs when the import system first looks for mxnet."""
+    gets the same preparation as the door, when mxnet actually loads (a find_spec query alone, as
+    doctor makes, prepares nothing)."""
 
     edgetrain_hook = True   # the compatibility finder, which asks the other finders, skips this one
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "mxnet" or "mxnet" in sys.modules:
             return None
+        for finder in sys.meta_path:
+            if getattr(finder, "edgetrain_hook", False) or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PreparingLoader(spec.loader)
+        return spec
+
+
+class _PreparingLoader:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
         with _lock:
             _before_mxnet()
-        finder = numpy_names.finder()
-        return finder.find_spec(fullname, path, target) if finder is not None else None
+        numpy_names.exec_for_mxnet(self._inner, module)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 if not any(isinstance(f, _MxnetImportHook) for f in sys.meta_path):

@@ -255,6 +255,8 @@ class _Loader(importlib.abc.Loader):
 class _Finder(importlib.abc.MetaPathFinder):
     """Wraps the loader of every mxnet module; during mxnet's import also of the modules it pulls in."""
 
+    edgetrain_hook = True
+
     def find_spec(self, fullname, path, target=None):
         is_mxnet = fullname == PACKAGE or fullname.startswith(PACKAGE + ".")
         if not is_mxnet and not (_stack() and _stack()[-1].for_mxnet):
@@ -295,6 +297,15 @@ def install() -> Applied:
             _state.finder = _Finder()
             sys.meta_path.insert(0, _state.finder)
         return _state.applied
+
+
+def exec_for_mxnet(loader, module) -> None:
+    """Execute an mxnet module with ``loader`` as the compatibility finder would (the view in place)."""
+    if _state.finder is None:
+        loader.exec_module(module)
+    else:
+        with _Swap(True):
+            loader.exec_module(module)
 
 
 def finder():
