@@ -310,6 +310,9 @@ class FinetuneOptions(ModelOptions):
                                        "(default: the device's).")
     resume: bool = opt(False, recipe=False, help="Continue the run checkpointed in OUTDIR.")
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = opt(0, help="Random seed (0 to 2**32-1).")
+    power_log: Optional[str] = opt(None, metavar="FILE", recipe=False,
+                                   help="A USB power meter's CSV log recorded during the run (timestamp + watts, or "
+                                        "volts + amps): the fine-tune's energy is measured from it.")
 
     def budget_mb(self) -> float | None:
         """--memory-budget, else the device's budget, else None (no budget)."""

@@ -130,7 +130,9 @@ class QuantizeResult(Result):
 
         failed = []
         if a.get("checked") and a["drop"] > a["max_drop"] + 1e-9:
-            failed.append(f"int8 top-1 drop {a['drop']:.2f} pts exceeds --max-drop {a['max_drop']:g}")
+            failed.append(f"int8 top-1 drop {a['drop']:.2f} pts exceeds --max-drop {a['max_drop']:g}: the best model "
+                          "is kept; calibrate on more representative data, allow more --max-fp32-nodes, or raise "
+                          "--max-drop")
         return failed + [f for f in [chance_failure(a.get("chance"), "int8")] if f]
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 import importlib
 from ..errors import UsageError
+from ..options import FinetuneOptions
 from ..netsplit import parse_train_layers
 
 ft = importlib.import_module("edgetrain.finetune")  # the module (edgetrain.finetune is also the API function)
@@ -119,9 +120,11 @@ def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, initial) -> _Fle
     if not (layers.kind == "last" and layers.n == 1):
         raise UsageError(f"fleet trains the output layer only (got --train-layers {spec.train_layers})",
                          "--train-layers", "use --train-layers head")
-    job = _FleetHeadJob(spec.model, data, outdir, None, 0.0, epochs, spec.batch_size, spec.lr, spec.optimizer,
-                        layers, spec.budget_mb, spec.seed, spec.params, None, spec.threads, spec.device,
-                        lambda info: None)
+    # model_construct: internal values (epochs=0 evaluates only), not a user's input to validate
+    opts = FinetuneOptions.model_construct(data=str(data), out=str(outdir), epochs=epochs, batch_size=spec.batch_size,
+                                           lr=spec.lr, optimizer=spec.optimizer, seed=spec.seed, params=spec.params)
+    job = _FleetHeadJob(spec.model, opts, layers=layers, val_split=0.0, budget_mb=spec.budget_mb, threads=spec.threads,
+                        profile=spec.device, progress=lambda info: None)
     job.resume = False
     job.initial = initial
     return job

@@ -7,7 +7,6 @@ reported, and the onnxruntime backend is the one that searches.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,8 @@ from ..errors import UsageError
 from ..fileio import check_output_path
 from ..models import load_gluon, parse_model_ref
 from ..options import QuantizeOptions
-from ..results import BudgetStep, QuantizeResult, stage
+from ..runners import time_runs
+from ..results import BudgetStep, QuantizeResult, report, stage
 from ..fileio import temp_dir
 
 CALIB_MODES = {"minmax": "naive", "entropy": "entropy"}
@@ -77,8 +77,8 @@ def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, t
               "granularity": "channel-wise" if per_channel else "tensor-wise", "tool": "edgetrain quantize"}
     fp32_bytes, int8_bytes = _save(fp32, qnet, prefix, record)
     x = np.random.RandomState(0).standard_normal(pre.batch_shape(1)).astype(np.float32)
-    f_ms, q_ms = _p50_ms(fp32.predict, x), _p50_ms(run_int8, x)
-    from ..devices import detect_host
+    f_ms, q_ms = time_runs(fp32.predict, x).p50_ms, time_runs(run_int8, x).p50_ms
+    from ..host import detect_host
 
     host = detect_host()
     warnings = [scheme.warning] if scheme.warning else []
@@ -113,8 +113,7 @@ def _quantize_net(fp32, calib_ds, method, per_channel, progress):
     class Reporting(mx.io.NDArrayIter):
         def next(self):
             batch = super().next()
-            if progress:
-                progress("calibrate", min(self.cursor + self.batch_size, self.num_data), self.num_data)
+            report(progress, "calibrate", min(self.cursor + self.batch_size, self.num_data), self.num_data)
             return batch
 
     # last_batch_handle="pad" repeats a few leading samples in the last batch: MXNet's collectors need
@@ -152,17 +151,6 @@ def _save(fp32, qnet, prefix: Path, record: dict) -> tuple[int, int]:
     with atomic_path(sidecar_path(prefix), "-o") as dst:
         dst.write_text(sidecar_text(fp32.preprocess, {"quantization": record}), encoding="utf-8")
     return fp32_bytes, Path(f"{prefix}-0000.params").stat().st_size
-
-
-def _p50_ms(run, x, warmup: int = 3, min_runs: int = 10, budget_s: float = 2.0) -> float:
-    for _ in range(warmup):
-        run(x)
-    times, deadline = [], time.perf_counter() + budget_s
-    while len(times) < min_runs or (time.perf_counter() < deadline and len(times) < 200):
-        t0 = time.perf_counter()
-        run(x)
-        times.append(time.perf_counter() - t0)
-    return float(np.percentile(np.asarray(times) * 1000.0, 50))
 
 
 class _quiet_mxnet:

@@ -50,7 +50,7 @@ def test_budget_not_met_exits_3_and_keeps_the_best_model(cli, trained, tmp_path)
     res = cli("quantize", trained / "digits10", "--calib", tmp_path / "blank.npz", "--val", trained / "val.npz",
               "-o", tmp_path / "q.onnx", "--max-fp32-nodes", "0", "--threads", "1", "--json", tmp_path / "r.json",
               "--scheme", "rule", cwd=tmp_path)  # auto would write fp32, within any budget
-    assert_user_error(res, 3, "exceeds --max-drop 1", "best model kept")
+    assert_user_error(res, 3, "exceeds --max-drop 1", "best model is kept")
     assert (tmp_path / "q.onnx").is_file() and (tmp_path / "r.json").is_file()
     assert "no mix of int8 and fp32 nodes met --max-drop 1" in res.out
 
@@ -66,7 +66,8 @@ def test_mxnet_backend_says_it_cannot_go_to_onnx(cli, tiny_prefix, digits_folder
     assert res.json()["num_classes"] == 10 and res.json()["input_shape"] == [1, 1, 16, 16]
 
 
-@pytest.mark.parametrize("value,fragment", [("-1", "zero or more"), ("abc", "a number"), ("nan", "zero or more")])
+@pytest.mark.parametrize("value,fragment", [("-1", "greater than or equal to 0"), ("abc", "not a valid float"),
+                                            ("nan", "finite number")])
 def test_bad_max_drop(cli, tiny_prefix, tmp_path, value, fragment):
     res = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "-o", tmp_path / "q.onnx", "--max-drop", value,
               cwd=tmp_path)
