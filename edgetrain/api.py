@@ -16,7 +16,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import runtime
-from .options import ExportOptions, FinetuneOptions, InspectOptions, Options, ProfileOptions, QuantizeOptions
+from .ops import export as _export
+from .ops import finetune as _finetune
+from .ops import inspect as _inspect
+from .ops import predict as _predict
+from .ops import profile as _profile
+from .ops import quantize as _quantize
+from .ops.run import run_recipe
+from .options import (
+    ExportOptions,
+    FinetuneOptions,
+    InspectOptions,
+    Options,
+    PredictOptions,
+    ProfileOptions,
+    QuantizeOptions,
+)
+from .recipes import read_recipe
 from .results import ProgressFn
 
 
@@ -29,47 +45,36 @@ def _prepare(model: type[Options], values: dict) -> Options:
 
 def quantize(model, calib, output, *, progress: ProgressFn | None = None, **options):
     """``edgetrain quantize``: int8 within an accuracy budget. Returns a QuantizeResult."""
-    from .ops.quantize import quantize as run
-
-    return run(str(model), _prepare(QuantizeOptions, dict(options, calib=str(calib), output=str(output))),
-               progress=progress)
+    return _quantize.quantize(str(model), _prepare(QuantizeOptions, dict(options, calib=str(calib), output=str(output))),
+                              progress=progress)
 
 
 def export(model, output, *, progress: ProgressFn | None = None, **options):
     """``edgetrain export``: ONNX validated against the Gluon model. Returns an ExportResult."""
-    from .ops.export import export as run
-
-    return run(str(model), _prepare(ExportOptions, dict(options, output=str(output))), progress=progress)
+    return _export.export(str(model), _prepare(ExportOptions, dict(options, output=str(output))), progress=progress)
 
 
 def finetune(model, data, out, *, progress: ProgressFn | None = None, **options):
     """``edgetrain finetune``: train on this device within its memory budget. Returns a FinetuneResult."""
-    from .finetune import finetune as run
-
-    return run(str(model), _prepare(FinetuneOptions, dict(options, data=str(data), out=str(out))), progress=progress)
+    return _finetune.finetune(str(model), _prepare(FinetuneOptions, dict(options, data=str(data), out=str(out))),
+                              progress=progress)
 
 
 def profile(model, *, progress: ProgressFn | None = None, **options):
     """``edgetrain profile``: latency, peak memory and energy. Returns a ProfileResult."""
-    from .profile import profile as run
-
-    return run(str(model), _prepare(ProfileOptions, options), progress=progress)
+    return _profile.profile(str(model), _prepare(ProfileOptions, options), progress=progress)
 
 
 def inspect(model, **options):
     """``edgetrain inspect``: load MODEL (and ``data``) as the other commands would and describe them."""
-    from .ops.inspect import inspect as run
-
     opts = _prepare(InspectOptions, options)
-    return run(str(model), opts.data, params=opts.params, input_shape=opts.input_shape)
+    return _inspect.inspect(str(model), opts.data, params=opts.params, input_shape=opts.input_shape, mean=opts.mean,
+                            std=opts.std)
 
 
 def run(recipe: str | Path | None = None, *, rundir: str | Path | None = None, device=None,
         threads: int | None = None, resume: bool = False, progress=None):
     """``edgetrain run``: a recipe's steps into one run folder (``resume=True`` continues ``rundir``)."""
-    from .pipeline import run_recipe
-    from .recipes import read_recipe
-
     runtime.quiet_libraries()
     runtime.apply_threads(threads, strict=False)
     loaded = read_recipe(str(recipe) if recipe else None, rundir if resume else None)
@@ -80,7 +85,4 @@ def run(recipe: str | Path | None = None, *, rundir: str | Path | None = None, d
 def predict(model, data, *, progress: ProgressFn | None = None, on_rows=None, **options):
     """``edgetrain predict``: classify DATA with an ONNX model written by edgetrain (no mxnet loaded).
     Returns a PredictResult; ``on_rows(rows)`` receives each batch's predictions as they are made."""
-    from .ops.predict import predict as run
-    from .options import PredictOptions
-
-    return run(str(model), str(data), _prepare(PredictOptions, options), progress=progress, on_rows=on_rows)
+    return _predict.predict(str(model), str(data), _prepare(PredictOptions, options), progress=progress, on_rows=on_rows)

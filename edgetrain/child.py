@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import runtime
 from .errors import RunFailed, UsageError
+from .fileio import temp_dir
 
 PR_SET_PDEATHSIG = 1
 
@@ -47,8 +49,6 @@ def _make_preexec(parent: int, extra: Callable[[], None] | None):
 
 
 def child_env(threads: int | None = None, extra: dict | None = None) -> dict:
-    from . import runtime
-
     env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
     if threads is not None:
         env.update(runtime.thread_env(threads))
@@ -184,8 +184,6 @@ def last_line(err: str) -> str:
 def run_child(spec: dict, threads: int | None, what: str, timeout: float) -> dict:
     """Run one ``edgetrain.profile_child`` on ``spec`` and return its result; a crash or hang is RunFailed,
     a user's error reported by the child is re-raised as one here."""
-    from .fileio import temp_dir
-
     with temp_dir("profile") as tmp:
         spec = {**spec, "result": str(Path(tmp) / "result.json")}
         spec_path = Path(tmp) / "spec.json"

@@ -11,6 +11,7 @@ from typing import Literal, Optional, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .errors import UsageError
+from .fileio import read_yaml
 
 
 class Strict(BaseModel):
@@ -58,8 +59,6 @@ def validate(data: object, schema: type[M], source: str) -> M:
 
 def load_yaml(path: Path, schema: type[M]) -> M:
     """Read a YAML file (bounded: regular file, size, UTF-8, nesting, alias expansion) and validate it."""
-    from .fileio import read_yaml
-
     return validate(read_yaml(Path(path), "file"), schema, str(path))
 
 

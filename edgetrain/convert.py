@@ -12,8 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _lazy
+from . import __version__, _lazy
+from .compat import mxnet_onnx
 from .errors import RunFailed, UsageError
+from .fileio import atomic_write_bytes, check_output_path
 from .options import DEFAULT_OPSET
 from .runners import OrtRunner
 
@@ -37,8 +39,6 @@ def build_onnx(model, opset: int = DEFAULT_OPSET, dynamic_batch: bool = True, fp
     Batch policy, the same for every ONNX file edgetrain writes: a dynamic batch dimension unless the user
     fixes it (``dynamic_batch=False``: batch 1); ``check_batch_sizes`` proves a written file takes both."""
     onnx = _lazy.onnx()
-
-    from .compat import mxnet_onnx
 
     sym, params = _symbol_and_params(model)
     try:
@@ -136,8 +136,6 @@ def _gluon_layer(block, node: str) -> str:
 
 
 def _add_metadata(proto, model, opset: int, precision: str) -> None:
-    from . import __version__
-
     pre = model.preprocess
     meta = {
         "preprocess": json.dumps(pre.to_dict()),
@@ -161,8 +159,6 @@ def writable(path: Path) -> Path:
     import os
     import tempfile
 
-    from .fileio import check_output_path
-
     path = check_output_path(path, "output")
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
@@ -175,8 +171,6 @@ def writable(path: Path) -> Path:
 
 
 def write_atomically(blob: bytes, path: Path) -> None:
-    from .fileio import atomic_write_bytes
-
     try:
         atomic_write_bytes(path, blob, "output")
     except OSError as exc:  # disk full, folder removed meanwhile: the temp file is already gone

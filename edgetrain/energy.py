@@ -29,7 +29,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import power
 from .errors import UsageError
+from .host import detect_host
 
 POWERCAP = Path("/sys/class/powercap")
 SECONDS_PER_DAY = 86400.0
@@ -353,8 +355,6 @@ class EnergyMeter:
     """
 
     def __init__(self, profile=None, threads: int | None = None, power_log=None, source="auto"):
-        from . import power
-
         self.profile, self.threads = profile, threads
         self.power_log = power.check_power_log(power_log) if power_log else None
         self.source = power.detect() if source == "auto" else source
@@ -363,8 +363,6 @@ class EnergyMeter:
         self.result: dict | None = None
 
     def start(self) -> "EnergyMeter":
-        from . import power
-
         if self.meter is not None:
             self.meter.start()
             self.meter.idle()
@@ -379,8 +377,6 @@ class EnergyMeter:
         return self
 
     def stop(self, epochs: int = 0, samples: int = 0) -> dict | None:
-        from . import power
-
         if self.result is not None:  # stopped already (the context manager): add the per-unit figures
             return self._per_unit(self.result, epochs, samples)
         t1 = time.time()
@@ -430,8 +426,6 @@ def measure_energy(profile=None, threads: int | None = None, power_log=None):
 
 
 def _on_device(profile) -> bool:
-    from .host import detect_host
-
     try:
         return detect_host().matches(profile)
     except Exception:  # noqa: BLE001 - a host we cannot describe is not known to be the device

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import _lazy
+from .quantize_ort import quiet_ort
 
 
 def rank_nodes(fp32_path: Path, int8_path: Path, candidates: list[str], reader: Callable[[], object],
@@ -34,8 +35,6 @@ def node_errors(fp32_path: Path, int8_path: Path, reader: Callable[[], object], 
      modify_model_output_intermediate_tensors) = _lazy.from_import(
         "onnxruntime.quantization.qdq_loss_debug", "collect_activations", "compute_activation_error",
         "create_activation_matching", "modify_model_output_intermediate_tensors")
-
-    from .quantize_ort import quiet_ort
 
     workdir = Path(workdir)
     fp32_aug, int8_aug = workdir / "fp32_debug.onnx", workdir / "int8_debug.onnx"

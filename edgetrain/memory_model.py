@@ -20,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import _lazy
+from . import _lazy, models
 
 MB = 1024 * 1024
 
@@ -192,8 +192,6 @@ def mxnet_stats(model_text: str, params: str | None = None, chw=None, batch: int
     """
     mx = _lazy.mxnet()
     import numpy as np
-
-    from . import models
 
     # load_gluon validates the reference (and runs it once): a broken model is a UsageError here.
     model = models.load_gluon(model_text, params=params, input_shape=tuple(chw) if chw else None,

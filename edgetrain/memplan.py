@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import _lazy
+from . import _lazy, procmem
 from .errors import UsageError
+from .netsplit import _output_name
 
 MB = 1024 * 1024
 FEATURE_BATCHES = (32, 16, 8, 4, 2, 1)
@@ -133,8 +134,6 @@ def job_costs(split, pre, rows: int, batch_size: int, base_mb: float) -> Costs:
     """Costs of training ``split`` (netsplit.Split) on inputs ``pre`` with ``rows`` samples to cache."""
     mx = _lazy.mxnet()
 
-    from .netsplit import _output_name
-
     frozen_ps = 0.0
     if split.frozen is not None:
         internals = split.graph.symbol().get_internals()
@@ -155,8 +154,6 @@ def probe(split, pre, plan: MemoryPlan, frozen_in_ort: bool = False) -> float:
     """
     mx = _lazy.mxnet()
     autograd = _lazy.from_import("mxnet", "autograd")
-
-    from . import procmem
 
     if split.frozen is not None and not frozen_in_ort:
         split.frozen(mx.nd.zeros((plan.feature_batch, *pre.input_shape))).wait_to_read()
@@ -181,8 +178,6 @@ def plan_job(split, pre, rows: int, batch_size: int, budget_mb: float | None,
     A resumed run passes its ``saved`` plan and keeps it: other shapes would change the arithmetic
     (and the weights would no longer match an uninterrupted run's).
     """
-    from . import procmem
-
     costs = job_costs(split, pre, rows, batch_size, procmem.rss_mb() or 0.0)
     plan = MemoryPlan(**saved) if saved is not None else choose(costs, budget_mb)
     scale = 1.0

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from . import _lazy
-from .errors import UsageError
-from .errors import clip
+from .errors import UsageError, clip
+from .fileio import atomic_path, check_output_path, disk_full_error, is_disk_full, temp_dir
 from .preprocess import Preprocess, default_for_shape, parse_norm, read_sidecar, sidecar_path, sidecar_text
 
 ZOO_PREFIX = "zoo:"
@@ -311,8 +311,6 @@ def _download_params(url: str, path: Path, file_name: str) -> None:
     import urllib.request
     import zipfile
 
-    from .fileio import atomic_path, temp_dir
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -444,8 +442,6 @@ class _quiet_warnings:
 def save_prefix(model: GluonModel, prefix: str | Path, extra: dict | None = None) -> dict[str, Path]:
     """Write ``PREFIX-symbol.json``, ``PREFIX-0000.params`` and the preprocessing record, each atomically.
     A full disk is a one-line error and leaves the old files (if any) as they were."""
-    from .fileio import atomic_path, check_output_path, disk_full_error, is_disk_full, temp_dir
-
     prefix = Path(prefix)
     check_output_path(Path(f"{prefix}-symbol.json"), "model")
     with temp_dir("save", dir=prefix.parent) as tmp:  # PID-named: a SIGKILLed save's is removed next time

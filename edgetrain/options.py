@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from .devices import DeviceProfile, load_device
 from .energy import parse_rate
 from .errors import UsageError
 from .netsplit import parse_train_layers
@@ -199,8 +200,6 @@ class DeviceOptions(Options):
 
     def profile(self):
         """The DeviceProfile (loaded once), or None for this host."""
-        from .devices import DeviceProfile, load_device
-
         if self.device is None or isinstance(self.device, DeviceProfile):
             return self.device
         return load_device(str(self.device))

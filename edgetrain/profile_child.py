@@ -1,6 +1,6 @@
 """What runs in the fresh child process of one profile configuration.
 
-``python -m edgetrain.profile_child SPEC.json`` reads a spec written by ``edgetrain.profile``, runs
+``python -m edgetrain.profile_child SPEC.json`` reads a spec written by ``edgetrain.profiling``, runs
 load -> first inference -> warm-up -> timed runs -> per-op timings, and writes one JSON result to
 ``spec["result"]``. The parent set the thread caps in our environment before this interpreter started,
 so OpenMP/MXNet read them at import. A user's error (a model that does not load) is written as
@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from . import _lazy
-from .procmem import peak_rss_mb, rss_mb
 from .fileio import temp_dir
+from .procmem import peak_rss_mb, rss_mb
 
 # Per-op timings come from a second, profiled session after the timed runs: the profiler slows every
 # node down, so its figures are for "where the time goes", never for the latency itself.

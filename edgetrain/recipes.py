@@ -10,17 +10,18 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-
-
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic.fields import FieldInfo
 
 from .config import Strict, validate
-from .options import recipe_fields
+from .data import BUILTIN_PREFIX, BUILTINS
+from .devices import load_device
 from .errors import UsageError
 from .fileio import parse_yaml, read_text_bounded
+from .models import is_factory_ref, parse_model_ref
+from .options import recipe_fields
 
 # --- Recipes (recipes/*.yaml) -------------------------------------------------------------------
 # A recipe names one model, one data set, one device and the steps to run, each step's options
@@ -135,8 +136,6 @@ class LoadedRecipe:
 
     def resolve(self, ref: str | None) -> str | None:
         """A DATA/MODEL reference with relative paths made relative to the recipe's folder."""
-        from .models import is_factory_ref
-
         if ref is None or ref.startswith(("builtin:", "zoo:")) or is_factory_ref(ref):
             return ref
         path = Path(ref)
@@ -180,9 +179,6 @@ def read_recipe(name_or_path: str | None, rundir: str | Path | None = None) -> L
 
 def check_recipe(loaded: LoadedRecipe, device_override: str | None = None):
     """Everything the schema cannot check, before any step runs. Returns the device profile."""
-    from .devices import load_device
-    from .models import parse_model_ref
-
     r = loaded.recipe
     try:
         profile = load_device(loaded.device_ref(device_override))
@@ -206,8 +202,6 @@ def check_recipe(loaded: LoadedRecipe, device_override: str | None = None):
 
 
 def _check_data(loaded: LoadedRecipe, ref: str, field: str) -> None:
-    from .data import BUILTIN_PREFIX, BUILTINS
-
     if ref.startswith(BUILTIN_PREFIX):
         if ref[len(BUILTIN_PREFIX):] not in BUILTINS:
             raise UsageError(f"unknown built-in data set '{ref}'", f"{loaded.source}, field '{field}'",

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 from .errors import UsageError
+from .fileio import atomic_write_text, check_output_path
 
 REPORT_SUFFIXES = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md"}
 PROVENANCE_COLOURS = {"measured": "#1a7f37", "estimated": "#9a6700", "modelled": "#0969da", "emulated": "#cf222e"}
@@ -17,8 +18,6 @@ PROVENANCE_COLOURS = {"measured": "#1a7f37", "estimated": "#9a6700", "modelled":
 
 def check_report_path(path: Path) -> Path:
     """Fail before any work when the report cannot be written or its format is unknown."""
-    from .fileio import check_output_path
-
     if path.suffix.lower() not in REPORT_SUFFIXES:
         raise UsageError(f"unknown report format '{path.suffix or path.name}'", "--report",
                          "name the file .html or .md")
@@ -26,8 +25,6 @@ def check_report_path(path: Path) -> Path:
 
 
 def write_report(path: Path, result: dict) -> Path:
-    from .fileio import atomic_write_text
-
     kind = REPORT_SUFFIXES[check_report_path(Path(path)).suffix.lower()]
     atomic_write_text(Path(path), render_html(result) if kind == "html" else render_markdown(result), "--report")
     return Path(path)

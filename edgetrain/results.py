@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Callable, Optional
 
+from .compare import chance_failure
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHECK_FAILED = 0, 1, 2, 3
 
 
@@ -126,7 +128,6 @@ class QuantizeResult(Result):
 
     def checks(self) -> list[str]:
         a = self.accuracy
-        from .compare import chance_failure
 
         failed = []
         if a.get("checked") and a["drop"] > a["max_drop"] + 1e-9:
@@ -160,8 +161,6 @@ class ExportResult(Result):
     accuracy: dict | None = None  # with --data: top-1 of the ONNX model on its samples, against chance
 
     def checks(self) -> list[str]:
-        from .compare import chance_failure
-
         failed = [f for f in [chance_failure((self.accuracy or {}).get("chance"), "ONNX model")] if f]
         if not self.comparison.passed:
             worst = self.comparison.failed[0] if self.comparison.failed else None

@@ -31,6 +31,7 @@ from typing import Callable
 from .child import death, last_line, python_argv, run
 from .errors import RunFailed
 from .int8_scheme import Int8Scheme
+from .runners import OrtRunner
 
 ROUNDS = 2
 CHILD_TIMEOUT_S = 300.0
@@ -126,8 +127,6 @@ def fastest(candidates: list[Candidate]) -> Candidate | None:
 
 def main(argv: list[str]) -> int:
     import numpy as np
-
-    from .runners import OrtRunner
 
     path, shape = argv[0], tuple(int(d) for d in argv[1].split(","))
     runner = OrtRunner(path)

@@ -78,7 +78,7 @@ def test_interrupted_run_reuses_its_disk_feature_cache(digits_npz, reference, tm
     import os
     import signal
 
-    from edgetrain.finetune import Interrupted
+    from edgetrain.training import Interrupted
 
     _, ref_params = reference
     monkeypatch.setattr(memplan, "UNBUDGETED_CACHE_MB", 0.0)
@@ -102,7 +102,7 @@ def test_cache_interrupted_mid_pass_is_computed_again(digits_npz, reference, tmp
     import os
     import signal
 
-    from edgetrain.finetune import Interrupted
+    from edgetrain.training import Interrupted
 
     _, ref_params = reference
     monkeypatch.setattr(memplan, "UNBUDGETED_CACHE_MB", 0.0)

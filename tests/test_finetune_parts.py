@@ -196,7 +196,7 @@ def test_checkpoint_record_is_covered_by_the_checksum(tmp_path):
 
 
 def test_frozen_mismatch_is_measured_against_the_features_scale():
-    from edgetrain.finetune import _mismatch
+    from edgetrain.training import _mismatch
 
     want = np.random.RandomState(2).rand(2, 8).astype("float32") * 50
     assert _mismatch(want + 1e-5, want) is None

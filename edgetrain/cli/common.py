@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
-from ..errors import EdgetrainError
+from .. import runtime
+from ..errors import BudgetExceeded, EdgetrainError
+from ..fileio import atomic_write_text
 
 
 def run_cli(group: click.Group, argv=None) -> None:
@@ -36,16 +38,12 @@ def json_option(f):
 
 def setup(opts) -> int | None:
     """Apply the thread cap the options ask for (--threads, else the device's), before any heavy import."""
-    from .. import runtime
-
     runtime.quiet_libraries()
     return runtime.apply_threads(opts.thread_cap() if opts is not None else None)
 
 
 def finish(json_path: str | None, result, render) -> None:
     """Write the result as JSON, render it for a human, and turn a failed check into exit 3 (one place)."""
-    from ..errors import BudgetExceeded
-
     write_json(json_path, result)
     if not quiet(json_path):
         render(json_path, result)
@@ -74,7 +72,6 @@ def write_json(json_path: str | None, result) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    from ..fileio import atomic_write_text
 
     atomic_write_text(Path(json_path), text, what="--json")
 

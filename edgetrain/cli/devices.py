@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from ..devices import list_profiles, load_device, match_profile
+from ..host import detect_host
 from .common import json_option, say, write_json
 
 
@@ -36,8 +38,6 @@ def _watts(fig) -> str:
 @json_option
 def list_(json_path):
     """Table of the bundled device profiles."""
-    from ..devices import list_profiles
-
     profiles = list_profiles()
     rows = [[p.name, p.title, p.arch, str(p.cores), f"{p.ram_mb} MB", str(p.default_threads),
              _features(p.isa), f"{_watts(p.power.idle_w)} / {_watts(p.power.load_w)}"] for p in profiles]
@@ -52,8 +52,6 @@ def list_(json_path):
 @json_option
 def show(name_or_path, json_path):
     """Every field of one profile (bundled NAME or a YAML PATH), with sources."""
-    from ..devices import load_device
-
     p = load_device(name_or_path)
     out = [
         f"{p.name}: {p.title}",
@@ -87,9 +85,6 @@ def show(name_or_path, json_path):
 @json_option
 def host(json_path):
     """This machine: arch, cores, RAM, CPU, int8 features, and the bundled profile it matches."""
-    from ..devices import match_profile
-    from ..host import detect_host
-
     h = detect_host()
     match = match_profile(h)
     h.matched_profile = match.name if match else None

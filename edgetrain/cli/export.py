@@ -5,8 +5,10 @@ from collections import Counter
 
 import click
 
-from ..options import ExportOptions
 from ..fileio import check_command_outputs
+from ..ops.export import export as run
+from ..options import ExportOptions
+from ..report import energy_lines
 from .common import finish, json_option, quiet, say, setup
 from .options import declared_options, parse
 from .render import ProgressLine
@@ -24,7 +26,6 @@ def export(model, json_path, **values):
     opts = parse(ExportOptions, values)
     check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
     setup(opts)
-    from ..ops.export import export as run
 
     finish(json_path, run(model, opts, progress=ProgressLine(not quiet(json_path))), _render)
 
@@ -62,7 +63,6 @@ def _render_energy(json_path, e) -> None:
                        f"[{lat['provenance']}] ({e['runs']} runs at {e['threads']} thread(s))")
     else:
         say(json_path, f"latency    {lat.get('note', 'no device latency')}")
-    from ..report import energy_lines
 
     for line in energy_lines(rep):
         say(json_path, line)

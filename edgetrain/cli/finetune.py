@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import click
 
-from ..options import FinetuneOptions
 from ..fileio import check_command_outputs
+from ..ops.finetune import finetune as run
+from ..options import FinetuneOptions
 from .common import finish, json_option, quiet, say, setup
 from .options import declared_options, parse
 from .render import ProgressLine
@@ -23,7 +24,6 @@ def finetune(model, json_path, **values):
     opts = parse(FinetuneOptions, values)
     check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
     setup(opts)
-    from ..finetune import finetune as run
 
     try:
         res = run(model, opts, progress=ProgressLine(not quiet(json_path)))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from ..ops import fleet as ops_fleet
 from ..options import FleetJoinOptions, FleetServeOptions
 from .common import finish, json_option, quiet, say, setup
 from .options import declared_options, parse
@@ -30,9 +31,7 @@ def serve(model, json_path, **values):
     """
     opts = parse(FleetServeOptions, values)
     setup(opts)
-    from ..ops.fleet import serve as run
-
-    res = run(model, opts, progress=ProgressLine(not quiet(json_path)))
+    res = ops_fleet.serve(model, opts, progress=ProgressLine(not quiet(json_path)))
     finish(json_path, res, _serve_summary)
 
 
@@ -48,9 +47,7 @@ def join(address, json_path, **values):
     """
     opts = parse(FleetJoinOptions, values)
     setup(opts)
-    from ..ops.fleet import join as run
-
-    res = run(address, opts, progress=ProgressLine(not quiet(json_path)))
+    res = ops_fleet.join(address, opts, progress=ProgressLine(not quiet(json_path)))
     finish(json_path, res, _join_summary)
 
 

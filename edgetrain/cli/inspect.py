@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import click
 
-from ..options import InspectOptions
 from ..fileio import check_command_outputs
+from ..ops.inspect import inspect as run
+from ..options import InspectOptions
 from .common import finish, json_option, say, setup
 from .options import declared_options, parse
 
@@ -18,7 +19,6 @@ def inspect(model, json_path, **values):
     opts = parse(InspectOptions, values)
     check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
     setup(opts)
-    from ..ops.inspect import inspect as run
 
     finish(json_path, run(model, opts.data, params=opts.params, input_shape=opts.input_shape,
                                mean=opts.mean, std=opts.std), _render)

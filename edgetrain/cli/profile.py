@@ -5,8 +5,10 @@ from pathlib import Path
 
 import click
 
+from ..fileio import check_command_outputs, check_output_path
+from ..ops.profile import profile as run
 from ..options import ProfileOptions
-from ..fileio import check_command_outputs
+from ..report import text_summary
 from .common import finish, json_option, quiet, say, setup
 from .options import declared_options, parse
 from .render import ProgressLine
@@ -26,27 +28,17 @@ def profile(model, json_path, **values):
     Exit 3 (report and JSON kept) when the peak memory does not fit the device or the energy per
     inference is over --budget-mj.
     """
-    from ..fileio import check_output_path
-    from ..report import check_report_path, write_report
-
     opts = parse(ProfileOptions, values)
     check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
     setup(opts)
-    if opts.report:
-        check_report_path(Path(opts.report))
     if json_path and json_path != "-":
         check_output_path(Path(json_path), "--json")
-    from ..profile import profile as run
 
     res = run(model, opts, progress=ProgressLine(not quiet(json_path)))
-    if opts.report:
-        write_report(Path(opts.report), res.to_dict())
     finish(json_path, res, lambda json_path, res: _render(json_path, res.to_dict(), opts.report))
 
 
 def _render(json_path, d: dict, report_path) -> None:
-    from ..report import text_summary
-
     for line in text_summary(d):
         say(json_path, line)
     if report_path:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import click
 
-from ..options import QuantizeOptions
 from ..fileio import check_command_outputs
+from ..ops.quantize import quantize as run
+from ..options import QuantizeOptions
 from .common import finish, json_option, quiet, say, setup
 from .options import declared_options, parse
 from .render import ProgressLine
@@ -24,7 +25,6 @@ def quantize(model, json_path, **values):
     opts = parse(QuantizeOptions, values)
     check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
     setup(opts)
-    from ..ops.quantize import quantize as run
 
     finish(json_path, run(model, opts, progress=ProgressLine(not quiet(json_path))), render)
 

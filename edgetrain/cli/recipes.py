@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from ..recipes import bundled_names, check_recipe, read_recipe
 from .common import json_option, say, write_json
 
 
@@ -15,8 +16,6 @@ def recipes():
 @json_option
 def list_(json_path):
     """The bundled recipes."""
-    from ..recipes import bundled_names, read_recipe
-
     rows = []
     for name in bundled_names():
         r = read_recipe(name).recipe
@@ -34,8 +33,6 @@ def list_(json_path):
 @click.argument("name")
 def show(name):
     """Print a recipe (bundled NAME or a path) as written."""
-    from ..recipes import read_recipe
-
     click.echo(read_recipe(name).text, nl=False)
 
 
@@ -45,8 +42,6 @@ def show(name):
 @json_option
 def validate(file, device, json_path):
     """Check a recipe completely (schema, device, model, data paths) without running it."""
-    from ..recipes import check_recipe, read_recipe
-
     loaded = read_recipe(file)
     profile = check_recipe(loaded, device)
     write_json(json_path, {"valid": True, "recipe": loaded.recipe.to_dict(), "device": profile.name})

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import click
 
+from ..errors import UsageError
+from ..ops.run import run_recipe
 from ..options import RunOptions
+from ..recipes import read_recipe
+from ..run_report import summary_rows
 from .common import json_option, quiet, say, setup, write_json
 from .options import declared_options, parse
 
@@ -19,10 +23,6 @@ def run(recipe, json_path, **values):
     command, each taking the previous one's artifact. Exit code: the first failing step's (1 or 2),
     else 3 if a budget was not met, else 0.
     """
-    from ..errors import UsageError
-    from ..pipeline import run_recipe
-    from ..recipes import read_recipe
-
     opts = parse(RunOptions, values)
     if opts.resume and opts.output and opts.resume != opts.output:
         raise UsageError("-o and --resume name different run folders", "--resume", "give only --resume RUNDIR")
@@ -39,8 +39,6 @@ def run(recipe, json_path, **values):
 
 
 def _render_summary(json_path, res) -> None:
-    from ..run_report import summary_rows
-
     say(json_path, "")
     say(json_path, f"recipe {res.recipe} for {res.device} -> {res.rundir}")
     for label, value in summary_rows(res.summary):

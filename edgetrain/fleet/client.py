@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import runtime
+from ..devices import load_device
 from ..errors import EdgetrainError, UsageError
 from ..fileio import atomic_write_bytes, atomic_write_text
 from .codec import encode_update, update_bytes
@@ -86,9 +88,6 @@ def _test_delay(round_no: int) -> None:
 
 def train(join_path: str, global_arrays: dict, config: dict) -> tuple[dict, dict, dict]:
     """One round: returns (encoded update, numeric metrics, text facts)."""
-    from .. import runtime
-    from ..devices import load_device
-
     join = load_join(join_path)
     folder = Path(join["state"])
     round_no = int(config["round"])

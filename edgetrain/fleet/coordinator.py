@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import EdgetrainError
 from ..fileio import atomic_write_bytes, atomic_write_text
 from .codec import decode_tensor
-from .local import check_shapes
+from .local import Evaluator, LocalSpec, check_shapes
 
 STATE = "fleet-state.json"
 CONTROL = "control/"  # the SCAFFOLD control variates travel beside the weights under this prefix
@@ -75,8 +75,7 @@ def run(grid, spec_path: str) -> None:
     """The whole federated run (the ServerApp's main)."""
     from flwr.app import ConfigRecord, Message, RecordDict
 
-    from . import wire
-    from .local import Evaluator, LocalSpec
+    from . import wire  # lazy: Flower is an optional extra; wire imports it
 
     spec = json.loads(Path(spec_path).read_text())
     rundir = Path(spec["rundir"])

@@ -11,23 +11,23 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data import load_data
+from ..fileio import atomic_path
+from ..preprocess import Preprocess
+from .procs import free_port
+
 # Which digits each device sees: none sees more than four, together they see all ten.
 SHARES = ((0, 1, 5, 6), (2, 3, 7, 8), (4, 9, 6, 7))
 CLASSES = [str(d) for d in range(10)]
 
 
 def _digits():
-    from ..data import load_data
-    from ..preprocess import Preprocess
-
     ds = load_data("builtin:digits", Preprocess.from_dict({"input_shape": [1, 8, 8], "mean": [0.0], "std": [1.0]}))
     raw = np.stack([ds._raw(i) for i in range(len(ds))])  # 8x8x1 in [0, 1], as shipped
     return np.round(raw * 16).astype(np.float32) / 16, np.asarray(ds.labels)
 
 
 def _save(path: Path, data: np.ndarray, labels: np.ndarray) -> None:
-    from ..fileio import atomic_path
-
     with atomic_path(path, "fleet demo data") as tmp:
         with open(tmp, "wb") as fh:
             np.savez(fh, data=(data * 255).round().astype(np.uint8), label=labels.astype(np.int64),
@@ -75,8 +75,6 @@ def main(argv=None) -> int:
     import subprocess
     import sys
     import time
-
-    from .procs import free_port
 
     ap = argparse.ArgumentParser(prog="python -m edgetrain.fleet.demo", description=main.__doc__)
     ap.add_argument("folder", help="where the data shares, the run and the devices' folders go")

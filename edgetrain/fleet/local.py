@@ -3,24 +3,26 @@
 A round on a device is an ordinary head-only ``edgetrain finetune`` job (frozen part in ONNX Runtime,
 features cached, the linear output layer trained in NumPy, micro-batches within the memory budget,
 threads capped) whose output layer starts from the *global* weights the coordinator sent. The engine
-is used as it is (``edgetrain.finetune._HeadJob``); the one hook is here: after the job has loaded the
+is used as it is (``edgetrain.training._HeadJob``); the one hook is here: after the job has loaded the
 model, its output layer is overwritten with the global arrays, and a global array whose name or shape
 does not match the device's model is refused (``ShapeMismatch``), never silently reshaped.
 """
 from __future__ import annotations
 
+import importlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-import importlib
+from .. import runtime
 from ..errors import UsageError
-from ..options import FinetuneOptions
 from ..netsplit import parse_train_layers
+from ..optimizers import NumpySGD
+from ..options import FinetuneOptions
 
-ft = importlib.import_module("edgetrain.finetune")  # the module (edgetrain.finetune is also the API function)
+ft = importlib.import_module("edgetrain.training")  # the module (edgetrain.training is also the API function)
 
 
 class ShapeMismatch(UsageError):
@@ -137,8 +139,6 @@ def train_round(spec: LocalSpec, global_arrays: dict[str, np.ndarray], round_no:
     every gradient. The result also carries ``fleet_scale``: how far the weights move per unit of constant
     gradient over this round's steps (the new control variate is the displacement divided by it).
     The round's folder is removed afterwards."""
-    from ..optimizers import NumpySGD
-
     outdir = Path(spec.workdir) / f"round-{round_no:04d}"
     shutil.rmtree(outdir, ignore_errors=True)  # a round killed earlier left its scratch here
     job = _job(spec, spec.data, outdir, spec.epochs, global_arrays)
@@ -159,8 +159,6 @@ class Evaluator:
     output layer in NumPy. Also gives the starting global arrays (the engine's own initialisation)."""
 
     def __init__(self, spec: LocalSpec, val: str):
-        from .. import runtime
-
         runtime.apply_threads(spec.threads, strict=False)
         self.job = job = _job(spec, val, Path(spec.workdir) / "eval", 0, None)
         job.outdir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 from ..child import _make_preexec
-from ..errors import UsageError
+from ..errors import RunFailed, UsageError
 
 TAG = "EDGETRAIN_FLEET_TAG"
 
@@ -104,8 +104,6 @@ def port_open(host: str, port: int) -> bool:
 
 
 def wait_port(host: str, port: int, proc: subprocess.Popen, seconds: float, log: Path, what: str) -> None:
-    from ..errors import RunFailed
-
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         if port_open(host, port):

@@ -8,22 +8,20 @@ inspected) and reported with ``passed=False``; the CLI turns that into exit 3.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from .. import _lazy
-from ..compare import Comparison, compare_outputs, merge
+from ..compare import Comparison, chance_check, compare_outputs, merge
 from ..convert import BATCH_SIZES, build_onnx, writable, write_atomically
 from ..data import load_data
 from ..errors import RunFailed, UsageError
 from ..models import load_gluon
-from ..options import DEFAULT_OPSET, ExportOptions, ProfileOptions
+from ..options import ExportOptions, ProfileOptions
+from ..profiling import profile as run_profile
 from ..results import ExportResult, ProgressFn, report
 from ..runners import OrtRunner
 from ..runtime import current_threads
@@ -110,8 +108,6 @@ ENERGY_WARMUP, ENERGY_RUNS = 5, 30
 
 def _energy_budget(path: Path, profile, threads: int, battery_wh, rate, budget_mj, say) -> dict:
     """The profile command's device verdict and energy budget for the exported file (a short run)."""
-    from ..profile import profile as run_profile
-
     opts = ProfileOptions(device=profile, threads=[threads], warmup=ENERGY_WARMUP, runs=ENERGY_RUNS,
                           battery_wh=battery_wh, rate=rate, budget_mj=budget_mj)
     pr = run_profile(str(path), opts, op_profile=False, progress=say)
@@ -137,7 +133,6 @@ def _data_accuracy(samples, batches, actual, out_names, model, opts) -> dict | N
     """Top-1 of the ONNX model on the --data samples (their labels), checked against chance."""
     if samples is None or len(samples) < 3 or model.num_classes < 2:
         return None
-    from ..compare import chance_check
 
     logits = np.concatenate([np.asarray(out[out_names[0]]).reshape(len(x), -1)
                              for (what, x), out in zip(batches, actual) if what == "data"])

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+from .. import runtime
+from ..data import BUILTIN_PREFIX
 from ..errors import RunFailed, UsageError
 from ..fileio import atomic_write_text
 from ..fleet import client as fclient
 from ..fleet import coordinator as coord
 from ..fleet import procs
+from ..fleet.local import Evaluator, LocalSpec
 from ..fleet.report import FleetResult, JoinResult, html_page
 from ..options import FleetJoinOptions, FleetServeOptions
 from ..results import ProgressFn, report
@@ -111,9 +113,6 @@ def _prepare_rundir(rundir: Path, resume: bool) -> dict | None:
 
 
 def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = None) -> FleetResult:
-    from .. import runtime
-    from ..fleet.local import Evaluator, LocalSpec
-
     _need_flower()
     rundir = Path(opts.out).resolve()
     tls = _tls(opts)
@@ -271,8 +270,6 @@ def _run_error(rundir: Path, logs: Path) -> str:
 # --- join ---------------------------------------------------------------------------------------------
 
 def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = None) -> JoinResult:
-    from ..data import BUILTIN_PREFIX
-
     _need_flower()
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..data import load_data
+from ..errors import UsageError
+from ..models import load_gluon
 from ..results import Result
 
 
@@ -23,10 +26,6 @@ class InspectResult(Result):
 
 def inspect(model_ref: str, data_ref: str | None = None, params: str | None = None,
             input_shape: tuple[int, int, int] | None = None, mean=None, std=None) -> InspectResult:
-    from ..data import load_data
-    from ..errors import UsageError
-    from ..models import load_gluon
-
     model = load_gluon(model_ref, params=params, input_shape=input_shape, mean=mean, std=std)
     n_params = sum(int(p.data().size) for p in model.block.collect_params().values())
     result = InspectResult(model_ref, model.ref.kind, [1, *model.preprocess.input_shape], model.preprocess.input_name,

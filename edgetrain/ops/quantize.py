@@ -11,18 +11,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import _lazy
-from ..calibration import check_symbol_not_quantized, load_calibration, load_validation
+from ..accuracy import onnx_top1
+from ..calibration import calibration_reader, check_symbol_not_quantized, load_calibration, load_validation, stride_for
 from ..convert import check_batch_sizes
-from ..host import detect_host
 from ..errors import UsageError
-from ..fileio import check_output_path
+from ..fileio import atomic_path, check_output_path, temp_dir
+from ..host import detect_host
 from ..int8_scheme import scheme_for
+from ..int8_sensitivity import node_errors, rank_nodes
+from ..models import load_onnx, parse_model_ref
 from ..options import QuantizeOptions
-from ..runners import OrtRunner
-from .quantize_mxnet import quantize_mxnet
+from ..quantize_ort import Quantizer, check_not_quantized, prepare, quantized_node_names, set_metadata
 from ..results import BudgetStep, ProgressFn, QuantizeResult, stage
+from ..runners import OrtRunner
 from ..runtime import current_threads
-from ..fileio import temp_dir
+from ..scheme_search import DYNAMIC_OPS, Candidate, dynamic_applies, measure, static_candidates
+from .quantize_mxnet import quantize_mxnet
 
 RANKING_SAMPLES = 8    # samples compared activation by activation to rank nodes: every activation is held in memory
 MAX_STEPS = 12
@@ -51,8 +55,6 @@ def quantize(model: str, opts: QuantizeOptions, progress: ProgressFn | None = No
 
 def _fp32_onnx(model: str, workdir: Path, params, input_shape, progress=None, mean=None, std=None):
     """(OnnxModel of the fp32 graph, number of classes, notes) for a Gluon MODEL or an exported .onnx."""
-    from ..models import load_onnx, parse_model_ref
-
     ref = parse_model_ref(model, accept_onnx=True)
     notes = []
     if ref.kind == "onnx":
@@ -86,7 +88,6 @@ def _fp32_onnx(model: str, workdir: Path, params, input_shape, progress=None, me
 
             onnx_model.metadata["edgetrain.preprocess"] = json.dumps(gluon_model.preprocess.to_dict())
             onnx_model.preprocess = gluon_model.preprocess
-    from ..quantize_ort import check_not_quantized
 
     check_not_quantized(onnx_model.proto, model)
     return onnx_model, _num_classes(onnx_model), notes
@@ -110,11 +111,6 @@ def _check_fits(fp32_path: Path, sample, where: str, threads: int) -> None:
 def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: int, progress, tmp: Path,
                   profile) -> QuantizeResult:
     calib, val, max_drop, method, samples = opts.calib, opts.val, opts.max_drop, opts.method, opts.samples
-    from ..accuracy import onnx_top1
-    from ..calibration import calibration_reader, stride_for
-    from ..fileio import atomic_path
-    from ..int8_sensitivity import rank_nodes
-    from ..quantize_ort import Quantizer, prepare, quantized_node_names, set_metadata
 
     onnx_model, num_classes, notes = _fp32_onnx(model, tmp, opts.params, opts.input_shape, progress,
                                                      mean=opts.mean, std=opts.std)
@@ -250,9 +246,6 @@ def _scheme_candidates(onnx_model, prepared: Path, quantizer_for, rule, rule_pat
                        rule_top1, val_ds, fp32_top1, max_drop: float, threads: int, host, tmp: Path, progress):
     """fp32, the rule's model (already searched for the budget), the other static schemes with the same
     nodes kept in fp32, and dynamic int8 where it applies; each with its size and (with --val) top-1."""
-    from ..accuracy import onnx_top1
-    from ..scheme_search import Candidate, DYNAMIC_OPS, dynamic_applies, static_candidates
-
     cands = [Candidate("fp32", "fp32", None, onnx_model.path, top1=fp32_top1,
                        drop=0.0 if fp32_top1 is not None else None, within_budget=True)]
     for i, s in enumerate(static_candidates(rule, host.arch, dict(host.isa))):
@@ -294,8 +287,6 @@ def _scheme_candidates(onnx_model, prepared: Path, quantizer_for, rule, rule_pat
 
 def _measure(cands, batch_shape, threads: int, write, kept: list[str], progress) -> None:
     """Time the candidates in fresh processes; write the best so far as soon as it is known."""
-    from ..scheme_search import measure
-
     best = {"p50": None}
 
     def saved(c) -> None:
@@ -332,9 +323,6 @@ def _measured_latency(cands, threads: int, pre, host) -> dict:
 def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds, pre, tmp: Path, notes) -> list[dict]:
     """Per-node SQNR of the all-int8 model against fp32 (the nodes that lose most first), and which of them
     the written model keeps in fp32: why a node was kept."""
-    from ..calibration import calibration_reader
-    from ..int8_sensitivity import node_errors
-
     try:
         sample = ds.subset(range(min(RANKING_SAMPLES, len(ds))))
         rows = node_errors(prepared, all_int8, lambda: calibration_reader(sample, pre.input_name), tmp)
@@ -372,7 +360,6 @@ def _search(trial, order: list[str], steps: list[BudgetStep], first: Path, fp32_
 
 
 def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profile, progress=None) -> dict:
-    from ..host import detect_host
     host = detect_host()
     report = progress or (lambda done, total: None)
     report(0, 2)

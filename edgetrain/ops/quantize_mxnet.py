@@ -15,12 +15,14 @@ from .. import _lazy
 from ..accuracy import top1
 from ..calibration import check_symbol_not_quantized, load_calibration, load_validation
 from ..errors import UsageError
-from ..fileio import check_output_path
+from ..fileio import atomic_path, check_output_path, temp_dir
+from ..host import detect_host
 from ..models import load_gluon, parse_model_ref
 from ..options import QuantizeOptions
-from ..runners import time_runs
+from ..preprocess import sidecar_path, sidecar_text
 from ..results import BudgetStep, QuantizeResult, report, stage
-from ..fileio import temp_dir
+from ..runners import time_runs
+from ..runtime import quiet_libraries
 
 CALIB_MODES = {"minmax": "naive", "entropy": "entropy"}
 BATCH = 32
@@ -78,7 +80,6 @@ def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, t
     fp32_bytes, int8_bytes = _save(fp32, qnet, prefix, record)
     x = np.random.RandomState(0).standard_normal(pre.batch_shape(1)).astype(np.float32)
     f_ms, q_ms = time_runs(fp32.predict, x).p50_ms, time_runs(run_int8, x).p50_ms
-    from ..host import detect_host
 
     host = detect_host()
     warnings = [scheme.warning] if scheme.warning else []
@@ -105,8 +106,6 @@ def _quantize_net(fp32, calib_ds, method, per_channel, progress):
     mx = _lazy.mxnet()
     quantization = _lazy.from_import("mxnet.contrib", "quantization")
 
-    from ..runtime import quiet_libraries
-
     x, _ = calib_ds.arrays()
     name = fp32.preprocess.input_name
 
@@ -131,9 +130,6 @@ def _quantize_net(fp32, calib_ds, method, per_channel, progress):
 
 def _save(fp32, qnet, prefix: Path, record: dict) -> tuple[int, int]:
     """Write PREFIX-symbol.json, PREFIX-0000.params and the preprocessing record; return (fp32, int8) bytes."""
-    from ..fileio import atomic_path
-    from ..preprocess import sidecar_path, sidecar_text
-
     mx = _lazy.mxnet()
 
     # A SymbolBlock exports only the parameters its cached graph has bound: run it once first, or

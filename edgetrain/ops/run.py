@@ -23,11 +23,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import child
-from .errors import UsageError
-from .options import COMMANDS
-from .recipes import ORIGIN_FILE, LoadedRecipe
-from .results import step_passed
+from .. import child
+from ..data import load_data
+from ..errors import UsageError
+from ..fileio import atomic_path, atomic_write_text
+from ..models import load_gluon
+from ..options import COMMANDS
+from ..recipes import ORIGIN_FILE, LoadedRecipe, check_recipe
+from ..results import step_passed
+from ..run_report import write_run_report
 
 EXIT_STATUS = {0: "done", 1: "failed", 2: "bad input", 3: "budget not met"}
 
@@ -75,8 +79,6 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
                threads: int | None = None, resume: bool = False,
                progress: Callable[[str], None] | None = None) -> RunResult:
     """Run every step of ``loaded``; stop at the first that fails. Returns the whole run's result."""
-    from .recipes import check_recipe
-
     say = progress or (lambda msg: None)
     recipe = loaded.recipe
     profile = check_recipe(loaded, device)
@@ -157,7 +159,6 @@ def _prepare_rundir(rundir: Path, loaded: LoadedRecipe, resume: bool) -> None:
             (rundir / sub).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create the run folder: {exc.strerror}", str(rundir), "choose another -o") from None
-    from .fileio import atomic_write_text
 
     atomic_write_text(recipe_copy, loaded.text, "run folder")
     # Where the recipe came from: `run --resume RUNDIR` needs no recipe argument, and its relative paths
@@ -172,10 +173,6 @@ def _split_data(loaded: LoadedRecipe, rundir: Path, model_ref: str, say) -> tupl
     if train_path.is_file() and val_path.is_file():
         return str(train_path), str(val_path)
     import numpy as np
-
-    from .data import load_data
-    from .fileio import atomic_path
-    from .models import load_gluon
 
     recipe = loaded.recipe
     pre = load_gluon(model_ref).preprocess  # the raw pixels are stored at the model's input size
@@ -341,14 +338,10 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    from .fileio import atomic_write_text
-
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n", "run folder")
 
 
 def _report_step(result: RunResult, rundir: Path, options) -> StepRun:
-    from .run_report import write_run_report
-
     started = time.monotonic()
     result.summary = summarize(result)
     path = rundir / f"report.{options.format}"

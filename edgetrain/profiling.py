@@ -12,17 +12,17 @@ the measurement it precedes.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from . import energy, memory_model, power, runtime
-from .errors import RunFailed, UsageError
+from .child import run_child
+from .errors import UsageError
 from .fileio import temp_dir
+from .host import detect_host
+from .models import parse_model_ref
 from .options import ProfileOptions
 from .results import ProgressFn, Result, report
 
@@ -81,14 +81,6 @@ class ProfileResult(Result):
 
 # --- children -----------------------------------------------------------------------------------------
 # One launcher for every child (edgetrain/child.py): process group, PDEATHSIG, timeout, signal names.
-from .child import child_env as _child_env_with  # noqa: E402
-from .child import death as _death, kill_group as _kill_group, last_line as _last_line  # noqa: E402,F401
-from .child import run_child  # noqa: E402,F401
-
-
-def _child_env(threads: int | None) -> dict:
-    return _child_env_with(threads)
-
 
 # --- statistics ---------------------------------------------------------------------------------------
 
@@ -158,9 +150,6 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
     battery_wh, rate, budget_mj, input_shape, params = (opts.battery_wh, opts.rate, opts.budget_mj,
                                                         opts.input_shape, opts.params)
     timeout, power_log, device = opts.timeout or DEFAULT_TIMEOUT_S, opts.power_log, opts.profile()
-    from .devices import load_device
-    from .host import detect_host
-    from .models import parse_model_ref
 
     say = lambda message: report(progress, "profile", message=message)  # noqa: E731
     thread_list, rate_per_h = threads, rate

@@ -27,16 +27,25 @@ import math
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from . import _lazy
+from . import _lazy, procmem, runtime
 from . import checkpoint as ckpt
-from . import runtime
+from .compat import mxnet_onnx
+from .data import load_data
+from .energy import EnergyMeter
 from .errors import EdgetrainError, RunFailed, UsageError
+from .featurecache import FeatureCache
+from .fileio import atomic_write_bytes, atomic_write_text
+from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose, graph_costs, plan_job
+from .models import GluonModel, is_factory_ref, load_gluon, save_prefix
+from .netsplit import Graph, TrainLayers, _output_name, cut_for, full_block, graph_of, head_units, replace_head, split
+from .optimizers import default_lr, make_numpy_optimizer, make_optimizer
 from .options import FinetuneOptions
+from .preprocess import Preprocess, sidecar_path, sidecar_text
 from .results import ProgressFn, Result, report
 
 MODEL_NAME = "model"
@@ -146,31 +155,6 @@ def _params_digest(arrays: dict) -> str:
     return h.hexdigest()[:16]
 
 
-def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = None) -> FinetuneResult:
-    """Train MODEL on ``opts.data`` into ``opts.out`` (PREFIX ``OUT/model`` + metrics.json + checkpoint.npz)."""
-    from . import runtime
-    from .netsplit import parse_train_layers
-
-    threads = runtime.apply_threads(opts.thread_cap(), strict=False)
-    outdir, val, val_split, train_layers, resume, profile = (opts.out, opts.val, opts.val_split, opts.train_layers,
-                                                             opts.resume, opts.profile())
-    if getattr(opts, "mean", None) is not None or getattr(opts, "std", None) is not None:  # never silently ignored
-        raise UsageError("--mean/--std are not applied by finetune yet", "--mean/--std",
-                         'record them beside the model instead: PREFIX-edgetrain.json {"preprocess": {"input_shape": '
-                         '[C, H, W], "mean": [...], "std": [...]}}')
-    if val is not None and val_split is not None:
-        raise UsageError("--val and --val-split both given", "--val", "give held-out data or a split fraction, not both")
-    layers = parse_train_layers(train_layers)
-    budget_mb = opts.budget_mb()
-    outdir = Path(outdir)
-    has_checkpoint = prepare_outdir(outdir, resume)
-    job = _job_class(layers)(model, opts, layers=layers, budget_mb=budget_mb, threads=threads, profile=profile,
-                             val_split=DEFAULT_VAL_SPLIT if val is None and val_split is None else val_split,
-                             progress=_events(progress))
-    job.resume = resume
-    return job.run(has_checkpoint)
-
-
 LOCK_FILE = ".finetune.lock"
 
 
@@ -231,9 +215,6 @@ def _remove_scratch(outdir: Path) -> None:
 
 def _export_frozen_bytes(split, pre) -> bytes:
     """The frozen part through edgetrain's Gluon->ONNX path (opset 13, dynamic batch, weights as constants)."""
-    from .compat import mxnet_onnx
-    from .netsplit import _output_name
-
     internals = split.graph.symbol().get_internals()
     sym = internals[_output_name(internals, split.cut_name)]
     params = {p.name: p.data() for p in split.frozen.collect_params().values()}
@@ -246,8 +227,6 @@ def _export_frozen_bytes(split, pre) -> bytes:
 
 def _frozen_onnx(outdir: Path, fingerprint: str, record: dict | None, export) -> tuple[Path, bool]:
     """OUTDIR/frozen.onnx for this run: reused when the checkpoint vouches for it, else exported now."""
-    from .fileio import atomic_write_bytes
-
     path = outdir / FROZEN_ONNX
     if (record and record.get("fingerprint") == fingerprint and path.exists()
             and _file_sha(path) == record.get("sha256")):
@@ -300,10 +279,6 @@ class _Job:
     # --- set-up ------------------------------------------------------------------------------------
 
     def _load(self):
-        from .data import load_data
-        from .models import load_gluon
-        from .netsplit import graph_of, head_units, replace_head
-
         self.model_obj = load_gluon(self.model, params=self.params, input_shape=self.input_shape)
         self.notes += self.model_obj.notes
         pre = self.model_obj.preprocess
@@ -334,8 +309,6 @@ class _Job:
         self.pre = pre.with_classes(self.classes)
 
     def _split(self):
-        from .netsplit import cut_for, split
-
         cut = cut_for(self.graph, self.layers)
         self.split = split(self.graph, cut, self.pre.input_shape, init_seed=self.seed)
         # the split parts hold their own copies of the weights: let the loaded model's go (a board with
@@ -375,8 +348,6 @@ class _Job:
 
     def _features(self, meta_cache: dict | None) -> float:
         """Fill the feature cache (train rows, then validation rows); returns the seconds it took."""
-        from .featurecache import FeatureCache
-
         s = self.split
         if s.frozen is None:
             return 0.0
@@ -484,7 +455,6 @@ class _Job:
         if now - getattr(self, "_last_tick", 0.0) < 0.5 and not info.get("force"):
             return
         self._last_tick = now
-        from . import procmem
 
         info.pop("force", None)
         t0 = info.pop("t0", now)
@@ -543,14 +513,10 @@ class _Job:
     def _make_training(self) -> None:
         gluon = _lazy.from_import("mxnet", "gluon")
 
-        from .optimizers import make_optimizer
-
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         self.opt = make_optimizer(self.optimizer, self.trainable, self.lr)
 
     def _plan(self, saved: dict | None):
-        from .memplan import plan_job
-
         rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
         return plan_job(self.split, self.pre, rows, self.batch_size, self.budget_mb, saved,
                         frozen_in_ort=self.split.frozen is not None)
@@ -575,9 +541,6 @@ class _Job:
             os.close(lock)
 
     def _run(self, has_checkpoint: bool, t_start: float, created: bool) -> FinetuneResult:
-        from .energy import EnergyMeter
-        from .optimizers import default_lr
-
         self.energy_meter = EnergyMeter(self.profile, self.threads, self.opts.power_log).start()  # measured where a sensor is
         self._load()
         self._split()
@@ -645,8 +608,6 @@ class _Job:
         _lazy.mxnet().random.seed(self.seed * 7919 + self.global_step)  # same dropout masks after a resume
 
     def _train(self, start_epoch: int, start_step: int, order, partial: dict) -> None:
-        from . import procmem
-
         labels = self.train_ds.labels
         n = len(labels)
         b = self.batch_size
@@ -696,17 +657,12 @@ class _Job:
                 self._interrupted(epoch + 1, 0)
 
     def _write_metrics(self, final: bool, summary: dict | None = None) -> None:
-        from .fileio import atomic_write_text
-
         doc = {"format": "edgetrain-finetune-metrics/1", "complete": final, "model": self.model, "data": self.data,
                "classes": self.classes, "train_layers": self.layers.text, "plan": self.plan.to_dict(),
                "budget_mb": self.budget_mb, "epochs": self.history, "summary": summary}
         atomic_write_text(self.outdir / METRICS, json.dumps(doc, indent=2) + "\n", "metrics")
 
     def _write_model(self, extra: dict) -> None:
-        from .models import GluonModel, save_prefix
-        from .netsplit import full_block
-
         gm = GluonModel(full_block(self.split), self.model_obj.ref, self.pre, len(self.classes))
         save_prefix(gm, self.outdir / MODEL_NAME, extra=extra)
 
@@ -764,8 +720,6 @@ class _Job:
         return lambda x: session.run(None, {name: x})[0]
 
     def _finish(self, total: float, feature_seconds: float) -> FinetuneResult:
-        from . import procmem
-
         last = self.history[-1] if self.history else {}
         acc_on = "held-out" if self.val_ds is not None else "training"
         final_acc = last.get("val_accuracy") if self.val_ds is not None else last.get("train_accuracy")
@@ -819,8 +773,6 @@ def _cache_root() -> Path | None:
 
 def _prep_key(model: str, params, input_shape, seed: int) -> str:
     """What the child's output depends on: the model reference and the bytes of every file it reads."""
-    from .models import is_factory_ref
-
     files = []
     if params:
         files.append(Path(params))
@@ -861,9 +813,6 @@ class _HeadJob(_Job):
 
     def _load(self):
         from types import SimpleNamespace
-
-        from .netsplit import Graph, head_units, replace_head
-        from .preprocess import Preprocess
 
         prep_dir, prep = self._prepare()
         if not prep.get("linear"):
@@ -926,7 +875,7 @@ class _HeadJob(_Job):
                 "threads": self.threads, "max_bytes": _data_budget(self.budget_mb)}
         (here / "spec.json").write_text(json.dumps(spec))
         self._tick("prepare", force=True, done=0, total=1)
-        proc = subprocess.run([sys.executable, "-c", "from edgetrain.finetune import _prepare_main; _prepare_main()",
+        proc = subprocess.run([sys.executable, "-c", "from edgetrain.training import _prepare_main; _prepare_main()",
                                str(here / "spec.json")], capture_output=True, text=True)
         err_doc = here / "error.json"
         if err_doc.exists():
@@ -964,8 +913,6 @@ class _HeadJob(_Job):
         return here, prep
 
     def _load_data(self, pre):
-        from .data import load_data
-
         ds = load_data(self.data, pre, max_bytes=_data_budget(self.budget_mb))  # refused from headers if over
         self.notes += ds.notes
         if self.val is not None:
@@ -997,15 +944,10 @@ class _HeadJob(_Job):
             return self._run(has_checkpoint, t_start, created)
 
     def _make_training(self) -> None:
-        from .optimizers import make_numpy_optimizer
-
         runtime.cap_loaded_blas(1)  # a head's matmuls (batch x features x classes) are too small to share out
         self.opt = make_numpy_optimizer(self.optimizer, self.head, self.lr)
 
     def _plan(self, saved: dict | None):
-        from . import procmem
-        from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose
-
         rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
         feat = int(np.prod(self.split.feature_shape))
         k = len(self.classes)
@@ -1099,9 +1041,6 @@ class _HeadJob(_Job):
 
     def _write_model(self, extra: dict) -> None:
         """PREFIX-symbol.json, PREFIX-0000.params (mxnet's format, written here), the preprocessing record."""
-        from .fileio import atomic_write_bytes, atomic_write_text
-        from .preprocess import sidecar_path, sidecar_text
-
         g = self.graph
         params = {}
         for name, value in g.arg_params.items():
@@ -1115,7 +1054,7 @@ class _HeadJob(_Job):
         atomic_write_text(sidecar_path(prefix), sidecar_text(self.pre, extra), "model")
 
 
-def _job_class(layers):
+def job_class(layers):
     return _HeadJob if layers.kind == "last" and layers.n == 1 else _Job
 
 
@@ -1137,13 +1076,6 @@ def _prepare_main() -> None:
 
 
 def _prepare(spec: dict, out: Path) -> None:
-    from . import procmem, runtime
-    from .data import load_data
-    from .fileio import atomic_write_bytes, atomic_write_text
-    from .memplan import graph_costs
-    from .models import load_gluon
-    from .netsplit import TrainLayers, _output_name, cut_for, graph_of, split
-
     runtime.apply_threads(spec["threads"])
     mx = _lazy.mxnet()
     model = load_gluon(spec["model"], params=spec["params"],
