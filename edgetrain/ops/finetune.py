@@ -1,0 +1,32 @@
+"""`edgetrain finetune`: train MODEL on the device within its memory budget and thread cap, resumable.
+
+Orchestration: check the options and OUTDIR, pick the engine for what trains (edgetrain.training), run it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import runtime
+from ..errors import UsageError
+from ..netsplit import parse_train_layers
+from ..options import FinetuneOptions
+from ..results import ProgressFn
+from ..training import DEFAULT_VAL_SPLIT, FinetuneResult, _events, job_class, prepare_outdir
+
+
+def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = None) -> FinetuneResult:
+    """Train MODEL on ``opts.data`` into ``opts.out`` (PREFIX ``OUT/model`` + metrics.json + checkpoint.npz)."""
+    threads = runtime.apply_threads(opts.thread_cap(), strict=False)
+    if opts.mean is not None or opts.std is not None:  # never silently ignored
+        raise UsageError("--mean/--std are not applied by finetune yet", "--mean/--std",
+                         'record them beside the model instead: PREFIX-edgetrain.json {"preprocess": {"input_shape": '
+                         '[C, H, W], "mean": [...], "std": [...]}}')
+    if opts.val is not None and opts.val_split is not None:
+        raise UsageError("--val and --val-split both given", "--val", "give held-out data or a split fraction, not both")
+    layers = parse_train_layers(opts.train_layers)
+    has_checkpoint = prepare_outdir(Path(opts.out), opts.resume)
+    val_split = DEFAULT_VAL_SPLIT if opts.val is None and opts.val_split is None else opts.val_split
+    job = job_class(layers)(model, opts, layers=layers, budget_mb=opts.budget_mb(), threads=threads,
+                            profile=opts.profile(), val_split=val_split, progress=_events(progress))
+    job.resume = opts.resume
+    return job.run(has_checkpoint)
