@@ -108,7 +108,7 @@ class _Stop:
         self.signum = signum
 
 
-def _events(progress: ProgressFn | None):
+def progress_events(progress: ProgressFn | None):
     """The job's progress dicts as Progress events (an epoch's line stays on screen)."""
     def send(info: dict) -> None:
         info = dict(info)

@@ -11,7 +11,7 @@ from ..errors import UsageError
 from ..netsplit import parse_train_layers
 from ..options import FinetuneOptions
 from ..results import ProgressFn
-from ..training import DEFAULT_VAL_SPLIT, FinetuneResult, _events, job_class, prepare_outdir
+from ..training import DEFAULT_VAL_SPLIT, FinetuneResult, job_class, prepare_outdir, progress_events
 
 
 def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = None) -> FinetuneResult:
@@ -27,6 +27,6 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
     has_checkpoint = prepare_outdir(Path(opts.out), opts.resume)
     val_split = DEFAULT_VAL_SPLIT if opts.val is None and opts.val_split is None else opts.val_split
     job = job_class(layers)(model, opts, layers=layers, budget_mb=opts.budget_mb(), threads=threads,
-                            profile=opts.profile(), val_split=val_split, progress=_events(progress))
+                            profile=opts.profile(), val_split=val_split, progress=progress_events(progress))
     job.resume = opts.resume
     return job.run(has_checkpoint)
