@@ -57,6 +57,7 @@ print(json.dumps({"p50_ms": float(np.percentile(lat, 50))}))
 LATENCY_TOLERANCE_PCT = 10.0
 
 
+@pytest.mark.timing
 def test_profile_latency_agrees_with_a_plain_session_loop(tmp_path):
     from edgetrain.api import export
 
