@@ -14,7 +14,6 @@
 #   EDGETRAIN_ARM_CPU     the CPU QEMU emulates (default cortex-a72, a Raspberry Pi 4's core).
 #   EDGETRAIN_ARM_MIRROR  Debian mirror for debootstrap (default: the host's own apt source).
 #   EDGETRAIN_ARM_SUITE   trixie (default; Debian 13, Python 3.13) or bookworm (Debian 12, Python 3.11).
-#   EDGETRAIN_ARM_STRICT  1: a verb whose CLI differs from what smoke.py expects fails instead of skipping.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -225,8 +224,7 @@ log "mounted proc (with an ARM cpuinfo, $nproc_host CPUs), sys and dev in the ro
 inside() {   # run a command in the root, as a Pi user's shell would, with the emulated CPU
   QEMU_CPU="$CPU" chroot "$ROOT" /usr/bin/env -i QEMU_CPU="$CPU" HOME=/root LANG=C.UTF-8 TERM=dumb \
     PIP_NO_INDEX=1 PIP_FIND_LINKS=/opt/wheels PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PATH="$VENV/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin" PYTHONDONTWRITEBYTECODE=1 \
-    EDGETRAIN_ARM_STRICT="${EDGETRAIN_ARM_STRICT:-0}" "$@"
+    PATH="$VENV/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin" PYTHONDONTWRITEBYTECODE=1 "$@"
 }
 [ "$(inside uname -m)" = aarch64 ] || die "the root does not run as aarch64"
 
