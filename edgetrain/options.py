@@ -105,11 +105,6 @@ def _train_layers(value: str) -> str:
 def _rate(value):
     if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
-    try:
-        return float(value)  # inferences per hour, as a recipe step passes it on
-    except ValueError:
-        pass
-
     return parse_rate(value)
 
 

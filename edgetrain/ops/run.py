@@ -205,6 +205,8 @@ def _flags(command: str, options, skip=()) -> list[str]:
             argv += [on] if value else [off] if off else []
         elif isinstance(value, (list, tuple)):
             argv += [on, ",".join(map(str, value))]
+        elif name == "rate":  # parsed to inferences per hour; the flag takes N/h
+            argv += [on, f"{value:g}/h"]
         else:
             argv += [on, str(value)]
     return argv

@@ -137,16 +137,13 @@ def test_device_on_the_command_line_overrides_the_recipe(tmp_path):
 
 
 def test_resume_reruns_a_step_that_did_not_pass_and_needs_no_recipe(tmp_path):
-    """A quantize step that exits 3 (budget missed) is not 'complete': `run --resume RUNDIR` runs it again,
-    with the recipe kept in the run folder (no RECIPE argument)."""
-    recipe = quickstart_variant(tmp_path, ["finetune", {"quantize": {"samples": 1, "per_channel": False, "max_drop": 0.0,
-                                                                     "max_fp32_nodes": 0}}])
+    """A step that exits 3 (a check failed: here an export held to zero tolerance) is not 'complete':
+    `run --resume RUNDIR` runs it again, with the recipe kept in the run folder (no RECIPE argument)."""
+    recipe = quickstart_variant(tmp_path, ["finetune", {"export": {"atol": 0.0, "rtol": 0.0}}])
     first = run_edgetrain("run", recipe, "-o", tmp_path / "out", cwd=tmp_path)
-    step = json.loads((tmp_path / "out" / "steps" / "quantize.json").read_text())
-    if step["passed"]:  # int8 happened to lose nothing on this data: nothing to prove here
-        pytest.skip("the int8 model met a zero-point budget")
-    assert first.code == 3 and step["failed_checks"], first.err[-2000:]
+    step = json.loads((tmp_path / "out" / "steps" / "export.json").read_text())
+    assert first.code == 3 and step["passed"] is False and step["failed_checks"], first.err[-2000:]
     again = run_edgetrain("run", "--resume", tmp_path / "out", cwd=tmp_path)
     assert again.code == 3, again.err[-2000:]
     assert "finetune: already complete, skipped" in again.err
-    assert "quantize: edgetrain quantize" in again.err  # run again, not skipped
+    assert "export: edgetrain export" in again.err  # run again, not skipped

@@ -251,5 +251,21 @@ set +e
 inside python /opt/smoke.py --fresh
 rc=$?
 set -e
+# The other boards' cores: a wheel using an instruction a Cortex-A53 (Pi 3B+, Zero 2 W) or A76 (Pi 5) lacks
+# dies with SIGILL there although it passes on the A72 (onnxruntime #23957, #24512). doctor's inference check
+# runs a tiny fp32 and int8 model in a child and turns SIGILL into a failed check.
+for core in ${EDGETRAIN_ARM_EXTRA_CPUS-cortex-a53 cortex-a76}; do
+  [ "$core" = "$CPU" ] && continue
+  set +e
+  out=$(CPU=$core inside edgetrain doctor --json - 2>/dev/null)
+  set -e
+  verdict=$(printf '%s' "$out" | inside python -c 'import json, sys
+checks = {c["name"]: c for c in json.load(sys.stdin)["checks"]}
+c = checks.get("inference")
+print("ok" if c and c["status"] == "ok" else "FAILED: " + (json.dumps(c)[:300] if c else "no inference check"))' \
+    2>&1 || true)
+  log "QEMU_CPU=$core: doctor's fp32/int8 inference check: $verdict"
+  [ "$verdict" = ok ] || rc=1
+done
 log "ARM stage: smoke exit $rc, $(( $(date +%s) - started )) s in all"
 exit $rc
