@@ -307,6 +307,8 @@ class FinetuneOptions(ModelOptions):
     power_log: Optional[str] = opt(None, metavar="FILE", recipe=False,
                                    help="A USB power meter's CSV log recorded during the run (timestamp + watts, or "
                                         "volts + amps): the fine-tune's energy is measured from it.")
+    allow_chance: bool = opt(False, help="Accept a fine-tuned model at chance on the held-out data (else exit 3: it "
+                                         "learned nothing these samples show; the model is kept).")
 
     def budget_mb(self) -> float | None:
         """--memory-budget, else the device's budget, else None (no budget)."""

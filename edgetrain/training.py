@@ -37,6 +37,7 @@ from . import checkpoint as ckpt
 from .compat import mxnet_onnx
 from .data import load_data
 from .energy import EnergyMeter
+from .compare import chance_check, chance_failure
 from .errors import EdgetrainError, RunFailed, UsageError
 from .featurecache import FeatureCache
 from .fileio import atomic_write_bytes, atomic_write_text
@@ -92,12 +93,14 @@ class FinetuneResult(Result):
     resumed_from: dict | None = None
     threads: int = 1
     notes: list[str] = field(default_factory=list)
+    chance: dict | None = None   # compare.chance_check on the held-out data
 
     def checks(self) -> list[str]:
+        failed = []
         if self.budget_mb and self.peak_rss_mb and self.peak_rss_mb > self.budget_mb:
-            return [f"peak RSS {self.peak_rss_mb:.0f} MB went over the memory budget {self.budget_mb:.0f} MB "
-                    "(lower --batch-size or train fewer layers)"]
-        return []
+            failed.append(f"peak RSS {self.peak_rss_mb:.0f} MB went over the memory budget {self.budget_mb:.0f} MB "
+                          "(lower --batch-size or train fewer layers)")
+        return failed + [f for f in [chance_failure(self.chance, "fine-tuned")] if f]
 
 
 @dataclass
@@ -741,6 +744,11 @@ class _Job:
             samples_per_s=samples / max(train_seconds + feature_seconds, 1e-9), peak_rss_mb=peak,
             budget_mb=self.budget_mb,
             plan=self.plan.to_dict(), resumed_from=self.resumed_from, threads=self.threads, notes=self.notes)
+        if self.val_ds is not None and final_acc is not None:
+            # a model at chance on held-out data learned nothing: a failed check (exit 3), the model is kept;
+            # a base with random weights is at chance by construction (such a run checks the tooling)
+            result.chance = {**chance_check(100.0 * final_acc, self.val_ds.labels, len(self.classes)),
+                             "allowed": bool(self.opts.allow_chance) or bool(self.model_obj.random_weights)}
         result.energy = self.energy_meter.stop(max(len(self.history), 1), max(samples, 1))
         if result.energy is not None:
             result.joules_per_epoch = result.energy["joules_per_epoch"]

@@ -87,3 +87,27 @@ def test_head_runs_after_the_first_import_no_mxnet_and_a_damaged_cache_is_export
     third, fourth = run("c"), run("d")
     assert any("mxnet only in that step" in n for n in third["notes"]), "a damaged entry is never trusted"
     assert any("no mxnet in this run" in n for n in fourth["notes"]), "and it is replaced"
+
+
+@pytest.mark.parametrize("layers", ["head", "last:2"])
+def test_a_model_at_chance_on_held_out_data_exits_3_unless_allowed(layers, tmp_path):
+    """Labels that carry nothing (shuffled): whatever trains, held-out top-1 is at chance. A real (not random)
+    base: the check is not waived. Exit 3 with the model kept; --allow-chance accepts it."""
+    import json
+
+    import numpy as np
+
+    from edgetrain.data import load_data
+    from edgetrain.preprocess import Preprocess
+
+    x, _ = load_data("builtin:digits", Preprocess((1, 8, 8), mean=(0.0,), std=(1.0,))).arrays()
+    labels = np.random.RandomState(0).randint(0, 10, size=len(x))
+    np.savez(tmp_path / "noise.npz", data=x[:, 0], label=labels)
+    args = ["finetune", "edgetrain.nets:pretrained_digits", "--data", tmp_path / "noise.npz", "--epochs", "2",
+            "--train-layers", layers, "--threads", "1"]
+    res = run_edgetrain(*args, "-o", tmp_path / "a", "--json", tmp_path / "a.json", cwd=tmp_path)
+    assert_user_error(res, 3, "is at chance", "--allow-chance")
+    record = json.loads((tmp_path / "a.json").read_text())
+    assert record["passed"] is False and record["chance"]["at_chance"] and (tmp_path / "a" / "model-symbol.json").is_file()
+    ok = run_edgetrain(*args, "--allow-chance", "-o", tmp_path / "b", cwd=tmp_path)
+    assert ok.code == 0, ok.err[-2000:]
