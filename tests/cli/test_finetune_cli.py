@@ -70,8 +70,8 @@ def test_human_output_and_budget(cli, digits_npz, tmp_path):
 def test_prefix_model_on_an_image_folder(cli, tiny_prefix, digits_folder, tmp_path):
     """A PREFIX SymbolBlock, split inside its symbol graph; three image classes replace its ten outputs."""
     res = cli("finetune", tiny_prefix, "--data", digits_folder, "-o", tmp_path / "o", "--epochs", "2",
-              "--train-layers", "last:2", "--val-split", "0.25", "--json", "-", cwd=tmp_path)
-    assert res.code == 0, res.err
+              "--train-layers", "last:2", "--val-split", "0.25", "--allow-chance", "--json", "-", cwd=tmp_path)
+    assert res.code == 0, res.err  # 9 held-out images after 2 epochs prove no learning: chance allowed here
     r = res.json()
     assert r["classes"] == ["digit0", "digit1", "digit2"] and r["replaced_head"]
     assert r["train_layers"] == "last:2" and r["epochs"][0]["samples"] == 27
