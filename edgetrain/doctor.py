@@ -479,8 +479,8 @@ def check_inference(script: str = INFERENCE_PROBE, timeout: float | None = None)
         return Check("inference", FAIL,
                      f"{wheel} dies with SIGILL (illegal instruction) running a tiny fp32/int8 model on this CPU "
                      f"({cpu}): the wheel was built for instructions it lacks (onnxruntime #23957, #24512)",
-                     f"install a wheel built for this CPU: pip install 'onnxruntime<1.21' (1.20 runs on a "
-                     f"Cortex-A72/A53), or onnxruntime from your distribution (apt install python3-onnxruntime)",
+                     "install a wheel built for this CPU: pip install 'onnxruntime<1.21' (1.20 runs on a "
+                     "Cortex-A72/A53), or onnxruntime from your distribution (apt install python3-onnxruntime)",
                      {"version": version, "signal": "SIGILL", "cpu": cpu})
     result = next((json.loads(line.split(" ", 1)[1]) for line in reversed(proc.stdout.splitlines())
                    if line.startswith("EDGETRAIN-PROBE ")), None)

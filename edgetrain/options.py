@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -157,9 +156,6 @@ class Options(BaseModel):
         except ValidationError as exc:
             raise usage_error(cls, exc, where) from None
 
-    def changed(self) -> dict:
-        """The options set to something other than their default (what a recipe step passes on)."""
-        return {k: v for k, v in self.model_dump().items() if v != self.model_fields[k].default}
 
 
 def flag_of(model: type[BaseModel], name: str) -> str:
@@ -364,10 +360,6 @@ def recipe_fields(command: str) -> dict[str, Any]:
     """The fields a recipe step may set for ``command``."""
     model = COMMANDS[command]
     return {n: f for n, f in model.model_fields.items() if (f.json_schema_extra or {}).get("recipe", True)}
-
-
-def path_of(value) -> Path | None:
-    return None if value is None else Path(value)
 
 
 class PredictOptions(DeviceOptions):
