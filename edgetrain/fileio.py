@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import hashlib
 import os
 import re
 import shutil
@@ -390,3 +391,9 @@ def check_command_outputs(model, opts, json_path: str | None = None) -> None:
         outputs["--report"] = report
     outputs["--json"] = json_path
     check_outputs(inputs, outputs, prefix_outputs=tuple(prefixes))
+
+
+def file_digest(path, algorithm: str = "sha256") -> str:
+    """Hex digest of a file's bytes, read in chunks."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, algorithm).hexdigest()

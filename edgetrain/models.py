@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _lazy
 from .errors import UsageError, clip
-from .fileio import atomic_path, check_output_path, disk_full_error, is_disk_full, temp_dir
+from .fileio import atomic_path, check_output_path, disk_full_error, file_digest, is_disk_full, temp_dir
 from .preprocess import Preprocess, default_for_shape, parse_norm, read_sidecar, sidecar_path, sidecar_text
 
 ZOO_PREFIX = "zoo:"
@@ -258,7 +258,6 @@ def pretrained_params(name: str, where: str) -> Path:
     """The model zoo's published weights for ``name`` in MXNet's own cache (``$MXNET_HOME/models``, by
     default ~/.mxnet/models, named NAME-SHA1[:8].params as mxnet names them), downloaded once and checked
     against the SHA-1 mxnet publishes. A cached file with the right checksum is used with no network."""
-    import hashlib
 
     model_store = _lazy.module("mxnet.gluon.model_zoo.model_store")
     base = _lazy.module("mxnet.base")
@@ -274,11 +273,7 @@ def pretrained_params(name: str, where: str) -> Path:
     url = model_store._url_format.format(repo_url=repo, file_name=file_name)
 
     def digest(p: Path) -> str:
-        h = hashlib.sha1()
-        with open(p, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
+        return file_digest(p, "sha1")
 
     fix = (f"download {url} where there is network, unzip it and put {path.name} in {root} (SHA-1 {sha1}); "
            "edgetrain then uses it offline")

@@ -40,7 +40,7 @@ from .energy import EnergyMeter
 from .compare import chance_check, chance_failure
 from .errors import EdgetrainError, RunFailed, UsageError
 from .featurecache import FeatureCache
-from .fileio import atomic_write_bytes, atomic_write_text
+from .fileio import atomic_write_bytes, atomic_write_text, file_digest
 from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose, graph_costs, plan_job
 from .models import GluonModel, is_factory_ref, load_gluon, save_prefix
 from .netsplit import Graph, TrainLayers, _output_name, cut_for, full_block, graph_of, head_units, replace_head, split
@@ -202,11 +202,7 @@ def _data_budget(budget_mb) -> int | None:
 
 
 def _file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_digest(path)
 
 
 def _remove_scratch(outdir: Path) -> None:
@@ -281,10 +277,8 @@ class _Job:
 
     # --- set-up ------------------------------------------------------------------------------------
 
-    def _load(self):
-        self.model_obj = load_gluon(self.model, params=self.params, input_shape=self.input_shape)
-        self.notes += self.model_obj.notes
-        pre = self.model_obj.preprocess
+    def _load_data(self, pre):
+        """DATA (and --val, or the split of DATA) read for ``pre``; the classes come from the data."""
         ds = load_data(self.data, pre, max_bytes=_data_budget(self.budget_mb))  # refused from headers if over
         self.notes += ds.notes
         if self.val is not None:
@@ -299,6 +293,13 @@ class _Job:
         else:
             self.train_ds, self.val_ds = ds, None
         self.classes = list(ds.class_names)
+        self.pre = pre.with_classes(self.classes)
+
+    def _load(self):
+        self.model_obj = load_gluon(self.model, params=self.params, input_shape=self.input_shape)
+        self.notes += self.model_obj.notes
+        pre = self.model_obj.preprocess
+        self._load_data(pre)
         g = graph_of(self.model_obj.block, pre.input_name)
         self.source_digest = _params_digest({**g.arg_params, **g.aux_params})
         self.replaced_head = False
@@ -309,7 +310,6 @@ class _Job:
             self.notes.append(f"output layer replaced: the model has {outputs} outputs, the data {len(self.classes)} "
                               f"classes; the new layer starts from random weights")
         self.graph = g
-        self.pre = pre.with_classes(self.classes)
 
     def _split(self):
         cut = cut_for(self.graph, self.layers)
@@ -919,23 +919,6 @@ class _HeadJob(_Job):
             except OSError as exc:
                 self.notes.append(f"the export could not be cached ({type(exc).__name__}); the next run exports again")
         return here, prep
-
-    def _load_data(self, pre):
-        ds = load_data(self.data, pre, max_bytes=_data_budget(self.budget_mb))  # refused from headers if over
-        self.notes += ds.notes
-        if self.val is not None:
-            val = load_data(self.val, pre, where="--val", max_bytes=_data_budget(self.budget_mb))
-            if val.class_names != ds.class_names:
-                raise UsageError(f"--val classes ({', '.join(val.class_names[:8])}) differ from the training "
-                                 f"data's ({', '.join(ds.class_names[:8])})", self.val,
-                                 "give held-out data with the same class folders / labels")
-            self.train_ds, self.val_ds = ds, val
-        elif self.val_split:
-            self.train_ds, self.val_ds = ds.split(self.val_split, seed=self.seed)
-        else:
-            self.train_ds, self.val_ds = ds, None
-        self.classes = list(ds.class_names)
-        self.pre = pre.with_classes(self.classes)
 
     def _split(self):
         self.trainable = list(self.head)

@@ -26,7 +26,7 @@ from typing import Callable
 from .. import child
 from ..data import load_data
 from ..errors import UsageError
-from ..fileio import atomic_path, atomic_write_text
+from ..fileio import atomic_path, atomic_write_text, file_digest
 from ..models import load_gluon
 from ..options import COMMANDS
 from ..recipes import ORIGIN_FILE, LoadedRecipe, check_recipe
@@ -292,13 +292,7 @@ def _seal_path(rundir: Path, name: str) -> Path:
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_digest(path)
 
 
 def _seal(name: str, rundir: Path) -> None:
