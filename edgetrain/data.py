@@ -445,20 +445,27 @@ def _load_folder(root: Path, pre: Preprocess, where: str) -> Dataset:
                          "classification needs images in at least 2 class folders")
 
     def read(i: int) -> np.ndarray:
-        try:
-            with _open_image(files[i]) as im:
-                im = im.convert("L" if pre.channels == 1 else "RGB")
-                h, w = pre.hw
-                if im.size != (w, h):
-                    im = im.resize((w, h), Image.BILINEAR)
-                arr = np.asarray(im, dtype=np.float32) / 255.0
-        except _TooLarge:
-            raise
-        except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
-            # a stream that passed the header check but does not decode (truncated, corrupt): the file
-            # is named, the run stops with one line, never a traceback mid-run
-            raise UsageError(f"image cannot be decoded: {clip(str(exc), 120)}", str(files[i]),
-                             "repair or remove the file") from None
-        return arr[..., None] if arr.ndim == 2 else arr
+        return read_image(files[i], pre)
 
     return Dataset(str(root), classes, np.asarray(labels, dtype=np.int64), read, pre, skipped, notes)
+
+
+def read_image(path, pre: Preprocess) -> np.ndarray:
+    """One image as HxWxC float32 in [0,1] at the model's size (image folders and `predict` decode the same
+    way). A stream that passed the header check but does not decode (truncated, corrupt) is one line naming
+    the file, never a traceback mid-run."""
+    from PIL import Image  # lazy: a command that reads no image never loads Pillow
+
+    try:
+        with _open_image(path) as im:
+            im = im.convert("L" if pre.channels == 1 else "RGB")
+            h, w = pre.hw
+            if im.size != (w, h):
+                im = im.resize((w, h), Image.BILINEAR)
+            arr = np.asarray(im, dtype=np.float32) / 255.0
+    except UsageError:
+        raise
+    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
+        raise UsageError(f"image cannot be decoded: {clip(str(exc), 120)}", str(path),
+                         "repair or remove the file") from None
+    return arr[..., None] if arr.ndim == 2 else arr

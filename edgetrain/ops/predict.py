@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from ..data import IMAGE_SUFFIXES, load_data, to_model_input
+from ..data import IMAGE_SUFFIXES, load_data, read_image, to_model_input
 from ..errors import UsageError, clip
 from ..preprocess import Preprocess
 from ..results import ProgressFn, Result, report
@@ -294,27 +294,6 @@ def _files(paths: list[Path], pre: Preprocess, where: str) -> _Source:
         return out
 
     return _Source(where, [str(p) for p in paths], batch)
-
-
-def read_image(path: Path, pre: Preprocess) -> np.ndarray:
-    """HxWxC float32 in [0,1] at the model's size, decoded exactly as ``data``'s image folders are."""
-    from PIL import Image
-
-    from ..data import _open_image
-
-    try:
-        with _open_image(path) as im:
-            im = im.convert("L" if pre.channels == 1 else "RGB")
-            h, w = pre.hw
-            if im.size != (w, h):
-                im = im.resize((w, h), Image.BILINEAR)
-            arr = np.asarray(im, dtype=np.float32) / 255.0
-    except UsageError:
-        raise
-    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
-        raise UsageError(f"image cannot be decoded: {clip(str(exc), 120)}", str(path),
-                         "repair or remove the file") from None
-    return arr[..., None] if arr.ndim == 2 else arr
 
 
 # --- labels and accuracy -----------------------------------------------------------------------------------
