@@ -53,13 +53,8 @@ class _MxnetImportHook:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "mxnet" or "mxnet" in sys.modules:
             return None
-        for finder in sys.meta_path:
-            if getattr(finder, "edgetrain_hook", False) or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
+        spec = numpy_names.spec_from_other_finders(fullname, path, target)
+        if spec is None:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _PreparingLoader(spec.loader)

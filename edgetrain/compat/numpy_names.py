@@ -252,6 +252,17 @@ class _Loader(importlib.abc.Loader):
         return getattr(self._inner, name)
 
 
+def spec_from_other_finders(fullname, path=None, target=None):
+    """The module spec the import system's other finders give (edgetrain's own hooks skipped), or None."""
+    for finder in sys.meta_path:
+        if getattr(finder, "edgetrain_hook", False) or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     """Wraps the loader of every mxnet module; during mxnet's import also of the modules it pulls in."""
 
@@ -265,13 +276,8 @@ class _Finder(importlib.abc.MetaPathFinder):
             for_mxnet = False
         else:
             for_mxnet = is_mxnet
-        for finder in sys.meta_path:
-            if finder is self or getattr(finder, "edgetrain_hook", False) or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
+        spec = spec_from_other_finders(fullname, path, target)
+        if spec is None:
             return None
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
