@@ -160,7 +160,7 @@ def test_three_devices_train_the_global_model_round_by_round(fleet, tmp_path, sh
     fleet.serve(run, "--rounds", 2, "--min-clients", 3, "--codec", "int8", "--epochs", 2, "--json", tmp_path / "r.json")
     for d in range(3):
         fleet.join(f"device{d}", shares["devices"][d], "--device", "rpi4b-4gb", "--json", tmp_path / f"d{d}.json")
-    code, out, err = fleet.wait("serve")
+    code, _, err = fleet.wait("serve")
     assert code == 0, err
     assert not _marked(f"{fleet.mark}:serve:")  # the coordinator stopped every Flower process it started
     assert "listening on 127.0.0.1" in err and "no TLS, loopback only" in err  # it says where it listens
@@ -196,6 +196,46 @@ def test_three_devices_train_the_global_model_round_by_round(fleet, tmp_path, sh
         assert dres["rounds_trained"] == 2 and dres["last_round"] == 2
     raw = list((tmp_path / "device0").rglob("*.npz"))  # the device keeps state, never a copy of the data
     assert {p.name for p in raw} <= {"residual.npz", "control.npz"}, raw
+
+
+@pytest.mark.slow
+def test_last2_the_devices_train_the_tail_and_only_the_tail_travels(fleet, tmp_path, shares):
+    """--train-layers last:2: each device trains the last conv layer, its BatchNorm and the output layer
+    (MXNet, the frozen part in ONNX Runtime); exactly those arrays travel, the running statistics as
+    float32, the rest int8 with a control variate each; the report's accuracy is of the global arrays."""
+    run = tmp_path / "run"
+    fleet.serve(run, "--rounds", 2, "--min-clients", 2, "--codec", "int8", "--epochs", 2, "--train-layers", "last:2")
+    for d in range(2):
+        fleet.join(f"device{d}", shares["devices"][d], "--device", "rpi4b-4gb")
+    code, out, err = fleet.wait("serve")
+    assert code == 0, err
+    res = _report(run)
+    assert res["passed"] and res["rounds_completed"] == 2
+    from edgetrain.fleet.coordinator import load_global
+    from edgetrain.fleet.local import Evaluator, LocalSpec
+
+    tail = {"digits_conv2_weight": (32, 32, 3, 3), "digits_batchnorm2_gamma": (32,), "digits_batchnorm2_beta": (32,),
+            "digits_batchnorm2_running_mean": (32,), "digits_batchnorm2_running_var": (32,),
+            "digits_dense0_weight": (10, 32), "digits_dense0_bias": (10,)}
+    stats = {"digits_batchnorm2_running_mean", "digits_batchnorm2_running_var"}
+    for r in range(3):
+        assert {k: v.shape for k, v in load_global(run, r).items()} == tail
+    assert set(load_global(run, 2, "control")) == set(tail) - stats
+    sizes = {k: int(np.prod(s)) for k, s in tail.items()}
+    up = sum(4 * n if k in stats else 8 + n for k, n in sizes.items()) + sum(8 + n for k, n in sizes.items()
+                                                                            if k not in stats)
+    down = 4 * (sum(sizes.values()) + sum(n for k, n in sizes.items() if k not in stats))
+    for r in res["rounds"]:
+        assert sorted(p["client"] for p in r["participants"]) == ["device0", "device1"]
+        assert r["bytes_up"] == 2 * up and r["bytes_down"] == 2 * down
+        assert all(p["joules"] > 0 and p["peak_rss_mb"] > 0 for p in r["participants"])
+    accs = [res["initial_accuracy"]] + [r["accuracy"] for r in res["rounds"]]
+    assert accs[-1] > accs[0] + 0.15, accs
+    ev = Evaluator(LocalSpec(model=MODEL, data=shares["val"], workdir=str(tmp_path / "ev"), threads=1,
+                             train_layers="last:2"), shares["val"])
+    assert abs(ev.top1(load_global(run, 2)) - res["final_accuracy"]) < 1e-9
+    for d in range(2):
+        assert fleet.wait(f"device{d}", timeout=60)[0] == 0
 
 
 @pytest.mark.slow
@@ -316,6 +356,8 @@ def test_a_coordinator_killed_and_restarted_resumes_after_the_last_completed_rou
     assert 1 <= done < 3
     assert_user_error(run_edgetrain("fleet", "serve", MODEL, "--val", shares["val"], "-o", run, "--port", fleet.port),
                       2, "RUNDIR holds a fleet run", "--resume")
+    assert_user_error(run_edgetrain("fleet", "serve", MODEL, "--val", shares["val"], "-o", run, "--port", fleet.port,
+                                    "--resume", "--train-layers", "last:2"), 2, "different train_layers")
     fleet.serve(run, "--rounds", 3, "--min-clients", 2, "--resume", key="serve2")
     code, out, err = fleet.wait("serve2")
     assert code == 0, err
@@ -373,6 +415,9 @@ def test_serve_refuses_bad_input_in_one_line(tmp_path, shares, cache):
     assert_user_error(run_edgetrain(*base, "--codec", "4bit", env=env), 2, "--codec")
     assert_user_error(run_edgetrain(*base, "--fraction", "0", env=env), 2, "--fraction")
     assert_user_error(run_edgetrain(*base, "--resume", env=env), 2, "--resume", "no fleet run")
+    assert_user_error(run_edgetrain(*base, "--train-layers", "bogus", env=env), 2, "--train-layers", "bogus")
+    assert_user_error(run_edgetrain(*base, "--train-layers", "last:9", env=env), 2, "--train-layers last:9",
+                      "beyond the model's depth")
     (tmp_path / "file").write_text("x")
     assert_user_error(run_edgetrain("fleet", "serve", MODEL, "--val", shares["val"], "-o", tmp_path / "file", env=env),
                       2, "RUNDIR is a file")

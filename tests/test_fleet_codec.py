@@ -105,3 +105,15 @@ def test_other_codecs_keep_no_residual():
 def test_a_residual_of_another_shape_is_not_added():
     enc, _ = encode_update({"w": np.zeros(4, np.float32)}, "2bit", {"w": np.ones(5, np.float32)})
     np.testing.assert_array_equal(decode_tensor(enc["w"]), np.zeros(4))
+
+
+@pytest.mark.parametrize("codec", ["int8", "2bit"])
+def test_tensors_named_exact_travel_as_float32_whatever_the_codec(codec):
+    """BatchNorm running statistics (``exact``) go up bit for bit and leave no residual; the rest is coded."""
+    rng = np.random.RandomState(1)
+    update = {"w": rng.normal(size=(8, 4)).astype(np.float32), "running_var": rng.normal(size=16).astype(np.float32)}
+    enc, residual = encode_update(update, codec, exact={"running_var"})
+    assert enc["running_var"].codec == "fp32" and enc["w"].codec == codec
+    np.testing.assert_array_equal(decode_tensor(enc["running_var"]), update["running_var"])
+    assert "running_var" not in residual and ("w" in residual) == (codec == "2bit")
+    assert enc["w"].nbytes == payload_size(codec, 32) and enc["running_var"].nbytes == 4 * 16

@@ -135,3 +135,88 @@ def test_without_flower_the_fleet_commands_say_what_to_install(tmp_path):
                  ["join", "127.0.0.1:9092", "--data", "builtin:digits", "-o", tmp_path / "s"]):
         assert_user_error(run_edgetrain("fleet", *argv), 2, "Flower (flwr) is not installed", "edgetrain[fleet]")
     assert not (tmp_path / "r").exists() and not (tmp_path / "s").exists()
+
+
+# --- --train-layers last:2: the tail trains in MXNet, every array of the tail travels ---------------------
+
+TAIL = {"digits_conv2_weight": (32, 32, 3, 3), "digits_batchnorm2_gamma": (32,), "digits_batchnorm2_beta": (32,),
+        "digits_batchnorm2_running_mean": (32,), "digits_batchnorm2_running_var": (32,),
+        "digits_dense0_weight": (10, 32), "digits_dense0_bias": (10,)}
+STATS = {"digits_batchnorm2_running_mean", "digits_batchnorm2_running_var"}
+
+
+@pytest.fixture(scope="module")
+def tail_evaluator(shares, tmp_path_factory, monkeypatch_module):
+    return Evaluator(LocalSpec(model=MODEL, data=shares["val"], workdir=str(tmp_path_factory.mktemp("ev2")), threads=1,
+                               train_layers="last:2"), shares["val"])
+
+
+def _tail(shares, tmp_path, data=None, **kw):
+    return LocalSpec(model=MODEL, data=data or shares["devices"][0], workdir=str(tmp_path), threads=1,
+                     train_layers="last:2", **kw)
+
+
+def test_last2_the_arrays_that_travel_are_the_tails(tail_evaluator):
+    """The last conv layer, its BatchNorm (gamma, beta and running statistics) and the output layer: by
+    name and shape, nothing of the frozen part; the running statistics are named as such."""
+    assert {k: v.shape for k, v in tail_evaluator.initial.items()} == TAIL
+    assert tail_evaluator.statistics == STATS
+
+
+def test_last2_the_round_starts_from_the_global_arrays(shares, tail_evaluator, tmp_path):
+    """A learning rate too small to move anything returns the given trainable arrays, for any given arrays
+    (the running statistics move with the device's data, as BatchNorm does in training)."""
+    rng = np.random.RandomState(5)
+    start = {k: (np.abs(rng.normal(size=v.shape)) + 0.5 if k in STATS else rng.normal(size=v.shape)).astype(np.float32)
+             for k, v in tail_evaluator.initial.items()}
+    still, res = train_round(_tail(shares, tmp_path, lr=1e-12), start, 1)
+    assert set(still) == set(TAIL) and res.fleet_statistics == STATS
+    for k in start:
+        if k not in STATS:
+            np.testing.assert_allclose(still[k], start[k], atol=1e-6)
+    assert not np.allclose(still["digits_batchnorm2_running_mean"], start["digits_batchnorm2_running_mean"])
+
+
+def test_last2_the_global_arrays_decide_the_devices_accuracy(shares, tail_evaluator, tmp_path):
+    good, _ = train_round(_tail(shares, tmp_path, data=shares["union"], epochs=6), tail_evaluator.initial, 1)
+    assert tail_evaluator.top1(good) > tail_evaluator.top1(tail_evaluator.initial) + 0.3
+    from_good, _ = train_round(_tail(shares, tmp_path, lr=1e-4), good, 2)
+    from_initial, _ = train_round(_tail(shares, tmp_path, lr=1e-4), tail_evaluator.initial, 3)
+    assert tail_evaluator.top1(from_good) > tail_evaluator.top1(from_initial) + 0.3
+
+
+def test_last2_the_drift_correction_reaches_mxnets_gradients(shares, tail_evaluator, tmp_path):
+    """SCAFFOLD's correction c is added to every trainable array's gradient: the weights end up
+    fleet_scale * c further along -c than without it (to first order: a small step, a small c)."""
+    c = {k: np.full(v.shape, 1e-2, np.float32) for k, v in tail_evaluator.initial.items() if k not in STATS}
+    plain, res = train_round(_tail(shares, tmp_path, lr=1e-3), tail_evaluator.initial, 1)
+    corrected, res_c = train_round(_tail(shares, tmp_path, lr=1e-3), tail_evaluator.initial, 2, c)
+    assert res.fleet_scale == res_c.fleet_scale > 0
+    for k in c:  # the rest of the difference: the corrected weights' own gradients differ a little
+        ratio = (corrected[k] - plain[k]) / (-res.fleet_scale * c[k])
+        assert abs(ratio.mean() - 1) < 0.02 and 0.8 < ratio.min() and ratio.max() < 1.2, (k, ratio.min(), ratio.max())
+
+
+def test_last2_a_device_refuses_arrays_that_are_not_its_tails(shares, evaluator, tail_evaluator, tmp_path):
+    """A head-only fleet's arrays sent to a last:2 device (and a tail with a wrong shape) are refused."""
+    with pytest.raises(ShapeMismatch, match="not in this model|missing") as exc:
+        train_round(_tail(shares, tmp_path), evaluator.initial, 1)
+    assert "digits_conv2_weight" in exc.value.line() and exc.value.exit_code == 2
+    bad = {**tail_evaluator.initial, "digits_conv2_weight": np.zeros((16, 32, 3, 3), np.float32)}
+    with pytest.raises(ShapeMismatch, match="'digits_conv2_weight' is 16x32x3x3 there but 32x32x3x3 here"):
+        train_round(_tail(shares, tmp_path), bad, 2)
+    assert not any(tmp_path.glob("round-*"))
+
+
+def test_last2_the_coordinator_averages_every_array_and_refuses_a_misfit(tail_evaluator):
+    """Every array of the tail is averaged weighted by samples (running statistics too); an update
+    without the tail's arrays is refused."""
+    a = {k: np.zeros(v.shape, np.float32) for k, v in tail_evaluator.initial.items()}
+    b = {k: np.ones(v.shape, np.float32) for k, v in tail_evaluator.initial.items()}
+    avg = average([(a, 1), (b, 3)])
+    assert set(avg) == set(TAIL) and all(np.allclose(v, 0.75) for v in avg.values())
+    enc, _ = encode_update(a, "int8", exact=STATS)
+    decode_update(enc, tail_evaluator.initial, "device-x")
+    head_only, _ = encode_update({"digits_dense0_weight": a["digits_dense0_weight"]}, "int8")
+    with pytest.raises(ShapeMismatch, match="device-x"):
+        decode_update(head_only, tail_evaluator.initial, "device-x")

@@ -14,8 +14,9 @@ from .render import ProgressLine
 def fleet():
     """Fine-tune across many devices without moving their data (Flower): one coordinator, many devices.
 
-    Only the output layer travels (compressed: int8 or 2-bit with error feedback); each device trains it
-    with edgetrain's fine-tuning engine on its own data. Needs the fleet extra: pip install "edgetrain[fleet]".
+    Only the trainable part travels (the output layer, or the last N layers with --train-layers last:N;
+    compressed: int8 or 2-bit with error feedback); each device trains it with edgetrain's fine-tuning
+    engine on its own data. Needs the fleet extra: pip install "edgetrain[fleet]".
     """
 
 
@@ -24,7 +25,7 @@ def fleet():
 @declared_options(FleetServeOptions)
 @json_option
 def serve(model, json_path, **values):
-    """Coordinate a federated fine-tune of MODEL's output layer; writes RUNDIR/fleet.json and
+    """Coordinate a federated fine-tune of MODEL's trainable part; writes RUNDIR/fleet.json and
     RUNDIR/fleet-report.html (held-out top-1, devices, bytes, time, memory and energy per round).
 
     Listens on loopback unless --listen says otherwise. Exit 3 when fewer rounds completed than asked.
@@ -42,7 +43,7 @@ def serve(model, json_path, **values):
 def join(address, json_path, **values):
     """Join the coordinator at ADDRESS (HOST:PORT) as one device, training on DATA, until the run ends.
 
-    The data stays here; only the trained output layer's update goes up. Exit 2 when this device's model
+    The data stays here; only the update of the trainable part goes up. Exit 2 when this device's model
     does not fit the fleet's (another model or class list).
     """
     opts = parse(FleetJoinOptions, values)

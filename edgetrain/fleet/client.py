@@ -100,29 +100,33 @@ def train(join_path: str, global_arrays: dict, config: dict) -> tuple[dict, dict
                      epochs=int(config["epochs"]), batch_size=int(config["batch_size"]),
                      lr=float(config["lr"]) if float(config["lr"]) > 0 else None, optimizer=str(config["optimizer"]),
                      seed=int(config["seed"]), threads=threads, budget_mb=join.get("memory_budget"),
-                     device=device, params=join.get("params"))
+                     device=device, params=join.get("params"), train_layers=str(config.get("train_layers", "head")))
     # one seed for every round: the engine caches its ONNX export per (model, seed)
     meta, residual = _state(folder)
     if meta.get("codec") not in (None, codec):
         residual = {}  # a residual only means something to the codec that dropped it
     t0 = time.monotonic()
     weights = {k: v for k, v in global_arrays.items() if not k.startswith(CONTROL)}
+    # SCAFFOLD: a control variate for each array a gradient trains (none for BatchNorm's running statistics)
     c_global = {k[len(CONTROL):]: v for k, v in global_arrays.items() if k.startswith(CONTROL)}
-    c_mine = _control(folder, weights) if c_global else {}
     try:
-        correction = {k: c_global[k] - c_mine[k] for k in weights} if c_global else None
+        stray = sorted(set(c_global) - set(weights))
+        if stray:
+            raise ShapeMismatch(f"model mismatch: control variate for '{stray[0]}', which is not among the weights",
+                                "global weights from the coordinator",
+                                "every device must fine-tune the same model for the same classes")
+        c_mine = _control(folder, {k: weights[k] for k in c_global}) if c_global else {}
+        correction = {k: c_global[k] - c_mine[k] for k in c_global} if c_global else None
         new, result = train_round(spec, weights, round_no, correction)
-    except (ShapeMismatch, KeyError) as exc:
-        if isinstance(exc, KeyError):
-            exc = ShapeMismatch(f"model mismatch: control variate for {exc} missing", "global weights from the "
-                                "coordinator", "every device must fine-tune the same model for the same classes")
+    except ShapeMismatch as exc:
         atomic_write_text(folder / REFUSED, json.dumps({"round": round_no, "error": exc.line()}), "fleet state")
         raise exc from None
     delta = {k: new[k] - weights[k] for k in new}
     if c_global:  # SCAFFOLD: this device's new control variate, from how far its weights moved
-        c_new = {k: c_mine[k] - c_global[k] + (weights[k] - new[k]) / np.float32(result.fleet_scale) for k in weights}
-        delta.update({CONTROL + k: (c_new[k] - c_mine[k]).astype(np.float32) for k in weights})
-    encoded, residual = encode_update(delta, codec, residual)
+        c_new = {k: c_mine[k] - c_global[k] + (weights[k] - new[k]) / np.float32(result.fleet_scale) for k in c_global}
+        delta.update({CONTROL + k: (c_new[k] - c_mine[k]).astype(np.float32) for k in c_global})
+    # running statistics travel exactly (a variance must stay positive); everything else with the codec
+    encoded, residual = encode_update(delta, codec, residual, exact=result.fleet_statistics)
     seconds = time.monotonic() - t0
     if c_global:
         _save_arrays(folder / CONTROL_FILE, c_new, "fleet control variate")

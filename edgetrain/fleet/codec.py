@@ -93,19 +93,21 @@ def decode_tensor(enc: Encoded) -> np.ndarray:
     return (np.float32(lo) + q.astype(np.float32) * np.float32(scale)).reshape(enc.shape)
 
 
-def encode_update(update: dict[str, np.ndarray], codec: str,
-                  residual: dict[str, np.ndarray] | None = None) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
-    """Encode a whole update (name -> delta). With ``2bit`` the residual from earlier rounds is added
-    first and the new residual (what this encoding dropped) is returned; other codecs return none."""
+def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str, np.ndarray] | None = None,
+                  exact=()) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
+    """Encode a whole update (name -> delta), tensor by tensor. With ``2bit`` the residual from earlier
+    rounds is added first and the new residual (what this encoding dropped) is returned; other codecs
+    return none. The tensors named in ``exact`` travel as fp32 whatever ``codec`` (nothing dropped)."""
     out: dict[str, Encoded] = {}
     new_residual: dict[str, np.ndarray] = {}
     for name, delta in update.items():
         value = np.asarray(delta, np.float32)
-        if codec == "2bit" and residual and name in residual and residual[name].shape == value.shape:
+        mine = "fp32" if name in exact else codec
+        if mine == "2bit" and residual and name in residual and residual[name].shape == value.shape:
             value = value + residual[name]
-        enc, decoded = encode_tensor(value, codec)
+        enc, decoded = encode_tensor(value, mine)
         out[name] = enc
-        if codec == "2bit":
+        if mine == "2bit":
             new_residual[name] = (value - decoded).astype(np.float32)
     return out, new_residual
 

@@ -1,7 +1,7 @@
 """The coordinator's rounds (runs inside Flower's ServerApp process).
 
-Each round: wait for ``min_clients`` devices, send the global output layer (float32) to a fraction of
-them, wait at most ``round_timeout`` seconds, decode every update that came back (refusing one whose
+Each round: wait for ``min_clients`` devices, send the global trainable part (float32: the output
+layer, or with ``--train-layers last:N`` every array of the tail) to a fraction of them, wait at most ``round_timeout`` seconds, decode every update that came back (refusing one whose
 arrays do not fit the global model), average the updates weighted by each device's sample count, add
 the average to the global weights and check them on the held-out data. A round with fewer than
 ``min_updates`` usable updates leaves the global weights unchanged. After each round the global
@@ -81,13 +81,15 @@ def run(grid, spec_path: str) -> None:
     rundir = Path(spec["rundir"])
     log = _Log(rundir / "coordinator-rounds.log")
     state = read_state(rundir)
+    train_layers = spec.get("train_layers", "head")
     evaluator = Evaluator(LocalSpec(model=spec["model"], data=spec["val"], workdir=str(rundir / "work"),
-                                    threads=spec.get("threads"), seed=spec["seed"], params=spec.get("params")),
-                          spec["val"])
+                                    threads=spec.get("threads"), seed=spec["seed"], params=spec.get("params"),
+                                    train_layers=train_layers), spec["val"])
     arrays = load_global(rundir, state["completed"])
     scaffold = spec.get("aggregate") == "scaffold"
+    # a control variate per array a gradient trains; BatchNorm's running statistics are only averaged
     control = (load_global(rundir, state["completed"], CONTROL_PREFIX) if scaffold and state["completed"]
-               else {k: np.zeros_like(v) for k, v in arrays.items()})
+               else {k: np.zeros_like(v) for k, v in arrays.items() if k not in evaluator.statistics})
     log(f"resuming after round {state['completed']}" if state["completed"] else "starting")
     for round_no in range(state["completed"] + 1, spec["rounds"] + 1):
         t0 = time.monotonic()
@@ -99,7 +101,7 @@ def run(grid, spec_path: str) -> None:
         down = wire.weights_record({**arrays, **({CONTROL + k: v for k, v in control.items()} if scaffold else {})})
         config = ConfigRecord({"round": round_no, "codec": spec["codec"], "model": spec["model"],
                                "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
-                               "optimizer": spec["optimizer"], "seed": spec["seed"]})
+                               "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers})
         messages = [Message(content=RecordDict({"arrays": down, "config": config}), message_type="train",
                             dst_node_id=node) for node in chosen]
         log(f"round {round_no}: sent to {len(chosen)} of {len(nodes)} devices")
@@ -120,7 +122,7 @@ def run(grid, spec_path: str) -> None:
             facts = dict(reply.content["facts"])
             try:
                 update = wire.from_record(reply.content["update"])
-                expected = {**arrays, **({CONTROL + k: v for k, v in arrays.items()} if scaffold else {})}
+                expected = {**arrays, **({CONTROL + k: arrays[k] for k in control} if scaffold else {})}
                 delta = decode_update(update, expected, f"{facts.get('name')} (node {node})")
             except (EdgetrainError, ValueError) as exc:
                 reason = exc.line() if isinstance(exc, EdgetrainError) else str(exc)

@@ -1,11 +1,21 @@
 """One device's share of a round, through edgetrain's own fine-tuning engine.
 
-A round on a device is an ordinary head-only ``edgetrain finetune`` job (frozen part in ONNX Runtime,
-features cached, the linear output layer trained in NumPy, micro-batches within the memory budget,
-threads capped) whose output layer starts from the *global* weights the coordinator sent. The engine
-is used as it is (``edgetrain.training._HeadJob``); the one hook is here: after the job has loaded the
-model, its output layer is overwritten with the global arrays, and a global array whose name or shape
-does not match the device's model is refused (``ShapeMismatch``), never silently reshaped.
+A round on a device is an ordinary ``edgetrain finetune`` job (frozen part in ONNX Runtime, features
+cached, micro-batches within the memory budget, threads capped) whose trainable part starts from the
+*global* weights the coordinator sent:
+
+- ``--train-layers head``: the engine's head-only job (``edgetrain.training._HeadJob``, the linear output
+  layer trained in NumPy); the output layer's weight and bias travel.
+- ``--train-layers last:N`` (or ``all``): the engine's general job (``edgetrain.training._Job``, the tail
+  trained in MXNet); every array of the tail travels: its trainable parameters (weights, biases,
+  BatchNorm gamma/beta) and its BatchNorm running statistics (mean, variance). The statistics are not
+  trained by gradients: they travel as float32 whatever the codec (a variance must stay positive; they
+  are two numbers per channel), are averaged weighted by samples like the rest, and get no SCAFFOLD
+  control variate.
+
+The engine is used as it is; the one hook is here: once the job has built the trainable part, it is
+overwritten with the global arrays, and a global array whose name or shape does not match the device's
+model is refused (``ShapeMismatch``), never silently reshaped.
 """
 from __future__ import annotations
 
@@ -16,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import runtime
+from .. import _lazy, runtime
 from ..errors import UsageError
 from ..netsplit import parse_train_layers
-from ..optimizers import NumpySGD
+from ..optimizers import SGD, NumpySGD
 from ..options import FinetuneOptions
 
 ft = importlib.import_module("edgetrain.training")  # the module (edgetrain.training is also the API function)
@@ -74,19 +84,68 @@ class _FleetHeadJob(ft._HeadJob):
         """The part that travels: the output layer, by its parameter names."""
         return {self.head_names[k]: v for k, v in self.head.items() if self.head_names.get(k)}
 
+    def statistics(self) -> set[str]:
+        return set()  # a linear output layer has no running statistics
+
+
+class _FleetTailJob(ft._Job):
+    """``last:N`` / ``all``: the engine's general job whose tail starts from given arrays (``initial``)."""
+
+    initial: dict[str, np.ndarray] | None = None
+    mismatch_where = "global weights"
+    correction: dict[str, np.ndarray] | None = None  # SCAFFOLD's (c - c_i), by parameter name
+
+    def _split(self):
+        super()._split()
+        if self.initial is not None:
+            check_shapes(self.trainable_arrays(), {k: v.shape for k, v in self.initial.items()}, self.mismatch_where,
+                         "every device must fine-tune the same model for the same classes (same class_names) "
+                         "with the same --train-layers")
+            mx = _lazy.mxnet()
+            for p in self.split.trained.collect_params().values():
+                p.set_data(mx.nd.array(self.initial[p.name], dtype="float32"))
+
+    def _make_training(self) -> None:
+        super()._make_training()
+        self.opt = _Corrected(self.opt, self.correction or None)
+
+    def _write_model(self, extra: dict) -> None:
+        pass  # a round's result is its arrays (they travel); no PREFIX model is written per round
+
+    def trainable_arrays(self) -> dict[str, np.ndarray]:
+        """The part that travels: every array of the tail (running statistics included), by name."""
+        return {p.name: p.data().asnumpy() for p in self.split.trained.collect_params().values()}
+
+    def statistics(self) -> set[str]:
+        """Names of the arrays no gradient trains (BatchNorm running mean and variance)."""
+        return {p.name for p in self.split.trained.collect_params().values() if p.grad_req == "null"}
+
 
 class _Corrected:
     """The engine's optimizer, with a drift correction added to every gradient it is given (SCAFFOLD,
-    Karimireddy et al. 2020): devices that each see a few classes otherwise pull the shared output layer
-    towards their own classes. Counts the steps, which the new control variate needs."""
+    Karimireddy et al. 2020): devices that each see a few classes otherwise pull the shared trainable
+    part towards their own classes. Counts the steps, which the new control variate needs. The NumPy
+    head's optimizer is given its gradients; MXNet's finds them in the parameters (``step()``)."""
 
     def __init__(self, opt, correction: dict | None):
         self._opt, self._correction, self.steps = opt, correction, 0
+        self._mx = None
 
-    def step(self, grads: dict) -> None:
+    def step(self, grads: dict | None = None) -> None:
+        self.steps += 1
+        if grads is None:  # MXNet: the accumulated gradient of each parameter, corrected in place
+            if self._correction:
+                if self._mx is None:
+                    mx = _lazy.mxnet()
+                    self._mx = {p.name: mx.nd.array(self._correction[p.name], dtype="float32")
+                                for p in self._opt.params if p.name in self._correction}
+                for p in self._opt.params:
+                    if p.name in self._mx:
+                        p.grad()[:] += self._mx[p.name]
+            self._opt.step()
+            return
         if self._correction:
             grads = {k: g + self._correction[k] for k, g in grads.items()}
-        self.steps += 1
         self._opt.step(grads)
 
     def __getattr__(self, name):
@@ -117,16 +176,14 @@ class LocalSpec:
     train_layers: str = "head"
 
 
-def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, initial) -> _FleetHeadJob:
+def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, initial) -> _FleetHeadJob | _FleetTailJob:
     layers = parse_train_layers(spec.train_layers)
-    if not (layers.kind == "last" and layers.n == 1):
-        raise UsageError(f"fleet trains the output layer only (got --train-layers {spec.train_layers})",
-                         "--train-layers", "use --train-layers head")
+    cls = _FleetHeadJob if ft.job_class(layers) is ft._HeadJob else _FleetTailJob
     # model_construct: internal values (epochs=0 evaluates only), not a user's input to validate
     opts = FinetuneOptions.model_construct(data=str(data), out=str(outdir), epochs=epochs, batch_size=spec.batch_size,
                                            lr=spec.lr, optimizer=spec.optimizer, seed=spec.seed, params=spec.params)
-    job = _FleetHeadJob(spec.model, opts, layers=layers, val_split=0.0, budget_mb=spec.budget_mb, threads=spec.threads,
-                        profile=spec.device, progress=lambda info: None)
+    job = cls(spec.model, opts, layers=layers, val_split=0.0, budget_mb=spec.budget_mb, threads=spec.threads,
+              profile=spec.device, progress=lambda info: None)
     job.resume = False
     job.initial = initial
     return job
@@ -135,9 +192,10 @@ def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, initial) -> _Fle
 def train_round(spec: LocalSpec, global_arrays: dict[str, np.ndarray], round_no: int,
                 correction: dict[str, np.ndarray] | None = None):
     """Train from ``global_arrays`` on the device's data for ``spec.epochs``; returns
-    (new trainable arrays, the engine's FinetuneResult). ``correction`` (SCAFFOLD's c - c_i) is added to
-    every gradient. The result also carries ``fleet_scale``: how far the weights move per unit of constant
-    gradient over this round's steps (the new control variate is the displacement divided by it).
+    (new arrays that travel, the engine's FinetuneResult). ``correction`` (SCAFFOLD's c - c_i, by name) is
+    added to the gradient of each array it names. The result also carries ``fleet_scale``: how far the
+    weights move per unit of constant gradient over this round's steps (the new control variate is the
+    displacement divided by it), and ``fleet_statistics``: the names of the arrays no gradient trains.
     The round's folder is removed afterwards."""
     outdir = Path(spec.workdir) / f"round-{round_no:04d}"
     shutil.rmtree(outdir, ignore_errors=True)  # a round killed earlier left its scratch here
@@ -147,8 +205,9 @@ def train_round(spec: LocalSpec, global_arrays: dict[str, np.ndarray], round_no:
     try:
         result = job.run(False)
         opt = job.opt._opt
-        momentum = getattr(opt, "momentum", 0.0) if isinstance(opt, NumpySGD) else 0.0
+        momentum = getattr(opt, "momentum", 0.0) if isinstance(opt, (NumpySGD, SGD)) else 0.0
         result.fleet_scale = displacement_per_gradient(job.opt.steps, float(job.lr), momentum)
+        result.fleet_statistics = job.statistics()
         return {k: v.copy() for k, v in job.trainable_arrays().items()}, result
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
@@ -156,27 +215,49 @@ def train_round(spec: LocalSpec, global_arrays: dict[str, np.ndarray], round_no:
 
 class Evaluator:
     """The coordinator's held-out check: the frozen part's features computed once, then top-1 of any
-    output layer in NumPy. Also gives the starting global arrays (the engine's own initialisation)."""
+    trainable arrays (the output layer in NumPy; a last:N tail in MXNet, BatchNorm in inference mode with
+    the running statistics given). Also gives the starting global arrays (the engine's own initialisation)
+    and ``statistics``, the names among them that no gradient trains."""
 
     def __init__(self, spec: LocalSpec, val: str):
         runtime.apply_threads(spec.threads, strict=False)
         self.job = job = _job(spec, val, Path(spec.workdir) / "eval", 0, None)
         job.outdir.mkdir(parents=True, exist_ok=True)
         job._load()
-        self.initial = {k: v.copy() for k, v in job.trainable_arrays().items()}
         self.classes = list(job.classes)
         ds = job.train_ds
-        session = ft._ort_session(job.prep_dir / ft.FROZEN_ONNX, job.threads, True)
-        name = session.get_inputs()[0].name
-        feats = [session.run(None, {name: ds.batch(np.arange(s, min(s + 256, len(ds))))})[0]
-                 for s in range(0, len(ds), 256)]
-        self.features = np.concatenate(feats).reshape(len(ds), -1)
+        batches = [np.arange(s, min(s + 256, len(ds))) for s in range(0, len(ds), 256)]
+        if isinstance(job, _FleetHeadJob):
+            session = ft._ort_session(job.prep_dir / ft.FROZEN_ONNX, job.threads, True)
+            name = session.get_inputs()[0].name
+            feats = [session.run(None, {name: ds.batch(idx)})[0] for idx in batches]
+            self.head_names = dict(job.head_names)
+        else:
+            job._split()
+            mx = _lazy.mxnet()
+            frozen = job.split.frozen
+            feats = [frozen(mx.nd.array(ds.batch(idx))).asnumpy() if frozen is not None else ds.batch(idx)
+                     for idx in batches]
+        self.initial = {k: v.copy() for k, v in job.trainable_arrays().items()}
+        self.statistics = job.statistics()
+        self.features = np.concatenate(feats)
+        if isinstance(job, _FleetHeadJob):
+            self.features = self.features.reshape(len(ds), -1)
         self.labels = np.asarray(ds.labels)
-        self.head_names = dict(job.head_names)
 
     def top1(self, arrays: dict[str, np.ndarray]) -> float:
+        if isinstance(self.job, _FleetTailJob):
+            return float(np.mean(self._tail_predictions(arrays) == self.labels))
         w = arrays[self.head_names["weight"]].reshape(len(self.classes), -1)
         z = self.features @ w.T
         if self.head_names.get("bias"):
             z = z + arrays[self.head_names["bias"]]
         return float(np.mean(np.argmax(z, axis=1) == self.labels))
+
+    def _tail_predictions(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        mx = _lazy.mxnet()
+        trained = self.job.split.trained
+        for p in trained.collect_params().values():
+            p.set_data(mx.nd.array(arrays[p.name], dtype="float32"))
+        return np.concatenate([trained(mx.nd.array(self.features[s:s + 256])).asnumpy().argmax(axis=1)
+                               for s in range(0, len(self.features), 256)])

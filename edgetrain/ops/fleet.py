@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,7 +46,7 @@ build-backend = "hatchling.build"
 [project]
 name = "edgetrain-fleet"
 version = "1.0.0"
-description = "edgetrain fleet: federated fine-tuning of the output layer (written by edgetrain fleet serve)"
+description = "edgetrain fleet: federated fine-tuning of the trainable part (written by edgetrain fleet serve)"
 license = "Apache-2.0"
 dependencies = []
 
@@ -130,12 +131,18 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
             "min_updates": opts.min_updates, "fraction": opts.fraction, "aggregate": opts.aggregate, "round_timeout": opts.round_timeout,
             "join_timeout": opts.join_timeout, "codec": opts.codec, "epochs": opts.epochs,
             "batch_size": opts.batch_size, "lr": opts.lr, "optimizer": opts.optimizer, "seed": opts.seed,
-            "threads": threads}
+            "train_layers": opts.train_layers, "threads": threads}
     if state is None:
         report(progress, "prepare", message="loading the model and the held-out data")
+        created = not rundir.exists()
         rundir.mkdir(parents=True, exist_ok=True)
-        ev = Evaluator(LocalSpec(model=model, data=opts.val, workdir=str(rundir / "work"), threads=threads,
-                                 seed=opts.seed, params=opts.params), opts.val)
+        try:
+            ev = Evaluator(LocalSpec(model=model, data=opts.val, workdir=str(rundir / "work"), threads=threads,
+                                     seed=opts.seed, params=opts.params, train_layers=opts.train_layers), opts.val)
+        except BaseException:
+            if created:  # a model or --val refused: nothing half-made left behind
+                shutil.rmtree(rundir, ignore_errors=True)
+            raise
         coord.save_global(rundir, 0, ev.initial)
         state = {"format": coord.STATE_FORMAT, "completed": 0, "classes": ev.classes,
                  "initial_accuracy": ev.top1(ev.initial), "rounds": [], "model": model, "codec": opts.codec}
@@ -143,10 +150,11 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
         resumed_after = 0
     else:
         old = json.loads((rundir / SPEC).read_text()) if (rundir / SPEC).exists() else {}
-        changed = [k for k in ("model", "val", "codec", "params", "aggregate") if old.get(k) != spec[k]]
+        old.setdefault("train_layers", "head")  # a run made before --train-layers trained the head
+        changed = [k for k in ("model", "val", "codec", "params", "aggregate", "train_layers") if old.get(k) != spec[k]]
         if changed:
             raise UsageError(f"--resume with a different {', '.join(changed)} than the run in RUNDIR", str(rundir),
-                             "resume with the same MODEL, --val, --codec, --aggregate and --params")
+                             "resume with the same MODEL, --val, --codec, --aggregate, --params and --train-layers")
         state.pop("finished", None)
         coord.write_state(rundir, state)
         resumed_after = int(state["completed"])
