@@ -127,7 +127,7 @@ def test_mxnet_not_installed_points_at_doctor_fix(tmp_path):
 
 
 def test_system_libraries_missing_give_the_apt_line(tmp_path):
-    from edgetrain.doctor import check_system_libs
+    from edgetrain.ops.doctor import check_system_libs
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -147,7 +147,7 @@ def test_system_libraries_missing_give_the_apt_line(tmp_path):
 
 
 def test_system_libraries_are_read_from_the_installed_wheel():
-    from edgetrain.doctor import check_system_libs
+    from edgetrain.ops.doctor import check_system_libs
 
     lib = armpl.find_libmxnet()
     check = check_system_libs(platform.machine(), lib)
@@ -295,7 +295,7 @@ def test_missing_debian_packages_give_the_apt_command_and_change_nothing(fake_si
 
 
 def test_doctor_armpl_check_not_applicable_off_arm():
-    from edgetrain.doctor import check_armpl
+    from edgetrain.ops.doctor import check_armpl
 
     check, plan = check_armpl("x86_64", armpl.find_libmxnet())
     assert check.status == "ok" and "not applicable" in check.message and plan is None

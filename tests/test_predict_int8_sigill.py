@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib import metadata
 
-from edgetrain.doctor import FAIL, OK, check_inference
+from edgetrain.ops.doctor import FAIL, OK, check_inference
 
 
 def test_this_hosts_wheel_runs_fp32_and_int8():

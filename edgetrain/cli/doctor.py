@@ -22,7 +22,7 @@ def doctor(fix, json_path):
     Libraries are imported in child processes, so a broken install is reported, not crashed on.
     Exit 0 when healthy, 1 when any check failed.
     """
-    from ..doctor import render, run_checks
+    from ..ops.doctor import render, run_checks
 
     line = ProgressLine(not quiet(json_path))
     result = run_checks(fix=fix, progress=lambda name: report(line, "doctor", message=f"checking {name}"))

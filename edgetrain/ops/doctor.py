@@ -19,9 +19,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import runtime
-from .compat import armpl
-from .host import detect_host, read_cpuinfo
+from .. import runtime
+from ..compat import armpl
+from ..host import detect_host, read_cpuinfo
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 NOTHING = "nothing to do"
@@ -555,7 +555,6 @@ def check_isa(machine: str) -> Check:
 def _emulated() -> bool:
     """A cheap guess used only to word a fix: is an aarch64 Python running on an x86 kernel via QEMU?"""
     try:
-        from .host import detect_host  # written alongside; optional here
         return bool(detect_host().emulated)
     except Exception:
         return False
