@@ -27,7 +27,6 @@ from types import ModuleType
 from typing import Any
 
 from . import runtime
-from .compat import numpy_names
 from .errors import UsageError
 
 MXNET_VERSION = "1.9.1"
@@ -37,7 +36,10 @@ _MISSING_LIB = re.compile(r"([\w.+-]+\.so[\w.]*): cannot open shared object file
 
 
 def _before_mxnet() -> None:
-    # the cap in force must be in the environment before OpenMP and MXNet's engine load
+    # the cap in force must be in the environment before OpenMP and MXNet's engine load. numpy_names is
+    # imported where mxnet is, not at the top: `edgetrain predict` never loads mxnet (issue 16).
+    from .compat import numpy_names
+
     runtime.apply_threads(runtime.requested_threads())
     runtime.quiet_libraries()
     numpy_names.install()
@@ -53,6 +55,8 @@ class _MxnetImportHook:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "mxnet" or "mxnet" in sys.modules:
             return None
+        from .compat import numpy_names
+
         spec = numpy_names.spec_from_other_finders(fullname, path, target)
         if spec is None:
             return None
@@ -69,6 +73,8 @@ class _PreparingLoader:
         return self._inner.create_module(spec)
 
     def exec_module(self, module):
+        from .compat import numpy_names
+
         with _lock:
             _before_mxnet()
         numpy_names.exec_for_mxnet(self._inner, module)

@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Callable, Optional
 
-from .compare import chance_failure
-
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHECK_FAILED = 0, 1, 2, 3
 
 
@@ -127,8 +125,10 @@ class QuantizeResult(Result):
     node_errors: list[dict] = field(default_factory=list)
 
     def checks(self) -> list[str]:
-        a = self.accuracy
+        # imported here, not at the top: `edgetrain predict` starts without compare (issue 16)
+        from .compare import chance_failure
 
+        a = self.accuracy
         failed = []
         if a.get("checked") and a["drop"] > a["max_drop"] + 1e-9:
             failed.append(f"int8 top-1 drop {a['drop']:.2f} pts exceeds --max-drop {a['max_drop']:g}: the best model "
@@ -161,6 +161,9 @@ class ExportResult(Result):
     accuracy: dict | None = None  # with --data: top-1 of the ONNX model on its samples, against chance
 
     def checks(self) -> list[str]:
+        # imported here, not at the top: `edgetrain predict` starts without compare (issue 16)
+        from .compare import chance_failure
+
         failed = [f for f in [chance_failure((self.accuracy or {}).get("chance"), "ONNX model")] if f]
         if not self.comparison.passed:
             worst = self.comparison.failed[0] if self.comparison.failed else None

@@ -1,17 +1,26 @@
-"""Start-up time and peak RSS of `edgetrain predict` against a minimal hand-written ONNX Runtime loop.
+"""Start-up time, CPU and peak RSS of `edgetrain predict` against a minimal hand-written ONNX Runtime loop.
 
-    python tools/bench_predict.py MODEL.onnx IMAGE_FOLDER [--threads 1] [--rounds 7]
+    python tools/bench_predict.py MODEL.onnx IMAGE_FOLDER [--threads 1] [--batch 16] [--rounds 9]
 
-Both classify the same images with the same model, batch 16, the same thread cap, output to a file: the
-reference is tools/predict_ort_reference.py (onnxruntime + NumPy + Pillow, nothing else). Each run is a
-whole fresh process, timed from fork to exit; peak RSS is the kernel's ru_maxrss of that process
-(os.wait4). The two alternate A B A B ... so a drifting machine affects both; the ratio is taken pair by
-pair and its median printed. The goal (issue 16): edgetrain within 10% of the reference on both.
+Both classify the same images with the same model, batch size, top-k and thread cap and print one line
+per image: the reference is tools/predict_ort_reference.py (onnxruntime + NumPy + Pillow, nothing else);
+edgetrain is the installed console script (`edgetrain predict`, as a user types it). The bench first
+checks that both printed the same top-k labels and scores for every image (the same work), then times
+them. Each run is a whole fresh process, timed from fork to exit; CPU is the process's user + system time
+and peak RSS its ru_maxrss, both from os.wait4. The two alternate A B B A A B ... so a drifting machine
+affects both; each ratio is taken pair by pair and its median (and range) printed. The goal (issue 16):
+edgetrain within 10% of the reference on start-up (wall and CPU) and on peak RSS.
+
+Both run in the same environment, as an installed package runs: Python's bytecode cache on (a private
+PYTHONPYCACHEPREFIX, filled by the warm-up runs; with PYTHONDONTWRITEBYTECODE set, every run would
+compile edgetrain and onnxruntime from source) and ONNX Runtime's telemetry log off for both (edgetrain
+switches it off itself; in the reference it would add an SQLite write per run to the comparison).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -20,19 +29,43 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+NO_TELEMETRY_CACHE = "/dev/null/bench-no-telemetry"  # a folder that can never be made
 
 
-def run(argv: list[str], out: Path) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB) of one fresh process."""
+def run(argv: list[str], out: Path, env: dict) -> tuple[float, float, float]:
+    """(wall s, CPU s, peak RSS MiB) of one fresh process writing its stdout to ``out``."""
     with open(out, "w") as fh:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv[:4]} failed with exit code {proc.returncode}")
-    return wall, usage.ru_maxrss / 1024.0
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{' '.join(argv[:4])} ... failed with exit code {code}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0
+
+
+def predictions(path: Path, images: str) -> dict[str, str]:
+    """{image path: its top-k text} from a run's output (the lines naming an image)."""
+    rows = {}
+    for line in path.read_text().splitlines():
+        name, tab, top = line.partition("\t")
+        if tab and name.startswith(images):
+            rows[name] = top
+    return rows
+
+
+def same_answers(a: dict[str, str], b: dict[str, str]) -> str | None:
+    """None if both gave every image the same labels, scores within 0.001; else what differs."""
+    if a.keys() != b.keys() or not a:
+        return f"different images: {len(a)} vs {len(b)} lines"
+    for name in a:
+        pa, pb = a[name].split("  "), b[name].split("  ")
+        labels_a, labels_b = [p.rsplit(" ", 1)[0] for p in pa], [p.rsplit(" ", 1)[0] for p in pb]
+        scores_a, scores_b = [float(p.rsplit(" ", 1)[1]) for p in pa], [float(p.rsplit(" ", 1)[1]) for p in pb]
+        if labels_a[0] != labels_b[0] or any(abs(x - y) > 1.001e-3 for x, y in zip(scores_a, scores_b)):
+            return f"{name}: {a[name]!r} vs {b[name]!r}"
+    return None
 
 
 def main() -> int:
@@ -40,30 +73,57 @@ def main() -> int:
     ap.add_argument("model")
     ap.add_argument("images")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--top-k", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
-    edgetrain = [sys.executable, "-m", "edgetrain", "predict", args.model, args.images, "--threads",
-                 str(args.threads), "--batch", "16", "--top-k", "5"]
+    script = Path(sys.executable).with_name("edgetrain")
+    edgetrain = ([str(script)] if script.is_file() else [sys.executable, "-m", "edgetrain"]) + [
+        "predict", args.model, args.images, "--threads", str(args.threads), "--batch", str(args.batch),
+        "--top-k", str(args.top_k)]
     reference = [sys.executable, str(HERE / "predict_ort_reference.py"), args.model, args.images, str(args.threads),
-                 "16"]
-    rows = {"edgetrain predict": [], "ORT reference loop": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        run(edgetrain, Path(tmp) / "warm.txt")  # page cache warm for both
-        run(reference, Path(tmp) / "warm.txt")
+                 str(args.batch), str(args.top_k)]
+    names = ("edgetrain predict", "ORT reference loop")
+    rows: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-predict-"))
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env.update(PYTHONPYCACHEPREFIX=str(tmp / "pycache"), XDG_CACHE_HOME=NO_TELEMETRY_CACHE)
+        for _ in range(2):  # fills the bytecode cache, warms the page cache
+            run(edgetrain, tmp / "a.txt", env)
+            run(reference, tmp / "b.txt", env)
+        differ = same_answers(predictions(tmp / "a.txt", args.images), predictions(tmp / "b.txt", args.images))
+        if differ:
+            raise SystemExit(f"edgetrain and the reference disagree (not the same work): {differ}")
+        load0 = os.getloadavg()
         for r in range(args.rounds):
-            order = [("edgetrain predict", edgetrain), ("ORT reference loop", reference)]
-            for name, argv in order if r % 2 == 0 else order[::-1]:
-                rows[name].append(run(argv, Path(tmp) / "out.txt"))
-    a, b = rows["edgetrain predict"], rows["ORT reference loop"]
-    print(f"{len(a)} rounds, interleaved; model {args.model}, {len(os.listdir(args.images))} images, "
-          f"{args.threads} thread(s)")
-    print(f"{'':20} {'wall s (median)':>16} {'peak RSS MiB (median)':>22}")
-    for name, vals in rows.items():
-        print(f"{name:20} {statistics.median(v[0] for v in vals):16.3f} {statistics.median(v[1] for v in vals):22.1f}")
-    wall = statistics.median(x[0] / y[0] for x, y in zip(a, b))
-    rss = statistics.median(x[1] / y[1] for x, y in zip(a, b))
-    print(f"{'ratio (pairwise)':20} {wall:16.3f} {rss:22.3f}   (edgetrain / reference; goal <= 1.10)")
+            order = (names[0], names[1]) if r % 2 == 0 else (names[1], names[0])
+            for name in order:
+                rows[name].append(run(edgetrain if name == names[0] else reference, tmp / "out.txt", env))
+        load1 = os.getloadavg()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    a, b = rows[names[0]], rows[names[1]]
+    n_images = len(predictions_count(args.images))
+    print(f"{args.rounds} rounds, interleaved (A B, B A, ...); model {args.model}, {n_images} images, batch "
+          f"{args.batch}, {args.threads} thread(s); same top-{args.top_k} answers checked; load average "
+          f"{load0[0]:.2f} before, {load1[0]:.2f} after")
+    print(f"{'median':22} {'wall s':>8} {'CPU s':>8} {'peak RSS MiB':>13}")
+    for name in names:
+        vals = rows[name]
+        print(f"{name:22} " + " ".join(f"{statistics.median(v[i] for v in vals):{w}.{p}f}"
+                                       for i, w, p in ((0, 8, 3), (1, 8, 3), (2, 13, 1))))
+    ratios = [[x[i] / y[i] for x, y in zip(a, b)] for i in range(3)]
+    print(f"{'ratio (pair by pair)':22} " + " ".join(f"{statistics.median(r):{w}.3f}"
+                                                     for r, w in zip(ratios, (8, 8, 13)))
+          + "   edgetrain / reference, median; goal <= 1.10")
+    print(f"{'  range of the ratio':22} " + " ".join(f"{min(r):.2f}-{max(r):.2f}".rjust(w)
+                                                     for r, w in zip(ratios, (8, 8, 13))))
     return 0
+
+
+def predictions_count(images: str) -> list[str]:
+    return [p for p in os.listdir(images) if p.lower().endswith((".jpg", ".jpeg", ".png"))]
 
 
 if __name__ == "__main__":

@@ -1,60 +1,35 @@
 """The `edgetrain` command line: parse options, call the API, render the result.
 
-This package is the only place that imports click. Each verb lives in its own module and is added to
-the group below; API modules are imported inside the commands so that ``--help`` stays fast.
+This package is the only place that imports click (``group``: the verbs; each verb's module). ``main``,
+the console script, does not import it for `edgetrain predict`: that command starts on a Pi Zero as
+small and as fast as a bare ONNX Runtime loop (issue 16), so ``predict_fast`` reads its command line
+from the flags the declaration generated and runs it. Whatever that light parser does not take exactly
+as click would (--help, a bad value, an unknown flag, --device) goes to click, which answers as always.
 """
 from __future__ import annotations
 
-import click
-
-from .common import run_cli
-
-COMMANDS = {
-    # name: module under edgetrain.cli holding a click command of the same name
-    "devices": "devices",
-    "doctor": "doctor",
-    "export": "export",
-    "finetune": "finetune",
-    "fleet": "fleet",
-    "inspect": "inspect",
-    "predict": "predict",
-    "profile": "profile",
-    "quantize": "quantize",
-    "recipes": "recipes",
-    "run": "run",
-}
-
-
-class LazyGroup(click.Group):
-    """Loads a verb's module only when that verb is used (or listed by --help)."""
-
-    def list_commands(self, ctx):
-        return sorted(COMMANDS)
-
-    def get_command(self, ctx, name):
-        module = COMMANDS.get(name)
-        if module is None:
-            return None
-        import importlib
-
-        mod = importlib.import_module(f".{module}", __name__)
-        return getattr(mod, name.replace("-", "_"))
-
-
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="edgetrain")
-def cli():
-    """Take MXNet Gluon models to low-power devices: quantize to int8, fine-tune on the device,
-    export to ONNX, and profile latency, memory and energy.
-
-    MODEL is PREFIX (PREFIX-symbol.json + PREFIX-NNNN.params), zoo:NAME, pkg.module:function, or a
-    .onnx file where a command takes one. DATA is an image folder (one sub-folder per class), an .npz
-    with `data` and `label`, or builtin:digits.
-
-    Exit codes: 0 done, 1 the run failed, 2 bad usage/config/input, 3 a budget or validation failed
-    (artifacts and report kept).
-    """
+import sys
 
 
 def main(argv=None):
-    run_cli(cli, argv)
+    from .common import run_cli, run_guarded
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["predict"]:
+        from . import predict_fast
+
+        parsed = predict_fast.parse(args[1:])
+        if parsed is not None:
+            run_guarded(lambda: predict_fast.run(*parsed))
+            return
+    from .group import cli
+
+    run_cli(cli, args)
+
+
+def __getattr__(name: str):
+    if name == "cli":  # the click group (tests and the reference-docs writer use it)
+        from .group import cli
+
+        return cli
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,8 @@
-"""What every command shares: --device/--threads/--json, error rendering, JSON output."""
+"""What every command shares: --device/--threads/--json, error rendering, JSON output.
+
+Nothing here imports click at module level: `edgetrain predict`'s light start (``predict_fast``) uses
+this module without click (issue 16); ``run_cli`` and ``json_option`` import it when they run.
+"""
 from __future__ import annotations
 
 import json
@@ -6,34 +10,59 @@ import os
 import sys
 from pathlib import Path
 
-import click
-
 from .. import runtime
 from ..errors import BudgetExceeded, EdgetrainError
-from ..fileio import atomic_write_text
+
+JSON_FLAG, JSON_DEST = "--json", "json_path"   # every command's --json PATH (the light parser reads it too)
 
 
-def run_cli(group: click.Group, argv=None) -> None:
+def run_cli(group, argv=None) -> None:
     """Run the click group; a user's error becomes one line on stderr and its exit code."""
+    import click
+
+    def call():
+        try:
+            return group.main(args=argv, prog_name="edgetrain", standalone_mode=False)
+        except click.exceptions.Abort:
+            echo("Aborted.", err=True)
+            sys.exit(130)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+
+    run_guarded(call)
+
+
+def run_guarded(call) -> None:
+    """Run a command's ``call()`` and exit: a user's error is one line on stderr and its exit code; an
+    interrupt is "Aborted." and 130 (as click does it); a returned int is the exit code."""
     try:
-        rc = group.main(args=argv, prog_name="edgetrain", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
+        rc = call()
+    except (KeyboardInterrupt, EOFError):  # click turns these into Abort; the light path sees them raw
+        echo(err=True)
+        echo("Aborted.", err=True)
         sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
     except EdgetrainError as exc:
         if os.environ.get("EDGETRAIN_DEBUG") == "1":
             raise
-        click.echo(f"Error: {exc.line()}", err=True)
+        echo(f"Error: {exc.line()}", err=True)
         sys.exit(exc.exit_code)
     sys.exit(rc if isinstance(rc, int) else 0)
 
 
 def json_option(f):
-    return click.option("--json", "json_path", metavar="PATH",
+    import click
+
+    return click.option(JSON_FLAG, JSON_DEST, metavar="PATH",
                         help="Write the result as JSON to PATH ('-' for stdout).")(f)
+
+
+def echo(message: str = "", err: bool = False, nl: bool = True) -> None:
+    """One line to stdout (or stderr), flushed: what click.echo does for plain text, without click."""
+    stream = sys.stderr if err else sys.stdout
+    if stream is not None:
+        stream.write(message + "\n" if nl else message)
+        stream.flush()
 
 
 def setup(opts) -> int | None:
@@ -59,7 +88,7 @@ def quiet(json_path: str | None) -> bool:
 
 def say(json_path: str | None, message: str = "", **kw) -> None:
     """Human output: to stdout, or to stderr when stdout carries the JSON."""
-    click.echo(message, err=quiet(json_path), **kw)
+    echo(message, err=quiet(json_path), **kw)
 
 
 def write_json(json_path: str | None, result) -> None:
@@ -73,7 +102,9 @@ def write_json(json_path: str | None, result) -> None:
         sys.stdout.flush()
         return
 
-    atomic_write_text(Path(json_path), text, what="--json")
+    from ..fileio import atomic_write_text
+
+    atomic_write_text(Path(json_path), text, what=JSON_FLAG)
 
 
 def _default(obj):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,11 +16,17 @@ from clitools import assert_user_error
 from test_predict import models  # noqa: F401  (the fixture: fp32 / fixed-batch / int8 ONNX files + data)
 
 
+# What `edgetrain predict` must never load (issue 16: it starts as small and fast as a bare ONNX Runtime
+# loop): mxnet and onnx, and the CLI's own click and pydantic (its flags come from predict_flags.json).
+HEAVY = ("mxnet", "onnx", "click", "pydantic", "edgetrain.options")
+
+
 def _child(args, stdin: str = "", cwd=None):
-    """The CLI in a fresh interpreter that reports, as it exits, which heavy packages were ever imported."""
+    """The console script's ``main`` in a fresh interpreter that reports, as it exits, which of HEAVY were
+    ever imported (a line 'LOADED a,b')."""
     code = ("import atexit, sys\n"
-            "atexit.register(lambda: sys.stderr.write('LOADED ' + ','.join(sorted(m for m in ('mxnet', 'onnx') "
-            "if m in sys.modules)) + '\\n'))\n"
+            f"atexit.register(lambda: sys.stderr.write('LOADED ' + ','.join(m for m in {HEAVY!r} "
+            "if m in sys.modules) + '\\n'))\n"
             "from edgetrain.cli import main\n"
             f"main({[str(a) for a in args]!r})\n")
     env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
@@ -29,12 +36,20 @@ def _child(args, stdin: str = "", cwd=None):
 
 @pytest.mark.parametrize("name", ["fp32.onnx", "int8.onnx"])
 @pytest.mark.parametrize("data", ["npz", "folder", "stdin", "digits"])
-def test_predict_never_imports_mxnet_or_onnx(models, digits_folder, name, data):  # noqa: F811
+def test_predict_never_imports_mxnet_onnx_click_or_pydantic(models, digits_folder, name, data, tmp_path):  # noqa: F811
     paths = sorted(str(p) for p in digits_folder.rglob("*.png"))
     arg = {"npz": models / "digits5.npz", "folder": digits_folder, "stdin": "-", "digits": "builtin:digits"}[data]
-    res = _child(["predict", models / name, arg, "--threads", "1"], stdin="\n".join(paths))
+    extra = {"npz": ["--format", "csv"], "folder": ["-o", tmp_path / "p.txt"], "stdin": ["--json", "-"],
+             "digits": ["--top-k=2", "--batch", "64"]}[data]
+    res = _child(["predict", models / name, arg, "--threads", "1", *extra], stdin="\n".join(paths))
     assert res.returncode == 0, res.stderr
-    assert "LOADED \n" in res.stderr, res.stderr  # neither mxnet nor onnx was ever in sys.modules
+    assert "LOADED \n" in res.stderr, res.stderr  # none of HEAVY was ever in sys.modules
+
+
+def test_the_check_sees_what_a_command_loads(models):  # noqa: F811
+    """The check above can fail: the click path (here --help) is seen loading click."""
+    res = _child(["predict", "--help"])
+    assert res.returncode == 0 and "LOADED click\n" in res.stderr, res.stderr
 
 
 def test_csv_and_jsonl_on_stdout_summary_on_stderr(cli, models):  # noqa: F811
@@ -114,14 +129,78 @@ def test_the_flag_file_is_what_the_declaration_says():
     assert json.loads(FLAGS.read_text(encoding="utf-8")) == flag_specs()
 
 
-def test_start_up_loads_neither_pydantic_nor_the_options_without_a_device(models):  # noqa: F811
-    code = ("import atexit, sys\n"
-            "atexit.register(lambda: sys.stderr.write('LOADED ' + ','.join(sorted(m for m in ('pydantic', "
-            "'edgetrain.options', 'mxnet', 'onnx') if m in sys.modules)) + '\\n'))\n"
-            "from edgetrain.cli import main\n"
-            f"main(['predict', {str(models / 'int8.onnx')!r}, {str(models / 'digits5.npz')!r}])\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "LOADED \n" in res.stderr, res.stderr
+def test_a_device_profile_takes_the_declared_path(models):  # noqa: F811
+    """--device NAME is read by the declaration (pydantic, through click), and its thread count applies."""
     res = _child(["predict", models / "int8.onnx", models / "digits5.npz", "--device", "rpi4b-4gb", "--json", "-"])
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["threads"] == 4  # the device's default threads (capped warning aside)
+
+
+# Command lines the light parser must read exactly as click does (or leave to click: None).
+LINES = [
+    ["M", "D"], ["M", "D", "--top-k", "3"], ["--top-k=3", "M", "D"], ["M", "-", "-o", "out.txt"],
+    ["M", "D", "-oout.txt"], ["M", "D", "--output=x.csv", "--format", "csv"], ["M", "D", "--json", "-"],
+    ["M", "D", "--format", "csv", "--format", "jsonl"], ["--", "-M", "D"], ["M", "--", "D"],
+    ["M", "D", "--threads", "2", "--batch", "1"], ["M", "D", "--top-k", "1000"], ["M", "D", "--batch=4096"],
+    ["M", "D", "--json=r.json", "--top-k", "07"], ["", "D"],
+]
+CLICK_ONLY = [  # errors, help and what click reads its own way: the light parser must hand these over
+    ["M", "D", "--top-k", "0"], ["M", "D", "--top-k", "1001"], ["M", "D", "--top-k", "x"],
+    ["M", "D", "--format", "xml"], ["M"], [], ["M", "D", "E"], ["M", "D", "--help"], ["-h"], ["M", "D", "--nope"],
+    ["M", "D", "--top-k"], ["M", "D", "--device", "rpi4b-4gb"], ["M", "D", "--top-k", "+3"],
+    ["M", "D", "--top-k", " 3"], ["M", "D", "-o", "-x"], ["M", "D", "-x"], ["M", "D", "--top"],
+    ["M", "D", "--batch", "1_0"],
+]
+
+
+def _click_reading(args):
+    """(MODEL, DATA, --json, option values) as click parses ``args``, or None where click refuses them."""
+    import click
+
+    from edgetrain.cli.predict import predict
+
+    try:
+        ctx = predict.make_context("predict", list(args))
+    except (click.exceptions.ClickException, click.exceptions.Exit):
+        return None
+    params = dict(ctx.params)
+    return params.pop("model"), params.pop("data"), params.pop("json_path"), params
+
+
+@pytest.mark.parametrize("args", LINES + CLICK_ONLY, ids=lambda a: " ".join(a) or "nothing")
+def test_the_light_parser_reads_a_command_line_as_click_does_or_hands_it_to_click(args):
+    from edgetrain.cli.predict_fast import parse
+
+    light, declared = parse(args), _click_reading(args)
+    if args in LINES:
+        assert light is not None and light == declared, (light, declared)
+    else:
+        assert light is None
+
+
+def test_help_and_errors_are_clicks(cli):
+    res = cli("predict", "--help")
+    assert res.code == 0 and "Usage: edgetrain predict [OPTIONS] MODEL DATA" in res.out
+    assert "--top-k K" in res.out and "Labels shown per input" in res.out
+    assert_user_error(cli("predict", "m.onnx", "d", "--nope"), 2, "No such option '--nope'")
+    assert_user_error(cli("predict", "m.onnx"), 2, "Missing argument 'DATA'")
+
+
+def test_an_interrupt_is_aborted_with_exit_130(models):  # noqa: F811
+    """Ctrl-C on the light path ends as on click's: 'Aborted.' and exit code 130, no traceback."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
+    proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "predict", str(models / "fp32.onnx"), "-"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while "pipe" not in Path(f"/proc/{proc.pid}/wchan").read_text():  # reading paths from its stdin
+            assert proc.poll() is None and time.monotonic() < deadline, "never waited on standard input"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err.strip() == "Aborted." and "Traceback" not in err, err
