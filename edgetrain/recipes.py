@@ -20,6 +20,7 @@ from .data import BUILTIN_PREFIX, BUILTINS
 from .devices import load_device
 from .errors import UsageError
 from .fileio import parse_yaml, read_text_bounded
+from .fleet.report import read_report as read_fleet_report
 from .models import is_factory_ref, parse_model_ref
 from .options import recipe_fields
 
@@ -55,6 +56,8 @@ ProfileStep = _step("profile", target=(Literal["deployed", "fp32", "int8"], "dep
 
 class ReportStep(Strict):
     format: Literal["html", "md"] = "html"
+    fleet: Optional[str] = Field(None, description="A fleet run folder (`edgetrain fleet serve -o RUNDIR`, relative "
+                                 "to the recipe): its round-by-round report (fleet.json) becomes a section of this one.")
 
 
 class Step(Strict):
@@ -198,6 +201,8 @@ def check_recipe(loaded: LoadedRecipe, device_override: str | None = None):
             raise UsageError(f"step '{step.name}' appears twice", f"{loaded.source}, field 'steps[{i}]'",
                              "give each step once")
         seen.add(step.name)
+        if step.name == "report" and step.options.fleet is not None:
+            read_fleet_report(loaded.resolve(step.options.fleet), f"{loaded.source}, field 'steps[{i}].report.fleet'")
     return profile
 
 

@@ -1,7 +1,10 @@
 """The run folder's summary: terminal rows and a self-contained report.html / report.md.
 
 The per-model detail (latency histogram, thread sweep, memory, energy over a day) is the profile
-step's own report; this page puts the whole run on one screen and links to it.
+step's own report; this page puts the whole run on one screen and links to it. A recipe's report step
+may name fleet run folders (``report: {fleet: RUNDIR}``): each one's round-by-round report becomes a
+section of this page. ``page()`` is the one HTML page shell (title, style) of these reports; the
+fleet's own RUNDIR/fleet-report.html is that page holding the fleet section.
 """
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import json
 from pathlib import Path
 
 from .fileio import atomic_write_text
+from .fleet.report import html_section as fleet_html_section
+from .fleet.report import markdown_section as fleet_markdown_section
 
 _LABELS = [
     ("finetune_accuracy_pct", "fine-tuned top-1 (held out)", "pct"),
@@ -128,12 +133,26 @@ def duty_cycle_rows(dc: dict | None) -> list[tuple[str, str]]:
     return rows
 
 
-def write_run_report(result, path: Path) -> None:
-    text = _markdown(result) if path.suffix == ".md" else _html(result, path.parent)
+STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
+table{border-collapse:collapse;margin:1rem 0}th,td{padding:.3rem .8rem;border-bottom:1px solid #ddd;text-align:left}
+tr.done td:nth-child(2){color:#060}tr.failed td:nth-child(2),tr.budget td:nth-child(2),.bad{color:#a00}
+table.fleet td{vertical-align:top;font-size:.9rem}
+pre{background:#f6f6f6;padding:.5rem;overflow:auto;font-size:.8rem}"""
+
+
+def page(title: str, body: str) -> str:
+    """A self-contained edgetrain report page."""
+    return (f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>\n'
+            f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def write_run_report(result, path: Path, fleets: list[dict] = ()) -> None:
+    """``fleets``: fleet reports (RUNDIR/fleet.json, read by edgetrain.fleet.report.read_report) shown as sections."""
+    text = _markdown(result, fleets) if path.suffix == ".md" else _html(result, path.parent, fleets)
     atomic_write_text(path, text, "report")
 
 
-def _markdown(result) -> str:
+def _markdown(result, fleets=()) -> str:
     lines = [f"# edgetrain run: {result.recipe}", "", f"Device: **{result.device}** · run folder `{result.rundir}`", "",
              "| figure | value |", "|---|---|"]
     lines += [f"| {label} | {value} |" for label, value in summary_rows(result.summary)]
@@ -143,12 +162,13 @@ def _markdown(result) -> str:
         lines += ["", "## Fine-tune then infer: a day on the battery", "", "| figure | value |", "|---|---|"]
         lines += [f"| {label} | {value} |" for label, value in duty_cycle_rows(dc)]
         lines += ["", dc["source"]]
+    lines += ["\n" + fleet_markdown_section(doc) for doc in fleets]
     lines += ["", "| step | status | exit | seconds | log |", "|---|---|---|---|---|"]
     lines += [f"| {s.name} | {s.status} | {s.exit_code} | {s.seconds:.1f} | {s.log} |" for s in result.steps]
     return "\n".join(lines) + "\n"
 
 
-def _html(result, folder: Path) -> str:
+def _html(result, folder: Path, fleets=()) -> str:
     esc = html.escape
     rows = "".join(f"<tr><th>{esc(label)}</th><td>{esc(value)}</td></tr>" for label, value in summary_rows(result.summary))
     steps = "".join(
@@ -166,18 +186,12 @@ def _html(result, folder: Path) -> str:
               if result.failed_step else "")
     details = "".join(f"<details><summary>{esc(s.name)} result</summary><pre>{esc(json.dumps(s.result, indent=2))}</pre>"
                       f"</details>" for s in result.steps if s.result)
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>edgetrain run: {esc(result.recipe)}</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}}
-table{{border-collapse:collapse;margin:1rem 0}}th,td{{padding:.3rem .8rem;border-bottom:1px solid #ddd;text-align:left}}
-tr.done td:nth-child(2){{color:#060}}tr.failed td:nth-child(2),tr.budget td:nth-child(2),.bad{{color:#a00}}
-pre{{background:#f6f6f6;padding:.5rem;overflow:auto;font-size:.8rem}}</style></head><body>
-<h1>edgetrain run: {esc(result.recipe)}</h1>
+    fleet = "".join(fleet_html_section(doc) for doc in fleets)
+    return page(f"edgetrain run: {result.recipe}", f"""<h1>edgetrain run: {esc(result.recipe)}</h1>
 <p>Device profile <b>{esc(result.device)}</b> · recipe {esc(result.source)} · run folder <code>{esc(result.rundir)}</code></p>
-{failed}<h2>Summary</h2><table>{rows}</table>{duty}{link}
+{failed}<h2>Summary</h2><table>{rows}</table>{duty}{link}{fleet}
 <h2>Steps</h2><table><tr><th>step</th><th>status</th><th>exit</th><th>seconds</th><th>log</th></tr>{steps}</table>
-<h2>Step results</h2>{details}
-</body></html>
-"""
+<h2>Step results</h2>{details}""")
 
 
 def _rel(path: str, folder: Path) -> str:

@@ -234,6 +234,11 @@ def test_last2_the_devices_train_the_tail_and_only_the_tail_travels(fleet, tmp_p
     ev = Evaluator(LocalSpec(model=MODEL, data=shares["val"], workdir=str(tmp_path / "ev"), threads=1,
                              train_layers="last:2"), shares["val"])
     assert abs(ev.top1(load_global(run, 2)) - res["final_accuracy"]) < 1e-9
+    from edgetrain.run_report import STYLE
+
+    page = (run / "fleet-report.html").read_text()  # the run report's page, with the fleet's section
+    assert STYLE in page and "<section id='fleet'>" in page and "--train-layers last:2" in page
+    assert all(f"<td>{r['accuracy']:.4f}</td>" in page for r in res["rounds"])
     for d in range(2):
         assert fleet.wait(f"device{d}", timeout=60)[0] == 0
 

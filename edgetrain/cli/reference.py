@@ -11,7 +11,7 @@ import click
 
 from ..config import DeviceProfile
 from ..options import COMMANDS, flag_of, recipe_fields
-from ..recipes import Recipe, Step
+from ..recipes import Recipe, ReportStep, Step
 from ..recipes import _bundled as bundled
 from . import cli
 
@@ -64,7 +64,8 @@ def formats_reference() -> str:
             out.append(f"| `{name}` | `{flag_of(COMMANDS[command], name)}` | {info.description} |")
         out.append("")
     out += ["`profile` also takes `target`: `deployed` (int8 if quantized, else fp32), `fp32` or `int8`. "
-            "`report` takes `format`: `html` or `md`.\n",
+            "`report` takes `format`: `html` or `md`, and `fleet`: " + ReportStep.model_fields["fleet"].description
+            + "\n",
             "Example (`recipes/quickstart.yaml`):\n", "```yaml", _bundled("quickstart").rstrip(), "```\n",
             "## Device profiles (`devices/*.yaml`, `--device NAME|PATH`)\n"]
     out += _model_table(DeviceProfile)

@@ -1,10 +1,18 @@
-"""The fleet's results: the coordinator's round-by-round report (JSON + an HTML section) and a device's."""
+"""The fleet's results: the coordinator's round-by-round report (RUNDIR/fleet.json) and a device's, and
+the fleet's section of an edgetrain report (HTML or Markdown), rendered from fleet.json alone: the
+fleet's own page (RUNDIR/fleet-report.html) and a recipe's report step naming the RUNDIR show the same."""
 from __future__ import annotations
 
 import html
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from ..errors import UsageError
 from ..results import Result
+
+RESULT = "fleet.json"  # in a fleet RUNDIR: the round-by-round report
+HTML = "fleet-report.html"  # in a fleet RUNDIR: the report page (the run report's page, this section)
 
 
 @dataclass
@@ -15,6 +23,7 @@ class FleetResult(Result):
     tls: bool
     codec: str
     aggregate: str
+    train_layers: str
     rounds_requested: int
     rounds_completed: int
     initial_accuracy: float | None
@@ -56,33 +65,88 @@ class JoinResult(Result):
     notes: list[str] = field(default_factory=list)
 
 
-def html_section(res: FleetResult) -> str:
+def read_report(rundir: str | Path, where: str = "fleet RUNDIR") -> dict:
+    """RUNDIR/fleet.json as written by ``edgetrain fleet serve``; a one-line UsageError when it is not there."""
+    path = Path(rundir) / RESULT
+    fix = "give the RUNDIR of an `edgetrain fleet serve -o RUNDIR` run that finished (it writes fleet.json)"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"no fleet report in {rundir} ({RESULT} missing)", where, fix) from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read {path}: {type(exc).__name__}", where, fix) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rounds"), list):
+        raise UsageError(f"{path} is not a fleet report (no rounds)", where, fix)
+    return doc
+
+
+def round_rows(doc: dict) -> list[dict]:
+    """Per round, the figures both renderings show: held-out top-1, who took part, bytes, time, memory, energy."""
+    rows = []
+    for r in doc["rounds"]:
+        parts = r.get("participants") or []
+        joules = [p["joules"] for p in parts if p.get("joules")]
+        rows.append({
+            "round": r["round"], "accuracy": r.get("accuracy"), "updates": r.get("updates", len(parts)),
+            "asked": len(parts) + len(r.get("refused", [])) + len(r.get("failed", [])) + len(r.get("missing", [])),
+            "bytes_up": r.get("bytes_up", 0), "bytes_down": r.get("bytes_down", 0), "seconds": r.get("seconds", 0.0),
+            "peak_rss_mb": max((p.get("peak_rss_mb") or 0.0 for p in parts), default=0.0),
+            "joules": sum(joules) if joules else None,
+            "devices": [{"client": p.get("client"), "device": p.get("device"), "seconds": p.get("seconds", 0.0),
+                         "peak_rss_mb": p.get("peak_rss_mb") or 0.0, "bytes_up": p.get("bytes_up", 0),
+                         "joules": p.get("joules"), "energy": p.get("energy_provenance") or ""} for p in parts],
+            "left_out": [f"{k}: {x.get('client') or x.get('node_id')}: {str(x.get('reason', ''))[-160:]}"
+                         for k in ("refused", "failed") for x in r.get(k, [])]
+                        + [f"no answer within the round timeout: node {n}" for n in r.get("missing", [])]})
+    return rows
+
+
+def _headline(doc: dict) -> str:
+    red = doc.get("uplink_reduction")
+    red = f"{red:.2f}x fewer than float32" if red else "n/a"
+    return (f"{doc['rounds_completed']} of {doc['rounds_requested']} rounds, {doc.get('aggregate')}, "
+            f"--train-layers {doc.get('train_layers') or 'head'}, codec {doc.get('codec')} (uplink {red}); held-out "
+            f"top-1 {doc.get('initial_accuracy') or 0:.4f} before, {doc.get('final_accuracy') or 0:.4f} after; "
+            f"coordinator {doc.get('address')}{' (TLS)' if doc.get('tls') else ' (no TLS)'}; "
+            f"{doc.get('bytes_up', 0)} bytes up, {doc.get('bytes_down', 0)} bytes down in all")
+
+
+def _device_line(d: dict) -> str:
+    line = (f"{d['client']} ({d['device']}): {d['seconds']:.1f}s, peak {d['peak_rss_mb']:.0f} MB, "
+            f"{d['bytes_up']} B up")
+    return line + (f", {d['joules']:.2f} J {d['energy']}".rstrip() if d.get("joules") else "")
+
+
+def html_section(doc: dict | FleetResult) -> str:
     """The fleet's section of an HTML report: one row per round, one line per device."""
+    doc = doc.to_dict() if isinstance(doc, FleetResult) else doc
     e = html.escape
     rows = []
-    for r in res.rounds:
-        parts = "<br>".join(
-            f"{e(str(p.get('client')))} ({e(str(p.get('device')))}): {p.get('seconds', 0):.1f}s, "
-            f"peak {p.get('peak_rss_mb', 0):.0f} MB, {p.get('bytes_up', 0)} B up"
-            + (f", {p['joules']:.2f} J {e(str(p.get('energy_provenance') or ''))}" if p.get("joules") else "")
-            for p in r["participants"])
-        trouble = "<br>".join(e(f"{k}: {x.get('client') or x.get('node_id')}: {str(x.get('reason', ''))[-160:]}")
-                              for k in ("refused", "failed") for x in r.get(k, []))
-        trouble += "<br>".join(e(f"no answer within the round timeout: node {n}") for n in r.get("missing", []))
-        rows.append(f"<tr><td>{r['round']}</td><td>{r['accuracy']:.4f}</td><td>{r['updates']}</td>"
+    for r in round_rows(doc):
+        energy = f"{r['joules']:.2f}" if r["joules"] is not None else "-"
+        rows.append(f"<tr><td>{r['round']}</td><td>{r['accuracy']:.4f}</td><td>{r['updates']} of {r['asked']}</td>"
                     f"<td>{r['bytes_up']}</td><td>{r['bytes_down']}</td><td>{r['seconds']:.1f}</td>"
-                    f"<td>{parts}</td><td>{trouble}</td></tr>")
-    red = f"{res.uplink_reduction:.2f}x fewer than float32" if res.uplink_reduction else "n/a"
-    return (f"<section id='fleet'><h2>Fleet: {e(res.model)}</h2>"
-            f"<p>{res.rounds_completed} of {res.rounds_requested} rounds, {e(res.aggregate)}, codec {e(res.codec)} (uplink {red}); "
-            f"held-out top-1 {res.initial_accuracy or 0:.4f} before, {res.final_accuracy or 0:.4f} after; "
-            f"coordinator {e(res.address)}{' (TLS)' if res.tls else ' (no TLS)'}.</p>"
-            "<table><tr><th>round</th><th>held-out top-1</th><th>updates</th><th>bytes up</th><th>bytes down</th>"
-            "<th>seconds</th><th>devices (time, peak RSS, bytes, energy)</th><th>left out</th></tr>"
+                    f"<td>{r['peak_rss_mb']:.0f}</td><td>{energy}</td>"
+                    f"<td>{'<br>'.join(e(_device_line(d)) for d in r['devices'])}</td>"
+                    f"<td>{'<br>'.join(e(x) for x in r['left_out'])}</td></tr>")
+    return (f"<section id='fleet'><h2>Fleet: {e(str(doc['model']))}</h2><p>{e(_headline(doc))}.</p>"
+            f"<p>Run folder <code>{e(str(doc.get('rundir')))}</code></p>"
+            "<table class='fleet'><tr><th>round</th><th>held-out top-1</th><th>updates</th><th>bytes up</th>"
+            "<th>bytes down</th><th>seconds</th><th>peak RSS (MB, max)</th><th>energy (J, all devices)</th>"
+            "<th>devices (time, peak RSS, bytes up, energy)</th><th>left out</th></tr>"
             + "".join(rows) + "</table></section>")
 
 
-def html_page(res: FleetResult) -> str:
-    style = "body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px;vertical-align:top}"
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>edgetrain fleet</title><style>{style}</style>"
-            f"</head><body>{html_section(res)}</body></html>\n")
+def markdown_section(doc: dict | FleetResult) -> str:
+    """The same section in Markdown."""
+    doc = doc.to_dict() if isinstance(doc, FleetResult) else doc
+    lines = [f"## Fleet: {doc['model']}", "", _headline(doc) + ".", "",
+             "| round | held-out top-1 | updates | bytes up | bytes down | seconds | peak RSS (MB, max) | energy (J) | "
+             "devices | left out |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in round_rows(doc):
+        energy = f"{r['joules']:.2f}" if r["joules"] is not None else "-"
+        cells = [str(r["round"]), f"{r['accuracy']:.4f}", f"{r['updates']} of {r['asked']}", str(r["bytes_up"]),
+                 str(r["bytes_down"]), f"{r['seconds']:.1f}", f"{r['peak_rss_mb']:.0f}", energy,
+                 "<br>".join(_device_line(d) for d in r["devices"]), "<br>".join(r["left_out"])]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -28,14 +28,13 @@ from ..fleet import client as fclient
 from ..fleet import coordinator as coord
 from ..fleet import procs
 from ..fleet.local import Evaluator, LocalSpec
-from ..fleet.report import FleetResult, JoinResult, html_page
+from ..fleet.report import HTML, RESULT, FleetResult, JoinResult, html_section
 from ..options import FleetJoinOptions, FleetServeOptions
 from ..results import ProgressFn, report
+from ..run_report import page
 
 APP_DIR = "flower-app"
 SPEC = "serve.json"
-RESULT = "fleet.json"
-HTML = "fleet-report.html"
 DONE_GRACE = 3.0
 REFUSE_GRACE = 6.0
 
@@ -169,14 +168,14 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
 def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_after: int, notes) -> FleetResult:
     rounds = state["rounds"]
     res = FleetResult(rundir=str(rundir), model=state["model"], address=address, tls=tls, codec=opts.codec,
-                      aggregate=opts.aggregate,
+                      aggregate=opts.aggregate, train_layers=opts.train_layers,
                       rounds_requested=opts.rounds, rounds_completed=int(state["completed"]),
                       initial_accuracy=state.get("initial_accuracy"),
                       final_accuracy=rounds[-1]["accuracy"] if rounds else state.get("initial_accuracy"),
                       bytes_up=sum(r["bytes_up"] for r in rounds), bytes_up_fp32=sum(r["bytes_up_fp32"] for r in rounds),
                       bytes_down=sum(r["bytes_down"] for r in rounds), rounds=rounds, resumed_after=resumed_after,
                       report=str(rundir / HTML), notes=notes)
-    atomic_write_text(rundir / HTML, html_page(res), "fleet report")
+    atomic_write_text(rundir / HTML, page(f"edgetrain fleet: {res.model}", html_section(res)), "fleet report")
     atomic_write_text(rundir / RESULT, json.dumps(res.to_dict(), indent=2, default=str) + "\n", "fleet report")
     return res
 

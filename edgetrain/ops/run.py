@@ -29,6 +29,7 @@ from ..errors import UsageError
 from ..fileio import atomic_path, atomic_write_text, file_digest
 from ..models import load_gluon
 from ..options import COMMANDS
+from ..fleet.report import read_report as read_fleet_report
 from ..recipes import ORIGIN_FILE, LoadedRecipe, check_recipe
 from ..results import step_passed
 from ..run_report import write_run_report
@@ -99,7 +100,7 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
         json_path = rundir / "steps" / f"{step.name}.json"
         log_path = rundir / "logs" / f"{step.name}.log"
         if step.name == "report":
-            run = _report_step(result, rundir, step.options)
+            run = _report_step(result, rundir, step.options, loaded)
             result.steps.append(run)
             say(f"[{i}/{total}] report: {run.result['path']}")
             continue
@@ -337,13 +338,16 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n", "run folder")
 
 
-def _report_step(result: RunResult, rundir: Path, options) -> StepRun:
+def _report_step(result: RunResult, rundir: Path, options, loaded: LoadedRecipe) -> StepRun:
     started = time.monotonic()
     result.summary = summarize(result)
     path = rundir / f"report.{options.format}"
-    write_run_report(result, path)
+    fleet = loaded.resolve(options.fleet)
+    fleets = [read_fleet_report(fleet, f"{loaded.source}, report step, field 'fleet'")] if fleet else []
+    write_run_report(result, path, fleets)
     result.report = str(path)
-    return StepRun("report", "done", 0, time.monotonic() - started, [], "", {"path": str(path)})
+    return StepRun("report", "done", 0, time.monotonic() - started, [], "",
+                   {"path": str(path), **({"fleet": fleet} if fleet else {})})
 
 
 def summarize(result: RunResult) -> dict:
