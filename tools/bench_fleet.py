@@ -9,8 +9,9 @@ edgetrain.fleet.demo.SHARES), start from the shipped base trained on digits 0-4
 same engine for rounds x epochs epochs; federated runs with fp32, int8 and 2-bit (error feedback)
 updates, each a real `edgetrain fleet serve` and three `edgetrain fleet join` processes on loopback;
 and an int8 run in which device 1 is SIGKILLed (with every process it started) during round 2 and
-joined again. Uplink bytes are the update payloads the devices sent (Flower's Array data). Needs the
-fleet extra (flwr) in this Python.
+joined again; and an int8 run with --train-layers last:2 (the last conv layer, its BatchNorm and the
+output layer travel), beside local-only and centralised fine-tunes of the same layers. Uplink bytes are
+the update payloads the devices sent (Flower's Array data). Needs the fleet extra (flwr) in this Python.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def _start(args: list[str], log: Path, mark: str, env_extra: dict | None = None)
 
 
 def federated(work: Path, data: dict, codec: str, rounds: int, epochs: int, kill_device: int | None = None,
-              kill_round: int = 2, threads: int = 1, tag: str = "") -> dict:
+              kill_round: int = 2, threads: int = 1, tag: str = "", train_layers: str = "head") -> dict:
     from edgetrain.fleet.procs import free_port
 
     run = work / f"run-{codec}{'-kill' if kill_device is not None else ''}{tag}"
@@ -71,7 +72,8 @@ def federated(work: Path, data: dict, codec: str, rounds: int, epochs: int, kill
     marks = {"serve": f"serve-{uuid.uuid4().hex[:6]}"}
     serve = _start(["fleet", "serve", MODEL, "--val", data["val"], "-o", str(run), "--rounds", str(rounds),
                     "--min-clients", "3", "--port", str(port), "--codec", codec, "--epochs", str(epochs),
-                    "--threads", str(threads), "--round-timeout", "120", "--join-timeout", "120"],
+                    "--threads", str(threads), "--round-timeout", "120", "--join-timeout", "120",
+                    "--train-layers", train_layers],
                    work / f"{run.name}-serve.log", marks["serve"])
     joins = {}
 
@@ -114,13 +116,13 @@ def federated(work: Path, data: dict, codec: str, rounds: int, epochs: int, kill
     return res
 
 
-def local(work: Path, data: str, val: str, epochs: int, threads: int = 1) -> float:
+def local(work: Path, data: str, val: str, epochs: int, threads: int = 1, train_layers: str = "head") -> float:
     from edgetrain.fleet.local import Evaluator, LocalSpec, train_round
 
-    spec = LocalSpec(model=MODEL, data=val, workdir=str(work / "eval"), threads=threads)
+    spec = LocalSpec(model=MODEL, data=val, workdir=str(work / "eval"), threads=threads, train_layers=train_layers)
     ev = Evaluator(spec, val)
     spec = LocalSpec(model=MODEL, data=data, workdir=str(work / f"local-{Path(data).stem}"), epochs=epochs,
-                     threads=threads)
+                     threads=threads, train_layers=train_layers)
     arrays, _ = train_round(spec, ev.initial, 1)
     return ev.top1(arrays)
 
@@ -131,7 +133,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1, help="local epochs per round")
     ap.add_argument("--kill-rounds", type=int, default=5, help="rounds of the fault run and its fault-free twin")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: local,fp32,int8,2bit,kill")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: local,fp32,int8,2bit,kill,last2")
     a = ap.parse_args()
     from edgetrain.fleet.demo import SHARES, split_digits
 
@@ -166,6 +168,17 @@ def main() -> None:
         print(f"int8, {a.kill_rounds} rounds, device 1 SIGKILLed in round 2 at {r['killed_at_s']:.0f}s and joined again: "
               f"exit {r['serve_exit']}, {r['rounds_completed']} of {a.kill_rounds} rounds, top-1 {r['final_accuracy']:.4f} "
               f"beside the fault-free run's {calm['final_accuracy']:.4f}; {'; '.join(parts)}", flush=True)
+    if "last2" not in skip:
+        lo = [local(work, p, data["val"], total, train_layers="last:2") for p in data["devices"]]
+        cen = local(work, data["union"], data["val"], total, train_layers="last:2")
+        r = federated(work, data, "int8", a.rounds, a.epochs, tag="-last2", train_layers="last:2")
+        out["last2"] = {"local_only": lo, "centralised": cen, "int8": r}
+        print(f"last:2 local-only ({total} epochs each): " + ", ".join(f"device {i} {v:.4f}" for i, v in enumerate(lo))
+              + f"; centralised on the union: {cen:.4f}", flush=True)
+        print(f"federated int8 last:2: top-1 {r['final_accuracy']:.4f} after {r['rounds_completed']} rounds "
+              f"(per round: {', '.join(format(x['accuracy'], '.3f') for x in r['rounds'])}); uplink {r['bytes_up']} B "
+              f"({r['bytes_up_fp32']} B as fp32, {r['uplink_reduction']:.2f}x fewer); downlink {r['bytes_down']} B; "
+              f"{r['wall_seconds']:.0f}s", flush=True)
     (work / "bench.json").write_text(json.dumps(out, indent=2, default=str))
     if "local" not in skip and "int8" not in skip and "fp32" not in skip:
         best = max(out["local_only"])
