@@ -220,3 +220,15 @@ def test_last2_the_coordinator_averages_every_array_and_refuses_a_misfit(tail_ev
     head_only, _ = encode_update({"digits_dense0_weight": a["digits_dense0_weight"]}, "int8")
     with pytest.raises(ShapeMismatch, match="device-x"):
         decode_update(head_only, tail_evaluator.initial, "device-x")
+
+
+def test_all_every_array_of_the_model_travels(shares, tmp_path, monkeypatch_module):
+    """--train-layers all: the whole model is the trainable part (three BatchNorms' statistics among it)."""
+    ev = Evaluator(LocalSpec(model=MODEL, data=shares["val"], workdir=str(tmp_path / "ev"), threads=1,
+                             train_layers="all"), shares["val"])
+    assert set(TAIL) < set(ev.initial) and "digits_conv0_weight" in ev.initial and len(ev.initial) == 17
+    assert ev.statistics == {f"digits_batchnorm{i}_running_{s}" for i in range(3) for s in ("mean", "var")}
+    still, res = train_round(LocalSpec(model=MODEL, data=shares["devices"][0], workdir=str(tmp_path), threads=1,
+                                       train_layers="all", lr=1e-12), ev.initial, 1)
+    assert set(still) == set(ev.initial) and res.fleet_statistics == ev.statistics
+    np.testing.assert_allclose(still["digits_conv0_weight"], ev.initial["digits_conv0_weight"], atol=1e-6)
