@@ -3,7 +3,7 @@
 ``split_digits(folder)`` writes ``val.npz`` (a stratified held-out quarter, all ten digits) and one
 ``device-K.npz`` per device holding only some of the digits (``SHARES``), each with the ten class names,
 so every device trains the same ten-way output layer. Used by the one-machine script
-(``recipes/fleet-local.sh``), the benchmark (``tools/bench_fleet.py``) and the tests.
+(``python -m edgetrain.fleet.demo``), the benchmark (``tools/bench_fleet.py``) and the tests.
 """
 from __future__ import annotations
 
@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     ap.add_argument("folder", help="where the data shares, the run and the devices' folders go")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--codec", default="int8", choices=("fp32", "int8", "2bit"))
+    ap.add_argument("--train-layers", default="head", help="what the devices train and send: head or last:N")
     ap.add_argument("--device", default="rpi4b-4gb", help="device profile the devices report energy for")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
 
     serve = start("fleet", "serve", "edgetrain.nets:pretrained_digits", "--val", paths["val"], "-o", folder / "run",
                   "--rounds", a.rounds, "--min-clients", len(paths["devices"]), "--codec", a.codec, "--port", port,
-                  "--threads", a.threads)
+                  "--threads", a.threads, "--train-layers", a.train_layers)
     time.sleep(2)
     for i, data in enumerate(paths["devices"]):
         start("fleet", "join", f"127.0.0.1:{port}", "--data", data, "-o", folder / f"device-{i}", "--name",
