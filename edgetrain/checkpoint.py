@@ -185,16 +185,23 @@ def read_params(path: Path) -> dict[str, np.ndarray]:
     return dict(zip(names, arrays))
 
 
-def params_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    """``arrays`` in mx.nd.save's format, byte for byte (CPU context, dense)."""
-    parts = [np.array([_LIST_MAGIC, 0, len(arrays)], "<u8").tobytes()]
+def params_chunks(arrays: dict, convert=np.asarray):
+    """``arrays`` in mx.nd.save's format, byte for byte (CPU context, dense), one piece at a time: each
+    array is passed through ``convert`` (e.g. NDArray.asnumpy) only when its turn comes, so writing a
+    model holds one array's copy at a time, not the whole file."""
+    yield np.array([_LIST_MAGIC, 0, len(arrays)], "<u8").tobytes()
     for a in arrays.values():
-        a = np.ascontiguousarray(a)
-        parts.append(np.array([_ARRAY_MAGIC], "<u4").tobytes() + np.array([0], "<i4").tobytes()
-                     + np.array([a.ndim], "<u4").tobytes() + np.array(a.shape, "<i8").tobytes()
-                     + np.array([1, 0, _FLAGS[a.dtype]], "<i4").tobytes() + a.astype(a.dtype.newbyteorder("<")).tobytes())
-    parts.append(np.array([len(arrays)], "<u8").tobytes())
+        a = np.ascontiguousarray(convert(a))
+        yield (np.array([_ARRAY_MAGIC], "<u4").tobytes() + np.array([0], "<i4").tobytes()
+               + np.array([a.ndim], "<u4").tobytes() + np.array(a.shape, "<i8").tobytes()
+               + np.array([1, 0, _FLAGS[a.dtype]], "<i4").tobytes())
+        yield a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+    yield np.array([len(arrays)], "<u8").tobytes()
     for name in arrays:
         b = name.encode("utf-8")
-        parts.append(np.array([len(b)], "<u8").tobytes() + b)
-    return b"".join(parts)
+        yield np.array([len(b)], "<u8").tobytes() + b
+
+
+def params_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """``arrays`` in mx.nd.save's format, byte for byte (CPU context, dense)."""
+    return b"".join(params_chunks(arrays))

@@ -247,12 +247,3 @@ def split(g: Graph, cut: int | None, input_shape: tuple, ctx=None, init_seed: in
             p.grad_req = "null"
     return Split(frozen, trained, trained_input, feature_shape, cut_name, [p.name for p in missing], g)
 
-
-def full_block(s: Split):
-    """One SymbolBlock of the whole (edited) graph holding the current weights: what gets saved."""
-    mx = _lazy.mxnet()
-
-    block, missing = _symbol_block(s.graph.symbol(), s.graph.data_name, s.all_params(), mx.cpu())
-    if missing:
-        raise RuntimeError(f"weights missing from the split model: {[p.name for p in missing]}")
-    return block

@@ -29,6 +29,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -40,10 +41,10 @@ from .energy import EnergyMeter
 from .compare import chance_check, chance_failure
 from .errors import EdgetrainError, RunFailed, UsageError
 from .featurecache import FeatureCache
-from .fileio import atomic_write_bytes, atomic_write_text, file_digest
+from .fileio import atomic_path, atomic_write_bytes, atomic_write_text, file_digest
 from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose, graph_costs, plan_job
-from .models import GluonModel, is_factory_ref, load_gluon, save_prefix
-from .netsplit import Graph, TrainLayers, _output_name, cut_for, full_block, graph_of, head_units, replace_head, split
+from .models import is_factory_ref, load_gluon
+from .netsplit import Graph, TrainLayers, _find_cuts, _output_name, cut_for, graph_of, head_units, replace_head, split
 from .optimizers import default_lr, make_numpy_optimizer, make_optimizer
 from .options import FinetuneOptions
 from .preprocess import Preprocess, sidecar_path, sidecar_text
@@ -55,6 +56,7 @@ FEATURES_FILE = "features.cache"
 RUN_FILES = (ckpt.FILENAME, METRICS, f"{MODEL_NAME}-symbol.json")
 FROZEN_ONNX = "frozen.onnx"  # the frozen part, exported once per run (a resume reuses it)
 PREP_DIR = ".finetune-prep"  # what the mxnet child of a head-only run leaves for the run (see _HeadJob)
+REFERENCE_FILE = "reference.npz"  # the prep child's Gluon outputs on real samples, for the check in the parent
 VALIDATE_SAMPLES = 4  # real samples the ONNX Runtime frozen part is checked on against Gluon
 FROZEN_TOLERANCE = (1e-4, 1e-3)  # atol (relative to the features' magnitude), rtol
 DEFAULT_TRAIN_LAYERS = "head"
@@ -218,7 +220,10 @@ def _export_frozen_bytes(split, pre) -> bytes:
     sym = internals[_output_name(internals, split.cut_name)]
     params = {p.name: p.data() for p in split.frozen.collect_params().values()}
     try:
-        proto = mxnet_onnx.translate(sym, params, split.graph.data_name, pre.batch_shape(1), dynamic_batch=True)
+        # the exporter's own checker pass is skipped (it would double the peak): ONNX Runtime runs the
+        # result against Gluon's outputs before it is trusted
+        proto = mxnet_onnx.translate(sym, params, split.graph.data_name, pre.batch_shape(1), dynamic_batch=True,
+                                     check=False)
     except mxnet_onnx.TranslationError as exc:
         raise UsageError(f"operator '{exc.op}' cannot be exported ({exc.reason})", f"layer {exc.layer}") from None
     return proto.SerializeToString()
@@ -296,12 +301,30 @@ class _Job:
         self.pre = pre.with_classes(self.classes)
 
     def _load(self):
-        self.model_obj = load_gluon(self.model, params=self.params, input_shape=self.input_shape)
-        self.notes += self.model_obj.notes
-        pre = self.model_obj.preprocess
-        self._load_data(pre)
-        g = graph_of(self.model_obj.block, pre.input_name)
-        self.source_digest = _params_digest({**g.arg_params, **g.aux_params})
+        # a base model whose weights come from files is built and checked once per user: later runs take
+        # its graph and weights from the template cache (no zoo build, no full forward check)
+        root = _cache_root()
+        self.template_key = _prep_key(self.model, self.params, self.input_shape, 0) if root is not None else None
+        folder = root / "finetune-template" / self.template_key if root is not None else None
+        record = _intact_template(folder, self.template_key) if folder is not None else None
+        if record is not None:
+            self.model_obj = SimpleNamespace(random_weights=False, block=None)
+            self.notes += record["notes"]
+            pre = Preprocess.from_dict(record["preprocess"])
+            self._load_data(pre)
+            g = _template_graph(folder, record, _lazy.mxnet().nd.load)  # as NDArrays: no NumPy copy held
+            _find_cuts(g)
+            self.source_digest = record["source_digest"]
+            self.notes.append("base model's graph and weights reused from the cache (not rebuilt and checked again)")
+        else:
+            self.model_obj = load_gluon(self.model, params=self.params, input_shape=self.input_shape)
+            self.notes += self.model_obj.notes
+            pre = self.model_obj.preprocess
+            self._load_data(pre)
+            g = graph_of(self.model_obj.block, pre.input_name)
+            self.source_digest = _params_digest({**g.arg_params, **g.aux_params})
+            if folder is not None and not self.model_obj.random_weights:
+                self._publish_template(folder, g, pre)
         self.replaced_head = False
         outputs = head_units(g)
         if outputs != len(self.classes):
@@ -310,6 +333,26 @@ class _Job:
             self.notes.append(f"output layer replaced: the model has {outputs} outputs, the data {len(self.classes)} "
                               f"classes; the new layer starts from random weights")
         self.graph = g
+
+    def _publish_template(self, folder: Path, g: Graph, pre) -> None:
+        """The loaded base model's graph and weights into the per-user cache (atomically: a half-written
+        entry is never seen); a failure only costs the next run the full load."""
+        import shutil
+        import tempfile
+
+        try:
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+            record = {"format": TEMPLATE_FORMAT, "key": self.template_key, "preprocess": pre.to_dict(),
+                      "data_name": g.data_name, "head": g.head, "source_digest": self.source_digest,
+                      "notes": list(self.model_obj.notes), **_write_template(tmp, g)}
+            atomic_write_text(tmp / "template.json", json.dumps(record), "template")
+            if folder.exists():
+                shutil.rmtree(folder, ignore_errors=True)  # damaged (an intact one would have been used)
+            os.replace(tmp, folder)
+        except (OSError, EdgetrainError) as exc:
+            shutil.rmtree(locals().get("tmp", folder.parent / ".none"), ignore_errors=True)
+            self.notes.append(f"the model could not be cached ({type(exc).__name__}); the next run loads it again")
 
     def _split(self):
         cut = cut_for(self.graph, self.layers)
@@ -666,8 +709,9 @@ class _Job:
         atomic_write_text(self.outdir / METRICS, json.dumps(doc, indent=2) + "\n", "metrics")
 
     def _write_model(self, extra: dict) -> None:
-        gm = GluonModel(full_block(self.split), self.model_obj.ref, self.pre, len(self.classes))
-        save_prefix(gm, self.outdir / MODEL_NAME, extra=extra)
+        aux = set(self.graph.symbol().list_auxiliary_states())
+        arrays = {("aux:" if k in aux else "arg:") + k: v for k, v in self.split.all_params().items()}
+        _write_prefix(self.outdir / MODEL_NAME, self.graph.doc, arrays, self.pre, extra)
 
     def _param_counts(self) -> tuple[int, int]:
         trained_n = sum(int(p.data().size) for p in self.trainable)
@@ -687,8 +731,7 @@ class _Job:
         mxnet_fn = lambda x: s.frozen(mx.nd.array(x)).asnumpy()  # noqa: E731
         # a base model whose weights come from files: its frozen part is exported once per user (the cache)
         root = _cache_root() if not self.model_obj.random_weights else None
-        key = hashlib.sha256(f"{_prep_key(self.model, self.params, self.input_shape, 0)}:{s.cut_name}:"
-                             f"{list(self.pre.input_shape)}".encode()).hexdigest()[:20]
+        key = hashlib.sha256(f"{self.template_key}:{s.cut_name}:{list(self.pre.input_shape)}".encode()).hexdigest()[:20]
         cached = root / "finetune-frozen" / f"{key}.onnx" if root is not None else None
         cached_sha = cached.with_suffix(".sha256") if cached is not None else None
         if cached is not None and cached.exists() and cached_sha.exists() and _file_sha(cached) == cached_sha.read_text():
@@ -803,13 +846,62 @@ def _intact_prep(folder: Path, key: str) -> dict | None:
     """The child's record in ``folder`` if it is for this key and its files are intact (else: export again)."""
     try:
         prep = json.loads((folder / "prep.json").read_text())
-        if (prep.get("key") == key and prep.get("format") == PREP_FORMAT
+        if (prep.get("key") == key and prep.get("format") == PREP_FORMAT and prep.get("checked")
                 and _file_sha(folder / FROZEN_ONNX) == prep.get("frozen_sha256")
                 and _file_sha(folder / "template-0000.params") == prep.get("template_sha256")):
             return prep
     except (OSError, ValueError, AttributeError):
         pass
     return None
+
+
+TEMPLATE_FORMAT = "edgetrain-finetune-template/1"
+
+
+def _write_template(out: Path, g: Graph) -> dict:
+    """The base model as files in ``out``: its graph (template-symbol.json) and every weight under mxnet's
+    arg:/aux: names (template-0000.params); returns their digests for the record that vouches for them."""
+    arrays = {("aux:" if k in g.aux_params else "arg:") + k: v for k, v in {**g.arg_params, **g.aux_params}.items()}
+    atomic_write_text(out / "template-symbol.json", json.dumps(g.doc), "template")
+    _write_params(out / "template-0000.params", arrays, "template")
+    return {"template_sha256": _file_sha(out / "template-0000.params"),
+            "symbol_sha256": _file_sha(out / "template-symbol.json")}
+
+
+def _template_graph(folder: Path, record: dict, read=ckpt.read_params) -> Graph:
+    """The Graph written by _write_template (weights as NumPy arrays, or as ``read`` gives them)."""
+    template = read(str(folder / "template-0000.params"))
+    doc = json.loads((folder / "template-symbol.json").read_text())
+    arg = {k[4:]: v for k, v in template.items() if k.startswith("arg:")}
+    aux = {k[4:]: v for k, v in template.items() if k.startswith("aux:")}
+    return Graph(doc["nodes"], doc, record["data_name"], arg, aux, head=record["head"])
+
+
+def _intact_template(folder: Path, key: str) -> dict | None:
+    """The cached base model's record in ``folder`` if it is for this key and its files are intact."""
+    try:
+        record = json.loads((folder / "template.json").read_text())
+        if (record.get("key") == key and record.get("format") == TEMPLATE_FORMAT
+                and _file_sha(folder / "template-0000.params") == record.get("template_sha256")
+                and _file_sha(folder / "template-symbol.json") == record.get("symbol_sha256")):
+            return record
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def _write_prefix(prefix: Path, doc: dict, arrays: dict, pre, extra: dict) -> None:
+    """PREFIX-symbol.json, PREFIX-0000.params (mxnet's format, byte for byte) and the preprocessing record."""
+    atomic_write_text(Path(f"{prefix}-symbol.json"), json.dumps(doc, indent=2), "model")
+    _write_params(Path(f"{prefix}-0000.params"), arrays, "model")
+    atomic_write_text(sidecar_path(prefix), sidecar_text(pre, extra), "model")
+
+
+def _write_params(path: Path, arrays: dict, what: str) -> None:
+    """``arrays`` (NumPy or mxnet NDArrays) as an mx.nd.save file, atomically, one array in memory at a time."""
+    with atomic_path(path, what) as tmp, open(tmp, "wb") as fh:
+        for chunk in ckpt.params_chunks(arrays, lambda a: a.asnumpy() if hasattr(a, "asnumpy") else a):
+            fh.write(chunk)
 
 
 class _NotLinear(Exception):
@@ -820,8 +912,6 @@ class _HeadJob(_Job):
     engine = "numpy-head"
 
     def _load(self):
-        from types import SimpleNamespace
-
         prep_dir, prep = self._prepare()
         if not prep.get("linear"):
             raise _NotLinear()
@@ -829,16 +919,12 @@ class _HeadJob(_Job):
         self.notes += prep["notes"]
         self.model_obj = SimpleNamespace(random_weights=prep["random_weights"], ref=None)
         self._load_data(Preprocess.from_dict(prep["preprocess"]))
-        template = ckpt.read_params(prep_dir / "template-0000.params")
-        doc = json.loads((prep_dir / "template-symbol.json").read_text())
-        arg = {k[4:]: v for k, v in template.items() if k.startswith("arg:")}
-        aux = {k[4:]: v for k, v in template.items() if k.startswith("aux:")}
-        g = Graph(doc["nodes"], doc, prep["data_name"], arg, aux, head=prep["head"])
+        g = _template_graph(prep_dir, prep)
         self.replaced_head = False
         outputs = head_units(g)
         head = prep["linear"]
-        self.frozen_n = sum(int(v.size) for k, v in template.items()
-                            if k[4:] not in (head["weight"], head["bias"]))
+        self.frozen_n = sum(int(v.size) for k, v in {**g.arg_params, **g.aux_params}.items()
+                            if k not in (head["weight"], head["bias"]))
         if outputs != len(self.classes):
             replace_head(g, len(self.classes))
             self.replaced_head = True
@@ -896,6 +982,8 @@ class _HeadJob(_Job):
                             "EDGETRAIN_DEBUG=1 shows the details")
         prep = json.loads((here / "prep.json").read_text())
         self.child_peak_mb = float(prep["peak_rss_mb"])
+        if prep.get("frozen_sha256"):
+            _check_prepared(here, prep, self.threads, self.model)
         self.notes.append(f"frozen part exported to ONNX and checked equal to Gluon on {prep['validated_on']} real "
                           f"samples (mxnet only in that step, peak {self.child_peak_mb:.0f} MB)")
         if self.budget_mb and self.child_peak_mb > self.budget_mb:
@@ -1039,10 +1127,7 @@ class _HeadJob(_Job):
         for k, v in self.head.items():
             params[f"arg:{self.head_names[k]}"] = v
         params.update({f"aux:{name}": value for name, value in g.aux_params.items()})
-        prefix = self.outdir / MODEL_NAME
-        atomic_write_text(Path(f"{prefix}-symbol.json"), json.dumps(g.doc, indent=2), "model")
-        atomic_write_bytes(Path(f"{prefix}-0000.params"), ckpt.params_bytes(params), "model")
-        atomic_write_text(sidecar_path(prefix), sidecar_text(self.pre, extra), "model")
+        _write_prefix(self.outdir / MODEL_NAME, g.doc, params, self.pre, extra)
 
 
 def job_class(layers):
@@ -1067,45 +1152,77 @@ def _prepare_main() -> None:
 
 
 def _prepare(spec: dict, out: Path) -> None:
+    """Load the base model, write its template, export the frozen part and Gluon's reference outputs for it.
+
+    Ordered for the lowest peak (mxnet's import alone is ~140 MB): the references are computed one sample
+    at a time, the loaded model's own weights are let go once the split holds its copies, freed heap is
+    returned to the system before the export, and the ONNX Runtime side of the check runs in the parent
+    (which has ONNX Runtime loaded anyway), so this process never holds a session."""
     runtime.apply_threads(spec["threads"])
     mx = _lazy.mxnet()
     model = load_gluon(spec["model"], params=spec["params"],
                        input_shape=tuple(spec["input_shape"]) if spec["input_shape"] else None)
     pre = model.preprocess
     g = graph_of(model.block, pre.input_name)
-    all_params = {**g.arg_params, **g.aux_params}
-    source_digest = _params_digest(all_params)
-    template = {("aux:" if k in g.aux_params else "arg:") + k: v.asnumpy() for k, v in all_params.items()}
+    source_digest = _params_digest({**g.arg_params, **g.aux_params})
+    template = _write_template(out, g)
     doc = json.loads(json.dumps(g.doc))
     cut = cut_for(g, TrainLayers("last", 1))
     prep = {"format": PREP_FORMAT, "key": spec["key"], "preprocess": pre.to_dict(), "data_name": g.data_name,
             "head": g.head, "source_digest": source_digest, "notes": list(model.notes),
-            "random_weights": bool(model.random_weights), "linear": None}
+            "random_weights": bool(model.random_weights), "linear": None, "checked": False, **template}
     if cut is not None:
-        s = split(g, cut, pre.input_shape, init_seed=spec["seed"])
-        blob = _export_frozen_bytes(s, pre)
-        atomic_write_bytes(out / FROZEN_ONNX, blob, "frozen part")
-        del blob
         ds = load_data(spec["data"], pre, max_bytes=spec.get("max_bytes"))  # the budget holds in the child too
         x = ds.batch(np.arange(min(VALIDATE_SAMPLES, len(ds))))
-        want = s.frozen(mx.nd.array(x)).asnumpy()
-        session = _ort_session(out / FROZEN_ONNX, spec["threads"], False)
-        got = session.run(None, {session.get_inputs()[0].name: x})[0]
-        err = _mismatch(got, want)
-        if err:
-            raise RunFailed(f"the frozen part's ONNX export differs from Gluon: {err}", spec["model"],
-                            "train with --train-layers last:2 or all (they fall back to MXNet)")
+        del ds
+        s = split(g, cut, pre.input_shape, init_seed=spec["seed"])
+        model.block, g.arg_params, g.aux_params = None, {}, {}  # the split parts hold their own copies
+        _release_freed_memory()
+        want = np.concatenate([s.frozen(mx.nd.array(x[i:i + 1])).asnumpy() for i in range(len(x))])
+        prep["linear"] = _linear_head(s, doc, g.head, want)
+        s.trained = None  # only the frozen part is exported
         internals = g.symbol().get_internals()
         frozen_sym = internals[_output_name(internals, s.cut_name)]
         prep.update({"feature_shape": list(s.feature_shape), "cut_name": s.cut_name, "validated_on": len(x),
-                     "frozen_per_sample_mb": graph_costs(frozen_sym, g.data_name, pre.input_shape),
-                     "frozen_sha256": _file_sha(out / FROZEN_ONNX)})
-        prep["linear"] = _linear_head(s, doc, g.head, want)
-    atomic_write_text(out / "template-symbol.json", json.dumps(doc), "template")
-    atomic_write_bytes(out / "template-0000.params", ckpt.params_bytes(template), "template")
-    prep["template_sha256"] = _file_sha(out / "template-0000.params")
+                     "frozen_per_sample_mb": graph_costs(frozen_sym, g.data_name, pre.input_shape)})
+        del internals, frozen_sym
+        _release_freed_memory()
+        blob = _export_frozen_bytes(s, pre)
+        atomic_write_bytes(out / FROZEN_ONNX, blob, "frozen part")
+        del blob
+        with atomic_path(out / REFERENCE_FILE, "reference outputs") as tmp:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, x=x, want=want)
+        prep["frozen_sha256"] = _file_sha(out / FROZEN_ONNX)
     prep["peak_rss_mb"] = procmem.peak_rss_mb() or 0.0
     atomic_write_text(out / "prep.json", json.dumps(prep), "template")
+
+
+def _release_freed_memory() -> None:
+    """Give the heap glibc keeps after large frees back to the system (peak RSS is what a board feels)."""
+    import ctypes
+    import gc
+
+    gc.collect()  # a Gluon block is a web of reference cycles: its weights go only when the cycles do
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
+def _check_prepared(folder: Path, prep: dict, threads: int, model: str) -> None:
+    """ONNX Runtime's side of the child's check: the exported frozen part, run on the samples the child
+    ran through Gluon, must give Gluon's outputs; only then is the export trusted (prep.json says so)."""
+    ref = np.load(folder / REFERENCE_FILE)
+    session = _ort_session(folder / FROZEN_ONNX, threads, False)
+    got = session.run(None, {session.get_inputs()[0].name: ref["x"]})[0]
+    err = _mismatch(got, ref["want"])
+    del session
+    if err:
+        raise RunFailed(f"the frozen part's ONNX export differs from Gluon: {err}", model,
+                        "train with --train-layers last:2 or all (they fall back to MXNet)")
+    prep["checked"] = True
+    atomic_write_text(folder / "prep.json", json.dumps(prep), "template")
 
 
 def _linear_head(s, doc: dict, head: int, feats: np.ndarray) -> dict | None:

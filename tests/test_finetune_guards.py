@@ -111,3 +111,35 @@ def test_a_model_at_chance_on_held_out_data_exits_3_unless_allowed(layers, tmp_p
     assert record["passed"] is False and record["chance"]["at_chance"] and (tmp_path / "a" / "model-symbol.json").is_file()
     ok = run_edgetrain(*args, "--allow-chance", "-o", tmp_path / "b", cwd=tmp_path)
     assert ok.code == 0, ok.err[-2000:]
+
+
+def test_last_n_runs_after_the_first_take_the_model_from_the_cache_and_train_the_same(digits_npz, tmp_path,
+                                                                                      monkeypatch):
+    """last:N loads, checks and exports a base model once: later runs build the split from the cached
+    template (graph + weights) and reuse the cached frozen part; the PREFIX is bit for bit what a run
+    without any cache writes; a damaged template is never trusted, and it is replaced."""
+    import mxnet as mx
+
+    def run(name, cache):
+        monkeypatch.setenv("EDGETRAIN_CACHE_DIR", cache)
+        res = run_edgetrain("finetune", BASE, "--data", digits_npz, "-o", tmp_path / name, "--epochs", "2",
+                            "--train-layers", "last:2", "--threads", "1", "--json", "-", cwd=tmp_path)
+        assert res.code == 0, res.err
+        return res.json()
+
+    reused = "base model's graph and weights reused from the cache"
+    cache = str(tmp_path / "cache")
+    first, second, plain = run("a", cache), run("b", cache), run("c", "")
+    assert not any(reused in n for n in first["notes"]) and not any(reused in n for n in plain["notes"])
+    assert any(reused in n for n in second["notes"])
+    assert any("frozen part's ONNX export reused from the cache" in n for n in second["notes"])
+    params = {name: mx.nd.load(str(tmp_path / name / "model-0000.params")) for name in "abc"}
+    for name in "ab":
+        assert params[name].keys() == params["c"].keys()
+        assert all((params[name][k] == params["c"][k]).asnumpy().all() for k in params["c"]), name
+    assert (tmp_path / "b" / "model-symbol.json").read_text() == (tmp_path / "c" / "model-symbol.json").read_text()
+    for f in (tmp_path / "cache" / "finetune-template").rglob("template-0000.params"):
+        f.write_bytes(b"damaged")
+    third, fourth = run("d", cache), run("e", cache)
+    assert not any(reused in n for n in third["notes"]), "a damaged entry is never trusted"
+    assert any(reused in n for n in fourth["notes"]), "and it is replaced"

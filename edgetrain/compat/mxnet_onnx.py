@@ -185,11 +185,14 @@ def untranslatable(sym, opset: int) -> list[tuple[str, str]]:
 
 
 def translate(sym, params: dict, input_name: str, input_shape: tuple, opset: int = 13,
-              dynamic_batch: bool = False):
+              dynamic_batch: bool = False, check: bool = True):
     """Translate an MXNet symbol + params into an ONNX ModelProto that checks and loads in ONNX Runtime.
 
     ``params`` maps parameter names (no ``arg:``/``aux:`` prefix) to NDArrays; ``input_shape`` is the full
-    N,C,H,W shape. Raises TranslationError for an operator the exporter cannot translate.
+    N,C,H,W shape. Raises TranslationError for an operator the exporter cannot translate. ``check=False``
+    skips the exporter's own onnx.checker pass (it serializes and parses the whole graph, weights and all:
+    ~2x the weights in peak memory) for a caller that proves the result another way (finetune runs it in
+    ONNX Runtime against Gluon's outputs before trusting it).
     """
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ValueError(f"opset {opset} outside the exporter's {MIN_OPSET}..{MAX_OPSET}")
@@ -202,7 +205,7 @@ def translate(sym, params: dict, input_name: str, input_shape: tuple, opset: int
         op, layer = missing[0]
         raise TranslationError(op, layer, "mxnet 1.9.1's ONNX exporter has no translation for it")
     dyn = [(BATCH_DIM, *input_shape[1:])] if dynamic_batch else None
-    with _checking_at(opset):
+    with _checking_at(opset, check):
         graph = MXNetGraph().create_onnx_graph_proto(
             sym, params, [tuple(input_shape)], [TensorProto.FLOAT], opset_version=opset,
             dynamic=dynamic_batch, dynamic_input_shapes=dyn)
@@ -219,8 +222,9 @@ def translate(sym, params: dict, input_name: str, input_shape: tuple, opset: int
 
 
 @contextlib.contextmanager
-def _checking_at(opset: int):
-    """The exporter's own check_graph, at the opset being translated for (not the newest)."""
+def _checking_at(opset: int, check: bool = True):
+    """The exporter's own check_graph, at the opset being translated for (not the newest); none at all
+    with ``check=False``."""
     checker, helper = _lazy.from_import("onnx", "checker", "helper")
 
     ctx = checker.C.CheckerContext()
@@ -229,7 +233,7 @@ def _checking_at(opset: int):
     original = checker.check_graph
 
     def check_graph(graph, *args, **kwargs):
-        return original(graph, ctx)
+        return original(graph, ctx) if check else None
 
     with _lock:
         checker.check_graph = check_graph
@@ -258,9 +262,9 @@ def drop_unused_initializers(model) -> None:
 
 def _batch_only_dynamic(model) -> None:
     """Outputs keep their known trailing dims; only the leading (batch) dim is symbolic."""
-    shape_inference = _lazy.from_import("onnx", "shape_inference")
+    shape_inference, helper = _lazy.from_import("onnx", "shape_inference", "helper")
 
-    inferred = shape_inference.infer_shapes(model)
+    inferred = shape_inference.infer_shapes(_without_weight_bytes(model, helper))
     known = {o.name: o for o in inferred.graph.output}
     for out in model.graph.output:
         dims = out.type.tensor_type.shape.dim
@@ -274,6 +278,23 @@ def _batch_only_dynamic(model) -> None:
                 dim.dim_value = src_dims[k].dim_value
             else:
                 dim.dim_param = f"{out.name}_dim{k}"
+
+
+SMALL_CONSTANT = 4096  # bytes: a shape or axes constant shape inference may need the values of
+
+
+def _without_weight_bytes(model, helper):
+    """A copy of ``model`` for shape inference: each large initializer becomes a graph input of its type
+    and shape (inference needs those, not the bytes), so inferring never copies the weights (infer_shapes
+    serializes the whole model and returns another copy of it)."""
+    graph = model.graph
+    small = [t for t in graph.initializer if len(t.raw_data) <= SMALL_CONSTANT and len(t.float_data) * 4 <= SMALL_CONSTANT]
+    kept = {t.name for t in small}
+    stand_ins = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                 for t in graph.initializer if t.name not in kept]
+    light = helper.make_graph(list(graph.node), graph.name, list(graph.input) + stand_ins, list(graph.output),
+                              initializer=small, value_info=list(graph.value_info))
+    return helper.make_model(light, opset_imports=list(model.opset_import), ir_version=model.ir_version)
 
 
 def _mxnet_version() -> str:
