@@ -97,3 +97,50 @@ def test_bad_references(tmp_path):
     (tmp_path / "x.csv").write_text("1,2")
     with pytest.raises(UsageError, match="unsupported data file"):
         load_data(str(tmp_path / "x.csv"), pre)
+
+
+def _photo(path, size: int, seed: int = 0) -> None:
+    from PIL import Image
+
+    rng = np.random.RandomState(seed)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+    rgb = np.stack([0.5 + 0.4 * np.sin((xx * np.cos(a) + yy * np.sin(a)) / rng.uniform(5, 40))
+                    for a in rng.uniform(0, 3, 3)], -1) + rng.normal(0, 0.05, (size, size, 3))
+    Image.fromarray((np.clip(rgb, 0, 1) * 255).astype(np.uint8)).save(path, quality=90)
+
+
+def _full_decode(path, hw) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB").resize(hw[::-1], Image.BILINEAR), dtype=np.float32) / 255.0
+
+
+def test_large_jpeg_is_decoded_at_reduced_size_with_nearly_the_same_pixels(tmp_path):
+    """A JPEG much larger than the model's input is decoded in the DCT domain (Pillow's draft): the result
+    has the model's shape and is within 0.005 mean / 0.03 max (on the 0..1 scale, i.e. ~1 and ~8 levels
+    of 255) of a full decode + resize; it is not the full decode bit for bit (the fast path was taken)."""
+    from edgetrain.data import read_image
+
+    pre = default_for_shape((3, 40, 40))
+    f = tmp_path / "big.jpg"
+    _photo(f, 400)  # 10x the input: drafted to 1/4 (100 px, >= 2 x 40)
+    got, want = read_image(f, pre), _full_decode(f, pre.hw)
+    assert got.shape == want.shape == (40, 40, 3) and got.dtype == np.float32
+    diff = np.abs(got - want)
+    assert diff.mean() < 0.005 and diff.max() < 0.03, (diff.mean(), diff.max())
+    assert not np.array_equal(got, want)
+
+
+def test_small_jpeg_and_png_decode_in_full(tmp_path):
+    """No reduced decode when the image is not at least twice the input size, nor for other formats."""
+    from PIL import Image
+
+    from edgetrain.data import read_image
+
+    pre = default_for_shape((3, 40, 40))
+    _photo(tmp_path / "small.jpg", 60)
+    _photo(tmp_path / "big.jpg", 400)
+    Image.open(tmp_path / "big.jpg").save(tmp_path / "big.png")
+    for name in ("small.jpg", "big.png"):
+        assert np.array_equal(read_image(tmp_path / name, pre), _full_decode(tmp_path / name, pre.hw)), name
