@@ -11,8 +11,6 @@ range, an unknown flag, ``--device``: a profile to read) returns None and goes t
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import re
 from pathlib import Path
@@ -165,6 +163,9 @@ class Rows:
 
 
 def _csv(cols) -> str:
+    import csv  # only for --format csv
+    import io
+
     buf = io.StringIO()
     csv.writer(buf, lineterminator="").writerow(cols)
     return buf.getvalue()
