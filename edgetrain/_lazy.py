@@ -21,7 +21,6 @@ import importlib
 import os
 import re
 import sys
-import tempfile
 import threading
 from types import ModuleType
 from typing import Any
@@ -152,6 +151,19 @@ NO_CACHE_DIR = "/dev/null/edgetrain-no-telemetry"   # a path under a device file
 _TELEMETRY_WARNING = "telemetry device ID"
 
 
+def _scratch_file():
+    """An anonymous file for the held-back stderr: in memory where Linux offers it (no tempfile import at
+    `edgetrain predict`'s start, issue 16), else a temp file."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return os.fdopen(os.memfd_create("edgetrain-held-stderr"), "w+b")
+        except OSError:
+            pass
+    import tempfile
+
+    return tempfile.TemporaryFile()
+
+
 @contextlib.contextmanager
 def _no_telemetry_cache():
     prev = os.environ.get("XDG_CACHE_HOME")
@@ -161,7 +173,7 @@ def _no_telemetry_cache():
         saved = os.dup(2)
     except OSError:   # no stderr at all: nothing to hold back
         saved = None
-    held = tempfile.TemporaryFile() if saved is not None else None
+    held = _scratch_file() if saved is not None else None
     if held is not None:
         os.dup2(held.fileno(), 2)
     try:

@@ -14,8 +14,6 @@ import glob
 import hashlib
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 from .errors import UsageError, clip
@@ -52,6 +50,8 @@ def atomic_path(path: Path, what: str = "output"):
     A full disk (or quota) while writing becomes a one-line UsageError naming the output; the temp
     file is removed and ``path`` keeps its old content.
     """
+    import tempfile  # here: `edgetrain predict` without -o or --json starts without it (issue 16)
+
     path = check_output_path(Path(path), what)
     clean_stale_temps(path.parent)
     try:
@@ -98,6 +98,8 @@ def disk_full_error(exc: OSError, path, what: str = "output") -> UsageError:
 
 def ensure_free_space(folder: Path, nbytes: int, what: str, margin: int = 64 << 20) -> None:
     """Refuse before writing ``nbytes`` into ``folder`` if the file system cannot hold them (plus a margin)."""
+    import shutil
+
     try:
         free = shutil.disk_usage(folder).free
     except OSError:
@@ -131,6 +133,9 @@ def _stale(name: str) -> bool:
 
 def clean_stale_temps(folder: Path | str | None = None) -> list[str]:
     """Remove edgetrain temp files and folders in ``folder`` (default: $TMPDIR) whose writer is dead."""
+    import shutil
+    import tempfile
+
     folder = Path(folder) if folder is not None else Path(tempfile.gettempdir())
     removed = []
     patterns = (f".*.{TEMP_TAG}-*.tmp", f"{TEMP_TAG}-*", f".{TEMP_TAG}-*")
@@ -155,6 +160,9 @@ def clean_stale_temps(folder: Path | str | None = None) -> list[str]:
 def temp_dir(what: str, dir: Path | str | None = None):  # noqa: A002 - tempfile's name
     """A temp folder named after this process (``edgetrain-WHAT-PID-XXXX``, hidden when beside an
     output); stale ones of dead processes in the same place are removed first."""
+    import shutil
+    import tempfile
+
     clean_stale_temps(dir)
     prefix = f"{'.' if dir is not None else ''}{TEMP_TAG}-{what}-{os.getpid()}-"
     try:
