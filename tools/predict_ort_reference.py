@@ -6,7 +6,8 @@ What a user writes without edgetrain, doing the same work as `edgetrain predict 
 --threads THREADS --batch BATCH --top-k TOP_K`: onnxruntime + NumPy + Pillow; every pool capped to THREADS
 (the BLAS variables before NumPy loads, ONNX Runtime's intra-op threads); the preprocessing read from the
 model's metadata as edgetrain records it (input shape, channels, mean/std, class names); each image
-decoded, converted, resized (bilinear) and normalised; run BATCH at a time; softmax; the top-k printed one
+decoded (a big JPEG at a reduced scale, as edgetrain and Pillow's thumbnail do), converted, resized
+(bilinear) and normalised; run BATCH at a time; softmax; the top-k printed one
 line per image in `edgetrain predict`'s table format, so tools/bench_predict.py can check that both gave
 the same answers. Nothing else: no argument checking, no error messages, no accuracy, no timing.
 """
@@ -16,12 +17,12 @@ import sys
 THREADS = sys.argv[3] if len(sys.argv) > 3 else "1"
 os.environ.update(OMP_NUM_THREADS=THREADS, OPENBLAS_NUM_THREADS=THREADS)  # before NumPy loads its BLAS
 
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
+import json
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-from PIL import Image  # noqa: E402
+import numpy as np
+import onnxruntime as ort
+from PIL import Image
 
 
 def main(model, folder, threads="1", batch="16", top_k="5"):
@@ -41,6 +42,8 @@ def main(model, folder, threads="1", batch="16", top_k="5"):
         x = np.empty((len(chunk), c, h, w), dtype=np.float32)
         for i, f in enumerate(chunk):
             with Image.open(f) as im:
+                if im.format == "JPEG":  # decode a big JPEG at a reduced scale, no less than 2x the model's size
+                    im.draft("L" if c == 1 else "RGB", (2 * w, 2 * h))
                 im = im.convert("L" if c == 1 else "RGB").resize((w, h), Image.BILINEAR)
                 x[i] = ((np.asarray(im, dtype=np.float32).reshape(h, w, c) / 255.0 - mean) / std).transpose(2, 0, 1)
         z = sess.run(None, {name: x})[0]
