@@ -362,6 +362,7 @@ class _Job:
         self.model_fp = f"{self.graph.fingerprint()}:{self.source_digest}"
         self.graph.arg_params, self.graph.aux_params = {}, {}
         self.model_obj.block = None
+        _release_freed_memory()
         self.trainable = self.split.trainable()
         for p in self.trainable:
             p.grad_req = "add"  # micro-batches accumulate into one effective-batch gradient
@@ -747,7 +748,8 @@ class _Job:
         session = _ort_session(path, self.threads, self.plan.arena)
         if not reused:
             x = self.train_ds.batch(np.arange(min(VALIDATE_SAMPLES, len(self.train_ds))))
-            err = _mismatch(session.run(None, {session.get_inputs()[0].name: x})[0], mxnet_fn(x))
+            want = np.concatenate([mxnet_fn(x[i:i + 1]) for i in range(len(x))])  # one sample's activations at a time
+            err = _mismatch(session.run(None, {session.get_inputs()[0].name: x})[0], want)
             if err:
                 path.unlink()
                 self.notes.append(f"frozen part runs in MXNet: its ONNX Runtime export differs from Gluon ({err})")

@@ -5,6 +5,8 @@ batch 32, 3 epochs, 2 threads, head only; plus `--train-layers last:2` and `--me
 Every configuration runs as a fresh process, in interleaved rounds (A B C A B C ...). For each run:
 - samples/s over the whole command = trained samples (train split x epochs) / the process's wall time,
   the same formula for every side;
+- CPU seconds (user + sys of the process and the children it waited for), beside the wall time: on a
+  shared host the wall time swings with the other load, the CPU time much less;
 - peak RSS = the largest single process of the run's tree (wait4's ru_maxrss: VmHWM of the process or
   of any child it waited for), and the peak of the tree's summed RSS, sampled every 10 ms.
 `--base PATH` adds today's code (a checkout of an older commit, run with PYTHONPATH=PATH) as more
@@ -131,7 +133,7 @@ def measure(cmd: list[str], env: dict | None = None) -> dict:
     done.set()
     th.join(), t_out.join(), t_err.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"wall": wall, "max_rss_mb": ru.ru_maxrss / 1024, "tree_rss_mb": peak_sum[0] / 1024,
+    return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "max_rss_mb": ru.ru_maxrss / 1024, "tree_rss_mb": peak_sum[0] / 1024,
             "code": proc.returncode, "out": "".join(out_chunks), "err": "".join(err_chunks)}
 
 
@@ -211,7 +213,7 @@ def main(argv=None) -> int:
                 tail = (m["err"].strip().splitlines() or [""])[-1]
                 print(f"  round {r + 1} {tag}: exit {m['code']}: {tail[:300]}")
             else:
-                print(f"  round {r + 1} {tag}: {m['wall']:.2f}s, max RSS {m['max_rss_mb']:.0f} MiB, "
+                print(f"  round {r + 1} {tag}: {m['wall']:.2f}s (cpu {m['cpu']:.2f}s), max RSS {m['max_rss_mb']:.0f} MiB, "
                       f"tree {m['tree_rss_mb']:.0f} MiB")
             results[tag].append(m)
             sys.stdout.flush()
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
     ref_rate = statistics.median(n_train * EPOCHS / m["wall"] for m in ref_ok) if ref_ok else None
     ref_rss = statistics.median(m["max_rss_mb"] for m in ref_ok) if ref_ok else None
     print(f"\n{'configuration':26}{'samples/s':>10}{'x ref':>7}{'peak RSS':>10}{'x ref':>7}{'tree RSS':>10}"
-          f"{'wall s':>8}{'top-1':>7}  (medians of {args.rounds} interleaved rounds)")
+          f"{'wall s':>8}{'cpu s':>7}{'top-1':>7}  (medians of {args.rounds} interleaved rounds)")
     for tag, runs in results.items():
         ok = [m for m in runs if m["code"] == 0]
         if not ok:
@@ -231,17 +233,20 @@ def main(argv=None) -> int:
         rss = statistics.median(m["max_rss_mb"] for m in ok)
         tree = statistics.median(m["tree_rss_mb"] for m in ok)
         wall = statistics.median(m["wall"] for m in ok)
+        cpu = statistics.median(m["cpu"] for m in ok)
         doc = ok[-1]["doc"] or {}
         acc = doc.get("final_accuracy", doc.get("accuracy"))
         xr = f"{rate / ref_rate:7.2f}" if ref_rate else f"{'':7}"
         xm = f"{rss / ref_rss:7.2f}" if ref_rss else f"{'':7}"
-        print(f"{tag:26}{rate:10.1f}{xr}{rss:10.0f}{xm}{tree:10.0f}{wall:8.2f}{acc if acc is None else round(acc, 3):>7}"
+        print(f"{tag:26}{rate:10.1f}{xr}{rss:10.0f}{xm}{tree:10.0f}{wall:8.2f}{cpu:7.2f}{acc if acc is None else round(acc, 3):>7}"
               + ("" if len(ok) == len(runs) else f"  ({len(runs) - len(ok)} failed)"))
     if "today last:2" in results and "edgetrain last:2" in results:
         a = [m for m in results["edgetrain last:2"] if m["code"] == 0]
         b = [m for m in results["today last:2"] if m["code"] == 0]
         if a and b:
-            print(f"last:2 speed-up over today: {statistics.median(x['wall'] for x in b) / statistics.median(x['wall'] for x in a):.2f}x")
+            print(f"last:2 speed-up over today: {statistics.median(x['wall'] for x in b) / statistics.median(x['wall'] for x in a):.2f}x "
+                  f"wall, {statistics.median(x['cpu'] for x in b) / statistics.median(x['cpu'] for x in a):.2f}x CPU time "
+                  "(user+sys of the process tree: less sensitive to a busy host)")
 
     if not args.no_digits:
         print("\nbuiltin:digits, shipped base (edgetrain.nets:pretrained_digits), defaults (head, 10 epochs):")
