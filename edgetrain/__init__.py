@@ -20,7 +20,7 @@ _API = {
     "load_device": "devices", "list_profiles": "devices", "detect_host": "host",
     "QuantizeOptions": "options", "ExportOptions": "options", "FinetuneOptions": "options",
     "ProfileOptions": "options",
-    "Result": "results", "QuantizeResult": "results", "ExportResult": "results", "Progress": "results",
+    "Result": "results", "QuantizeResult": "ops.quantize", "ExportResult": "ops.export", "Progress": "results",
     "compare_outputs": "compare", "Comparison": "compare", "energy_report": "energy",
 }
 

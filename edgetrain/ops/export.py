@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .. import _lazy
-from ..compare import Comparison, chance_check, compare_outputs, merge
+from ..compare import Comparison, chance_check, chance_failure, compare_outputs, merge
 from ..convert import BATCH_SIZES, build_onnx, writable, write_atomically
 from ..data import load_data
 from ..errors import RunFailed, UsageError
 from ..models import load_gluon
 from ..options import ExportOptions, ProfileOptions
 from ..profiling import profile as run_profile
-from ..results import ExportResult, ProgressFn, report
+from ..results import ProgressFn, Result, report
 from ..runners import OrtRunner
 from ..runtime import current_threads
 
@@ -31,6 +32,44 @@ FP16_TOLERANCE = (1e-2, 1e-2)  # fp16 keeps ~3 significant digits
 RANDOM_BATCHES = 3
 DATA_SAMPLES = 16
 DYNAMIC_BATCH_SIZES = BATCH_SIZES  # a dynamic-batch export is validated at each (the policy every file follows)
+
+
+@dataclass
+class ExportResult(Result):
+    path: str
+    size_bytes: int
+    model: str
+    opset: int
+    precision: str  # "fp32" | "fp16"
+    dynamic_batch: bool
+    inputs: list[dict]
+    outputs: list[dict]
+    ops: dict[str, int]
+    comparison: object  # compare.Comparison
+    validated_with: list[dict]  # what each compared batch was
+    device: str | None
+    threads: int
+    seconds: dict[str, float]
+    metadata_keys: list[str]
+    random_weights: bool = False
+    notes: list[str] = field(default_factory=list)
+    # With --device: the profile command's latency verdict and energy budget for the written file.
+    energy: dict | None = None
+    accuracy: dict | None = None  # with --data: top-1 of the ONNX model on its samples, against chance
+
+    def checks(self) -> list[str]:
+        failed = [f for f in [chance_failure((self.accuracy or {}).get("chance"), "ONNX model")] if f]
+        if not self.comparison.passed:
+            worst = self.comparison.failed[0] if self.comparison.failed else None
+            if worst is None:
+                failed.append("the ONNX model was not compared with the Gluon model")
+            elif worst.error:  # NaN, a wrong shape: no tolerance would pass
+                failed.append(f"ONNX output '{worst.name}' does not match the Gluon model: {worst.error}")
+            else:
+                failed.append(f"ONNX output '{worst.name}' differs from the Gluon model beyond tolerance (max abs "
+                              f"{worst.max_abs:.3g}, max rel {worst.max_rel:.3g}; atol {self.comparison.atol:g}, "
+                              f"rtol {self.comparison.rtol:g}); it would pass with --atol {worst.atol_needed:.3g}")
+        return failed + list((self.energy or {}).get("failed_checks", []))
 
 
 def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = None) -> ExportResult:

@@ -8,11 +8,13 @@ is always written; the result's ``failed_checks`` say whether it is within budge
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import _lazy
 from ..accuracy import onnx_top1
 from ..calibration import calibration_reader, check_symbol_not_quantized, load_calibration, load_validation, stride_for
+from ..compare import chance_check, chance_failure
 from ..convert import check_batch_sizes
 from ..errors import UsageError
 from ..fileio import atomic_path, check_output_path, temp_dir
@@ -22,7 +24,7 @@ from ..int8_sensitivity import node_errors, rank_nodes
 from ..models import load_onnx, parse_model_ref
 from ..options import QuantizeOptions
 from ..quantize_ort import Quantizer, check_not_quantized, prepare, quantized_node_names, set_metadata
-from ..results import BudgetStep, ProgressFn, QuantizeResult, stage
+from ..results import ProgressFn, Result, stage
 from ..runners import OrtRunner
 from ..runtime import current_threads
 from ..scheme_search import DYNAMIC_OPS, Candidate, dynamic_applies, measure, static_candidates
@@ -32,6 +34,47 @@ RANKING_SAMPLES = 8    # samples compared activation by activation to rank nodes
 MAX_STEPS = 12
 INT8_BATCH_RTOL = 0.05  # a batch vs its samples one by one, int8: a few quantization steps of the largest output
 NODE_ERROR_ROWS = 10   # nodes listed with their SQNR in the report (those that lose most)
+
+
+@dataclass
+class BudgetStep:
+    step: int
+    kept_fp32: list[str]        # every node in fp32 at this step (cumulative)
+    added: list[str]            # the nodes this step moved to fp32
+    int8_top1: float
+    drop: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class QuantizeResult(Result):
+    model: str
+    output: str
+    backend: str
+    scheme: dict
+    calibration: dict            # method, samples, source
+    accuracy: dict               # checked, fp32_top1, int8_top1, drop, max_drop, samples, source
+    steps: list[BudgetStep]
+    nodes_kept_fp32: list[str]
+    size: dict                   # fp32_bytes, int8_bytes, ratio
+    latency: dict | None         # fp32/int8 p50 ms, speedup, threads, measured_on
+    onnx_exportable: bool
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # Per node of the all-int8 model, the nodes that lose most first: node, op, output_sqnr_db, lost_db, kept_fp32
+    node_errors: list[dict] = field(default_factory=list)
+
+    def checks(self) -> list[str]:
+        a = self.accuracy
+        failed = []
+        if a.get("checked") and a["drop"] > a["max_drop"] + 1e-9:
+            failed.append(f"int8 top-1 drop {a['drop']:.2f} pts exceeds --max-drop {a['max_drop']:g}: the best model "
+                          "is kept; calibrate on more representative data, allow more --max-fp32-nodes, or raise "
+                          "--max-drop")
+        return failed + [f for f in [chance_failure(a.get("chance"), "int8")] if f]
+
 
 def quantize(model: str, opts: QuantizeOptions, progress: ProgressFn | None = None) -> QuantizeResult:
     """Quantize MODEL to int8 calibrated on ``opts.calib``; see the module docstring.
@@ -157,8 +200,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         within_budget = chosen.drop <= max_drop + 1e-9
         accuracy = {"checked": True, "fp32_top1": fp32_top1, "int8_top1": chosen.int8_top1,
                     "drop": chosen.drop, "max_drop": max_drop, "samples": len(val_ds), "source": val}
-        from ..compare import chance_check  # a model at chance passes no budget worth having
-
+        # a model at chance passes no budget worth having
         accuracy["chance"] = {**chance_check(chosen.int8_top1, val_ds.labels, num_classes or val_ds.num_classes),
                               # random weights are at chance by construction (that run checks the tooling)
                               "allowed": bool(opts.allow_chance)

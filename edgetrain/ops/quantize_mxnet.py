@@ -20,7 +20,7 @@ from ..host import detect_host
 from ..models import load_gluon, parse_model_ref
 from ..options import QuantizeOptions
 from ..preprocess import sidecar_path, sidecar_text
-from ..results import BudgetStep, QuantizeResult, report, stage
+from ..results import report, stage
 from ..runners import time_runs
 from ..runtime import quiet_libraries
 
@@ -29,6 +29,9 @@ BATCH = 32
 
 
 def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, threads: int, progress):
+    # the command's record, imported here: ops.quantize imports this backend at its top
+    from .quantize import BudgetStep, QuantizeResult
+
     calib, val, max_drop, method, samples, per_channel = (opts.calib, opts.val, opts.max_drop, opts.method,
                                                           opts.samples, opts.per_channel)
 
