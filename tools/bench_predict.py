@@ -7,9 +7,11 @@ per image: the reference is tools/predict_ort_reference.py (onnxruntime + NumPy 
 edgetrain is the installed console script (`edgetrain predict`, as a user types it). The bench first
 checks that both printed the same top-k labels and scores for every image (the same work), then times
 them. Each run is a whole fresh process, timed from fork to exit; CPU is the process's user + system time
-and peak RSS its ru_maxrss, both from os.wait4. The two alternate A B B A A B ... so a drifting machine
-affects both; each ratio is taken pair by pair and its median (and range) printed. The goal (issue 16):
-edgetrain within 10% of the reference on start-up (wall and CPU) and on peak RSS.
+and peak RSS its ru_maxrss, both from os.wait4. The commands take turns, each first in turn (A B, B A,
+... or with --baseline A B C, B C A, ...), so a drifting machine affects all; each ratio to the
+reference is taken round by round and its median (and range) printed, then the minima. The goal (issue
+16): edgetrain within 10% of the reference on start-up (wall and CPU) and on peak RSS. ``--baseline DIR``
+adds an older edgetrain (its package extracted into DIR) run by the same console script: before/after.
 
 Both run in the same environment, as an installed package runs: Python's bytecode cache on (a private
 PYTHONPYCACHEPREFIX, filled by the warm-up runs; with PYTHONDONTWRITEBYTECODE set, every run would
@@ -30,6 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 NO_TELEMETRY_CACHE = "/dev/null/bench-no-telemetry"  # a folder that can never be made
+REFERENCE = "ORT reference loop"
 
 
 def run(argv: list[str], out: Path, env: dict) -> tuple[float, float, float]:
@@ -76,6 +79,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--top-k", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--baseline", metavar="DIR", help="also time the edgetrain package in DIR (an older "
+                    "version: git archive COMMIT edgetrain | tar -x -C DIR), run by the same console script")
     args = ap.parse_args()
     script = Path(sys.executable).with_name("edgetrain")
     edgetrain = ([str(script)] if script.is_file() else [sys.executable, "-m", "edgetrain"]) + [
@@ -83,46 +88,54 @@ def main() -> int:
         "--top-k", str(args.top_k)]
     reference = [sys.executable, str(HERE / "predict_ort_reference.py"), args.model, args.images, str(args.threads),
                  str(args.batch), str(args.top_k)]
-    names = ("edgetrain predict", "ORT reference loop")
-    rows: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
     tmp = Path(tempfile.mkdtemp(prefix="bench-predict-"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPYCACHEPREFIX=str(tmp / "pycache"), XDG_CACHE_HOME=NO_TELEMETRY_CACHE)
+    commands = {"edgetrain predict": (edgetrain, env), REFERENCE: (reference, env)}
+    if args.baseline:
+        commands[f"baseline ({Path(args.baseline).name})"] = (edgetrain, dict(env, PYTHONPATH=args.baseline))
+    names = list(commands)
+    rows: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
     try:
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env.update(PYTHONPYCACHEPREFIX=str(tmp / "pycache"), XDG_CACHE_HOME=NO_TELEMETRY_CACHE)
         for _ in range(2):  # fills the bytecode cache, warms the page cache
-            run(edgetrain, tmp / "a.txt", env)
-            run(reference, tmp / "b.txt", env)
-        differ = same_answers(predictions(tmp / "a.txt", args.images), predictions(tmp / "b.txt", args.images))
-        if differ:
-            raise SystemExit(f"edgetrain and the reference disagree (not the same work): {differ}")
+            for name, (argv, e) in commands.items():
+                run(argv, tmp / f"{names.index(name)}.txt", e)
+        ref = predictions(tmp / f"{names.index(REFERENCE)}.txt", args.images)
+        for k, name in enumerate(names):
+            differ = same_answers(predictions(tmp / f"{k}.txt", args.images), ref)
+            if differ:
+                raise SystemExit(f"{name} and the reference disagree (not the same work): {differ}")
         load0 = os.getloadavg()
-        for r in range(args.rounds):
-            order = (names[0], names[1]) if r % 2 == 0 else (names[1], names[0])
-            for name in order:
-                rows[name].append(run(edgetrain if name == names[0] else reference, tmp / "out.txt", env))
+        for r in range(args.rounds):  # each command first in turn: A B [C], B [C] A, ...
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                argv, e = commands[name]
+                rows[name].append(run(argv, tmp / "out.txt", e))
         load1 = os.getloadavg()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    a, b = rows[names[0]], rows[names[1]]
     n_images = len(predictions_count(args.images))
-    print(f"{args.rounds} rounds, interleaved (A B, B A, ...); model {args.model}, {n_images} images, batch "
-          f"{args.batch}, {args.threads} thread(s); same top-{args.top_k} answers checked; load average "
+    print(f"{args.rounds} rounds, interleaved (each command first in turn); model {args.model}, {n_images} images, "
+          f"batch {args.batch}, {args.threads} thread(s); same top-{args.top_k} answers checked; load average "
           f"{load0[0]:.2f} before, {load1[0]:.2f} after")
     cols = ((0, 8, 3), (1, 8, 3), (2, 13, 1))
+    b = rows[REFERENCE]
     for label, stat in (("median", statistics.median), ("minimum", min)):
-        print(f"{label:22} {'wall s':>8} {'CPU s':>8} {'peak RSS MiB':>13}")
+        print(f"{label:26} {'wall s':>8} {'CPU s':>8} {'peak RSS MiB':>13}")
         for name in names:
-            print(f"{name:22} " + " ".join(f"{stat(v[i] for v in rows[name]):{w}.{p}f}" for i, w, p in cols))
-        if stat is min:  # the least disturbed run of each: a busy machine only ever adds time
-            print(f"{'ratio of the minima':22} " + " ".join(
-                f"{min(x[i] for x in a) / min(y[i] for y in b):{w}.3f}" for i, w, _ in cols))
-            continue
-        ratios = [[x[i] / y[i] for x, y in zip(a, b)] for i in range(3)]
-        print(f"{'ratio (pair by pair)':22} " + " ".join(f"{statistics.median(r):{w}.3f}"
-                                                         for r, w in zip(ratios, (8, 8, 13)))
-              + "   edgetrain / reference, median; goal <= 1.10")
-        print(f"{'  range of the ratio':22} " + " ".join(f"{min(r):.2f}-{max(r):.2f}".rjust(w)
-                                                         for r, w in zip(ratios, (8, 8, 13))))
+            print(f"{name:26} " + " ".join(f"{stat(v[i] for v in rows[name]):{w}.{p}f}" for i, w, p in cols))
+        for name in names:
+            if name == REFERENCE:
+                continue
+            a = rows[name]
+            if stat is min:  # the least disturbed run of each: a busy machine only ever adds time
+                print(f"{'  ' + name.split()[0] + ' / ref, minima':26} " + " ".join(
+                    f"{min(x[i] for x in a) / min(y[i] for y in b):{w}.3f}" for i, w, _ in cols))
+                continue
+            ratios = [[x[i] / y[i] for x, y in zip(a, b)] for i in range(3)]
+            print(f"{'  ' + name.split()[0] + ' / reference':26} " + " ".join(f"{statistics.median(r):{w}.3f}"
+                                                               for r, w in zip(ratios, (8, 8, 13)))
+                  + "   median of the round-by-round ratios; goal <= 1.10"
+                  + "  (range " + ", ".join(f"{min(r):.2f}-{max(r):.2f}" for r in ratios) + ")")
     return 0
 
 
