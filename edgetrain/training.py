@@ -148,8 +148,10 @@ def prepare_outdir(outdir: Path, resume: bool) -> bool:
 
 
 def _data_fingerprint(ds) -> str:
+    """What identifies the training data to a checkpoint: its name (not where it lies, so a run folder moved
+    with its data resumes), its size and its labels."""
     h = hashlib.sha256(np.ascontiguousarray(ds.labels).tobytes()).hexdigest()[:12]
-    return f"{ds.source} n={len(ds)} labels={h}"
+    return f"{Path(ds.source).name if os.sep in ds.source else ds.source} n={len(ds)} labels={h}"
 
 
 def _params_digest(arrays: dict) -> str:
@@ -571,17 +573,20 @@ class _Job:
     def run(self, has_checkpoint: bool) -> FinetuneResult:
         t_start = time.monotonic()
         created = not self.outdir.exists()
+        had_prep = (self.outdir / PREP_DIR).exists()
         self.outdir.mkdir(parents=True, exist_ok=True)
         lock = _take_lock(self.outdir)  # a second run into this OUTDIR refuses, naming this one's PID
         try:
             return self._run(has_checkpoint, t_start, created)
-        except BaseException:
+        except BaseException as exc:
+            import shutil
+
             if created and not (self.outdir / ckpt.FILENAME).exists():  # nothing to resume: leave nothing behind
                 if self.cache is not None:
                     self.cache.close()
-                import shutil
-
                 shutil.rmtree(self.outdir, ignore_errors=True)
+            elif isinstance(exc, UsageError) and not had_prep:  # a refused run (other data, a budget too
+                shutil.rmtree(self.outdir / PREP_DIR, ignore_errors=True)  # small...) leaves OUTDIR as it was
             raise
         finally:
             (self.outdir / LOCK_FILE).unlink(missing_ok=True)

@@ -9,6 +9,16 @@ import pytest
 from clitools import run_edgetrain
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    """The fine-tune engine's per-user cache (exports, templates) is this session's own, never the HOME of
+    whoever runs the tests: what one run left there must not decide what another test sees."""
+    import os
+
+    os.environ["EDGETRAIN_CACHE_DIR"] = str(tmp_path_factory.mktemp("edgetrain-cache"))
+    yield
+
+
 @pytest.fixture
 def cli():
     return run_edgetrain
