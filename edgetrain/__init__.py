@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 
+from . import _lazy  # noqa: F401  its import hook: a plain `import mxnet` after edgetrain gets the compatibility
+
 __version__ = "0.1.0"
 
 _API = {

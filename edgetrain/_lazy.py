@@ -228,3 +228,26 @@ def opened() -> list[str]:
 def _python() -> str:
     v = sys.version_info
     return f"{v.major}.{v.minor}.{v.micro}"
+
+
+def ort_session(model, threads: int | None = None, optimize: bool = True):
+    """An ONNX Runtime CPU session (file path or serialized bytes) with the thread cap applied."""
+    ort = onnxruntime()
+
+    source = model if isinstance(model, (bytes, bytearray)) else str(model)
+    return ort.InferenceSession(source, ort_session_options(threads, optimize), providers=["CPUExecutionProvider"])
+
+
+def ort_session_options(threads: int | None = None, optimize: bool = True):
+    """ONNX Runtime session options with the thread cap applied (intra-op threads, sequential)."""
+    ort = onnxruntime()
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or runtime.current_threads()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # ORT's own spinning workers burn a core after each run; on a battery-powered board that is waste.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                     else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    return opts

@@ -226,7 +226,7 @@ class OrtRunner:
         import numpy as np
 
         from .errors import UsageError
-        from .runtime import ort_session
+        from ._lazy import ort_session
 
         self.spec = spec
         self.path = spec["model_file"]
@@ -254,7 +254,7 @@ class OrtRunner:
     def op_profile(self, runs: int) -> dict:
         ort = _lazy.onnxruntime()
 
-        from .runtime import ort_session_options
+        from ._lazy import ort_session_options
 
         with temp_dir("ortprof") as tmp:
             opts = ort_session_options(self.spec["threads"])

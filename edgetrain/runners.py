@@ -13,7 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from .runtime import current_threads, ort_session
+from ._lazy import ort_session
+from .runtime import current_threads
 
 
 @dataclass

@@ -2,15 +2,13 @@
 
 OpenMP, OpenBLAS and MXNet's engine read their thread variables once, when the library loads, so
 ``apply_threads`` must run before the first heavy import; after that it can only refuse.
-ONNX Runtime takes its cap per session: ``ort_session_options`` builds options that honour it.
+ONNX Runtime takes its cap per session: ``_lazy.ort_session_options`` builds options that honour it.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import sys
-
-from . import _lazy
 
 _threads: int | None = None
 
@@ -122,26 +120,3 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def ort_session(model, threads: int | None = None, optimize: bool = True):
-    """An ONNX Runtime CPU session (file path or serialized bytes) with the thread cap applied."""
-    ort = _lazy.onnxruntime()
-
-    source = model if isinstance(model, (bytes, bytearray)) else str(model)
-    return ort.InferenceSession(source, ort_session_options(threads, optimize), providers=["CPUExecutionProvider"])
-
-
-def ort_session_options(threads: int | None = None, optimize: bool = True):
-    """ONNX Runtime session options with the thread cap applied (intra-op threads, sequential)."""
-    ort = _lazy.onnxruntime()
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads or current_threads()
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    # ORT's own spinning workers burn a core after each run; on a battery-powered board that is waste.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
-                                     else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    return opts

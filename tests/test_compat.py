@@ -267,7 +267,7 @@ g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 m.ir_version = 7
 if mode == "door":
-    sess = runtime.ort_session(m.SerializeToString(), threads=1)
+    sess = _lazy.ort_session(m.SerializeToString(), threads=1)
 else:
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
 y = sess.run(None, {"x": np.array([-1.0, 0.5, 2.0], np.float32)})[0]

@@ -48,7 +48,7 @@ def check_file(path, opset=13):
     import onnx
     import onnxruntime as ort
 
-    from edgetrain.runtime import ort_session_options
+    from edgetrain._lazy import ort_session_options
 
     onnx.checker.check_model(str(path), full_check=True)
     proto = onnx.load(str(path))

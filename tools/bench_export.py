@@ -44,7 +44,7 @@ def child(kind: str, args) -> dict:
         import onnx
         import onnxruntime as ort
 
-        from edgetrain.runtime import ort_session_options
+        from edgetrain._lazy import ort_session_options
 
         proto = onnx.load(args.onnx)
         if kind == "ort-weights-as-inputs":

@@ -38,7 +38,7 @@ def child(kind: str, path: str, shape: list[int], runs: int, warmup: int) -> dic
     if kind.startswith("ort"):
         import onnxruntime as ort
 
-        from edgetrain.runtime import ort_session_options
+        from edgetrain._lazy import ort_session_options
 
         sess = ort.InferenceSession(path, sess_options=ort_session_options(1), providers=["CPUExecutionProvider"])
         name = sess.get_inputs()[0].name

@@ -88,7 +88,8 @@ def quantize(model: str, opts: QuantizeOptions, progress: ProgressFn | None = No
     output = Path(opts.output)
     scheme = scheme_for(profile, per_channel=opts.per_channel)
     if opts.backend == "mxnet":
-        return quantize_mxnet(model, opts, output, scheme=scheme, threads=threads, progress=progress)
+        fields = quantize_mxnet(model, opts, output, scheme=scheme, threads=threads, progress=progress)
+        return QuantizeResult(**{**fields, "steps": [BudgetStep(**s) for s in fields["steps"]]})
     if output.suffix.lower() != ".onnx":
         raise UsageError("the onnxruntime backend writes an .onnx file", str(output), "name the output *.onnx")
     check_output_path(output, "-o")

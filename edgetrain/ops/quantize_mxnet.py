@@ -28,10 +28,8 @@ CALIB_MODES = {"minmax": "naive", "entropy": "entropy"}
 BATCH = 32
 
 
-def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, threads: int, progress):
-    # the command's record, imported here: ops.quantize imports this backend at its top
-    from .quantize import BudgetStep, QuantizeResult
-
+def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, threads: int, progress) -> dict:
+    """The fields of the command's QuantizeResult (ops.quantize builds the record; the budget steps as dicts)."""
     calib, val, max_drop, method, samples, per_channel = (opts.calib, opts.val, opts.max_drop, opts.method,
                                                           opts.samples, opts.per_channel)
 
@@ -71,7 +69,7 @@ def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, t
     if val_ds is not None:
         f = top1(fp32.predict, val_ds, progress=stage(progress, "fp32 top-1"))
         q = top1(run_int8, val_ds, progress=stage(progress, "int8 top-1"))
-        steps = [BudgetStep(0, [], [], q, f - q)]
+        steps = [{"step": 0, "kept_fp32": [], "added": [], "int8_top1": q, "drop": f - q}]
         within_budget = f - q <= max_drop + 1e-9
         accuracy = {"checked": True, "fp32_top1": f, "int8_top1": q, "drop": f - q, "max_drop": max_drop,
                     "samples": len(val_ds), "source": val}
@@ -95,7 +93,7 @@ def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, t
                  "reduce_range": False, "per_channel": per_channel, "target": scheme.target,
                  "reason": "MXNet's own quantization; runs only in MXNet built with oneDNN (x86-64, aarch64)",
                  "warning": scheme.warning}
-    return QuantizeResult(
+    return dict(
         model=model, output=str(prefix), backend="mxnet", scheme=mx_scheme,
         calibration={"method": method, "samples": len(calib_ds), "source": calib},
         accuracy=accuracy, steps=steps, nodes_kept_fp32=[],

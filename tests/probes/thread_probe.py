@@ -5,7 +5,7 @@ argv: THREADS mxnet|ort. Prints {"busy": threads that did >10% of the CPU work, 
 import os, sys, time, json
 threads = int(sys.argv[1])
 which = sys.argv[2]
-from edgetrain import runtime
+from edgetrain import _lazy, runtime
 runtime.apply_threads(threads)
 import numpy as np
 def busy_threads():
@@ -32,7 +32,7 @@ else:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64, 56, 56])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [W])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    s = ort.InferenceSession(m.SerializeToString(), runtime.ort_session_options(), providers=["CPUExecutionProvider"])
+    s = ort.InferenceSession(m.SerializeToString(), _lazy.ort_session_options(), providers=["CPUExecutionProvider"])
     x = np.random.rand(8, 64, 56, 56).astype("float32")
     before = busy_threads(); t0 = time.time()
     while time.time() - t0 < 1.5:
