@@ -402,6 +402,10 @@ class PowerMeter:
         self._t0 = time.time()
         return self._t0
 
+    def samples_since_begin(self) -> int:
+        """Samples taken since ``begin()`` (the sampling thread may run late on a busy host)."""
+        return sum(1 for s in list(self.sampler.samples) if s[0] >= self._t0)
+
     def end(self) -> float:
         self.window = (self._t0, time.time())
         return self.window[1]

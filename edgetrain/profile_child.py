@@ -183,7 +183,12 @@ def _measure_power(meter, power_spec: dict, runner, wall_t0: float, runs: int, o
     if meter is not None:
         min_window = max(min_window, power.MIN_WINDOW_PERIODS * meter.period_s)
     extra = 0
-    while time.time() - wall_t0 < min_window:
+    # the window's length, and the samples in it: a sampling thread running late on a busy host must not leave
+    # fewer than MIN_WINDOW_PERIODS (bounded, in case the source stops answering)
+    longest = max(4 * min_window, min_window + 5.0)
+    while time.time() - wall_t0 < min_window or (
+            meter is not None and meter.samples_since_begin() < power.MIN_WINDOW_PERIODS
+            and time.time() - wall_t0 < longest):
         runner.infer()
         extra += 1
     if meter is not None:
