@@ -86,26 +86,15 @@ def estimate(c: Costs, fb: int, m: int, cache: str, scale: float = 1.0) -> float
     return c.base_mb + c.params_mb + frozen + train + inputs + cache_mb + FIXED_OVERHEAD_MB
 
 
-def _feature_batches(effective_batch: int) -> list[int]:
-    return [b for b in FEATURE_BATCHES if b <= max(effective_batch, 1)] or [1]
-
-
-def unbudgeted_feature_batch(frozen_per_sample: float, effective_batch: int, scale: float = 1.0) -> int:
-    """The feature-pass batch of a job without --memory-budget: it depends on the frozen part alone, so a
-    run can start the pass before the trained part is built (training._EarlyFeatures)."""
-    fbs = _feature_batches(effective_batch)
-    return next((b for b in fbs if frozen_per_sample * b * scale <= UNBUDGETED_FROZEN_MB), fbs[-1])
-
-
 def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
     """The best (feature batch, micro-batch, cache placement) that fits ``budget_mb`` (None: no budget)."""
-    fbs = _feature_batches(c.effective_batch)
+    fbs = [b for b in FEATURE_BATCHES if b <= max(c.effective_batch, 1)] or [1]
     if not c.has_frozen:
         fbs = [1]
     ms = divisors_desc(c.effective_batch)
     caches = ("memory", "disk") if c.has_frozen else ("none",)
     if budget_mb is None:
-        fb = unbudgeted_feature_batch(c.frozen_per_sample, c.effective_batch, scale) if c.has_frozen else 1
+        fb = next((b for b in fbs if c.frozen_per_sample * b * scale <= UNBUDGETED_FROZEN_MB), fbs[-1])
         m = next((d for d in ms if c.train_per_sample * d * scale <= UNBUDGETED_TRAIN_MB), 1)
         cache = caches[0] if c.cache_mb <= UNBUDGETED_CACHE_MB or not c.has_frozen else "disk"
         return MemoryPlan(fb, m, cache, estimate(c, fb, m, cache, scale), None, c.cache_mb, arena=True)

@@ -26,7 +26,6 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +42,7 @@ from .compare import chance_check, chance_failure
 from .errors import EdgetrainError, RunFailed, UsageError
 from .featurecache import FeatureCache
 from .fileio import atomic_path, atomic_write_bytes, atomic_write_text, file_digest
-from .memplan import (FEATURE_BATCHES, MB, UNBUDGETED_CACHE_MB, Costs, MemoryPlan, choose, graph_costs, plan_job,
-                      unbudgeted_feature_batch)
+from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose, graph_costs, plan_job
 from .models import is_factory_ref, load_gluon
 from .netsplit import Graph, TrainLayers, _find_cuts, _output_name, cut_for, graph_of, head_units, replace_head, split
 from .optimizers import default_lr, make_numpy_optimizer, make_optimizer
@@ -269,90 +267,6 @@ def _mismatch(got: np.ndarray, want: np.ndarray) -> str | None:
     return f"max abs error {float(np.nanmax(err)):.3g} on features of magnitude {scale:.3g}"
 
 
-def _frozen_info(cached: Path) -> dict | None:
-    """What the per-user cache records beside a frozen part's export (its per-sample cost in MiB, one
-    sample's feature shape), or None when missing or unreadable."""
-    try:
-        info = json.loads(cached.with_suffix(".json").read_text())
-        shape = [int(d) for d in info["feature_shape"]]
-        cost = float(info["frozen_per_sample_mb"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not shape or min(shape) < 1 or not math.isfinite(cost) or cost <= 0:
-        return None
-    return {"feature_shape": shape, "frozen_per_sample_mb": cost}
-
-
-def _frozen_batches(sources, fb: int, run_frozen, stats: dict):
-    """(first cache row, features) of each feature batch of ``sources`` (see _Job._sources); each batch
-    decoded and preprocessed just before its pass, padded to ``fb`` (one shape every pass, never retraced);
-    ``stats`` adds up the seconds spent decoding and in the frozen part."""
-    for ds, offset in sources:
-        for start in range(0, len(ds), fb):
-            idx = np.arange(start, min(start + fb, len(ds)))
-            t1 = time.monotonic()
-            x = ds.batch(idx)
-            if len(idx) < fb:
-                x = np.concatenate([x, np.repeat(x[-1:], fb - len(idx), axis=0)])
-            t2 = time.monotonic()
-            feats = run_frozen(x)[: len(idx)]
-            stats["decode"] += t2 - t1
-            stats["frozen"] += time.monotonic() - t2
-            yield offset + start, feats
-
-
-class _EarlyFeatures:
-    """The frozen part's pass on a thread of its own, started before mxnet is imported: ONNX Runtime and
-    Pillow's decoders release the GIL, so it runs while the main thread imports mxnet and builds the
-    trained part (the floor of a last:N run otherwise). Its session has one thread fewer than --threads,
-    so with the main thread's import the busy threads stay within the cap (two ONNX Runtime threads and
-    the import on two cores measured slower, the spinning workers starving the import). The batches wait
-    in a queue until the feature cache exists (the plan); a plan that chose another batch or placement
-    cancels it (its work dropped)."""
-
-    def __init__(self, session, sha: str, sources: list, fb: int, shape: tuple):
-        import queue
-        import threading
-
-        self.sha, self.fb, self.shape, self.t0 = sha, fb, tuple(shape), time.monotonic()
-        self.stats = {"decode": 0.0, "frozen": 0.0}
-        self._queue = queue.SimpleQueue()
-        self._cancelled = threading.Event()
-        name = session.get_inputs()[0].name
-        batches = _frozen_batches(sources, fb, lambda x: session.run(None, {name: x})[0], self.stats)
-        # the thread must import nothing: two threads importing at once can deadlock in CPython (seen here:
-        # PIL.ImageFile's lazy import of logging against mxnet's pkg_resources). Every image plugin is
-        # loaded, and the first batch runs here, so the decoders' lazy imports happen on this thread.
-        if "PIL.Image" in sys.modules:
-            sys.modules["PIL.Image"].init()
-        first = next(batches, None)
-        self._queue.put(first)
-        if first is not None:
-            threading.Thread(target=self._work, args=(batches,), name="edgetrain-features", daemon=True).start()
-
-    def _work(self, batches) -> None:
-        try:
-            for item in batches:
-                if self._cancelled.is_set():
-                    return
-                self._queue.put(item)
-            self._queue.put(None)
-        except BaseException as exc:  # raised again in the main thread, where the cache is filled
-            self._queue.put(exc)
-
-    def results(self):
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def cancel(self) -> None:
-        self._cancelled.set()
-
-
 class _Job:
     engine = "mxnet"  # what trains: a checkpoint is resumed only by the same engine
 
@@ -365,8 +279,6 @@ class _Job:
         self.seed, self.params, self.input_shape = opts.seed, opts.params, opts.input_shape
         self.cache = None
         self.cache_complete = False
-        self.has_checkpoint = False
-        self.early = None  # _EarlyFeatures, when the feature pass starts before mxnet is imported
         self.notes: list[str] = []
         self.stop = _Stop()
 
@@ -402,7 +314,6 @@ class _Job:
             self.notes += record["notes"]
             pre = Preprocess.from_dict(record["preprocess"])
             self._load_data(pre)
-            self.early = self._early_features(folder, record)  # the frozen pass runs while mxnet loads
             g = _template_graph(folder, record, _lazy.mxnet().nd.load)  # as NDArrays: no NumPy copy held
             _find_cuts(g)
             self.source_digest = record["source_digest"]
@@ -424,51 +335,6 @@ class _Job:
             self.notes.append(f"output layer replaced: the model has {outputs} outputs, the data {len(self.classes)} "
                               f"classes; the new layer starts from random weights")
         self.graph = g
-
-    def _frozen_cache(self, cut_name: str) -> Path | None:
-        """Where the per-user cache keeps this base model's frozen part (None: no cache for this model)."""
-        root = _cache_root() if not self.model_obj.random_weights else None
-        if root is None:
-            return None
-        key = hashlib.sha256(f"{self.template_key}:{cut_name}:{list(self.pre.input_shape)}".encode()).hexdigest()[:20]
-        return root / "finetune-frozen" / f"{key}.onnx"
-
-    def _early_features(self, folder: Path, record: dict):
-        """The feature pass started now, on a thread, when everything it needs is known without mxnet: the
-        frozen part's export (and its per-sample cost) is in the per-user cache, there is no --memory-budget
-        (the feature batch then depends on the frozen part alone: memplan.unbudgeted_feature_batch), the
-        cache fits in memory and the run is not a resume. None otherwise (the pass runs after the plan)."""
-        # busy threads meanwhile: ONNX Runtime's (one fewer than --threads) and this one's import: the cap holds
-        if self.has_checkpoint or self.budget_mb is not None or self.layers.kind != "last" or self.threads < 2:
-            return None
-        try:
-            doc = json.loads((folder / "template-symbol.json").read_text())
-            g = Graph(doc["nodes"], doc, record["data_name"], {}, {}, head=record["head"])
-            _find_cuts(g)
-            cut = cut_for(g, self.layers)
-        except (OSError, ValueError, KeyError, EdgetrainError):
-            return None  # the general path says what is wrong
-        cached = self._frozen_cache(g.nodes[cut]["name"]) if cut is not None else None
-        if cached is None:
-            return None
-        info = _frozen_info(cached)
-        try:
-            sha = cached.with_suffix(".sha256").read_text()
-        except OSError:
-            return None
-        if info is None:
-            return None
-        feature_bytes = int(np.prod(info["feature_shape"])) * 4
-        fb = unbudgeted_feature_batch(info["frozen_per_sample_mb"], self.batch_size)
-        rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
-        if rows * feature_bytes / MB > UNBUDGETED_CACHE_MB or _file_sha(cached) != sha:
-            return None
-        return _EarlyFeatures(_ort_session(cached, self.threads - 1, True), sha, self._sources(), fb,
-                              tuple(info["feature_shape"]))
-
-    def _sources(self) -> list:
-        """(data set, its first row in the feature cache): the training rows, then the validation rows."""
-        return [(self.train_ds, 0)] + ([(self.val_ds, len(self.train_ds))] if self.val_ds is not None else [])
 
     def _publish_template(self, folder: Path, g: Graph, pre) -> None:
         """The loaded base model's graph and weights into the per-user cache (atomically: a half-written
@@ -548,31 +414,31 @@ class _Job:
         if reuse:
             self.cache.close()
             self.cache = FeatureCache(rows, s.feature_shape, self.plan.cache, path)
-        t0 = getattr(self.early, "t0", None) or time.monotonic()
+        t0 = time.monotonic()
         fb = self.plan.feature_batch
-        early = self.early
-        if early is not None and (early.fb != fb or self.plan.cache != "memory" or early.shape != s.feature_shape):
-            early.cancel()  # the plan chose otherwise: its work is dropped
-            early = None
-        if early is not None:
-            self.notes.append("frozen part's ONNX export reused from the cache (its pass started before mxnet "
-                              "was loaded)")
-            self.frozen_record = {"fingerprint": self.cache_fp, "sha256": early.sha}
-            batches, stats = early.results(), early.stats
-        else:
-            stats = {"decode": 0.0, "frozen": 0.0}
-            batches = _frozen_batches(self._sources(), fb, self._frozen_fn(), stats)
+        run_frozen = self._frozen_fn()
+        decode_s = frozen_s = 0.0
+        sources = [(self.train_ds, 0)] + ([(self.val_ds, len(self.train_ds))] if self.val_ds is not None else [])
         done = 0
-        for row, feats in batches:
-            self.cache.write(row, feats)
-            ckpt.kill_point("features")
-            done += len(feats)
-            self._tick("features", done=done, total=rows, t0=t0)
-            if self.stop.signum:
-                return time.monotonic() - t0
+        for ds, offset in sources:
+            for start in range(0, len(ds), fb):
+                idx = np.arange(start, min(start + fb, len(ds)))
+                t1 = time.monotonic()
+                x = ds.batch(idx)  # decoded and preprocessed here, one feature batch at a time
+                if len(idx) < fb:  # same shape every pass: pad, never retrace
+                    x = np.concatenate([x, np.repeat(x[-1:], fb - len(idx), axis=0)])
+                t2 = time.monotonic()
+                feats = run_frozen(x)[: len(idx)]
+                decode_s, frozen_s = decode_s + t2 - t1, frozen_s + time.monotonic() - t2
+                self.cache.write(offset + start, feats)
+                ckpt.kill_point("features")
+                done += len(idx)
+                self._tick("features", done=done, total=rows, t0=t0)
+                if self.stop.signum:
+                    return time.monotonic() - t0
         self.cache.flush()
-        self.notes.append(f"feature pass: {stats['decode']:.2f}s decoding and preprocessing {rows} samples, "
-                          f"{stats['frozen']:.2f}s in the frozen part")
+        self.notes.append(f"feature pass: {decode_s:.2f}s decoding and preprocessing {rows} samples, "
+                          f"{frozen_s:.2f}s in the frozen part")
         self.cache_complete = True  # only now may a checkpoint vouch for it
         return time.monotonic() - t0
 
@@ -723,14 +589,11 @@ class _Job:
                 shutil.rmtree(self.outdir / PREP_DIR, ignore_errors=True)  # small...) leaves OUTDIR as it was
             raise
         finally:
-            if self.early is not None:
-                self.early.cancel()
             (self.outdir / LOCK_FILE).unlink(missing_ok=True)
             os.close(lock)
 
     def _run(self, has_checkpoint: bool, t_start: float, created: bool) -> FinetuneResult:
         self.energy_meter = EnergyMeter(self.profile, self.threads, self.opts.power_log).start()  # measured where a sensor is
-        self.has_checkpoint = has_checkpoint
         self._load()
         self._split()
         if self.lr is None:
@@ -873,7 +736,9 @@ class _Job:
         s = self.split
         mxnet_fn = lambda x: s.frozen(mx.nd.array(x)).asnumpy()  # noqa: E731
         # a base model whose weights come from files: its frozen part is exported once per user (the cache)
-        cached = self._frozen_cache(s.cut_name)
+        root = _cache_root() if not self.model_obj.random_weights else None
+        key = hashlib.sha256(f"{self.template_key}:{s.cut_name}:{list(self.pre.input_shape)}".encode()).hexdigest()[:20]
+        cached = root / "finetune-frozen" / f"{key}.onnx" if root is not None else None
         cached_sha = cached.with_suffix(".sha256") if cached is not None else None
         if cached is not None and cached.exists() and cached_sha.exists() and _file_sha(cached) == cached_sha.read_text():
             self.notes.append("frozen part's ONNX export reused from the cache")
@@ -896,19 +761,14 @@ class _Job:
                 return mxnet_fn
             if cached is not None:
                 try:
+                    from .fileio import atomic_write_bytes, atomic_write_text
+
                     cached.parent.mkdir(parents=True, exist_ok=True)
                     atomic_write_bytes(cached, path.read_bytes(), "frozen part cache")
                     atomic_write_text(cached_sha, _file_sha(cached), "frozen part cache")
                 except (OSError, EdgetrainError) as exc:
                     self.notes.append(f"the export could not be cached ({type(exc).__name__})")
         self.frozen_record = {"fingerprint": self.cache_fp, "sha256": _file_sha(path)}
-        if cached is not None and cached.exists() and _frozen_info(cached) is None:
-            try:  # what a later run needs to start this pass before mxnet is loaded (_early_features)
-                atomic_write_text(cached.with_suffix(".json"), json.dumps(
-                    {"frozen_per_sample_mb": self.costs.frozen_per_sample, "feature_shape": list(s.feature_shape)}),
-                    "frozen part cache")
-            except (OSError, EdgetrainError):
-                pass
         name = session.get_inputs()[0].name
         return lambda x: session.run(None, {name: x})[0]
 

@@ -143,37 +143,3 @@ def test_last_n_runs_after_the_first_take_the_model_from_the_cache_and_train_the
     third, fourth = run("d", cache), run("e", cache)
     assert not any(reused in n for n in third["notes"]), "a damaged entry is never trusted"
     assert any(reused in n for n in fourth["notes"]), "and it is replaced"
-
-
-def test_last_n_with_the_frozen_part_cached_runs_its_feature_pass_while_mxnet_loads_and_trains_the_same(
-        digits_npz, tmp_path, monkeypatch):
-    """With the frozen part's export (and its per-sample cost) in the cache, no budget and --threads 2, the
-    feature pass starts on a thread before mxnet is imported; the PREFIX is bit for bit what a run without
-    any cache writes. A damaged cost record, a budget or --threads 1 take the plain order (same weights)."""
-    import mxnet as mx
-
-    early = "its pass started before mxnet was loaded"
-
-    def run(name, cache, *extra):
-        monkeypatch.setenv("EDGETRAIN_CACHE_DIR", cache)
-        res = run_edgetrain("finetune", BASE, "--data", digits_npz, "-o", tmp_path / name, "--epochs", "2",
-                            "--train-layers", "last:2", "--threads", "2", "--json", "-", *extra, cwd=tmp_path)
-        assert res.code == 0, res.err
-        return res.json()
-
-    cache = str(tmp_path / "cache")
-    docs = {"a": run("a", cache), "b": run("b", cache), "c": run("c", ""), "d": run("d", cache, "--threads", "1")}
-    assert any(early in n for n in docs["b"]["notes"]), docs["b"]["notes"]
-    assert not any(early in n for k in "acd" for n in docs[k]["notes"])
-    for f in (tmp_path / "cache" / "finetune-frozen").glob("*.json"):
-        f.write_text("{damaged")
-    docs["e"] = run("e", cache)
-    assert not any(early in n for n in docs["e"]["notes"]), "a damaged record is never used"
-    docs["f"] = run("f", cache)
-    assert any(early in n for n in docs["f"]["notes"]), "and it is written again"
-    assert run("g", cache, "--memory-budget", "600MB")["notes"] and not (tmp_path / "g" / "features.cache").exists()
-    params = {name: mx.nd.load(str(tmp_path / name / "model-0000.params")) for name in "abcdef"}
-    for name in "abdef":
-        assert params[name].keys() == params["c"].keys()
-        assert all((params[name][k] == params["c"][k]).asnumpy().all() for k in params["c"]), name
-        assert docs[name]["final_accuracy"] == docs["c"]["final_accuracy"]
