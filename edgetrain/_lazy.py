@@ -230,24 +230,31 @@ def _python() -> str:
     return f"{v.major}.{v.minor}.{v.micro}"
 
 
-def ort_session(model, threads: int | None = None, optimize: bool = True):
-    """An ONNX Runtime CPU session (file path or serialized bytes) with the thread cap applied."""
+def ort_session(model, threads: int | None = None, optimize: bool = True, **kw):
+    """An ONNX Runtime CPU session (file path or serialized bytes) with the thread cap applied (``kw``: see
+    ``ort_session_options``)."""
     ort = onnxruntime()
 
     source = model if isinstance(model, (bytes, bytearray)) else str(model)
-    return ort.InferenceSession(source, ort_session_options(threads, optimize), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(source, ort_session_options(threads, optimize, **kw),
+                                providers=["CPUExecutionProvider"])
 
 
-def ort_session_options(threads: int | None = None, optimize: bool = True):
-    """ONNX Runtime session options with the thread cap applied (intra-op threads, sequential)."""
+def ort_session_options(threads: int | None = None, optimize: bool = True, *, spinning: bool = False,
+                        arena: bool = True):
+    """ONNX Runtime session options with the thread cap applied (intra-op threads, sequential).
+    ``spinning``: ORT's workers spin between runs (faster for back-to-back runs such as a feature pass;
+    otherwise they burn a core after each run, waste on a battery). ``arena``: ORT's CPU memory arena (off
+    under a tight memory budget)."""
     ort = onnxruntime()
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads or runtime.current_threads()
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    # ORT's own spinning workers burn a core after each run; on a battery-powered board that is waste.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not spinning:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.enable_cpu_mem_arena = arena
     opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                      else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     return opts

@@ -242,17 +242,8 @@ def _frozen_onnx(outdir: Path, fingerprint: str, record: dict | None, export) ->
 
 
 def _ort_session(path: Path, threads: int, arena: bool):
-    ort = _lazy.module("onnxruntime")
-
-    # not runtime.ort_session_options: that one stops the workers spinning between ops (right for one-off
-    # inferences on a battery); the feature pass runs the session back to back, where spinning is faster
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.enable_cpu_mem_arena = arena  # the memory plan's choice: off under a tight budget
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    """The frozen part's session: run back to back in the feature pass, so its workers spin between runs."""
+    return _lazy.ort_session(path, threads, spinning=True, arena=arena)
 
 
 def _mismatch(got: np.ndarray, want: np.ndarray) -> str | None:

@@ -19,7 +19,6 @@ model is refused (``ShapeMismatch``), never silently reshaped.
 """
 from __future__ import annotations
 
-import importlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import _lazy, runtime
+from .. import training as ft
 from ..errors import UsageError
 from ..netsplit import parse_train_layers
 from ..optimizers import SGD, NumpySGD
 from ..options import FinetuneOptions
-
-ft = importlib.import_module("edgetrain.training")  # the module (edgetrain.training is also the API function)
 
 
 class ShapeMismatch(UsageError):
