@@ -73,12 +73,30 @@ def _sl(start: int, n: int, step: int) -> slice:
     return slice(start, start + step * (n - 1) + 1, step)
 
 
+def _channels_first(a):
+    """(N, C, ...) -> contiguous (C, N * ...): the batch as the columns of one GEMM."""
+    n, c = a.shape[:2]
+    return np.ascontiguousarray(a.reshape(n, c, -1).transpose(1, 0, 2)).reshape(c, -1)
+
+
+def _batch_first(m, n, shape):
+    """(C, N * ...) -> contiguous (N, *shape) with shape[0] == C."""
+    c = m.shape[0]
+    return np.ascontiguousarray(m.reshape(c, n, -1).transpose(1, 0, 2)).reshape(n, *shape)
+
+
 # ---------------------------------------------------------------------------------------------- ops
 # Each op: __init__(attrs, in_shapes (one sample, no batch), param names) sets out_shape, params {role: shape}
 # (arg params, in input order after the data inputs) and aux {role: shape}; forward(ins, P, A, train, rng)
 # -> (out, cache); backward(dout, cache, P, need) -> (list of d(data input) or None, {param name: grad}).
 class _Op:
+    """forward(..., own): own[i] says data input i is this op's alone to overwrite; backward(..., own): dout is.
+    fresh_out: the output is a new array the op does not keep (a consumer may overwrite it); fresh_grads: the
+    input gradients are new arrays (not dout or views of it)."""
+
     n_data = 1
+    fresh_out = True
+    fresh_grads = True
     extra_bytes = 0       # per sample, held in the tape beyond the output (train)
     transient_bytes = 0   # per sample, scratch during forward
 
@@ -138,14 +156,16 @@ class _Conv(_Op):
         (sh, sw), (dh, dw) = self.s, self.d
         return xp[:, :, _sl(i * dh, self.Ho, sh), _sl(j * dw, self.Wo, sw)]
 
-    def forward(self, ins, P, A, train, rng):
+    def forward(self, ins, P, A, train, rng, own=()):
         (x,) = ins
         N = x.shape[0]
         w = P[self.wname]
         F, C, G = self.F, self.C, self.G
-        if self.mode == "mm":
-            out = np.matmul(w.reshape(F, C), x.reshape(N, C, -1)).reshape(N, *self.out_shape)
-            cache = x
+        if self.mode == "mm":  # one GEMM over the whole batch: (F, C) @ (C, N*H*W)
+            xt = _channels_first(x)
+            o = w.reshape(F, C) @ xt  # the output as a strided view (N, F, H, W) of (F, N, H*W): no copy
+            out = o.reshape(F, N, -1).transpose(1, 0, 2).reshape(N, *self.out_shape)
+            cache = xt
         elif self.mode == "dw":
             xp = self._pad(x)
             kh, kw = self.k
@@ -172,19 +192,18 @@ class _Conv(_Op):
             out += P[self.bname].reshape(1, F, 1, 1)
         return out, cache
 
-    def backward(self, dout, cache, P, need):
+    def backward(self, dout, cache, P, need, own=False):
         w = P[self.wname]
         F, C, G = self.F, self.C, self.G
         N = dout.shape[0]
         grads = {}
         dx = None
         if self.mode == "mm":
-            x = cache
-            d3 = dout.reshape(N, F, -1)
-            x3 = x.reshape(N, C, -1)
-            grads[self.wname] = np.tensordot(d3, x3, axes=([0, 2], [0, 2])).reshape(w.shape)
+            xt = cache
+            dt = _channels_first(dout)
+            grads[self.wname] = (dt @ xt.T).reshape(w.shape)
             if need[0]:
-                dx = np.matmul(w.reshape(F, C).T, d3).reshape(x.shape)
+                dx = _batch_first(w.reshape(F, C).T @ dt, N, (C, self.H, self.W))
         elif self.mode == "dw":
             xp = cache
             kh, kw = self.k
@@ -242,7 +261,7 @@ class _FC(_Op):
             self.params[self.bname] = (self.units,)
         self.aux = {}
 
-    def forward(self, ins, P, A, train, rng):
+    def forward(self, ins, P, A, train, rng, own=()):
         (x,) = ins
         x2 = x.reshape(-1, self.n_in)
         out = x2 @ P[self.wname].T
@@ -250,7 +269,7 @@ class _FC(_Op):
             out += P[self.bname]
         return out.reshape(x.shape[0], *self.out_shape), x
 
-    def backward(self, dout, x, P, need):
+    def backward(self, dout, x, P, need, own=False):
         d2 = dout.reshape(-1, self.units)
         x2 = x.reshape(-1, self.n_in)
         grads = {self.wname: d2.T @ x2}
@@ -287,43 +306,53 @@ class _BatchNorm(_Op):
         self.aux = {self.mname: (C,), self.vname: (C,)}
         self.extra_bytes = 4 * _prod(shape)  # xhat
 
-    def forward(self, ins, P, A, train, rng):
+    def forward(self, ins, P, A, train, rng, own=()):
         (x,) = ins
         bs = self.bshape
         gamma = np.ones(bs[1], F32) if self.fix_gamma else P[self.gname]
         beta = P[self.bname]
         batch = train and not self.global_stats
+        n, c = x.shape[:2]
+        x3 = x.reshape(n, c, -1)
         if batch:
-            m = x.size // x.shape[1]
-            mean = x.mean(axis=self.red, dtype=F32)
-            xc = x - mean.reshape(bs)
-            var = _chan_dot(xc, xc) / F32(m)
+            m = F32(x.size // c)
+            mean = np.einsum("ncp->c", x3) / m
+            if own and own[0]:
+                xc = x
+                xc -= mean.reshape(bs)
+            else:
+                xc = x - mean.reshape(bs)
+            var = _chan_dot(xc, xc) / m
             invstd = (F32(1) / np.sqrt(var + F32(self.eps))).astype(F32)
-            xhat = xc
-            xhat *= invstd.reshape(bs)
             mom = F32(self.momentum)
             mm, mv = A[self.mname], A[self.vname]
             mm[...] = mm * mom + mean * (F32(1) - mom)
             mv[...] = mv * mom + var * (F32(1) - mom)
         else:
-            invstd = (F32(1) / np.sqrt(A[self.vname].astype(F32) + F32(self.eps))).astype(F32)
-            xhat = (x - A[self.mname].reshape(bs)) * invstd.reshape(bs)
-        out = xhat * gamma.reshape(bs) + beta.reshape(bs)
-        return out, (xhat, invstd, gamma, batch)
+            invstd = (F32(1) / np.sqrt(A[self.vname] + F32(self.eps))).astype(F32)
+            if own and own[0]:
+                xc = x
+                xc -= A[self.mname].reshape(bs)
+            else:
+                xc = x - A[self.mname].reshape(bs)
+        out = np.multiply(xc, (gamma * invstd).reshape(bs))
+        out += beta.reshape(bs)
+        return out, (xc, invstd, gamma, batch)
 
-    def backward(self, dout, cache, P, need):
-        xhat, invstd, gamma, batch = cache
-        bs, red = self.bshape, self.red
-        dbeta = dout.sum(axis=red, dtype=F32)
-        dgamma = _chan_dot(dout, xhat)
+    def backward(self, dout, cache, P, need, own=False):
+        xc, invstd, gamma, batch = cache
+        bs = self.bshape
+        n, c = dout.shape[:2]
+        dbeta = np.einsum("ncp->c", dout.reshape(n, c, -1))
+        dgamma = _chan_dot(dout, xc) * invstd  # sum(dout * xhat)
         dx = None
         if need[0]:
-            if batch:
-                m = F32(dout.size // dout.shape[1])
-                k = (gamma * invstd / m).reshape(bs)
-                dx = (dout * m - dbeta.reshape(bs) - xhat * dgamma.reshape(bs)) * k
-            else:
-                dx = dout * (gamma * invstd).reshape(bs)
+            k = gamma * invstd
+            dx = np.multiply(dout, k.reshape(bs), out=dout if own else None)
+            if batch:  # dx = k * (dout - dbeta / m - xhat * dgamma / m)
+                m = F32(dout.size // c)
+                dx -= xc * (k * invstd * dgamma / m).reshape(bs)
+                dx -= (k * dbeta / m).reshape(bs)
         grads = {self.gname: np.zeros_like(dgamma) if self.fix_gamma else dgamma, self.bname: dbeta}
         return [dx], grads
 
@@ -348,16 +377,19 @@ class _Elementwise(_Op):
                 raise Unsupported(f"LeakyReLU act_type={self.kind} (only leaky)")
             self.slope = F32(_float(a.get("slope"), 0.25))
         self.extra_bytes = _prod(shape) * (1 if self.kind in ("relu", "clip") else 4)
+        self.fresh_out = self.kind not in ("sigmoid", "tanh")  # those keep their output for backward
 
-    def forward(self, ins, P, A, train, rng):
+    def forward(self, ins, P, A, train, rng, own=()):
         (x,) = ins
         k = self.kind
+        mine = bool(own and own[0])
         if k == "relu":
-            out = np.maximum(x, F32(0))
-            return out, x > 0
+            mask = x > 0
+            return np.maximum(x, F32(0), out=x if mine else None), mask
         if k == "clip":
-            out = np.clip(x, self.lo, self.hi)
-            return out, (x >= self.lo) & (x <= self.hi)
+            mask = x >= self.lo
+            mask &= x <= self.hi
+            return np.clip(x, self.lo, self.hi, out=x if mine else None), mask
         if k == "sigmoid":
             out = (F32(1) / (F32(1) + np.exp(-x))).astype(F32, copy=False)
             return out, out
@@ -369,12 +401,12 @@ class _Elementwise(_Op):
         out = np.where(x > 0, x, x * self.slope)
         return out, x > 0
 
-    def backward(self, dout, c, P, need):
+    def backward(self, dout, c, P, need, own=False):
         if not need[0]:
             return [None], {}
         k = self.kind
         if k in ("relu", "clip"):
-            dx = dout * c
+            dx = np.multiply(dout, c, out=dout if own else None)
         elif k == "sigmoid":
             dx = dout * c * (F32(1) - c)
         elif k == "tanh":
@@ -451,11 +483,12 @@ class _Pooling(_Op):
     def _slice(self, xp, i, j):
         return xp[:, :, _sl(i, self.Ho, self.s[0]), _sl(j, self.Wo, self.s[1])]
 
-    def forward(self, ins, P, A, train, rng):
+    def forward(self, ins, P, A, train, rng, own=()):
         (x,) = ins
         if self.glob:
             if self.type == "avg":
-                return x.mean(axis=(2, 3), dtype=F32, keepdims=True), None
+                n, c = x.shape[:2]
+                return (np.einsum("ncp->nc", x.reshape(n, c, -1)) / F32(self.H * self.W)).reshape(n, c, 1, 1), None
             x3 = x.reshape(x.shape[0], self.C, -1)
             arg = x3.argmax(axis=2)
             return np.take_along_axis(x3, arg[..., None], axis=2).reshape(x.shape[0], self.C, 1, 1), arg
@@ -482,7 +515,7 @@ class _Pooling(_Op):
                 arg[better] = i * kw + j
         return out, arg
 
-    def backward(self, dout, arg, P, need):
+    def backward(self, dout, arg, P, need, own=False):
         if not need[0]:
             return [None], {}
         N = dout.shape[0]
@@ -511,16 +544,17 @@ class _Pooling(_Op):
 
 
 class _Flatten(_Op):
+    fresh_out = fresh_grads = False  # views
     def __init__(self, a, in_shapes, names, op="Flatten"):
         (shape,) = in_shapes
         self.out_shape = (_prod(shape),)
         self.params, self.aux = {}, {}
 
-    def forward(self, ins, P, A, train, rng):
+    def forward(self, ins, P, A, train, rng, own=()):
         (x,) = ins
         return x.reshape(x.shape[0], -1), x.shape
 
-    def backward(self, dout, shape, P, need):
+    def backward(self, dout, shape, P, need, own=False):
         return [dout.reshape(shape) if need[0] else None], {}
 
 
@@ -565,13 +599,14 @@ class _Reshape(_Flatten):
         self.out_shape = outs[0][1:]
         self.params, self.aux = {}, {}
 
-    def forward(self, ins, P, A, train, rng):
+    def forward(self, ins, P, A, train, rng, own=()):
         (x,) = ins
         return x.reshape(x.shape[0], *self.out_shape), x.shape
 
 
 class _Add(_Op):
     n_data = 2
+    fresh_grads = False
 
     def __init__(self, a, in_shapes, names, op):
         self.check_data_inputs(in_shapes, op)
@@ -588,11 +623,11 @@ class _Add(_Op):
         self.in_shapes = (s0, s1)
         self.params, self.aux = {}, {}
 
-    def forward(self, ins, P, A, train, rng):
+    def forward(self, ins, P, A, train, rng, own=()):
         a, b = ins
         return a + b, None
 
-    def backward(self, dout, cache, P, need):
+    def backward(self, dout, cache, P, need, own=False):
         out = []
         for shape, n in zip(self.in_shapes, need):
             if not n:
@@ -611,6 +646,7 @@ class _Add(_Op):
 
 
 class _Concat(_Op):
+    fresh_grads = False
     def __init__(self, a, in_shapes, names, op):
         self.n_data = len(in_shapes)
         ndim = len(in_shapes[0]) + 1
@@ -630,15 +666,16 @@ class _Concat(_Op):
         self.out_shape = tuple(out)
         self.params, self.aux = {}, {}
 
-    def forward(self, ins, P, A, train, rng):
+    def forward(self, ins, P, A, train, rng, own=()):
         return np.concatenate(ins, axis=self.dim), None
 
-    def backward(self, dout, cache, P, need):
+    def backward(self, dout, cache, P, need, own=False):
         parts = np.split(dout, np.cumsum(self.sizes)[:-1], axis=self.dim)
         return [p if n else None for p, n in zip(parts, need)], {}
 
 
 class _Dropout(_Op):
+    fresh_out = fresh_grads = False
     def __init__(self, a, in_shapes, names, op="Dropout"):
         (shape,) = in_shapes
         self.p = _float(a.get("p"), 0.5)
@@ -651,7 +688,7 @@ class _Dropout(_Op):
         self.params, self.aux = {}, {}
         self.extra_bytes = 4 * _prod(shape)
 
-    def forward(self, ins, P, A, train, rng):
+    def forward(self, ins, P, A, train, rng, own=()):
         (x,) = ins
         if not (train or self.mode == "always") or self.p <= 0:
             return x, None
@@ -663,22 +700,23 @@ class _Dropout(_Op):
             mask *= F32(1.0 / (1.0 - self.p))
         return x * mask, mask
 
-    def backward(self, dout, mask, P, need):
+    def backward(self, dout, mask, P, need, own=False):
         if not need[0]:
             return [None], {}
         return [dout if mask is None else dout * mask], {}
 
 
 class _Identity(_Op):
+    fresh_out = fresh_grads = False
     def __init__(self, a, in_shapes, names, op):
         (shape,) = in_shapes
         self.out_shape = tuple(shape)
         self.params, self.aux = {}, {}
 
-    def forward(self, ins, P, A, train, rng):
+    def forward(self, ins, P, A, train, rng, own=()):
         return ins[0], None
 
-    def backward(self, dout, cache, P, need):
+    def backward(self, dout, cache, P, need, own=False):
         return [dout if need[0] else None], {}
 
 
@@ -805,9 +843,14 @@ class Tail:
         self._shapes = shapes
         # last step (index) that reads each source, for freeing values in eval
         self._last_use = {}
+        readers: dict[int, int] = {}
         for idx, st in enumerate(steps):
             for s in st.srcs:
                 self._last_use[s] = idx
+                readers[s] = readers.get(s, 0) + 1
+        # a step may overwrite an input that only it reads and that its producer neither keeps nor shares
+        fresh = {st.nid: st.impl.fresh_out for st in steps}
+        self._own = [tuple(s != _X and readers[s] == 1 and fresh[s] for s in st.srcs) for st in steps]
 
     # ----------------------------------------------------------------------------------- memory
     def activation_bytes(self, train: bool) -> int:
@@ -849,7 +892,7 @@ class Tail:
         vals = {_X: x}
         tape = [] if train else None
         for idx, st in enumerate(self._steps):
-            out, cache = st.impl.forward([vals[s] for s in st.srcs], P, A, train, rng)
+            out, cache = st.impl.forward([vals[s] for s in st.srcs], P, A, train, rng, self._own[idx])
             vals[st.nid] = out
             if train:
                 tape.append(cache)
@@ -876,16 +919,24 @@ class Tail:
         caches, _n = tape
         P = {k: np.asarray(params[k], dtype=F32) for k in self.param_shapes}
         grads = {self._head: np.ascontiguousarray(dout, dtype=F32)}
+        owned = set()  # sources whose gradient array is new, made here: its step may overwrite it
         pgrads: dict[str, np.ndarray] = {}
         for st, cache in zip(reversed(self._steps), reversed(caches)):
             g = grads.pop(st.nid, None)
             if g is None:
                 continue
             need = [s != _X or want_input for s in st.srcs]
-            dins, dps = st.impl.backward(g, cache, P, need)
+            dins, dps = st.impl.backward(g, cache, P, need, st.nid in owned)
             for s, d in zip(st.srcs, dins):
-                if d is not None:
-                    grads[s] = d if s not in grads else grads[s] + d
+                if d is None:
+                    continue
+                if s in grads:
+                    grads[s] = grads[s] + d
+                    owned.add(s)
+                else:
+                    grads[s] = d
+                    if st.impl.fresh_grads:
+                        owned.add(s)
             for k, d in dps.items():
                 pgrads[k] = d if k not in pgrads else pgrads[k] + d
         out = {k: np.ascontiguousarray(pgrads.get(k, np.zeros(s, F32)), dtype=F32).reshape(s)
