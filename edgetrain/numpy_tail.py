@@ -510,9 +510,9 @@ class _Pooling(_Op):
                 if out is None:
                     out = s.copy()
                     continue
-                better = s > out
+                better = np.greater(s, out)  # the first maximum wins, as MXNet's scan
                 np.copyto(out, s, where=better)
-                arg[better] = i * kw + j
+                np.copyto(arg, i * kw + j, where=better)
         return out, arg
 
     def backward(self, dout, arg, P, need, own=False):
@@ -878,7 +878,12 @@ class Tail:
     # ----------------------------------------------------------------------------------- run
     def forward(self, params: dict, aux: dict, x: np.ndarray, train: bool,
                 rng: np.random.RandomState | None = None):
-        """-> (out, tape); tape is None when train is False. train updates ``aux`` arrays in place."""
+        """-> (out, tape); tape is None when train is False.
+
+        train updates the BatchNorm moving statistics in ``aux`` in place (momentum, biased batch variance):
+        the values MXNet 1.9.1 holds after the step; MXNet itself writes them in its backward pass, so a
+        training forward never followed by backward leaves MXNet's unchanged but changes these.
+        """
         x = np.ascontiguousarray(x, dtype=F32)
         if x.shape[1:] != self.feature_shape:
             raise ValueError(f"tail input of shape {x.shape[1:]}, expected {self.feature_shape}")
