@@ -279,14 +279,16 @@ def _check_trained_part(net, input_shape, layers, batch=4, seed=1):
     got, tape = tail.forward(params, aux, feats, train=True)
     _close(got, z, "train logits")
     grads, dx = tail.backward_with_input(params, tape, dout)
-    # a bias followed by a linear layer and BatchNorm has a zero gradient: errors count against the largest
+    # a bias followed by a linear layer and BatchNorm has a zero gradient in exact arithmetic: what both
+    # engines give there is float32 summation noise (seen up to ~1e-4 of the largest gradient), so errors
+    # also count against the largest gradient of the part
     gscale = max(float(np.abs(p.grad().asnumpy()).max()) for p in trained.collect_params().values()
                  if p.name not in aux_names)
     for prm in trained.collect_params().values():
         if prm.name in aux_names:
             _close(aux[prm.name], prm.data().asnumpy(), f"aux {prm.name}")
         else:
-            _close(grads[prm.name], prm.grad().asnumpy(), f"grad {prm.name}", tol=2e-4, atol=TOL * gscale)
+            _close(grads[prm.name], prm.grad().asnumpy(), f"grad {prm.name}", tol=2e-4, atol=1e-3 * gscale)
     _close(dx, xd.grad.asnumpy(), "grad features", tol=2e-4)
     return tail
 
