@@ -163,8 +163,8 @@ class _Conv(_Op):
         F, C, G = self.F, self.C, self.G
         if self.mode == "mm":  # one GEMM over the whole batch: (F, C) @ (C, N*H*W)
             xt = _channels_first(x)
-            o = w.reshape(F, C) @ xt  # the output as a strided view (N, F, H, W) of (F, N, H*W): no copy
-            out = o.reshape(F, N, -1).transpose(1, 0, 2).reshape(N, *self.out_shape)
+            # back to (N, F, H, W) in memory too: ops after it mix this with C-ordered arrays (gradients)
+            out = _batch_first(w.reshape(F, C) @ xt, N, self.out_shape)
             cache = xt
         elif self.mode == "dw":
             xp = self._pad(x)
