@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import importlib
 
-from . import _lazy  # noqa: F401  its import hook: a plain `import mxnet` after edgetrain gets the compatibility
+from . import runtime
+
+runtime.choose_blas_kernels()  # before anything loads numpy's OpenBLAS (see runtime.BLAS_KERNELS)
+from . import _lazy  # noqa: E402,F401  its import hook: a plain `import mxnet` after edgetrain gets the compatibility
 
 __version__ = "0.1.0"
 

@@ -5,10 +5,11 @@ Runtime: exported through edgetrain's Gluon->ONNX path, checked equal to Gluon o
 is trusted (MXNet stands in when it cannot be exported or differs), with the batch and arena the memory
 plan picks, kept beside the run so a resume does not export again, and cached per user for base models
 whose weights come from files. Its outputs are computed once and cached (featurecache); every epoch
-trains on the cache. With ``head`` on a linear output layer (_HeadJob) the head trains in NumPy and no
-mxnet is imported in the process at all (a short child exports the frozen part once per base model);
-the PREFIX is written in mxnet's own file format. ``last:N`` trains the rest in MXNet; ``all`` freezes
-nothing and trains in MXNet. A diverging loss or non-finite weights fail the run (exit 1, no model);
+trains on the cache. With ``head`` and ``last:N`` (_NumpyJob) the trained part trains in NumPy
+(numpy_tail: the ops of common heads and tails, checked against MXNet once per base model) and no mxnet
+is imported in the process at all (a short child exports the frozen part once per base model and
+--train-layers); the PREFIX is written in mxnet's own file format. A trained part numpy_tail cannot run
+trains in MXNet (_Job), as does ``all``, which freezes nothing. A diverging loss or non-finite weights fail the run (exit 1, no model);
 one run at a time holds OUTDIR (a lock file names its PID).
 Micro-batches with gradient accumulation keep the effective batch size while capping activation memory
 (memplan picks the sizes). A checkpoint after every epoch and on SIGINT/SIGTERM makes ``resume`` end
@@ -44,7 +45,7 @@ from .featurecache import FeatureCache
 from .fileio import atomic_path, atomic_write_bytes, atomic_write_text, file_digest
 from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose, graph_costs, plan_job
 from .models import is_factory_ref, load_gluon
-from .netsplit import Graph, TrainLayers, _find_cuts, _output_name, cut_for, graph_of, head_units, replace_head, split
+from .netsplit import Graph, _find_cuts, _output_name, cut_for, graph_of, head_units, parse_train_layers, replace_head, split
 from .optimizers import default_lr, make_numpy_optimizer, make_optimizer
 from .options import FinetuneOptions
 from .preprocess import Preprocess, sidecar_path, sidecar_text
@@ -55,7 +56,7 @@ METRICS = "metrics.json"
 FEATURES_FILE = "features.cache"
 RUN_FILES = (ckpt.FILENAME, METRICS, f"{MODEL_NAME}-symbol.json")
 FROZEN_ONNX = "frozen.onnx"  # the frozen part, exported once per run (a resume reuses it)
-PREP_DIR = ".finetune-prep"  # what the mxnet child of a head-only run leaves for the run (see _HeadJob)
+PREP_DIR = ".finetune-prep"  # what the mxnet child of a NumPy-trained run leaves for the run (see _NumpyJob)
 REFERENCE_FILE = "reference.npz"  # the prep child's Gluon outputs on real samples, for the check in the parent
 VALIDATE_SAMPLES = 4  # real samples the ONNX Runtime frozen part is checked on against Gluon
 FROZEN_TOLERANCE = (1e-4, 1e-3)  # atol (relative to the features' magnitude), rtol
@@ -798,18 +799,18 @@ class _Job:
         return result
 
 
-# --- head-only training without mxnet in the process ----------------------------------------------------
-# Importing mxnet costs ~220 MB of RSS here, more than a whole ONNX Runtime fine-tune. When only a linear
-# output layer trains, mxnet is needed just once per base model: a short child process loads the Gluon
-# model, exports its frozen part through edgetrain's validated Gluon->ONNX path, checks it against Gluon
-# on real samples, checks that the output layer is linear (a NumPy matmul gives Gluon's logits) and writes
-# the PREFIX template (symbol + every weight). The run itself then decodes images, runs the frozen part
-# in ONNX Runtime, trains the head in NumPy and writes the PREFIX params directly in mxnet's file format.
+# --- head / last:N training without mxnet in the process ------------------------------------------------
+# Importing mxnet costs ~140 MB of RSS and ~1.8 CPU-s here, more than a whole ONNX Runtime fine-tune. When
+# part of the network is frozen, mxnet is needed just once per base model and --train-layers: a short child
+# process loads the Gluon model, exports its frozen part through edgetrain's validated Gluon->ONNX path,
+# checks it against Gluon on real samples, checks that numpy_tail computes what MXNet computes for the
+# trained part (outputs, gradients, BatchNorm statistics) and writes the PREFIX template (symbol + every
+# weight). The run itself then decodes images, runs the frozen part in ONNX Runtime, trains the rest in
+# NumPy and writes the PREFIX params directly in mxnet's file format.
 # The child's output is kept beside the run (a resume does not export again) and, for models whose
 # weights come from files, in a per-user cache (EDGETRAIN_CACHE_DIR, default ~/.cache/edgetrain; set it
 # empty to turn the cache off), so later fine-tunes of the same base import no mxnet at all.
-PREP_FORMAT = "edgetrain-finetune-prep/1"
-LINEAR_TAIL_OPS = ("Flatten", "flatten", "Reshape", "reshape")
+PREP_FORMAT = "edgetrain-finetune-prep/2"
 
 
 def _cache_root() -> Path | None:
@@ -820,7 +821,7 @@ def _cache_root() -> Path | None:
     return Path(base) / "edgetrain"
 
 
-def _prep_key(model: str, params, input_shape, seed: int) -> str:
+def _prep_key(model: str, params, input_shape, seed: int, layers: str = "") -> str:
     """What the child's output depends on: the model reference and the bytes of every file it reads."""
     files = []
     if params:
@@ -829,7 +830,7 @@ def _prep_key(model: str, params, input_shape, seed: int) -> str:
         files += [Path(f"{model}-symbol.json"), *sorted(Path(model).parent.glob(f"{Path(model).name}-*.params"))]
         files.append(Path(f"{model}-edgetrain.json"))
     digests = [(str(f.resolve()), _file_sha(f)) for f in files if f.exists()]
-    return hashlib.sha256(json.dumps([PREP_FORMAT, model, digests, list(input_shape or []), seed]).encode()).hexdigest()[:20]
+    return hashlib.sha256(json.dumps([PREP_FORMAT, model, digests, list(input_shape or []), seed, layers]).encode()).hexdigest()[:20]
 
 
 def _xavier(shape: tuple, rng: np.random.RandomState) -> np.ndarray:
@@ -902,17 +903,26 @@ def _write_params(path: Path, arrays: dict, what: str) -> None:
             fh.write(chunk)
 
 
-class _NotLinear(Exception):
-    """The output layer is not a plain linear layer: train it in MXNet (the general path)."""
+class _NotNumpy(Exception):
+    """The trained part cannot train in NumPy (an op or attribute numpy_tail lacks, or an export that
+    differs from Gluon): it trains in MXNet (the general path). str(exc) says why."""
 
 
-class _HeadJob(_Job):
-    engine = "numpy-head"
+class _NumpyJob(_Job):
+    """``head`` / ``last:N``: the frozen part in ONNX Runtime, the trained part in NumPy (numpy_tail), no
+    mxnet in the process; the mxnet child (_prepare) exported the frozen part and checked that NumPy
+    computes Gluon's outputs, gradients and BatchNorm statistics for the trained part."""
+
+    @property
+    def engine(self) -> str:  # a checkpoint is resumed only by the same engine
+        return "numpy-head" if self.layers.n == 1 else "numpy-tail"
 
     def _load(self):
+        from .numpy_tail import Tail
+
         prep_dir, prep = self._prepare()
-        if not prep.get("linear"):
-            raise _NotLinear()
+        if not prep.get("tail"):
+            raise _NotNumpy(prep.get("tail_refused") or "the whole network trains")
         self.prep_dir = prep_dir
         self.notes += prep["notes"]
         self.model_obj = SimpleNamespace(random_weights=prep["random_weights"], ref=None)
@@ -920,26 +930,24 @@ class _HeadJob(_Job):
         g = _template_graph(prep_dir, prep)
         self.replaced_head = False
         outputs = head_units(g)
-        head = prep["linear"]
-        self.frozen_n = sum(int(v.size) for k, v in {**g.arg_params, **g.aux_params}.items()
-                            if k not in (head["weight"], head["bias"]))
         if outputs != len(self.classes):
-            replace_head(g, len(self.classes))
+            replace_head(g, len(self.classes))  # the graph now says len(classes); the old weights are dropped
             self.replaced_head = True
             self.notes.append(f"output layer replaced: the model has {outputs} outputs, the data {len(self.classes)} "
                               f"classes; the new layer starts from random weights")
-            rng = np.random.RandomState(self.seed)
-            fan = int(np.prod(prep["feature_shape"]))
-            shape = (len(self.classes), fan) if head["op"] == "FullyConnected" else (len(self.classes), fan, 1, 1)
-            g.arg_params[head["weight"]] = _xavier(shape, rng)
-            if head["bias"]:
-                g.arg_params[head["bias"]] = np.zeros(len(self.classes), np.float32)
+        self.tail = Tail(g.doc, prep["cut_name"], g.data_name, tuple(prep["feature_shape"]))
+        rng = np.random.RandomState(self.seed)
+        for name, shape in self.tail.param_shapes.items():  # a new output layer: netsplit's initialisation
+            if name not in g.arg_params:
+                g.arg_params[name] = (np.zeros(shape, np.float32) if name.endswith(("_bias", "_beta"))
+                                      else _xavier(tuple(shape), rng))
+            elif tuple(g.arg_params[name].shape) != tuple(shape):
+                raise _NotNumpy(f"{name} is {g.arg_params[name].shape} in the model, {shape} in its graph")
+        self.weights = {k: np.array(g.arg_params[k], dtype=np.float32) for k in self.tail.param_shapes}
+        self.stats = {k: np.array(g.aux_params[k], dtype=np.float32) for k in self.tail.aux_shapes}
+        self.frozen_n = sum(int(v.size) for k, v in {**g.arg_params, **g.aux_params}.items() if k not in self.weights)
         self.model_fp = f"{g.fingerprint()}:{prep['source_digest']}"
         self.graph = g
-        self.head = {"weight": g.arg_params[head["weight"]].copy()}
-        if head["bias"]:
-            self.head["bias"] = g.arg_params[head["bias"]].copy()
-        self.head_names = {"weight": head["weight"], "bias": head["bias"]}
         self.split = SimpleNamespace(frozen=True, feature_shape=tuple(prep["feature_shape"]), cut_name=prep["cut_name"],
                                      trained_input=None)
         self.prep = prep
@@ -951,12 +959,12 @@ class _HeadJob(_Job):
         import sys
         import tempfile
 
-        key = _prep_key(self.model, self.params, self.input_shape, self.seed)
+        key = _prep_key(self.model, self.params, self.input_shape, self.seed, self.layers.text)
         here = self.outdir / PREP_DIR
         for folder in (here, (_cache_root() / "finetune-prep" / key) if _cache_root() else None):
             prep = _intact_prep(folder, key) if folder is not None else None
             if prep is not None:
-                if folder != here:
+                if folder != here and prep.get("tail"):
                     self.notes.append("frozen part and template reused from the cache (no mxnet in this run)")
                 return folder, prep
         self.outdir.mkdir(parents=True, exist_ok=True)
@@ -964,7 +972,7 @@ class _HeadJob(_Job):
         here.mkdir()
         spec = {"dir": str(here), "model": self.model, "params": self.params, "key": key, "seed": self.seed,
                 "input_shape": list(self.input_shape) if self.input_shape else None, "data": self.data,
-                "threads": self.threads, "max_bytes": _data_budget(self.budget_mb)}
+                "threads": self.threads, "max_bytes": _data_budget(self.budget_mb), "train_layers": self.layers.text}
         (here / "spec.json").write_text(json.dumps(spec))
         self._tick("prepare", force=True, done=0, total=1)
         proc = subprocess.run([sys.executable, "-c", "from edgetrain.training import _prepare_main; _prepare_main()",
@@ -981,9 +989,9 @@ class _HeadJob(_Job):
         prep = json.loads((here / "prep.json").read_text())
         self.child_peak_mb = float(prep["peak_rss_mb"])
         if prep.get("frozen_sha256"):
-            _check_prepared(here, prep, self.threads, self.model)
-        self.notes.append(f"frozen part exported to ONNX and checked equal to Gluon on {prep['validated_on']} real "
-                          f"samples (mxnet only in that step, peak {self.child_peak_mb:.0f} MB)")
+            _check_prepared(here, prep, self.threads)
+            self.notes.append(f"frozen part exported to ONNX and checked equal to Gluon on {prep['validated_on']} real "
+                              f"samples (mxnet only in that step, peak {self.child_peak_mb:.0f} MB)")
         if self.budget_mb and self.child_peak_mb > self.budget_mb:
             from .memplan import HEADROOM
 
@@ -992,9 +1000,9 @@ class _HeadJob(_Job):
                              f"a budget below {self.child_peak_mb / HEADROOM:.0f} MB is impossible for this model's "
                              "first run here; raise --memory-budget (later runs reuse the cached export)")
         root = _cache_root()
-        if root is not None and prep.get("linear") and not prep["random_weights"]:
-            try:  # publish atomically: a half-copied entry is never seen
-                dest = root / "finetune-prep" / key
+        if root is not None and prep.get("checked") and not prep["random_weights"]:
+            try:  # publish atomically: a half-copied entry is never seen; a refused tail is cached too (the
+                dest = root / "finetune-prep" / key  # next run goes straight to MXNet, with no child)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=dest.parent))
                 for name in ("prep.json", FROZEN_ONNX, "template-0000.params", "template-symbol.json"):
@@ -1007,33 +1015,35 @@ class _HeadJob(_Job):
         return here, prep
 
     def _split(self):
-        self.trainable = list(self.head)
+        self.trainable = list(self.weights)
 
     def _run(self, has_checkpoint: bool, t_start: float, created: bool) -> FinetuneResult:
         import shutil
 
         try:
             return super()._run(has_checkpoint, t_start, created)
-        except _NotLinear:
+        except _NotNumpy as exc:
             shutil.rmtree(self.outdir / PREP_DIR, ignore_errors=True)
-            self.__class__ = _Job  # the general path: the head trains in MXNet
-            self.notes.append("the output layer is not a plain linear layer: it trains in MXNet")
+            self.__class__ = _Job  # the general path: the trained part trains in MXNet
+            self.notes.append(f"the trained part trains in MXNet: {exc}")
             return self._run(has_checkpoint, t_start, created)
 
     def _make_training(self) -> None:
-        runtime.cap_loaded_blas(1)  # a head's matmuls (batch x features x classes) are too small to share out
-        self.opt = make_numpy_optimizer(self.optimizer, self.head, self.lr)
+        # a lone output layer's matmuls (batch x features x classes) are too small to share out; deeper
+        # tails (a 1x1 convolution over every position) are not
+        runtime.cap_loaded_blas(1 if self.layers.n == 1 else self.threads)
+        self.opt = make_numpy_optimizer(self.optimizer, self.weights, self.lr)
 
     def _plan(self, saved: dict | None):
         rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
         feat = int(np.prod(self.split.feature_shape))
-        k = len(self.classes)
+        n_weights = sum(int(v.size) for v in self.weights.values())
         # the session (weights as constants + pre-packed convolution weights, ~2.65x the file: memory_model's
         # onnxruntime coefficients) is not loaded yet; activations as the graph's every output (an upper bound)
         session_mb = 2.65 * (self.outdir / PREP_DIR / FROZEN_ONNX if (self.outdir / PREP_DIR / FROZEN_ONNX).exists()
                              else self.prep_dir / FROZEN_ONNX).stat().st_size / MB + 30.0
         costs = Costs((procmem.rss_mb() or 0.0) + session_mb, self.prep["frozen_per_sample_mb"],
-                      3 * (feat + 2 * k) * 4 / MB, (feat + 1) * k * 4 * 4 / MB,
+                      self.tail.activation_bytes(train=True) / MB, 4 * n_weights * 4 / MB,
                       int(np.prod(self.pre.input_shape)) * 4 / MB, rows, feat * 4, self.batch_size, True)
         plan = MemoryPlan(**saved) if saved is not None else choose(costs, self.budget_mb)
         plan.feature_batch = min(plan.feature_batch, max(FEATURE_BATCHES))
@@ -1043,6 +1053,9 @@ class _HeadJob(_Job):
         if self.model_obj.random_weights:
             self.notes.append("the model has random weights, so its frozen layers compute nothing learned; "
                               "pass --params with trained weights, or --train-layers all")
+        if self.stats and self.plan.micro_batch < min(self.batch_size, 8):
+            self.notes.append(f"BatchNorm in the trained layers sees micro-batches of {self.plan.micro_batch} "
+                              "(memory budget); its statistics will be noisy: train fewer layers or raise the budget")
 
     def _frozen_fn(self):
         path = self.prep_dir / FROZEN_ONNX
@@ -1051,25 +1064,22 @@ class _HeadJob(_Job):
         self.frozen_record = {"fingerprint": self.cache_fp, "sha256": self.prep["frozen_sha256"]}
         return lambda x: session.run(None, {name: x})[0]
 
-    def _logits(self, x: np.ndarray) -> np.ndarray:
-        w = self.head["weight"].reshape(len(self.classes), -1)
-        z = x.reshape(len(x), -1) @ w.T
-        return z + self.head["bias"] if "bias" in self.head else z
-
     def _step(self, idx: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
         with np.errstate(over="ignore", invalid="ignore"):  # a diverged loss is reported by _train, once
             return self._numpy_step(idx, labels)
 
     def _numpy_step(self, idx: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
+        """One effective batch: micro-batches accumulate gradients (softmax cross-entropy), one update."""
         m = self.plan.micro_batch
         real = len(idx)
-        grads = {k: np.zeros_like(v) for k, v in self.head.items()}
+        grads = {k: np.zeros_like(v) for k, v in self.weights.items()}
         loss_sum, correct = 0.0, 0
         for start in range(0, real, m):
             part = idx[start:start + m]
             y = labels[part]
-            x = self._inputs("train", part).reshape(len(part), -1)
-            z = self._logits(x)
+            out, tape = self.tail.forward(self.weights, self.stats, self._inputs("train", part), train=True,
+                                          rng=self.drop_rng)
+            z = out.reshape(len(part), -1)
             z = z - z.max(axis=1, keepdims=True)
             e = np.exp(z)
             total = e.sum(axis=1, keepdims=True)
@@ -1078,10 +1088,8 @@ class _HeadJob(_Job):
             d = e / total
             d[np.arange(len(part)), y] -= 1.0
             d /= np.float32(real)
-            gw = d.T @ x
-            grads["weight"] += gw.reshape(grads["weight"].shape)
-            if "bias" in grads:
-                grads["bias"] += d.sum(axis=0)
+            for k, g in self.tail.backward(self.weights, tape, d.reshape(out.shape)).items():
+                grads[k] += g
         self.opt.step(grads)
         return loss_sum, correct
 
@@ -1090,50 +1098,47 @@ class _HeadJob(_Job):
             return None, None
         labels = self.val_ds.labels
         correct, loss_sum = 0, 0.0
-        for start in range(0, len(labels), 256):
-            idx = np.arange(start, min(start + 256, len(labels)))
-            z = self._logits(self._inputs("val", idx).reshape(len(idx), -1))
+        m = self.plan.micro_batch
+        for start in range(0, len(labels), m):
+            idx = np.arange(start, min(start + m, len(labels)))
+            out, _ = self.tail.forward(self.weights, self.stats, self._inputs("val", idx), train=False)
+            z = out.reshape(len(idx), -1)
             z = z - z.max(axis=1, keepdims=True)
             y = labels[idx]
             loss_sum += float(np.sum(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(idx)), y]))
             correct += int((np.argmax(z, axis=1) == y).sum())
         return correct / len(labels), loss_sum / len(labels)
 
-    def _reseed(self) -> None:
-        pass  # nothing random in a linear head's step
+    def _reseed(self) -> None:  # the same dropout masks after a resume
+        self.drop_rng = np.random.RandomState((self.seed * 7919 + self.global_step) % 2 ** 32)
 
     def _param_arrays(self) -> dict:
-        return {f"param/{self.head_names[k]}": v for k, v in self.head.items()}
+        return {f"param/{k}": v for k, v in {**self.weights, **self.stats}.items()}
 
     def _restore_params(self, arrays: dict) -> None:
-        for k, v in self.head.items():
-            key = f"param/{self.head_names[k]}"
-            if key not in arrays or arrays[key].shape != v.shape:
-                raise UsageError(f"checkpoint does not hold weights for {self.head_names[k]}",
-                                 str(self.outdir / ckpt.FILENAME), "delete it and start over, or use another OUTDIR")
-            v[...] = arrays[key]
+        for k, v in {**self.weights, **self.stats}.items():
+            if f"param/{k}" not in arrays or arrays[f"param/{k}"].shape != v.shape:
+                raise UsageError(f"checkpoint does not hold weights for {k}", str(self.outdir / ckpt.FILENAME),
+                                 "delete it and start over, or use another OUTDIR")
+            v[...] = arrays[f"param/{k}"]
 
     def _param_counts(self) -> tuple[int, int]:
-        return sum(int(v.size) for v in self.head.values()), self.frozen_n
+        return sum(int(v.size) for v in self.weights.values()), self.frozen_n
 
     def _write_model(self, extra: dict) -> None:
         """PREFIX-symbol.json, PREFIX-0000.params (mxnet's format, written here), the preprocessing record."""
         g = self.graph
-        params = {}
-        for name, value in g.arg_params.items():
-            params[f"arg:{name}"] = value
-        for k, v in self.head.items():
-            params[f"arg:{self.head_names[k]}"] = v
-        params.update({f"aux:{name}": value for name, value in g.aux_params.items()})
+        params = {f"arg:{k}": self.weights.get(k, v) for k, v in g.arg_params.items()}
+        params.update({f"aux:{k}": self.stats.get(k, v) for k, v in g.aux_params.items()})
         _write_prefix(self.outdir / MODEL_NAME, g.doc, params, self.pre, extra)
 
 
 def job_class(layers):
-    return _HeadJob if layers.kind == "last" and layers.n == 1 else _Job
+    return _NumpyJob if layers.kind == "last" else _Job
 
 
 def _prepare_main() -> None:
-    """The mxnet child of a head-only run (see _HeadJob): argv[1] is its spec.json."""
+    """The mxnet child of a NumPy-trained run (see _NumpyJob): argv[1] is its spec.json."""
     import sys
 
     spec_path = Path(sys.argv[1])
@@ -1165,11 +1170,13 @@ def _prepare(spec: dict, out: Path) -> None:
     source_digest = _params_digest({**g.arg_params, **g.aux_params})
     template = _write_template(out, g)
     doc = json.loads(json.dumps(g.doc))
-    cut = cut_for(g, TrainLayers("last", 1))
+    cut = cut_for(g, parse_train_layers(spec["train_layers"]))
     prep = {"format": PREP_FORMAT, "key": spec["key"], "preprocess": pre.to_dict(), "data_name": g.data_name,
             "head": g.head, "source_digest": source_digest, "notes": list(model.notes),
-            "random_weights": bool(model.random_weights), "linear": None, "checked": False, **template}
-    if cut is not None:
+            "random_weights": bool(model.random_weights), "tail": False, "checked": cut is None, **template}
+    if cut is None:
+        prep["tail_refused"] = "nothing is frozen (the whole network trains)"
+    else:
         ds = load_data(spec["data"], pre, max_bytes=spec.get("max_bytes"))  # the budget holds in the child too
         x = ds.batch(np.arange(min(VALIDATE_SAMPLES, len(ds))))
         del ds
@@ -1177,7 +1184,8 @@ def _prepare(spec: dict, out: Path) -> None:
         model.block, g.arg_params, g.aux_params = None, {}, {}  # the split parts hold their own copies
         _release_freed_memory()
         want = np.concatenate([s.frozen(mx.nd.array(x[i:i + 1])).asnumpy() for i in range(len(x))])
-        prep["linear"] = _linear_head(s, doc, g.head, want)
+        refused = _numpy_tail_refusal(s, doc, g.data_name, want)
+        prep["tail"], prep["tail_refused"] = refused is None, refused
         s.trained = None  # only the frozen part is exported
         internals = g.symbol().get_internals()
         frozen_sym = internals[_output_name(internals, s.cut_name)]
@@ -1208,43 +1216,53 @@ def _release_freed_memory() -> None:
         pass
 
 
-def _check_prepared(folder: Path, prep: dict, threads: int, model: str) -> None:
+def _check_prepared(folder: Path, prep: dict, threads: int) -> None:
     """ONNX Runtime's side of the child's check: the exported frozen part, run on the samples the child
-    ran through Gluon, must give Gluon's outputs; only then is the export trusted (prep.json says so)."""
+    ran through Gluon, must give Gluon's outputs; only then is the export trusted (prep.json says so).
+    If it differs, the general path exports and checks again and, finding the same, runs MXNet there."""
     ref = np.load(folder / REFERENCE_FILE)
     session = _ort_session(folder / FROZEN_ONNX, threads, False)
     got = session.run(None, {session.get_inputs()[0].name: ref["x"]})[0]
     err = _mismatch(got, ref["want"])
     del session
     if err:
-        raise RunFailed(f"the frozen part's ONNX export differs from Gluon: {err}", model,
-                        "train with --train-layers last:2 or all (they fall back to MXNet)")
+        raise _NotNumpy(f"the frozen part's ONNX export differs from Gluon ({err})")
     prep["checked"] = True
     atomic_write_text(folder / "prep.json", json.dumps(prep), "template")
 
 
-def _linear_head(s, doc: dict, head: int, feats: np.ndarray) -> dict | None:
-    """The output layer as {op, weight, bias} when NumPy's ``x @ W.T + b`` gives Gluon's logits, else None."""
+def _numpy_tail_refusal(s, doc: dict, data_name: str, feats: np.ndarray) -> str | None:
+    """None when numpy_tail computes what MXNet computes for the trained part ``s.trained`` on ``feats``
+    (the frozen part's outputs on real samples): its outputs, and, in training mode, its gradients and
+    BatchNorm statistics; else why not, in a few words."""
+    from .numpy_tail import Tail, Unsupported
+
     mx = _lazy.mxnet()
-    node = doc["nodes"][head]
-    tail = json.loads(s.trained(mx.sym.var(s.trained_input)).tojson())["nodes"]
-    ops = [n["op"] for n in tail if n["op"] != "null"]
-    if ops.count(node["op"]) != 1 or any(op not in (node["op"], *LINEAR_TAIL_OPS) for op in ops):
-        return None
-    attrs = node.get("attrs", {})
-    if node["op"] == "FullyConnected" and attrs.get("flatten", "True") in ("False", "false", "0"):
-        return None
-    if node["op"] == "Convolution" and (tuple(s.feature_shape[1:]) != (1, 1) or attrs.get("num_group", "1") != "1"):
-        return None
-    inputs = [doc["nodes"][i[0]]["name"] for i in node["inputs"][1:]]
-    params = {p.name: p.data().asnumpy() for p in s.trained.collect_params().values()}
-    weight, bias = inputs[0], (inputs[1] if len(inputs) > 1 else None)
-    if set(params) != {weight} | ({bias} if bias else set()):
-        return None
-    want = s.trained(mx.nd.array(feats)).asnumpy()
-    got = feats.reshape(len(feats), -1) @ params[weight].reshape(len(params[weight]), -1).T
-    if bias:
-        got = got + params[bias]
-    if want.ndim != 2 or _mismatch(got.astype(np.float32), want):
-        return None
-    return {"op": node["op"], "weight": weight, "bias": bias}
+    autograd = _lazy.from_import("mxnet", "autograd")
+    try:
+        tail = Tail(doc, s.cut_name, data_name, tuple(s.feature_shape))
+    except Unsupported as exc:
+        return str(exc)
+    params = {p.name: p for p in s.trained.collect_params().values()}
+    if set(params) != set(tail.param_shapes) | set(tail.aux_shapes):
+        return "its weights are not the graph's"
+    weights = {k: params[k].data().asnumpy() for k in tail.param_shapes}
+    stats = {k: params[k].data().asnumpy() for k in tail.aux_shapes}
+    got, _ = tail.forward(weights, {k: v.copy() for k, v in stats.items()}, feats, train=False)
+    err = _mismatch(got, s.trained(mx.nd.array(feats)).asnumpy())
+    if err or tail.has_dropout:  # dropout's masks differ between the two: the inference check stands alone
+        return f"NumPy's outputs differ from MXNet's ({err})" if err else None
+    dout = np.random.RandomState(0).standard_normal(got.shape).astype(np.float32)
+    with autograd.record(train_mode=True):
+        want = s.trained(mx.nd.array(feats))
+    want.backward(mx.nd.array(dout))
+    got, tape = tail.forward(weights, stats, feats, train=True)
+    grads = tail.backward(weights, tape, dout)
+    checks = [("outputs in training mode", got, want.asnumpy())]
+    checks += [(f"the gradient of {k}", grads[k], params[k].grad().asnumpy()) for k in tail.param_shapes]
+    checks += [(f"the statistics {k}", stats[k], params[k].data().asnumpy()) for k in tail.aux_shapes]
+    for what, mine, theirs in checks:
+        err = _mismatch(mine, theirs)
+        if err:
+            return f"NumPy's {what} differ from MXNet's ({err})"
+    return None

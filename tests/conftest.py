@@ -36,6 +36,27 @@ def tiny_prefix(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def mxnet_tail_prefix(tmp_path_factory) -> Path:
+    """A digits CNN whose trained part NumPy cannot run (LayerNorm before the output layer), as PREFIX: its
+    head and last:N train in MXNet (the general path), the frozen part still in ONNX Runtime."""
+    from mxnet.gluon import nn
+
+    from edgetrain.models import load_gluon, save_prefix
+
+    folder = tmp_path_factory.mktemp("lntail")
+    model = load_gluon("edgetrain.nets:digits_cnn")
+    net = nn.HybridSequential(prefix="lndigits_")
+    with net.name_scope():
+        net.add(nn.Conv2D(8, 3, padding=1, use_bias=False), nn.BatchNorm(), nn.Activation("relu"), nn.MaxPool2D(2),
+                nn.Conv2D(16, 3, padding=1), nn.Activation("relu"), nn.GlobalAvgPool2D(), nn.Flatten(),
+                nn.LayerNorm(), nn.Dense(10))
+    net.initialize()
+    model.block = net
+    save_prefix(model, folder / "lndigits")
+    return folder / "lndigits"
+
+
+@pytest.fixture(scope="session")
 def digits_folder(tmp_path_factory) -> Path:
     """A real image folder: 3 digit classes as PNG (grayscale) and JPEG (colour), plus a stray text file."""
     from PIL import Image

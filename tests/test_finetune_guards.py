@@ -64,19 +64,35 @@ def test_notes_known_before_training_are_printed_before_it(layers, digits_npz, t
     assert note < first_epoch, res.err
 
 
-def test_head_runs_after_the_first_import_no_mxnet_and_a_damaged_cache_is_exported_again(digits_npz, tmp_path,
-                                                                                        monkeypatch):
-    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path / "cache"))
+NO_MXNET = """
+import json, sys
+import edgetrain
+r = edgetrain.finetune(sys.argv[1], data=sys.argv[2], out=sys.argv[3], train_layers=sys.argv[4], epochs=2, threads=1)
+print(json.dumps({"mxnet_imported": "mxnet" in sys.modules, "notes": r.notes}))
+"""
+
+
+@pytest.mark.parametrize("layers", ["head", "last:2"])
+def test_runs_after_the_first_import_no_mxnet_and_a_damaged_cache_is_exported_again(layers, digits_npz, tmp_path,
+                                                                                   monkeypatch):
+    """head and last:N train in NumPy: mxnet only in the first run's child (the export), never in the
+    process itself, and not even in a child once the export is cached; the cached run trains the same."""
+    import json
+
+    env = {**os.environ, "EDGETRAIN_CACHE_DIR": str(tmp_path / "cache")}
 
     def run(name):
-        res = run_edgetrain("finetune", BASE, "--data", digits_npz, "-o", tmp_path / name, "--epochs", "2",
-                            "--threads", "1", "--json", "-", cwd=tmp_path)
-        assert res.code == 0, res.err
-        return res.json()
+        proc = subprocess.run([sys.executable, "-c", NO_MXNET, BASE, str(digits_npz), str(tmp_path / name), layers],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert got["mxnet_imported"] is False, got["notes"]
+        return got
 
     first, second = run("a"), run("b")
     assert any("mxnet only in that step" in n for n in first["notes"])
     assert any("no mxnet in this run" in n for n in second["notes"])
+    assert not any("mxnet only in that step" in n for n in second["notes"])
     import mxnet as mx
 
     a = mx.nd.load(str(tmp_path / "a" / "model-0000.params"))
@@ -113,23 +129,27 @@ def test_a_model_at_chance_on_held_out_data_exits_3_unless_allowed(layers, tmp_p
     assert ok.code == 0, ok.err[-2000:]
 
 
-def test_last_n_runs_after_the_first_take_the_model_from_the_cache_and_train_the_same(digits_npz, tmp_path,
-                                                                                      monkeypatch):
-    """last:N loads, checks and exports a base model once: later runs build the split from the cached
-    template (graph + weights) and reuse the cached frozen part; the PREFIX is bit for bit what a run
-    without any cache writes; a damaged template is never trusted, and it is replaced."""
+def test_mxnet_tail_runs_after_the_first_take_the_model_from_the_cache_and_train_the_same(digits_npz, tmp_path,
+                                                                                           monkeypatch, mxnet_tail_prefix):
+    """A last:N whose trained part trains in MXNet loads, checks and exports a base model once: later runs
+    build the split from the cached template (graph + weights) and reuse the cached frozen part; the PREFIX
+    is bit for bit what a run without any cache writes; a damaged template is never trusted, and replaced."""
     import mxnet as mx
 
     def run(name, cache):
         monkeypatch.setenv("EDGETRAIN_CACHE_DIR", cache)
-        res = run_edgetrain("finetune", BASE, "--data", digits_npz, "-o", tmp_path / name, "--epochs", "2",
-                            "--train-layers", "last:2", "--threads", "1", "--json", "-", cwd=tmp_path)
+        res = run_edgetrain("finetune", mxnet_tail_prefix, "--data", digits_npz, "-o", tmp_path / name, "--epochs", "2",
+                            "--train-layers", "last:2", "--threads", "1", "--json", "-", "--allow-chance",  # random weights
+                            cwd=tmp_path)
         assert res.code == 0, res.err
         return res.json()
 
     reused = "base model's graph and weights reused from the cache"
     cache = str(tmp_path / "cache")
     first, second, plain = run("a", cache), run("b", cache), run("c", "")
+    assert all(any(n.startswith("the trained part trains in MXNet: ") and "LayerNorm" in n for n in r["notes"])
+               for r in (first, second, plain)), first["notes"]
+    assert not any("mxnet only in that step" in n for n in second["notes"]), "the refusal is cached: no second child"
     assert not any(reused in n for n in first["notes"]) and not any(reused in n for n in plain["notes"])
     assert any(reused in n for n in second["notes"])
     assert any("frozen part's ONNX export reused from the cache" in n for n in second["notes"])

@@ -27,6 +27,10 @@ import threading
 import time
 from pathlib import Path
 
+# importing edgetrain names OpenBLAS's kernels for this CPU in os.environ (runtime.choose_blas_kernels); the
+# children must each decide for themselves (today's code does not), so the user's own setting is noted first
+USER_CORETYPE = os.environ.get("OPENBLAS_CORETYPE")
+
 HERE = Path(__file__).resolve().parent
 SHAPE = (3, 160, 160)
 CLASSES = 10
@@ -107,12 +111,19 @@ def _tree_rss_kb(pid: int) -> int:
     return total
 
 
+def _inherited_env() -> dict:
+    env = dict(os.environ)
+    if USER_CORETYPE is None:
+        env.pop("OPENBLAS_CORETYPE", None)
+    return env
+
+
 def measure(cmd: list[str], env: dict | None = None) -> dict:
     """Run ``cmd``; wall seconds, largest single process's peak RSS, peak of the tree's summed RSS, stdout."""
     t0 = time.perf_counter()
     # cwd: not a source tree, so `python -m edgetrain` imports the code PYTHONPATH / the install names
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir(),
-                            env={**os.environ, **(env or {})})
+                            env={**_inherited_env(), **(env or {})})
     peak_sum = [0]
     done = threading.Event()
 
@@ -177,10 +188,18 @@ def main(argv=None) -> int:
     # its frozen part) and cached: the warm configurations use a cache filled by a first run; "cold" turns
     # the cache off (every run is a first run)
     new_env = {"PYTHONPATH": "", "EDGETRAIN_CACHE_DIR": str(root / "cache")}
+    # the OpenBLAS kernels edgetrain names for this CPU (runtime.choose_blas_kernels) when the user has not:
+    # the reference script's NumPy head gets them too (the strongest peer)
+    from edgetrain.runtime import blas_kernels_for
+
+    core = None
+    if USER_CORETYPE is None and Path("/proc/cpuinfo").exists():
+        core = blas_kernels_for(Path("/proc/cpuinfo").read_text())
     configs = [
         ("reference (ORT script)", lambda out: [sys.executable, str(HERE / "finetune_ort_reference.py"),
                                                 str(backbone), str(folder), str(out) + ".npz", "--epochs",
-                                                str(EPOCHS), "--threads", str(THREADS)], new_env),
+                                                str(EPOCHS), "--threads", str(THREADS)],
+         {**new_env, **({"OPENBLAS_CORETYPE": core} if core else {})}),
         edgetrain("edgetrain head", new_env),
         edgetrain("edgetrain head cold", {**new_env, "EDGETRAIN_CACHE_DIR": ""}),
         edgetrain("edgetrain head 200MB", new_env, "--memory-budget", "200MB"),
@@ -190,6 +209,10 @@ def main(argv=None) -> int:
     if args.base:
         base_env = {"PYTHONPATH": str(Path(args.base).resolve())}
         configs += [edgetrain("today head", base_env), edgetrain("today last:2", base_env, "--train-layers", "last:2")]
+        # today's code with the BLAS kernels edgetrain now names for this CPU: how much of the gain is only that
+        if core:
+            configs.append(edgetrain(f"today last:2 {core}", {**base_env, "OPENBLAS_CORETYPE": core},
+                                     "--train-layers", "last:2"))
     if args.configs:
         wanted = [c.strip() for c in args.configs.split(",")]
         configs = [c for c in configs if any(w in c[0] for w in wanted)]
@@ -240,11 +263,11 @@ def main(argv=None) -> int:
         xm = f"{rss / ref_rss:7.2f}" if ref_rss else f"{'':7}"
         print(f"{tag:26}{rate:10.1f}{xr}{rss:10.0f}{xm}{tree:10.0f}{wall:8.2f}{cpu:7.2f}{acc if acc is None else round(acc, 3):>7}"
               + ("" if len(ok) == len(runs) else f"  ({len(runs) - len(ok)} failed)"))
-    if "today last:2" in results and "edgetrain last:2" in results:
-        a = [m for m in results["edgetrain last:2"] if m["code"] == 0]
-        b = [m for m in results["today last:2"] if m["code"] == 0]
+    for today in [t for t in results if t.startswith("today last:2")]:
+        a = [m for m in results.get("edgetrain last:2", []) if m["code"] == 0]
+        b = [m for m in results[today] if m["code"] == 0]
         if a and b:
-            print(f"last:2 speed-up over today: {statistics.median(x['wall'] for x in b) / statistics.median(x['wall'] for x in a):.2f}x "
+            print(f"last:2 speed-up over {today}: {statistics.median(x['wall'] for x in b) / statistics.median(x['wall'] for x in a):.2f}x "
                   f"wall, {statistics.median(x['cpu'] for x in b) / statistics.median(x['cpu'] for x in a):.2f}x CPU time "
                   "(user+sys of the process tree: less sensitive to a busy host)")
 

@@ -4,7 +4,7 @@ A round on a device is an ordinary ``edgetrain finetune`` job (frozen part in ON
 cached, micro-batches within the memory budget, threads capped) whose trainable part starts from the
 *global* weights the coordinator sent:
 
-- ``--train-layers head``: the engine's head-only job (``edgetrain.training._HeadJob``, the linear output
+- ``--train-layers head``: the engine's head-only job (``edgetrain.training._NumpyJob``, the output
   layer trained in NumPy); the output layer's weight and bias travel.
 - ``--train-layers last:N`` (or ``all``): the engine's general job (``edgetrain.training._Job``, the tail
   trained in MXNet); every array of the tail travels: its trainable parameters (weights, biases,
@@ -52,8 +52,8 @@ def check_shapes(mine: dict[str, np.ndarray], theirs: dict[str, tuple], where: s
     raise ShapeMismatch(what, where, fix)
 
 
-class _FleetHeadJob(ft._HeadJob):
-    """A head-only fine-tune whose output layer starts from given arrays (``initial``)."""
+class _FleetHeadJob(ft._NumpyJob):
+    """A head-only fine-tune (trained in NumPy) whose output layer starts from given arrays (``initial``)."""
 
     initial: dict[str, np.ndarray] | None = None
     mismatch_where = "global weights"
@@ -61,29 +61,28 @@ class _FleetHeadJob(ft._HeadJob):
     def _load(self):
         try:
             super()._load()
-        except ft._NotLinear:
-            raise UsageError("the model's output layer is not a plain linear layer", self.model,
-                             "fleet trains the output layer only; give a model ending in a Dense layer") from None
+        except ft._NotNumpy as exc:
+            raise UsageError(f"the model's output layer cannot be trained without mxnet: {exc}", self.model,
+                             "fleet trains such a model with --train-layers last:N or all") from None
         if self.initial is not None:
             check_shapes(self.trainable_arrays(), {k: v.shape for k, v in self.initial.items()}, self.mismatch_where,
                          "every device must fine-tune the same model for the same classes (same class_names)")
-            for key, name in self.head_names.items():
-                if name is not None:
-                    self.head[key] = np.array(self.initial[name], dtype=np.float32)  # a copy: the engine trains in place
+            for arrays in (self.weights, self.stats):
+                for name in arrays:
+                    arrays[name] = np.array(self.initial[name], dtype=np.float32)  # a copy: the engine trains in place
 
     correction: dict[str, np.ndarray] | None = None  # SCAFFOLD's (c - c_i), by parameter name
 
     def _make_training(self) -> None:
         super()._make_training()
-        by_key = {k: self.correction[n] for k, n in self.head_names.items() if n and self.correction} or None
-        self.opt = _Corrected(self.opt, by_key)
+        self.opt = _Corrected(self.opt, {k: self.correction[k] for k in self.weights} if self.correction else None)
 
     def trainable_arrays(self) -> dict[str, np.ndarray]:
-        """The part that travels: the output layer, by its parameter names."""
-        return {self.head_names[k]: v for k, v in self.head.items() if self.head_names.get(k)}
+        """The part that travels: the trained arrays (and any running statistics), by parameter name."""
+        return {**self.weights, **self.stats}
 
     def statistics(self) -> set[str]:
-        return set()  # a linear output layer has no running statistics
+        return set(self.stats)  # a linear output layer has none
 
 
 class _FleetTailJob(ft._Job):
@@ -176,7 +175,7 @@ class LocalSpec:
 
 def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, initial) -> _FleetHeadJob | _FleetTailJob:
     layers = parse_train_layers(spec.train_layers)
-    cls = _FleetHeadJob if ft.job_class(layers) is ft._HeadJob else _FleetTailJob
+    cls = _FleetHeadJob if layers.kind == "last" and layers.n == 1 else _FleetTailJob
     # model_construct: internal values (epochs=0 evaluates only), not a user's input to validate
     opts = FinetuneOptions.model_construct(data=str(data), out=str(outdir), epochs=epochs, batch_size=spec.batch_size,
                                            lr=spec.lr, optimizer=spec.optimizer, seed=spec.seed, params=spec.params)
@@ -229,7 +228,6 @@ class Evaluator:
             session = ft._ort_session(job.prep_dir / ft.FROZEN_ONNX, job.threads, True)
             name = session.get_inputs()[0].name
             feats = [session.run(None, {name: ds.batch(idx)})[0] for idx in batches]
-            self.head_names = dict(job.head_names)
         else:
             job._split()
             mx = _lazy.mxnet()
@@ -239,18 +237,15 @@ class Evaluator:
         self.initial = {k: v.copy() for k, v in job.trainable_arrays().items()}
         self.statistics = job.statistics()
         self.features = np.concatenate(feats)
-        if isinstance(job, _FleetHeadJob):
-            self.features = self.features.reshape(len(ds), -1)
         self.labels = np.asarray(ds.labels)
 
     def top1(self, arrays: dict[str, np.ndarray]) -> float:
         if isinstance(self.job, _FleetTailJob):
             return float(np.mean(self._tail_predictions(arrays) == self.labels))
-        w = arrays[self.head_names["weight"]].reshape(len(self.classes), -1)
-        z = self.features @ w.T
-        if self.head_names.get("bias"):
-            z = z + arrays[self.head_names["bias"]]
-        return float(np.mean(np.argmax(z, axis=1) == self.labels))
+        tail = self.job.tail
+        out, _ = tail.forward({k: arrays[k] for k in tail.param_shapes}, {k: arrays[k] for k in tail.aux_shapes},
+                              self.features, train=False)
+        return float(np.mean(np.argmax(out.reshape(len(out), -1), axis=1) == self.labels))
 
     def _tail_predictions(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         mx = _lazy.mxnet()
