@@ -1,6 +1,6 @@
 """finetune in-process (edgetrain.api): the plan's choices (micro-batches, disk cache) change memory, not the
-result; on both training paths: head only (frozen part in ONNX Runtime, linear head in NumPy, no mxnet in
-the process) and last:2 (frozen part in ONNX Runtime, the rest in MXNet)."""
+result; on every training path: head only and last:2 (frozen part in ONNX Runtime, the rest in NumPy, no
+mxnet in the process), and last:2 of a model whose tail NumPy cannot run (the rest in MXNet)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,7 +12,7 @@ from edgetrain import memplan
 from edgetrain.api import finetune as finetune_model
 
 
-LAYERS = ("head", "last:2")
+LAYERS = ("head", "last:2", "mxnet-tail")  # mxnet-tail: last:2 of conftest.mxnet_tail_prefix
 
 
 @pytest.fixture(autouse=True)
@@ -22,13 +22,17 @@ def private_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(params=LAYERS)
-def layers(request):
-    return request.param
+def layers(request, mxnet_tail_prefix):
+    if request.param == "mxnet-tail":
+        return ("last:2", str(mxnet_tail_prefix))
+    return (request.param, "edgetrain.nets:pretrained_digits")
 
 
-def _run(data, out, layers="head", **kw):
-    res = finetune_model("edgetrain.nets:pretrained_digits", str(data), out, epochs=3, seed=3, train_layers=layers,
-                         **kw)
+def _run(data, out, layers, **kw):
+    train_layers, model = layers
+    res = finetune_model(model, str(data), out, epochs=3, seed=3, train_layers=train_layers, allow_chance=True, **kw)
+    engine = "MXNet" if any(n.startswith("the trained part trains in MXNet") for n in res.notes) else "NumPy"
+    assert engine == ("NumPy" if model.startswith("edgetrain.nets") else "MXNet"), res.notes
     import mxnet as mx
 
     return res, {k: v.asnumpy() for k, v in mx.nd.load(str(Path(out) / "model-0000.params")).items()}
@@ -45,7 +49,7 @@ def reference(digits_npz, tmp_path_factory, layers):
 
 
 def test_micro_batches_accumulate_to_the_full_batch_update(digits_npz, reference, tmp_path, monkeypatch, layers):
-    if layers != "head":
+    if layers[0] != "head":
         pytest.skip("last:2 trains a BatchNorm: micro-batch statistics differ from the full batch's by design")
     ref_res, ref_params = reference
     assert ref_res.plan["micro_batch"] == 32 and ref_res.plan["cache"] == "memory"

@@ -163,3 +163,22 @@ def test_mxnet_tail_runs_after_the_first_take_the_model_from_the_cache_and_train
     third, fourth = run("d", cache), run("e", cache)
     assert not any(reused in n for n in third["notes"]), "a damaged entry is never trusted"
     assert any(reused in n for n in fourth["notes"]), "and it is replaced"
+
+
+@pytest.mark.parametrize("layers", ["head", "last:2"])
+def test_numpy_paths_keep_a_budget_and_refuse_one_too_small(layers, digits_npz, tmp_path, monkeypatch):
+    """On the NumPy paths the memory plan holds too: with the export cached, a run within --memory-budget
+    peaks under it (measured RSS), and a budget too small for even micro-batch 1 is refused up front,
+    leaving no OUTDIR behind."""
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    args = ("finetune", BASE, "--data", digits_npz, "--epochs", "1", "--train-layers", layers, "--threads", "1")
+    warm = run_edgetrain(*args, "-o", tmp_path / "warm", cwd=tmp_path)
+    assert warm.code == 0, warm.err
+    ok = run_edgetrain(*args, "-o", tmp_path / "ok", "--memory-budget", "150MB", "--json", "-", cwd=tmp_path)
+    assert ok.code == 0, ok.err
+    r = ok.json()
+    assert r["budget_mb"] == 150 and r["plan"]["budget_mb"] == 150 and 0 < r["peak_rss_mb"] <= 150, r
+    assert not any("trains in MXNet" in n for n in r["notes"])
+    small = run_edgetrain(*args, "-o", tmp_path / "small", "--memory-budget", "30MB", cwd=tmp_path)
+    assert_user_error(small, 2, "memory budget 30 MB is too small")
+    assert not (tmp_path / "small").exists()

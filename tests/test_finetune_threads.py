@@ -21,12 +21,12 @@ def _thread_cpu(pid: int) -> dict[int, float]:
     return out
 
 
-def busy_worker_threads(threads: int, data: Path, out: Path) -> list[float]:
+def busy_worker_threads(threads: int, data: Path, out: Path, layers: str = "all") -> list[float]:
     """CPU seconds of each non-main thread of a training child during its second epoch (sorted)."""
     env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
     # 64x64 input makes the convolutions big enough for OpenMP to split them when it may
     proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "finetune", "edgetrain.nets:pretrained_digits",
-                             "--data", str(data), "-o", str(out), "--train-layers", "all", "--epochs", "2",
+                             "--data", str(data), "-o", str(out), "--train-layers", layers, "--epochs", "2",
                              "--input-shape", "1,1,64,64", "--batch-size", "16", "--val-split", "0.1",
                              "--threads", str(threads), "--allow-chance"],  # threads, not accuracy, here
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -57,3 +57,10 @@ def test_one_thread_cap_holds_during_training(digits_npz, tmp_path):
 def test_two_thread_cap_lets_two_threads_train(digits_npz, tmp_path):
     # the control: without it, a measurement that could only ever see one busy thread would pass above
     assert len(busy_worker_threads(2, digits_npz, tmp_path / "o")) == 2
+
+
+def test_the_thread_cap_holds_when_numpy_trains_the_tail(digits_npz, tmp_path):
+    """last:3 trains in NumPy: the main thread and, under a cap of 2, one OpenBLAS worker do the work
+    (numpy's OpenBLAS is loaded before the cap is known: runtime.cap_loaded_blas caps it)."""
+    assert busy_worker_threads(1, digits_npz, tmp_path / "one", "last:3") == []
+    assert len(busy_worker_threads(2, digits_npz, tmp_path / "two", "last:3")) == 1

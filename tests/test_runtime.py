@@ -42,3 +42,49 @@ def test_apply_threads_after_mxnet_import_is_refused():
             "try:\n    runtime.apply_threads(1)\nexcept RuntimeError as e:\n    print('REFUSED', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "REFUSED" in out.stdout, out.stdout + out.stderr
+
+
+def test_blas_kernels_follow_the_cpus_flags():
+    from edgetrain.runtime import blas_kernels_for
+
+    skylakex = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512dq avx512cd avx512bw avx512vl\n"
+    assert blas_kernels_for(skylakex) == "SKYLAKEX"
+    assert blas_kernels_for("flags\t\t: fpu sse2 avx avx2 fma avx512f\n") == "HASWELL"  # not SkylakeX's whole set
+    assert blas_kernels_for("flags\t\t: fpu sse2 avx\n") is None
+    assert blas_kernels_for("Features\t: fp asimd evtstrm\n") is None  # ARM: OpenBLAS knows its cores
+
+
+BLAS_PROBE = """
+import ctypes, json, os, sys
+import edgetrain, numpy
+libs = [ln.split()[-1] for ln in open("/proc/self/maps") if "openblas" in ln.lower() and ".so" in ln]
+name = None
+for sym in ("openblas_get_corename64_", "openblas_get_corename", "scipy_openblas_get_corename64_"):
+    fn = getattr(ctypes.CDLL(libs[0]), sym, None) if libs else None
+    if fn is not None:
+        fn.restype = ctypes.c_char_p
+        name = fn().decode()
+        break
+print(json.dumps({"env": os.environ.get("OPENBLAS_CORETYPE"), "core": name}))
+"""
+
+
+@pytest.mark.parametrize("user", [None, "HASWELL"])
+def test_importing_edgetrain_names_the_blas_kernels_unless_the_user_did(user):
+    """numpy's OpenBLAS picks its kernels when it loads; edgetrain names them from the CPU's flags first
+    (OpenBLAS 0.3.20 ran its SSE3 kernels on this machine's newer Xeon), and a user's own choice stands."""
+    import os
+    import platform
+
+    from edgetrain.runtime import blas_kernels_for
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    if user:
+        env["OPENBLAS_CORETYPE"] = user
+    out = subprocess.run([sys.executable, "-c", BLAS_PROBE], capture_output=True, text=True, timeout=60, env=env)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    want = user or (blas_kernels_for(text) if platform.machine() in ("x86_64", "AMD64") else None)
+    assert got["env"] == want
+    if want and got["core"] is not None and want in ("SKYLAKEX", "HASWELL") and not (user and "avx2" not in text):
+        assert got["core"].lower() == want.lower(), got  # the library really runs those kernels
