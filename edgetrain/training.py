@@ -298,7 +298,7 @@ class _Job:
         # a base model whose weights come from files is built and checked once per user: later runs take
         # its graph and weights from the template cache (no zoo build, no full forward check)
         root = _cache_root()
-        self.template_key = _prep_key(self.model, self.params, self.input_shape, 0) if root is not None else None
+        self.template_key = _prep_key(self.model, self.params, self.input_shape) if root is not None else None
         folder = root / "finetune-template" / self.template_key if root is not None else None
         record = _intact_template(folder, self.template_key) if folder is not None else None
         if record is not None:
@@ -821,7 +821,7 @@ def _cache_root() -> Path | None:
     return Path(base) / "edgetrain"
 
 
-def _prep_key(model: str, params, input_shape, seed: int, layers: str = "") -> str:
+def _prep_key(model: str, params, input_shape, layers: str = "") -> str:
     """What the child's output depends on: the model reference and the bytes of every file it reads."""
     files = []
     if params:
@@ -830,7 +830,7 @@ def _prep_key(model: str, params, input_shape, seed: int, layers: str = "") -> s
         files += [Path(f"{model}-symbol.json"), *sorted(Path(model).parent.glob(f"{Path(model).name}-*.params"))]
         files.append(Path(f"{model}-edgetrain.json"))
     digests = [(str(f.resolve()), _file_sha(f)) for f in files if f.exists()]
-    return hashlib.sha256(json.dumps([PREP_FORMAT, model, digests, list(input_shape or []), seed, layers]).encode()).hexdigest()[:20]
+    return hashlib.sha256(json.dumps([PREP_FORMAT, model, digests, list(input_shape or []), layers]).encode()).hexdigest()[:20]
 
 
 def _xavier(shape: tuple, rng: np.random.RandomState) -> np.ndarray:
@@ -959,7 +959,8 @@ class _NumpyJob(_Job):
         import sys
         import tempfile
 
-        key = _prep_key(self.model, self.params, self.input_shape, self.seed, self.layers.text)
+        # not --seed: a new output layer is initialised here, not in the child
+        key = _prep_key(self.model, self.params, self.input_shape, self.layers.text)
         here = self.outdir / PREP_DIR
         for folder in (here, (_cache_root() / "finetune-prep" / key) if _cache_root() else None):
             prep = _intact_prep(folder, key) if folder is not None else None
@@ -970,7 +971,7 @@ class _NumpyJob(_Job):
         self.outdir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(here, ignore_errors=True)
         here.mkdir()
-        spec = {"dir": str(here), "model": self.model, "params": self.params, "key": key, "seed": self.seed,
+        spec = {"dir": str(here), "model": self.model, "params": self.params, "key": key,
                 "input_shape": list(self.input_shape) if self.input_shape else None, "data": self.data,
                 "threads": self.threads, "max_bytes": _data_budget(self.budget_mb), "train_layers": self.layers.text}
         (here / "spec.json").write_text(json.dumps(spec))
@@ -1180,7 +1181,7 @@ def _prepare(spec: dict, out: Path) -> None:
         ds = load_data(spec["data"], pre, max_bytes=spec.get("max_bytes"))  # the budget holds in the child too
         x = ds.batch(np.arange(min(VALIDATE_SAMPLES, len(ds))))
         del ds
-        s = split(g, cut, pre.input_shape, init_seed=spec["seed"])
+        s = split(g, cut, pre.input_shape)  # the base model's own weights: nothing to initialise
         model.block, g.arg_params, g.aux_params = None, {}, {}  # the split parts hold their own copies
         _release_freed_memory()
         want = np.concatenate([s.frozen(mx.nd.array(x[i:i + 1])).asnumpy() for i in range(len(x))])
