@@ -845,8 +845,9 @@ def _intact_prep(folder: Path, key: str) -> dict | None:
     """The child's record in ``folder`` if it is for this key and its files are intact (else: export again)."""
     try:
         prep = json.loads((folder / "prep.json").read_text())
+        frozen = prep.get("frozen_sha256")  # None: nothing is frozen (the record only says so)
         if (prep.get("key") == key and prep.get("format") == PREP_FORMAT and prep.get("checked")
-                and _file_sha(folder / FROZEN_ONNX) == prep.get("frozen_sha256")
+                and (frozen is None and not prep.get("tail") or _file_sha(folder / FROZEN_ONNX) == frozen)
                 and _file_sha(folder / "template-0000.params") == prep.get("template_sha256")):
             return prep
     except (OSError, ValueError, AttributeError):
@@ -1007,7 +1008,8 @@ class _NumpyJob(_Job):
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=dest.parent))
                 for name in ("prep.json", FROZEN_ONNX, "template-0000.params", "template-symbol.json"):
-                    shutil.copyfile(here / name, tmp / name)
+                    if name != FROZEN_ONNX or prep.get("frozen_sha256"):
+                        shutil.copyfile(here / name, tmp / name)
                 if dest.exists() and _intact_prep(dest, key) is None:
                     shutil.rmtree(dest, ignore_errors=True)  # a damaged entry is replaced, not kept forever
                 os.replace(tmp, dest) if not dest.exists() else shutil.rmtree(tmp, ignore_errors=True)

@@ -182,3 +182,29 @@ def test_numpy_paths_keep_a_budget_and_refuse_one_too_small(layers, digits_npz, 
     small = run_edgetrain(*args, "-o", tmp_path / "small", "--memory-budget", "30MB", cwd=tmp_path)
     assert_user_error(small, 2, "memory budget 30 MB is too small")
     assert not (tmp_path / "small").exists()
+
+
+def test_last_n_reaching_the_input_trains_everything_in_mxnet_and_caches_that(digits_npz, tmp_path, monkeypatch):
+    """last:N with N = the model's depth freezes nothing: the child's record says so, it is cached (no frozen
+    part in it), and the run trains in MXNet like --train-layers all, the same on the cached second run."""
+    import json
+
+    import mxnet as mx
+
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path / "cache"))
+
+    def run(name):
+        res = run_edgetrain("finetune", BASE, "--data", digits_npz, "-o", tmp_path / name, "--epochs", "1",
+                            "--train-layers", "last:4", "--threads", "1", "--json", "-", cwd=tmp_path)
+        assert res.code == 0, res.err
+        return res.json()
+
+    first, second = run("a"), run("b")
+    for r in (first, second):
+        assert "the trained part trains in MXNet: nothing is frozen (the whole network trains)" in r["notes"]
+        assert r["feature_seconds"] == 0 and r["trained_parameters"] > 0.95 * (r["trained_parameters"] + r["frozen_parameters"])
+    records = [json.loads(p.read_text()) for p in (tmp_path / "cache" / "finetune-prep").glob("*/prep.json")]
+    assert [(r["tail"], r.get("frozen_sha256")) for r in records] == [(False, None)]
+    assert not list((tmp_path / "cache" / "finetune-prep").glob("*/frozen.onnx"))
+    a, b = (mx.nd.load(str(tmp_path / n / "model-0000.params")) for n in "ab")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).asnumpy().all() for k in a)
