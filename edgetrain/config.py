@@ -17,7 +17,7 @@ from .fileio import read_yaml
 class Strict(BaseModel):
     """Base for all schemas: unknown keys are errors, values are not silently coerced across types."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, defer_build=True)
 
 
 M = TypeVar("M", bound=BaseModel)

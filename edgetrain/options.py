@@ -146,7 +146,7 @@ NonNegative = Optional[Annotated[float, Field(ge=0, allow_inf_nan=False)]]
 class Options(BaseModel):
     """Base of every command's options: unknown names are errors; values are validated on assignment."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, defer_build=True)
 
     @classmethod
     def parse(cls, values: dict, where: str = "") -> "Options":
