@@ -21,12 +21,14 @@ def _thread_cpu(pid: int) -> dict[int, float]:
     return out
 
 
-def busy_worker_threads(threads: int, data: Path, out: Path, layers: str = "all") -> list[float]:
-    """CPU seconds of each non-main thread of a training child during its second epoch (sorted)."""
+def busy_worker_threads(threads: int, data: Path, out: Path, layers: str = "all", epochs: int = 2,
+                        share: float = 0.2) -> list[float]:
+    """CPU seconds of each non-main thread of a training child after its first epoch that did more than
+    ``share`` of the process's work then (sorted)."""
     env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
     # 64x64 input makes the convolutions big enough for OpenMP to split them when it may
     proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "finetune", "edgetrain.nets:pretrained_digits",
-                             "--data", str(data), "-o", str(out), "--train-layers", layers, "--epochs", "2",
+                             "--data", str(data), "-o", str(out), "--train-layers", layers, "--epochs", str(epochs),
                              "--input-shape", "1,1,64,64", "--batch-size", "16", "--val-split", "0.1",
                              "--threads", str(threads), "--allow-chance"],  # threads, not accuracy, here
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -47,7 +49,7 @@ def busy_worker_threads(threads: int, data: Path, out: Path, layers: str = "all"
     assert proc.returncode == 0, err
     work = {t: seen[t] - before.get(t, 0.0) for t in seen if t != proc.pid}
     total = sum(work.values()) + seen.get(proc.pid, 0) - before.get(proc.pid, 0)
-    return sorted((v for v in work.values() if v > 0.2 * total), reverse=True)
+    return sorted((v for v in work.values() if v > share * total), reverse=True)
 
 
 def test_one_thread_cap_holds_during_training(digits_npz, tmp_path):
@@ -61,6 +63,7 @@ def test_two_thread_cap_lets_two_threads_train(digits_npz, tmp_path):
 
 def test_the_thread_cap_holds_when_numpy_trains_the_tail(digits_npz, tmp_path):
     """last:3 trains in NumPy: the main thread and, under a cap of 2, one OpenBLAS worker do the work
-    (numpy's OpenBLAS is loaded before the cap is known: runtime.cap_loaded_blas caps it)."""
-    assert busy_worker_threads(1, digits_npz, tmp_path / "one", "last:3") == []
-    assert len(busy_worker_threads(2, digits_npz, tmp_path / "two", "last:3")) == 1
+    (numpy's OpenBLAS is loaded before the cap is known: runtime.cap_loaded_blas caps it). The worker shares
+    only the GEMMs (measured ~20% of the process's CPU; exactly 0 under a cap of 1), so 5% tells them apart."""
+    assert busy_worker_threads(1, digits_npz, tmp_path / "one", "last:3", epochs=5, share=0.05) == []
+    assert len(busy_worker_threads(2, digits_npz, tmp_path / "two", "last:3", epochs=5, share=0.05)) == 1
