@@ -37,8 +37,9 @@ BLAS_KERNELS = (("SKYLAKEX", {"avx512f", "avx512bw", "avx512dq", "avx512vl", "av
 
 def blas_kernels_for(cpuinfo_text: str) -> str | None:
     """The OpenBLAS kernel family an x86-64 CPU's /proc/cpuinfo flags allow (None: leave it to OpenBLAS)."""
-    line = next((ln for ln in cpuinfo_text.splitlines() if ln.startswith("flags")), "")
-    flags = set(line.partition(":")[2].split())
+    from .host import cpuinfo_fields
+
+    flags = set(cpuinfo_fields(cpuinfo_text).get("flags", "").split())
     return next((name for name, needs in BLAS_KERNELS if needs <= flags), None)
 
 
@@ -49,11 +50,9 @@ def choose_blas_kernels() -> str | None:
 
     if "OPENBLAS_CORETYPE" in os.environ or "numpy" in sys.modules or platform.machine() not in ("x86_64", "AMD64"):
         return None
-    try:
-        with open("/proc/cpuinfo") as fh:
-            core = blas_kernels_for(fh.read(65536))
-    except OSError:
-        return None
+    from .host import _read
+
+    core = blas_kernels_for(_read("/proc/cpuinfo"))
     if core is not None:
         os.environ["OPENBLAS_CORETYPE"] = core
     return core
