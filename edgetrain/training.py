@@ -34,7 +34,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from . import _lazy, procmem, runtime
+from . import _lazy, child, procmem, runtime
 from . import checkpoint as ckpt
 from .compat import mxnet_onnx
 from .data import load_data
@@ -956,7 +956,6 @@ class _NumpyJob(_Job):
     def _prepare(self) -> tuple[Path, dict]:
         """The child's output: beside the run (resume), else from the per-user cache, else a child run now."""
         import shutil
-        import subprocess
         import sys
         import tempfile
 
@@ -977,16 +976,17 @@ class _NumpyJob(_Job):
                 "threads": self.threads, "max_bytes": _data_budget(self.budget_mb), "train_layers": self.layers.text}
         (here / "spec.json").write_text(json.dumps(spec))
         self._tick("prepare", force=True, done=0, total=1)
-        proc = subprocess.run([sys.executable, "-c", "from edgetrain.training import _prepare_main; _prepare_main()",
-                               str(here / "spec.json")], capture_output=True, text=True)
+        # the project's launcher: its own process group, dies with this process, killed on SIGTERM/Ctrl-C
+        proc = child.run([sys.executable, "-P", "-c", "from edgetrain.training import _prepare_main; _prepare_main()",
+                          str(here / "spec.json")], what="preparing the model", threads=self.threads,
+                         where="export child")
         err_doc = here / "error.json"
         if err_doc.exists():
             e = json.loads(err_doc.read_text())
             exc = {"UsageError": UsageError}.get(e["type"], RunFailed)(e["what"], e.get("where"), e.get("fix"))
             raise exc
-        if proc.returncode != 0 or not (here / "prep.json").exists():
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RunFailed(f"preparing the model failed (exit {proc.returncode}): {tail}", self.model,
+        if proc.code != 0 or not (here / "prep.json").exists():
+            raise RunFailed(f"preparing the model {child.death(proc.code)}{child.last_line(proc.err)}", self.model,
                             "EDGETRAIN_DEBUG=1 shows the details")
         prep = json.loads((here / "prep.json").read_text())
         self.child_peak_mb = float(prep["peak_rss_mb"])
@@ -1043,8 +1043,7 @@ class _NumpyJob(_Job):
         n_weights = sum(int(v.size) for v in self.weights.values())
         # the session (weights as constants + pre-packed convolution weights, ~2.65x the file: memory_model's
         # onnxruntime coefficients) is not loaded yet; activations as the graph's every output (an upper bound)
-        session_mb = 2.65 * (self.outdir / PREP_DIR / FROZEN_ONNX if (self.outdir / PREP_DIR / FROZEN_ONNX).exists()
-                             else self.prep_dir / FROZEN_ONNX).stat().st_size / MB + 30.0
+        session_mb = 2.65 * (self.prep_dir / FROZEN_ONNX).stat().st_size / MB + 30.0
         costs = Costs((procmem.rss_mb() or 0.0) + session_mb, self.prep["frozen_per_sample_mb"],
                       self.tail.activation_bytes(train=True) / MB, 4 * n_weights * 4 / MB,
                       int(np.prod(self.pre.input_shape)) * 4 / MB, rows, feat * 4, self.batch_size, True)

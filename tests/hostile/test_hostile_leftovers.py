@@ -143,3 +143,29 @@ def test_quantize_killed_at_each_phase_leaves_nothing_after_the_next_run(onnx_mo
     assert done.returncode == 0, done.stderr[-2000:]
     assert faults.temp_leftovers(tmpdir) == []
     assert faults.temp_leftovers(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layers", ["head", "last:2"])
+@pytest.mark.parametrize("sig", sorted(faults.SIGNALS))
+def test_finetune_stopped_while_exporting_leaves_no_child(tmp_path, sig, layers):
+    """A NumPy-trained finetune's first run exports in an mxnet child: stopping the run then stops the
+    child too, and (short of SIGKILL) leaves no OUTDIR and no traceback."""
+    env, mark = faults.marked_env({"TMPDIR": str(tmp_path), "EDGETRAIN_CACHE_DIR": ""})
+    out = tmp_path / "run"
+    proc = faults.start_cli("finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", out,
+                            "--train-layers", layers, "--threads", "1", env=env, cwd=tmp_path)
+    try:
+        def exporting():
+            return [p for p in faults.processes_with(mark) if "_prepare_main" in faults.cmdline(p)]
+        assert faults.wait_for(exporting, 120), proc.stderr.read() if proc.poll() is not None else "no child"
+        os.kill(proc.pid, faults.SIGNALS[sig])
+        proc.wait(60)
+        assert faults.wait_for(lambda: not faults.processes_with(mark), 15), \
+            [faults.cmdline(p) for p in faults.processes_with(mark)]
+        assert proc.returncode != 0
+        if sig != "SIGKILL":
+            assert "Traceback" not in proc.stderr.read()
+            assert not out.exists() and not faults.temp_leftovers(tmp_path)
+    finally:
+        faults.kill_marked(mark)
