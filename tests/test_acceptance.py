@@ -4,12 +4,15 @@ Memory: the peak RSS predicted from the graph before running (memory_model.py) i
 VmHWM measured in the fresh child, on zoo networks of different shapes, one of them held out of the fit.
 Latency: `edgetrain profile`'s p50 agrees within 10% with an independent plain loop over
 InferenceSession.run in its own process (same threads, input, session settings), alternating rounds so
-that load from elsewhere hits both; the least-disturbed round of each side is compared.
+that load from elsewhere hits both; each round's two p50s (run back to back) give one ratio, and the median
+ratio is compared. (Comparing each side's fastest round failed in CI: one side alone caught a quiet moment,
+1.17 ms against 1.84 ms, while the other rounds agreed.)
 """
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -55,6 +58,7 @@ for _ in range(runs):
 print(json.dumps({"p50_ms": float(np.percentile(lat, 50))}))
 '''
 LATENCY_TOLERANCE_PCT = 10.0
+ROUNDS, RUNS = 9, 300  # about 0.5 s of timed runs per side and round (60 runs was 0.1 s: one hiccup moved a p50)
 
 
 @pytest.mark.timing
@@ -64,13 +68,13 @@ def test_profile_latency_agrees_with_a_plain_session_loop(tmp_path):
     model = tmp_path / "mb.onnx"
     assert export("zoo:mobilenetv2_0.25", model, input_shape=(3, 160, 160)).passed
     ours, plain = [], []
-    for i in range(7):
+    for i in range(ROUNDS):
         for side in (("ours", "plain") if i % 2 == 0 else ("plain", "ours")):
             if side == "ours":
-                ours.append(profile(str(model), threads="1", warmup=10, runs=60).best["p50_ms"])
+                ours.append(profile(str(model), threads="1", warmup=20, runs=RUNS).best["p50_ms"])
             else:
-                out = subprocess.run([sys.executable, "-c", PLAIN_LOOP, str(model), "1", "10", "60"], check=True,
+                out = subprocess.run([sys.executable, "-c", PLAIN_LOOP, str(model), "1", "20", str(RUNS)], check=True,
                                      capture_output=True, text=True, env={**os.environ, **thread_env(1)})
                 plain.append(json.loads(out.stdout.strip().splitlines()[-1])["p50_ms"])
-    ratio = min(ours) / min(plain)
-    assert abs(ratio - 1) * 100 <= LATENCY_TOLERANCE_PCT, (ours, plain)
+    ratio = statistics.median(o / p for o, p in zip(ours, plain))
+    assert abs(ratio - 1) * 100 <= LATENCY_TOLERANCE_PCT, (ratio, ours, plain)
