@@ -144,3 +144,35 @@ def test_small_jpeg_and_png_decode_in_full(tmp_path):
     Image.open(tmp_path / "big.jpg").save(tmp_path / "big.png")
     for name in ("small.jpg", "big.png"):
         assert np.array_equal(read_image(tmp_path / name, pre), _full_decode(tmp_path / name, pre.hw)), name
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,hwc", [((3, 40, 56), (40, 56, 3)), ((1, 8, 8), (8, 8, 1)),
+                                       ((3, 16, 16), (16, 16, 1)), ((1, 12, 10), (12, 10, 3)),
+                                       ((3, 20, 24), (31, 17, 3))])
+def test_model_input_is_bit_for_bit_the_plain_formula(shape, hwc, dtype):
+    """to_model_input writes into the batch's row in place (no temporaries); its values stay exactly those
+    of (x - mean) / std in float32 after the channel and size conversions, for every reader's precision."""
+    from PIL import Image
+
+    from edgetrain.data import to_model_input
+    from edgetrain.preprocess import default_for_shape
+
+    pre = default_for_shape(shape)
+    img = np.random.RandomState(3).rand(*hwc).astype(dtype)
+    x = img
+    if x.shape[2] != shape[0]:
+        x = (x[..., :3] @ np.array([0.299, 0.587, 0.114], np.float32))[..., None] if shape[0] == 1 \
+            else np.repeat(x[..., :1], 3, axis=2)
+    if x.shape[:2] != shape[1:]:
+        x = np.stack([np.asarray(Image.fromarray(np.ascontiguousarray(x[..., c], dtype=np.float32), mode="F")
+                                 .resize(shape[:0:-1], Image.BILINEAR)) for c in range(x.shape[2])], axis=2)
+    want = ((x - np.asarray(pre.mean, np.float32)) / np.asarray(pre.std, np.float32)).transpose(2, 0, 1)
+    got = to_model_input(img, pre)
+    assert got.dtype == np.float32 and got.shape == shape
+    assert np.array_equal(got, want.astype(np.float32))
+    # a float64 reader gives what its float32 pixels give (resizing it read float64 bytes as float32: garbage)
+    np.testing.assert_allclose(got, to_model_input(img.astype(np.float32), pre), rtol=1e-5, atol=1e-5)
+    row = np.full((2, *shape), np.nan, np.float32)
+    assert to_model_input(img, pre, row[1]) is not None and np.array_equal(row[1], got)
+    assert np.isnan(row[0]).all()  # only the given row is written

@@ -290,7 +290,7 @@ def _files(paths: list[Path], pre: Preprocess, where: str) -> _Source:
     def batch(idx) -> np.ndarray:
         out = np.empty((len(idx), *pre.input_shape), dtype=np.float32)
         for k, i in enumerate(idx):
-            out[k] = to_model_input(read_image(paths[int(i)], pre), pre)
+            to_model_input(read_image(paths[int(i)], pre), pre, out[k])
         return out
 
     return _Source(where, [str(p) for p in paths], batch)
