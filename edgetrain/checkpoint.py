@@ -153,9 +153,12 @@ _DTYPES = {0: np.float32, 1: np.float64, 2: np.float16, 3: np.uint8, 4: np.int32
 _FLAGS = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
-def read_params(path: Path) -> dict[str, np.ndarray]:
-    """The named dense arrays of an mx.nd.save file (a PREFIX-NNNN.params)."""
-    raw = memoryview(Path(path).read_bytes())
+def read_params(path: Path, mapped: bool = False) -> dict[str, np.ndarray]:
+    """The named dense arrays of an mx.nd.save file (a PREFIX-NNNN.params). ``mapped``: read-only views of
+    the file mapped into memory, not copies: an array's pages are read only when it is used, so weights that
+    are only written out again (a fine-tune's frozen layers) take no memory while the job runs. Only for a
+    file nobody rewrites in place (the export cache, published by rename)."""
+    raw = np.memmap(path, dtype=np.uint8, mode="r") if mapped else memoryview(Path(path).read_bytes())
     pos = 0
 
     def take(fmt: str):
@@ -175,7 +178,8 @@ def read_params(path: Path) -> dict[str, np.ndarray]:
         take("<i4"), take("<i4")
         dtype = np.dtype(_DTYPES[take("<i4")]).newbyteorder("<")
         n = int(np.prod(shape)) if shape else 0
-        arrays.append(np.frombuffer(raw, dtype=dtype, count=n, offset=pos).reshape(shape).copy())
+        a = np.frombuffer(raw, dtype=dtype, count=n, offset=pos).reshape(shape)
+        arrays.append(a if mapped else a.copy())
         pos += n * dtype.itemsize
     names = []
     for _ in range(take("<u8")):

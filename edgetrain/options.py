@@ -16,8 +16,6 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from .devices import DeviceProfile, load_device
-from .energy import parse_rate
 from .errors import UsageError
 from .netsplit import parse_train_layers
 from .preprocess import parse_shape
@@ -104,6 +102,8 @@ def _train_layers(value: str) -> str:
 def _rate(value):
     if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
+    from .energy import parse_rate  # lazy: a command that takes no rate never loads the energy model
+
     return parse_rate(value)
 
 
@@ -191,9 +191,11 @@ class DeviceOptions(Options):
 
     def profile(self):
         """The DeviceProfile (loaded once), or None for this host."""
-        if self.device is None or isinstance(self.device, DeviceProfile):
-            return self.device
-        return load_device(str(self.device))
+        if self.device is None:
+            return None
+        from .devices import DeviceProfile, load_device  # lazy: most runs name no device
+
+        return self.device if isinstance(self.device, DeviceProfile) else load_device(str(self.device))
 
     def thread_cap(self) -> int | None:
         """--threads, else the device's default thread count, else None (leave the pools alone)."""

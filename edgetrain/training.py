@@ -928,7 +928,9 @@ class _NumpyJob(_Job):
         self.notes += prep["notes"]
         self.model_obj = SimpleNamespace(random_weights=prep["random_weights"], ref=None)
         self._load_data(Preprocess.from_dict(prep["preprocess"]))
-        g = _template_graph(prep_dir, prep)
+        # the weights mapped, not read: the frozen layers' are only written out again at the end (the session
+        # has its own copy), so they take no memory while the session does
+        g = _template_graph(prep_dir, prep, lambda path: ckpt.read_params(path, mapped=True))
         self.replaced_head = False
         outputs = head_units(g)
         if outputs != len(self.classes):

@@ -149,10 +149,13 @@ def test_params_written_without_mxnet_are_byte_identical_to_mx_nd_save(dtype, tm
     path = tmp_path / "m-0000.params"
     mx.nd.save(str(path), {k: mx.nd.array(v, dtype=dtype) for k, v in arrays.items()})
     assert ckpt.params_bytes(arrays) == path.read_bytes()
-    back = ckpt.read_params(path)
-    assert list(back) == list(arrays)
-    for k in arrays:
-        assert back[k].dtype == arrays[k].dtype and np.array_equal(back[k], arrays[k])
+    for mapped in (False, True):  # mapped: read-only views of the file, the same arrays
+        back = ckpt.read_params(path, mapped=mapped)
+        assert list(back) == list(arrays)
+        for k in arrays:
+            assert back[k].dtype == arrays[k].dtype and np.array_equal(back[k], arrays[k])
+            assert back[k].flags.writeable is not mapped  # nothing writes into the export cache through them
+        assert ckpt.params_bytes(back) == path.read_bytes()  # written out again, byte for byte
 
 
 @pytest.mark.parametrize("name", ["sgd", "adam"])
