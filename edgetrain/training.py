@@ -918,6 +918,11 @@ class _NumpyJob(_Job):
     def engine(self) -> str:  # a checkpoint is resumed only by the same engine
         return "numpy-head" if self.layers.n == 1 else "numpy-tail"
 
+    @property
+    def fallback(self) -> type:
+        """The job this one becomes when NumPy cannot train the part (_NotNumpy): the general MXNet job."""
+        return _Job
+
     def _load(self):
         from .numpy_tail import Tail
 
@@ -1023,15 +1028,19 @@ class _NumpyJob(_Job):
         self.trainable = list(self.weights)
 
     def _run(self, has_checkpoint: bool, t_start: float, created: bool) -> FinetuneResult:
-        import shutil
-
         try:
             return super()._run(has_checkpoint, t_start, created)
         except _NotNumpy as exc:
-            shutil.rmtree(self.outdir / PREP_DIR, ignore_errors=True)
-            self.__class__ = _Job  # the general path: the trained part trains in MXNet
-            self.notes.append(f"the trained part trains in MXNet: {exc}")
+            self.become_fallback(exc)
             return self._run(has_checkpoint, t_start, created)
+
+    def become_fallback(self, why: _NotNumpy) -> None:
+        """Turn into ``fallback`` (the trained part trains in MXNet), saying why; the export goes."""
+        import shutil
+
+        shutil.rmtree(self.outdir / PREP_DIR, ignore_errors=True)
+        self.__class__ = self.fallback
+        self.notes.append(f"the trained part trains in MXNet: {why}")
 
     def _make_training(self) -> None:
         # a lone output layer's matmuls (batch x features x classes) are too small to share out; deeper

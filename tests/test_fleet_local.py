@@ -137,7 +137,7 @@ def test_without_flower_the_fleet_commands_say_what_to_install(tmp_path):
     assert not (tmp_path / "r").exists() and not (tmp_path / "s").exists()
 
 
-# --- --train-layers last:2: the tail trains in MXNet, every array of the tail travels ---------------------
+# --- --train-layers last:2: the tail trains (in NumPy), every array of the tail travels ---------------------
 
 TAIL = {"digits_conv2_weight": (32, 32, 3, 3), "digits_batchnorm2_gamma": (32,), "digits_batchnorm2_beta": (32,),
         "digits_batchnorm2_running_mean": (32,), "digits_batchnorm2_running_var": (32,),
@@ -185,7 +185,7 @@ def test_last2_the_global_arrays_decide_the_devices_accuracy(shares, tail_evalua
     assert tail_evaluator.top1(from_good) > tail_evaluator.top1(from_initial) + 0.3
 
 
-def test_last2_the_drift_correction_reaches_mxnets_gradients(shares, tail_evaluator, tmp_path):
+def test_last2_the_drift_correction_reaches_the_gradients(shares, tail_evaluator, tmp_path):
     """SCAFFOLD's correction c is added to every trainable array's gradient: the weights end up
     fleet_scale * c further along -c than without it (to first order: a small step, a small c)."""
     c = {k: np.full(v.shape, 1e-2, np.float32) for k, v in tail_evaluator.initial.items() if k not in STATS}
@@ -232,3 +232,58 @@ def test_all_every_array_of_the_model_travels(shares, tmp_path, monkeypatch_modu
                                        train_layers="all", lr=1e-12), ev.initial, 1)
     assert set(still) == set(ev.initial) and res.fleet_statistics == ev.statistics
     np.testing.assert_allclose(still["digits_conv0_weight"], ev.initial["digits_conv0_weight"], atol=1e-6)
+
+
+# --- which engine trains a round: NumPy (no mxnet in the process), else MXNet, with the same arrays ---------
+
+ROUND_CHILD = """
+import json, sys
+import numpy as np
+from edgetrain.fleet.local import LocalSpec, train_round
+start = dict(np.load(sys.argv[3]))
+out, res = train_round(LocalSpec(model=sys.argv[1], data=sys.argv[2], workdir=sys.argv[4], threads=1,
+                                 train_layers=sys.argv[5]), start, 1)
+print(json.dumps({"mxnet_imported": "mxnet" in sys.modules, "arrays": sorted(out), "notes": res.notes}))
+"""
+
+
+@pytest.mark.parametrize("layers", ["head", "last:2"])
+def test_a_round_trains_in_numpy_with_no_mxnet_in_the_process(layers, shares, evaluator, tail_evaluator, tmp_path):
+    """A device's round of head or last:N runs the NumPy engine: once the export is cached (the evaluator
+    made it), mxnet is never imported, and the arrays that travel are the same as the coordinator's."""
+    import json
+    import subprocess
+    import sys
+
+    ev = evaluator if layers == "head" else tail_evaluator
+    np.savez(tmp_path / "start.npz", **ev.initial)
+    out = subprocess.run([sys.executable, "-c", ROUND_CHILD, MODEL, shares["devices"][0], str(tmp_path / "start.npz"),
+                          str(tmp_path / "dev"), layers], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["mxnet_imported"] is False, doc["notes"]
+    assert doc["arrays"] == sorted(ev.initial)
+    assert not any((tmp_path / "dev").glob("round-*"))  # nothing of the round is left behind
+
+
+def test_a_part_numpy_cannot_run_trains_in_mxnet_from_the_same_arrays(shares, tmp_path, mxnet_tail_prefix,
+                                                                      monkeypatch_module):
+    """last:2 through a LayerNorm (before the output layer; with head it stays frozen, in ONNX Runtime):
+    the coordinator's check and the device's round both fall back to MXNet, say so, and the round still
+    starts from (and returns) the global arrays by name."""
+    layers = "last:2"
+    ev = Evaluator(LocalSpec(model=str(mxnet_tail_prefix), data=shares["val"], workdir=str(tmp_path / "ev"),
+                             threads=1, train_layers=layers), shares["val"])
+    assert "trains in MXNet" in " ".join(ev.job.notes) and "LayerNorm" in " ".join(ev.job.notes)
+    rng = np.random.RandomState(2)
+    start = {k: (np.abs(rng.normal(size=v.shape)) + 0.5 if k in ev.statistics else rng.normal(size=v.shape))
+             .astype(np.float32) for k, v in ev.initial.items()}
+    still, res = train_round(LocalSpec(model=str(mxnet_tail_prefix), data=shares["devices"][0],
+                                       workdir=str(tmp_path / "dev"), threads=1, train_layers=layers, lr=1e-12),
+                             start, 1)
+    assert "trains in MXNet" in " ".join(res.notes)
+    assert set(still) == set(start) and res.fleet_statistics == ev.statistics
+    for k in start:
+        if k not in ev.statistics:
+            np.testing.assert_allclose(still[k], start[k], atol=1e-6)
+    assert 0.0 <= ev.top1(still) <= 1.0

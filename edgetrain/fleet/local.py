@@ -4,14 +4,14 @@ A round on a device is an ordinary ``edgetrain finetune`` job (frozen part in ON
 cached, micro-batches within the memory budget, threads capped) whose trainable part starts from the
 *global* weights the coordinator sent:
 
-- ``--train-layers head``: the engine's head-only job (``edgetrain.training._NumpyJob``, the output
-  layer trained in NumPy); the output layer's weight and bias travel.
-- ``--train-layers last:N`` (or ``all``): the engine's general job (``edgetrain.training._Job``, the tail
-  trained in MXNet); every array of the tail travels: its trainable parameters (weights, biases,
-  BatchNorm gamma/beta) and its BatchNorm running statistics (mean, variance). The statistics are not
-  trained by gradients: they travel as float32 whatever the codec (a variance must stay positive; they
-  are two numbers per channel), are averaged weighted by samples like the rest, and get no SCAFFOLD
-  control variate.
+- ``--train-layers head`` or ``last:N``: the engine's NumPy job (``edgetrain.training._NumpyJob``: the
+  trained part in NumPy, no mxnet in the round), or, for a trained part NumPy cannot run (an op it lacks),
+  the engine's general job in MXNet (``_Job``), as ``edgetrain finetune`` does; ``all``: the general job.
+- What travels is every array of the trained part: its trainable parameters (weights, biases, BatchNorm
+  gamma/beta) and its BatchNorm running statistics (mean, variance), named as in the model's graph by
+  either engine. The statistics are not trained by gradients: they travel as float32 whatever the codec
+  (a variance must stay positive; they are two numbers per channel), are averaged weighted by samples like
+  the rest, and get no SCAFFOLD control variate.
 
 The engine is used as it is; the one hook is here: once the job has built the trainable part, it is
 overwritten with the global arrays, and a global array whose name or shape does not match the device's
@@ -52,18 +52,19 @@ def check_shapes(mine: dict[str, np.ndarray], theirs: dict[str, tuple], where: s
     raise ShapeMismatch(what, where, fix)
 
 
-class _FleetHeadJob(ft._NumpyJob):
-    """A head-only fine-tune (trained in NumPy) whose output layer starts from given arrays (``initial``)."""
+class _FleetNumpyJob(ft._NumpyJob):
+    """``head`` / ``last:N`` trained in NumPy, starting from given arrays (``initial``); where NumPy cannot
+    train the part, the job becomes a _FleetTailJob (MXNet) with the same arrays."""
 
     initial: dict[str, np.ndarray] | None = None
     mismatch_where = "global weights"
 
+    @property
+    def fallback(self) -> type:
+        return _FleetTailJob
+
     def _load(self):
-        try:
-            super()._load()
-        except ft._NotNumpy as exc:
-            raise UsageError(f"the model's output layer cannot be trained without mxnet: {exc}", self.model,
-                             "fleet trains such a model with --train-layers last:N or all") from None
+        super()._load()
         if self.initial is not None:
             check_shapes(self.trainable_arrays(), {k: v.shape for k, v in self.initial.items()}, self.mismatch_where,
                          "every device must fine-tune the same model for the same classes (same class_names)")
@@ -77,8 +78,11 @@ class _FleetHeadJob(ft._NumpyJob):
         super()._make_training()
         self.opt = _Corrected(self.opt, {k: self.correction[k] for k in self.weights} if self.correction else None)
 
+    def _write_model(self, extra: dict) -> None:
+        pass  # a round's result is its arrays (they travel); no PREFIX model is written per round
+
     def trainable_arrays(self) -> dict[str, np.ndarray]:
-        """The part that travels: the trained arrays (and any running statistics), by parameter name."""
+        """The part that travels: the trained arrays and the running statistics, by parameter name."""
         return {**self.weights, **self.stats}
 
     def statistics(self) -> set[str]:
@@ -173,9 +177,9 @@ class LocalSpec:
     train_layers: str = "head"
 
 
-def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, initial) -> _FleetHeadJob | _FleetTailJob:
+def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, initial) -> _FleetNumpyJob | _FleetTailJob:
     layers = parse_train_layers(spec.train_layers)
-    cls = _FleetHeadJob if layers.kind == "last" and layers.n == 1 else _FleetTailJob
+    cls = _FleetNumpyJob if layers.kind == "last" else _FleetTailJob
     # model_construct: internal values (epochs=0 evaluates only), not a user's input to validate
     opts = FinetuneOptions.model_construct(data=str(data), out=str(outdir), epochs=epochs, batch_size=spec.batch_size,
                                            lr=spec.lr, optimizer=spec.optimizer, seed=spec.seed, params=spec.params)
@@ -212,19 +216,23 @@ def train_round(spec: LocalSpec, global_arrays: dict[str, np.ndarray], round_no:
 
 class Evaluator:
     """The coordinator's held-out check: the frozen part's features computed once, then top-1 of any
-    trainable arrays (the output layer in NumPy; a last:N tail in MXNet, BatchNorm in inference mode with
-    the running statistics given). Also gives the starting global arrays (the engine's own initialisation)
+    trainable arrays (in NumPy, or in MXNet where NumPy cannot run the part; BatchNorm in inference mode
+    with the running statistics given). Also gives the starting global arrays (the engine's own initialisation)
     and ``statistics``, the names among them that no gradient trains."""
 
     def __init__(self, spec: LocalSpec, val: str):
         runtime.apply_threads(spec.threads, strict=False)
         self.job = job = _job(spec, val, Path(spec.workdir) / "eval", 0, None)
         job.outdir.mkdir(parents=True, exist_ok=True)
-        job._load()
+        try:
+            job._load()
+        except ft._NotNumpy as exc:  # as a device's round does: the part trains (and is evaluated) in MXNet
+            job.become_fallback(exc)
+            job._load()
         self.classes = list(job.classes)
         ds = job.train_ds
         batches = [np.arange(s, min(s + 256, len(ds))) for s in range(0, len(ds), 256)]
-        if isinstance(job, _FleetHeadJob):
+        if isinstance(job, _FleetNumpyJob):
             session = ft._ort_session(job.prep_dir / ft.FROZEN_ONNX, job.threads, True)
             name = session.get_inputs()[0].name
             feats = [session.run(None, {name: ds.batch(idx)})[0] for idx in batches]
