@@ -32,6 +32,7 @@ _WHAT = {
     "model_ref": "MODEL reference",
     "engine": "training engine",
     "input_shape": "input shape",
+    "normalisation": "normalisation (--mean/--std)",
     "train_layers": "--train-layers",
     "batch_size": "--batch-size",
     "optimizer": "--optimizer",

@@ -136,7 +136,7 @@ def load_gluon(text: str, params: str | None = None, input_shape: tuple[int, int
     else:
         model = _load_factory(ref, params, input_shape)
     if ref.kind != "prefix":
-        model.preprocess = _with_norm(model.preprocess, mean, std)
+        model.preprocess = with_norm(model.preprocess, mean, std)
     if hybridize:
         model.block.hybridize()
     model.num_classes = _check_runs(model)
@@ -199,7 +199,7 @@ def _load_prefix(ref: ModelRef, input_shape, mean=None, std=None) -> GluonModel:
                          f"{list(pre.std)} (pass --mean/--std if it was trained with others)")
     elif input_shape and tuple(input_shape) != pre.input_shape:
         pre = pre.with_shape(input_shape)
-    pre = _with_norm(pre, mean, std)
+    pre = with_norm(pre, mean, std)
     if pre.input_name != inputs[0]:
         pre = Preprocess(**{**pre.__dict__, "input_name": inputs[0]})
     try:
@@ -211,7 +211,7 @@ def _load_prefix(ref: ModelRef, input_shape, mean=None, std=None) -> GluonModel:
     return GluonModel(block, ref, pre, num_classes=0, notes=notes)
 
 
-def _with_norm(pre: Preprocess, mean, std) -> Preprocess:
+def with_norm(pre: Preprocess, mean, std) -> Preprocess:
     """``pre`` with the mean/std the user gave (either alone keeps the other)."""
     if mean is None and std is None:
         return pre

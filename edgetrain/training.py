@@ -44,7 +44,7 @@ from .errors import EdgetrainError, RunFailed, UsageError
 from .featurecache import FeatureCache
 from .fileio import atomic_path, atomic_write_bytes, atomic_write_text, file_digest
 from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose, graph_costs, plan_job
-from .models import is_factory_ref, load_gluon
+from .models import is_factory_ref, load_gluon, with_norm
 from .netsplit import Graph, _find_cuts, _output_name, cut_for, graph_of, head_units, parse_train_layers, replace_head, split
 from .optimizers import default_lr, make_numpy_optimizer, make_optimizer
 from .options import FinetuneOptions
@@ -277,7 +277,16 @@ class _Job:
     # --- set-up ------------------------------------------------------------------------------------
 
     def _load_data(self, pre):
-        """DATA (and --val, or the split of DATA) read for ``pre``; the classes come from the data."""
+        """DATA (and --val, or the split of DATA) read for ``pre`` (the model's preprocessing, with --mean/--std
+        when given: the data is normalised with them and the written model records them); the classes come
+        from the data."""
+        if self.opts.mean is not None or self.opts.std is not None:
+            given = with_norm(pre, self.opts.mean, self.opts.std)
+            if (given.mean, given.std) != (pre.mean, pre.std):
+                self.notes.append(f"normalisation from --mean/--std: mean {list(given.mean)} std {list(given.std)} "
+                                  f"(the model's: mean {list(pre.mean)} std {list(pre.std)}); the model written "
+                                  "records them")
+            pre = given
         ds = load_data(self.data, pre, max_bytes=_data_budget(self.budget_mb))  # refused from headers if over
         self.notes += ds.notes
         if self.val is not None:
@@ -382,6 +391,7 @@ class _Job:
 
         return {"model": self.model_fp, "model_ref": self.model, "engine": self.engine,
                 "classes": self.classes, "input_shape": list(self.pre.input_shape),
+                "normalisation": [list(self.pre.mean), list(self.pre.std)],
                 "train_layers": self.layers.text, "batch_size": self.batch_size, "optimizer": self.optimizer,
                 "lr": self.lr, "seed": self.seed, "data": _data_fingerprint(self.train_ds), "val": val_fp()}
 

@@ -17,10 +17,6 @@ from ..training import DEFAULT_VAL_SPLIT, FinetuneResult, job_class, prepare_out
 def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = None) -> FinetuneResult:
     """Train MODEL on ``opts.data`` into ``opts.out`` (PREFIX ``OUT/model`` + metrics.json + checkpoint.npz)."""
     threads = runtime.apply_threads(opts.thread_cap(), strict=False)
-    if opts.mean is not None or opts.std is not None:  # never silently ignored
-        raise UsageError("--mean/--std are not applied by finetune yet", "--mean/--std",
-                         'record them beside the model instead: PREFIX-edgetrain.json {"preprocess": {"input_shape": '
-                         '[C, H, W], "mean": [...], "std": [...]}}')
     if opts.val is not None and opts.val_split is not None:
         raise UsageError("--val and --val-split both given", "--val", "give held-out data or a split fraction, not both")
     layers = parse_train_layers(opts.train_layers)

@@ -108,9 +108,9 @@ def _fp32_onnx(model: str, workdir: Path, params, input_shape, progress=None, me
                              model, "export it with `edgetrain export`, or pass the Gluon MODEL it came from")
         if input_shape and tuple(input_shape) != onnx_model.preprocess.input_shape:
             onnx_model.preprocess = onnx_model.preprocess.with_shape(tuple(input_shape))
-        from ..models import _with_norm
+        from ..models import with_norm
 
-        onnx_model.preprocess = _with_norm(onnx_model.preprocess, mean, std)
+        onnx_model.preprocess = with_norm(onnx_model.preprocess, mean, std)
     else:
         if ref.kind == "prefix":
             check_symbol_not_quantized(ref.symbol_file, model)
