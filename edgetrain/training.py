@@ -280,13 +280,13 @@ class _Job:
         """DATA (and --val, or the split of DATA) read for ``pre`` (the model's preprocessing, with --mean/--std
         when given: the data is normalised with them and the written model records them); the classes come
         from the data."""
-        if self.opts.mean is not None or self.opts.std is not None:
-            given = with_norm(pre, self.opts.mean, self.opts.std)
-            if (given.mean, given.std) != (pre.mean, pre.std):
-                self.notes.append(f"normalisation from --mean/--std: mean {list(given.mean)} std {list(given.std)} "
-                                  f"(the model's: mean {list(pre.mean)} std {list(pre.std)}); the model written "
-                                  "records them")
-            pre = given
+        given = with_norm(pre, self.opts.mean, self.opts.std)
+        self.own_norm = (given.mean, given.std) == (pre.mean, pre.std)
+        if not self.own_norm:
+            self.notes.append(f"normalisation from --mean/--std: mean {list(given.mean)} std {list(given.std)} "
+                              f"(the model's: mean {list(pre.mean)} std {list(pre.std)}); the model written "
+                              "records them")
+        pre = given
         ds = load_data(self.data, pre, max_bytes=_data_budget(self.budget_mb))  # refused from headers if over
         self.notes += ds.notes
         if self.val is not None:
@@ -391,7 +391,8 @@ class _Job:
 
         return {"model": self.model_fp, "model_ref": self.model, "engine": self.engine,
                 "classes": self.classes, "input_shape": list(self.pre.input_shape),
-                "normalisation": [list(self.pre.mean), list(self.pre.std)],
+                # only other than the model's own: a checkpoint written before --mean/--std existed resumes
+                "normalisation": None if self.own_norm else [list(self.pre.mean), list(self.pre.std)],
                 "train_layers": self.layers.text, "batch_size": self.batch_size, "optimizer": self.optimizer,
                 "lr": self.lr, "seed": self.seed, "data": _data_fingerprint(self.train_ds), "val": val_fp()}
 
