@@ -286,4 +286,3 @@ def test_a_part_numpy_cannot_run_trains_in_mxnet_from_the_same_arrays(shares, tm
     for k in start:
         if k not in ev.statistics:
             np.testing.assert_allclose(still[k], start[k], atol=1e-6)
-    assert 0.0 <= ev.top1(still) <= 1.0
