@@ -57,7 +57,8 @@ class HostInfo:
         return data
 
 
-def _read(path: str) -> str:
+def read_quietly(path: str) -> str:
+    """A small system file (/proc, /sys, /etc) as text; "" when it cannot be read."""
     try:
         return Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -142,12 +143,12 @@ def emulation_evidence(machine: str, kernel_arch: str | None, cpuinfo_text: str,
 
 
 def _binfmt_enabled(machine: str) -> bool:
-    text = _read(f"/proc/sys/fs/binfmt_misc/qemu-{machine}")
+    text = read_quietly(f"/proc/sys/fs/binfmt_misc/qemu-{machine}")
     return text.splitlines()[0].strip() == "enabled" if text else False
 
 
 def _ram_mb() -> int:
-    m = re.search(r"^MemTotal:\s+(\d+)\s*kB", _read("/proc/meminfo"), re.MULTILINE)
+    m = re.search(r"^MemTotal:\s+(\d+)\s*kB", read_quietly("/proc/meminfo"), re.MULTILINE)
     if m:
         return int(m.group(1)) // 1024
     try:  # not Linux: ask the libc
@@ -158,7 +159,7 @@ def _ram_mb() -> int:
 
 def _os_name() -> str:
     for path in ("/etc/os-release", "/usr/lib/os-release"):
-        m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', _read(path), re.MULTILINE)
+        m = re.search(r'^PRETTY_NAME="?([^"\n]*)"?', read_quietly(path), re.MULTILINE)
         if m:
             return m.group(1)
     return f"{platform.system()} {platform.release()}".strip()
@@ -167,8 +168,8 @@ def _os_name() -> str:
 def detect_host() -> HostInfo:
     """Describe this machine: arch, cores, RAM, CPU, int8 ISA features, OS, and whether it is emulated."""
     machine = platform.machine()
-    cpuinfo = _read("/proc/cpuinfo")
-    kernel_arch = _read("/proc/sys/kernel/arch").strip() or None
+    cpuinfo = read_quietly("/proc/cpuinfo")
+    kernel_arch = read_quietly("/proc/sys/kernel/arch").strip() or None
     logical = os.cpu_count() or 1
     try:
         usable = len(os.sched_getaffinity(0))
@@ -193,7 +194,7 @@ def detect_host() -> HostInfo:
 
 def read_cpuinfo(path: str = "/proc/cpuinfo") -> dict:
     """What doctor reports of the CPU: feature flags, model name, ARM CPU part, processor count."""
-    text = _read(path)
+    text = read_quietly(path)
     info = cpuinfo_fields(text)
     flags = info.get("flags") or info.get("features") or ""
     return {"flags": flags.split(), "processors": sum(1 for ln in text.splitlines() if ln.startswith("processor")),

@@ -50,9 +50,9 @@ def choose_blas_kernels() -> str | None:
 
     if "OPENBLAS_CORETYPE" in os.environ or "numpy" in sys.modules or platform.machine() not in ("x86_64", "AMD64"):
         return None
-    from .host import _read
+    from .host import read_quietly
 
-    core = blas_kernels_for(_read("/proc/cpuinfo"))
+    core = blas_kernels_for(read_quietly("/proc/cpuinfo"))
     if core is not None:
         os.environ["OPENBLAS_CORETYPE"] = core
     return core

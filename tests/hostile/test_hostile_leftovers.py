@@ -67,19 +67,25 @@ def test_profile_stopped_leaves_no_measurement_child(onnx_model, tmp_path, sig):
     proc = faults.start_cli("profile", onnx_model / "net.onnx", "--runs", "1000000", "--warmup", "0",
                             env=env, cwd=tmp_path)
     try:
-        def measuring():
-            return [p for p in faults.processes_with(mark) if "profile_child" in faults.cmdline(p)]
-        assert faults.wait_for(measuring, 120), proc.stderr.read() if proc.poll() is not None else "no child"
-        os.kill(proc.pid, faults.SIGNALS[sig])
-        proc.wait(60)
-        assert faults.wait_for(lambda: not faults.processes_with(mark), 15), \
-            [faults.cmdline(p) for p in faults.processes_with(mark)]
-        assert proc.returncode != 0
+        _stop_while_child_runs(proc, mark, sig, "profile_child")
         if sig != "SIGKILL":
             assert "Traceback" not in proc.stderr.read()
             assert not faults.temp_leftovers(tmp_path)
     finally:
         faults.kill_marked(mark)
+
+
+def _stop_while_child_runs(proc, mark: str, sig: str, child: str) -> None:
+    """Once a child whose command line names ``child`` runs, send ``sig`` to the command: it ends, not with
+    exit 0, and no process of its tree (``mark``) is left."""
+    def running():
+        return [p for p in faults.processes_with(mark) if child in faults.cmdline(p)]
+    assert faults.wait_for(running, 120), proc.stderr.read() if proc.poll() is not None else "no child"
+    os.kill(proc.pid, faults.SIGNALS[sig])
+    proc.wait(60)
+    assert faults.wait_for(lambda: not faults.processes_with(mark), 15), \
+        [faults.cmdline(p) for p in faults.processes_with(mark)]
+    assert proc.returncode != 0
 
 
 WRITERS = {
@@ -156,14 +162,7 @@ def test_finetune_stopped_while_exporting_leaves_no_child(tmp_path, sig, layers)
     proc = faults.start_cli("finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", out,
                             "--train-layers", layers, "--threads", "1", env=env, cwd=tmp_path)
     try:
-        def exporting():
-            return [p for p in faults.processes_with(mark) if "_prepare_main" in faults.cmdline(p)]
-        assert faults.wait_for(exporting, 120), proc.stderr.read() if proc.poll() is not None else "no child"
-        os.kill(proc.pid, faults.SIGNALS[sig])
-        proc.wait(60)
-        assert faults.wait_for(lambda: not faults.processes_with(mark), 15), \
-            [faults.cmdline(p) for p in faults.processes_with(mark)]
-        assert proc.returncode != 0
+        _stop_while_child_runs(proc, mark, sig, "_prepare_main")
         if sig != "SIGKILL":
             assert "Traceback" not in proc.stderr.read()
             assert not out.exists() and not faults.temp_leftovers(tmp_path)
