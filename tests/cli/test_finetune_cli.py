@@ -194,15 +194,24 @@ def test_corrupt_checkpoint_is_refused(cli, digits_npz, finished, tmp_path):
     assert _snapshot(out) == before
 
 
+@pytest.mark.parametrize("head", ["kept", "replaced"])
 @pytest.mark.parametrize("layers", ["head", "last:2", "all"])
-def test_mean_std_normalise_the_data_and_the_model_records_them(cli, digits_npz, finished, layers, tmp_path):
-    """--mean/--std replace the model's normalisation for every engine: the model's own values give the same
-    weights bit for bit as leaving them out, others give other weights, the written model records what it
-    was trained with (so quantize, export and predict use them), and a resume with others is refused."""
+def test_mean_std_normalise_the_data_and_the_model_records_them(cli, digits_npz, finished, layers, head, tmp_path):
+    """--mean/--std replace the model's normalisation for every engine, with the output layer kept (digits
+    0-4, the base's five classes) or replaced (all ten): the model's own values give the same weights bit for bit as leaving them out,
+    others give other weights, the written model records what it was trained with (so quantize, export and
+    predict use them), and a resume with others is refused."""
     from edgetrain.preprocess import read_sidecar
 
+    data = digits_npz
+    if head == "kept":
+        with np.load(digits_npz) as z:
+            keep = z["label"] < 5
+            np.savez(tmp_path / "five.npz", data=z["data"][keep], label=z["label"][keep])
+        data = tmp_path / "five.npz"
+
     def run(out, *extra):
-        res = cli("finetune", BASE, "--data", digits_npz, "-o", out, "--epochs", "1", "--threads", "1",
+        res = cli("finetune", BASE, "--data", data, "-o", out, "--epochs", "1", "--threads", "1",
                   "--train-layers", layers, "--allow-chance", *extra, cwd=tmp_path)  # normalisation, not accuracy
         assert res.code == 0, res.err
         return res
@@ -214,11 +223,12 @@ def test_mean_std_normalise_the_data_and_the_model_records_them(cli, digits_npz,
     assert all(np.array_equal(v, _params(tmp_path / "plain")[k]) for k, v in _params(tmp_path / "own").items())
     res = run(tmp_path / "other", "--mean", "0.25", "--std", "0.125")
     assert "normalisation from --mean/--std: mean [0.25] std [0.125]" in res.err
+    assert ("output layer replaced" in res.err) is (head == "replaced")
     rec = read_sidecar(tmp_path / "other" / "model")
     assert (rec.mean, rec.std) == ((0.25,), (0.125,)) and rec.mean != own.mean
     assert any(not np.array_equal(v, _params(tmp_path / "plain")[k]) for k, v in _params(tmp_path / "other").items())
     before = _snapshot(tmp_path / "other")
-    res = cli("finetune", BASE, "--data", digits_npz, "-o", tmp_path / "other", "--epochs", "2", "--threads", "1",
+    res = cli("finetune", BASE, "--data", data, "-o", tmp_path / "other", "--epochs", "2", "--threads", "1",
               "--train-layers", layers, "--mean", "0.5", "--std", "0.125", "--resume", cwd=tmp_path)
     assert_user_error(res, 2, "normalisation (--mean/--std) differ from the checkpoint's")
     assert _snapshot(tmp_path / "other") == before
