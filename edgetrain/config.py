@@ -50,7 +50,7 @@ def validate(data: object, schema: type[M], source: str) -> M:
             what = f"missing field '{path}'"
             fix = "add it"
         else:
-            what = f"bad value for '{path}': {err['msg']}"
+            what = f"bad value for '{path}': {str(err['msg']).removeprefix('Value error, ')}"
             import reprlib
 
             fix = f"got {reprlib.repr(err.get('input'))}"  # bounded: the input may be huge

@@ -116,7 +116,8 @@ def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
 def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
     least = estimate(c, 1, 1, "disk" if c.has_frozen else "none", scale)
     need = least / HEADROOM
-    parts = (f"{c.base_mb:.0f} MB for Python, mxnet, the model and data index, "
+    parts = (f"{c.base_mb:.0f} MB for the process before its first pass (Python, the runtimes loaded, the model, "
+             "the data index), "
              f"{(c.frozen_per_sample if c.has_frozen else c.train_per_sample) * scale:.1f} MB per sample in a pass")
     if c.base_mb + FIXED_OVERHEAD_MB >= budget_mb * HEADROOM:
         fix = (f"a budget below {need:.0f} MB is impossible for this model here; raise --memory-budget, "

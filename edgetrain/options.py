@@ -1,20 +1,22 @@
 """Each command's options, declared once.
 
-A command's options are one pydantic model below. The click flags (``edgetrain.cli``), the Python API's
-keyword arguments (``edgetrain.quantize(...)`` etc.) and the recipe steps (``recipes/*.yaml``) are all made
-from it, so a default, a constraint or a flag name has exactly one home. Each field carries its flag, help
-text and whether a recipe step may set it (``recipe=False``: the recipe or the run folder supplies it).
+A command's options are one class below: each field an ``opt(...)`` with its type (the annotation), default,
+bounds, flag, help text and whether a recipe step may set it (``recipe=False``: the recipe or the run folder
+supplies it). The click flags (``edgetrain.cli``), the Python API's keyword arguments (``edgetrain.quantize(...)``
+etc.) and the recipe steps (``recipes/*.yaml``) are all made from it, so a default, a constraint or a flag name
+has exactly one home.
 
 Values are parsed once, here, into what the library uses: sizes into megabytes (a bare number *is*
 megabytes, never bytes), shapes into (C, H, W), rates into inferences per hour, ``train_layers`` checked.
+The declarations are plain Python, not pydantic: every command imports this module, and on a Pi the
+import and first validation of a pydantic model cost more than the work of a short command (issue 13).
+pydantic stays where YAML is read (recipes, device profiles).
 """
-from __future__ import annotations
-
 import math
+import os
 import re
+import typing
 from typing import Annotated, Any, Literal, Optional
-
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .errors import UsageError
 from .netsplit import parse_train_layers
@@ -23,14 +25,253 @@ from .preprocess import parse_shape
 OPSETS = (12, 13)  # the opsets mxnet 1.9.1's ONNX translations are written for
 DEFAULT_OPSET = 13
 MAX_THREADS = 256
+REQUIRED = ...  # opt()'s default for an option with no default
 
 
-def opt(default: Any = ..., *, help: str, flag: str | None = None, short: str | None = None,
-        metavar: str | None = None, recipe: bool = True, **constraints) -> Any:
+# --- the declaration: fields, their types, their checks ------------------------------------------------
+
+class Parse:
+    """Annotation marker: this function reads the value (instead of the type's own reading); it may raise
+    UsageError or ValueError("what; fix")."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+class Then:
+    """Annotation marker: this function checks (and may normalise) the value after the type's reading."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+class Range:
+    """Annotation marker: numeric bounds (as opt()'s ge/gt/le/lt)."""
+
+    def __init__(self, **bounds):
+        self.bounds = bounds
+
+
+_TRUE = {"true", "t", "yes", "y", "on", "1"}
+_FALSE = {"false", "f", "no", "n", "off", "0"}
+_BOUND_WORDS = {"ge": "greater than or equal to", "gt": "greater than", "le": "less than or equal to",
+                "lt": "less than"}
+
+
+def _read_bool(value):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError("Input should be a valid boolean")
+
+
+def _read_int(value):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    raise ValueError("Input should be a valid integer")
+
+
+def _read_float(value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError("Input should be a valid number") from None
+    else:
+        raise ValueError("Input should be a valid number")
+    if not math.isfinite(number):
+        raise ValueError("Input should be a finite number")
+    return number
+
+
+def _read_str(value):
+    if isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise ValueError("Input should be a valid string")
+
+
+_READERS = {bool: _read_bool, int: _read_int, float: _read_float, str: _read_str}
+
+
+class Opt:
+    """One declared option: what ``opt()`` returns in a class body; the class collects it as a field."""
+
+    def __init__(self, default, help: str, flag: str | None, short: str | None, metavar: str | None, recipe: bool,
+                 bounds: dict):
+        self.default, self.help, self.short, self.metavar, self.recipe = default, help, short, metavar, recipe
+        self._flag, self.bounds = flag, dict(bounds)
+        self.name = ""
+        self.optional = False  # None is a value (Optional[...])
+        self.base: Any = Any  # bool, int, float, str, Any
+        self.choices: tuple | None = None  # a Literal's values
+        self.parse_fn = self.then_fn = None
+
+    def _bind(self, name: str, annotation) -> None:
+        """Read the field's annotation: Optional, Annotated markers, Literal, the base type."""
+        self.name = name
+        while True:
+            origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+            if origin is Annotated:
+                for marker in annotation.__metadata__:
+                    if isinstance(marker, Parse):
+                        self.parse_fn = marker.fn
+                    elif isinstance(marker, Then):
+                        self.then_fn = marker.fn
+                    elif isinstance(marker, Range):
+                        self.bounds = {**marker.bounds, **self.bounds}
+                annotation = args[0]
+            elif origin is typing.Union and type(None) in args:
+                self.optional = True
+                rest = [a for a in args if a is not type(None)]
+                annotation = rest[0] if len(rest) == 1 else Any
+            elif origin is Literal:
+                self.choices, self.base = args, type(args[0])
+                return
+            else:
+                self.base = annotation if annotation in _READERS else Any
+                return
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    @property
+    def flag(self) -> str:
+        """The whole flag declaration: ``--name``, or ``--on/--off`` for a bool."""
+        return self._flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def kind(self) -> str:
+        """For the command line: 'bool', 'choice', 'int', 'float' or 'text'."""
+        if self.choices:
+            return "choice"
+        return {bool: "bool", int: "int", float: "float"}.get(self.base, "text")
+
+    def read(self, value):
+        """The value as the library uses it; ValueError("what; fix") if it is not one this option takes."""
+        if value is None:
+            if self.optional:
+                return None
+            raise ValueError(f"Input should be {'one of the choices' if self.choices else 'a value'}")
+        try:
+            if self.parse_fn is not None:
+                value = self.parse_fn(value)
+                if value is None:
+                    return None
+            elif self.base is not Any:
+                value = _READERS[self.base](value)
+            if self.then_fn is not None:
+                value = self.then_fn(value)
+        except UsageError as exc:
+            raise ValueError(f"{exc.what}; {exc.fix}" if exc.fix else exc.what) from None
+        if self.choices is not None and value not in self.choices:
+            shown = [repr(c) for c in self.choices]
+            raise ValueError("Input should be " + (" or ".join(shown) if len(shown) < 3
+                                                   else ", ".join(shown[:-1]) + " or " + shown[-1]))
+        for bound, limit in self.bounds.items():
+            ok = {"ge": value >= limit, "gt": value > limit, "le": value <= limit, "lt": value < limit}[bound]
+            if not ok:
+                raise ValueError(f"Input should be {_BOUND_WORDS[bound]} {limit}")
+        return value
+
+
+def opt(default: Any = REQUIRED, *, help: str, flag: str | None = None, short: str | None = None,
+        metavar: str | None = None, recipe: bool = True, **bounds) -> Any:
     """A field with its command-line spelling. ``flag`` overrides ``--field-name``; for a bool it may be
-    ``--on/--off``. ``recipe=False``: not settable in a recipe step (the recipe supplies it)."""
-    extra = {"flag": flag, "short": short, "metavar": metavar, "recipe": recipe}
-    return Field(default, description=help, json_schema_extra=extra, **constraints)
+    ``--on/--off``. ``recipe=False``: not settable in a recipe step (the recipe supplies it). ``bounds``:
+    ge, gt, le, lt."""
+    return Opt(default, help, flag, short, metavar, recipe, bounds)
+
+
+class Options:
+    """Base of every command's options: unknown names are errors; values are read and checked once, when the
+    options are made (``Options.parse(values)`` or ``SomeOptions(**values)``), and never change after."""
+
+    fields: dict[str, Opt] = {}
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        # every base's fields, in the order they were first declared (a redeclaration keeps its place)
+        order: dict[str, None] = {}
+        for klass in reversed(cls.__mro__):
+            for name in vars(klass).get("__annotations__", {}):
+                if isinstance(vars(klass).get(name), Opt):
+                    order[name] = None
+        fields = {}
+        for name in order:
+            owner = next(k for k in cls.__mro__ if isinstance(vars(k).get(name), Opt))
+            field = vars(owner)[name]
+            if not field.name:
+                field._bind(name, owner.__annotations__[name])
+            fields[name] = field
+        cls.fields = fields
+
+    def __init__(self, **values):
+        for name, value in self._check(values).items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def _check(cls, values: dict) -> dict:
+        out = {}
+        for name, field in cls.fields.items():
+            if name not in values:
+                if field.required:
+                    raise UsageError(f"missing option {field.flag.split('/')[0]}", field.flag.split("/")[0], "add it")
+                out[name] = field.default
+                continue
+            try:
+                out[name] = field.read(values[name])
+            except ValueError as exc:
+                what, _, fix = str(exc).partition("; ")
+                flag = field.flag.split("/")[0]
+                raise UsageError(f"bad value {repr(values[name])[:40]} for {flag}: {what}", flag,
+                                 fix or "see the command's --help for what it takes") from None
+        for name in values:
+            if name not in cls.fields:
+                raise UsageError(f"unknown option '{name}'", flag_of(cls, name),
+                                 f"known options: {', '.join(sorted(cls.fields))}")
+        return out
+
+    @classmethod
+    def parse(cls, values: dict) -> "Options":
+        """Read and check ``values``; the first problem is one UsageError naming the flag."""
+        return cls(**values)
+
+    @classmethod
+    def unchecked(cls, **values) -> "Options":
+        """Options made by edgetrain itself (not a user's input): the defaults plus ``values``, not checked."""
+        self = cls.__new__(cls)
+        for name, field in cls.fields.items():
+            object.__setattr__(self, name, values.get(name, None if field.required else field.default))
+        return self
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __eq__(self, other):
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
+def flag_of(model: type[Options], name: str) -> str:
+    """The flag a user types for ``name`` (the ``--on`` half of a ``--on/--off`` bool)."""
+    field = model.fields.get(name)
+    return (field.flag if field else "--" + name.replace("_", "-")).split("/")[0]
 
 
 # --- sizes ------------------------------------------------------------------------------------------
@@ -57,16 +298,6 @@ def parse_size(text: str, what: str = "size") -> int:
 
 
 # --- value types: each parsed once ------------------------------------------------------------------
-
-def _reraise(fn):
-    """Run a parser that raises UsageError; pydantic needs ValueError to report the field."""
-    def check(value):
-        try:
-            return fn(value)
-        except UsageError as exc:
-            raise ValueError(f"{exc.what}; {exc.fix}" if exc.fix else exc.what) from None
-    return check
-
 
 def parse_megabytes(value) -> float | None:
     """'512MB', '2GiB', '1.5G', 300 (a bare number is megabytes) -> MiB. Binary units throughout."""
@@ -100,8 +331,8 @@ def _train_layers(value: str) -> str:
 
 
 def _rate(value):
-    if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _read_float(value)
     from .energy import parse_rate  # lazy: a command that takes no rate never loads the energy model
 
     return parse_rate(value)
@@ -132,53 +363,15 @@ def _opset(value: int) -> int:
     return value
 
 
-MemoryMB = Annotated[Optional[float], BeforeValidator(_reraise(parse_megabytes))]
-InputShape = Annotated[Optional[tuple[int, int, int]], BeforeValidator(_reraise(_shape))]
-TrainLayers = Annotated[str, AfterValidator(_reraise(_train_layers))]
-RatePerHour = Annotated[Optional[Annotated[float, Field(gt=0)]], BeforeValidator(_reraise(_rate))]
-ThreadList = Annotated[Optional[list[int]], BeforeValidator(_reraise(lambda v: None if v is None else parse_threads(v)))]
-Opset = Annotated[int, AfterValidator(_opset)]
-Threads = Optional[Annotated[int, Field(ge=1, le=MAX_THREADS)]]
-Positive = Optional[Annotated[float, Field(gt=0, allow_inf_nan=False)]]
-NonNegative = Optional[Annotated[float, Field(ge=0, allow_inf_nan=False)]]
-
-
-class Options(BaseModel):
-    """Base of every command's options: unknown names are errors; values are validated on assignment."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, defer_build=True)
-
-    @classmethod
-    def parse(cls, values: dict, where: str = "") -> "Options":
-        """Validate ``values``; the first problem becomes one UsageError naming the flag (or ``where.field``)."""
-        try:
-            return cls.model_validate(values)
-        except ValidationError as exc:
-            raise usage_error(cls, exc, where) from None
-
-
-
-def flag_of(model: type[BaseModel], name: str) -> str:
-    info = model.model_fields.get(name)
-    extra = (info.json_schema_extra or {}) if info else {}
-    flag = extra.get("flag") or "--" + name.replace("_", "-")
-    return flag.split("/")[0]
-
-
-def usage_error(model: type[BaseModel], exc: ValidationError, where: str = "") -> UsageError:
-    err = exc.errors()[0]
-    name = str(err["loc"][0]) if err["loc"] else ""
-    label = f"{where}.{'.'.join(str(p) for p in err['loc'])}" if where else flag_of(model, name)
-    if err["type"] == "extra_forbidden":
-        known = ", ".join(sorted(model.model_fields))
-        return UsageError(f"unknown option '{name}'", label, f"known options: {known}")
-    if err["type"] == "missing":
-        return UsageError(f"missing option {flag_of(model, name) if not where else name}", label, "add it")
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    what, _, fix = msg.partition("; ")
-    shown = repr(err.get("input"))[:40]
-    return UsageError(f"bad value {shown} for {flag_of(model, name) if not where else name}: {what}", label,
-                      fix or "see the command's --help for what it takes")
+MemoryMB = Annotated[Optional[float], Parse(parse_megabytes)]
+InputShape = Annotated[Optional[tuple[int, int, int]], Parse(_shape)]
+TrainLayers = Annotated[str, Then(_train_layers)]
+RatePerHour = Annotated[Optional[float], Parse(_rate), Range(gt=0)]
+ThreadList = Annotated[Optional[list[int]], Parse(parse_threads)]
+Opset = Annotated[int, Then(_opset)]
+Threads = Annotated[Optional[int], Range(ge=1, le=MAX_THREADS)]
+Positive = Annotated[Optional[float], Range(gt=0)]
+NonNegative = Annotated[Optional[float], Range(ge=0)]
 
 
 # --- what every command shares -------------------------------------------------------------------------
@@ -245,12 +438,12 @@ class QuantizeOptions(ModelOptions):
                       help="The int8 model: FILE.onnx (onnxruntime backend) or PREFIX (mxnet backend).")
     val: Optional[str] = opt(None, metavar="DATA", recipe=False,
                              help="Labelled data to compare fp32 and int8 top-1 on.")
-    max_drop: Annotated[float, Field(ge=0, allow_inf_nan=False)] = opt(
+    max_drop: Annotated[float, Range(ge=0)] = opt(
         1.0, metavar="PTS", help="Largest top-1 drop allowed, in percentage points (needs --val).")
     method: Literal["minmax", "entropy", "percentile"] = opt("minmax", help="How activation ranges are calibrated.")
-    samples: Annotated[int, Field(ge=1)] = opt(300, help="Calibration samples (fewer if --calib has fewer).")
+    samples: Annotated[int, Range(ge=1)] = opt(300, help="Calibration samples (fewer if --calib has fewer).")
     per_channel: bool = opt(True, flag="--per-channel/--per-tensor", help="Weight scales per output channel.")
-    max_fp32_nodes: Optional[Annotated[int, Field(ge=0)]] = opt(
+    max_fp32_nodes: Optional[Annotated[int, Range(ge=0)]] = opt(
         None, metavar="N", help="Most nodes the accuracy search may keep in fp32 (default: half of them; 0: all int8).")
     backend: Literal["onnxruntime", "mxnet"] = opt(
         "onnxruntime", help="onnxruntime: portable QDQ .onnx; mxnet: MXNet oneDNN int8 PREFIX (not exportable to ONNX).")
@@ -285,11 +478,11 @@ class FinetuneOptions(ModelOptions):
     out: str = opt(metavar="OUTDIR", short="-o", recipe=False,
                    help="Folder for the model (OUTDIR/model), metrics.json and the checkpoint.")
     val: Optional[str] = opt(None, metavar="DATA", recipe=False, help="Held-out data to report accuracy on.")
-    val_split: Optional[Annotated[float, Field(gt=0, lt=1)]] = opt(
+    val_split: Optional[Annotated[float, Range(gt=0, lt=1)]] = opt(
         None, metavar="F", recipe=False,
         help="Hold out this fraction of DATA (stratified) for accuracy; default 0.2 unless --val.")
-    epochs: Annotated[int, Field(ge=1)] = opt(10, help="Passes over the training data.")
-    batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = opt(
+    epochs: Annotated[int, Range(ge=1)] = opt(10, help="Passes over the training data.")
+    batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(
         32, help="Effective batch size (micro-batches accumulate up to it).")
     lr: Positive = opt(None, metavar="LR",
                        help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, else 0.003 / 0.05).")
@@ -301,7 +494,7 @@ class FinetuneOptions(ModelOptions):
                                   help="Peak RSS bound for the whole process, e.g. 512MB; a bare number is MB "
                                        "(default: the device's).")
     resume: bool = opt(False, recipe=False, help="Continue the run checkpointed in OUTDIR.")
-    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = opt(0, help="Random seed (0 to 2**32-1).")
+    seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = opt(0, help="Random seed (0 to 2**32-1).")
     power_log: Optional[str] = opt(None, metavar="FILE", recipe=False,
                                    help="A USB power meter's CSV log recorded during the run (timestamp + watts, or "
                                         "volts + amps): the fine-tune's energy is measured from it.")
@@ -322,9 +515,9 @@ class ProfileOptions(ModelOptions, EnergyOptions):
     runtime: Optional[Literal["onnxruntime", "mxnet"]] = opt(
         None, help="Runtime to profile in (default: onnxruntime for .onnx, mxnet for a Gluon MODEL; onnxruntime on "
                    "a Gluon MODEL exports it first, as `edgetrain export` would).")
-    batch: Annotated[int, Field(ge=1, le=65536)] = opt(1, help="Batch size of each inference.")
-    warmup: Annotated[int, Field(ge=0, le=100_000)] = opt(10, help="Untimed runs after the first inference.")
-    runs: Annotated[int, Field(ge=1, le=1_000_000)] = opt(100, help="Timed runs per configuration.")
+    batch: Annotated[int, Range(ge=1, le=65536)] = opt(1, help="Batch size of each inference.")
+    warmup: Annotated[int, Range(ge=0, le=100_000)] = opt(10, help="Untimed runs after the first inference.")
+    runs: Annotated[int, Range(ge=1, le=1_000_000)] = opt(100, help="Timed runs per configuration.")
     report: Optional[str] = opt(None, metavar="PATH", recipe=False,
                                 help="Write a self-contained report (.html or .md).")
     timeout: Positive = opt(None, metavar="S",
@@ -361,15 +554,15 @@ COMMANDS: dict[str, type[Options]] = {
 def recipe_fields(command: str) -> dict[str, Any]:
     """The fields a recipe step may set for ``command``."""
     model = COMMANDS[command]
-    return {n: f for n, f in model.model_fields.items() if (f.json_schema_extra or {}).get("recipe", True)}
+    return {n: f for n, f in model.fields.items() if f.recipe}
 
 
 class PredictOptions(DeviceOptions):
     """``edgetrain predict MODEL DATA``: MODEL (an ONNX file written by edgetrain) and DATA are arguments."""
 
-    top_k: Annotated[int, Field(ge=1, le=1000)] = opt(5, metavar="K", help="Labels shown per input, best first.")
+    top_k: Annotated[int, Range(ge=1, le=1000)] = opt(5, metavar="K", help="Labels shown per input, best first.")
     format: Literal["table", "csv", "jsonl"] = opt("table", help="How each input's top-k labels are written.")
-    batch: Annotated[int, Field(ge=1, le=4096)] = opt(
+    batch: Annotated[int, Range(ge=1, le=4096)] = opt(
         16, help="Inputs per inference (a model exported with a fixed batch runs that many at a time).")
     output: Optional[str] = opt(None, metavar="FILE", short="-o", recipe=False,
                                 help="Write the predictions to FILE (atomically) instead of standard output.")
@@ -388,16 +581,16 @@ class FleetServeOptions(Options):
                         "fleet's).")
     out: str = opt(metavar="RUNDIR", short="-o", recipe=False,
                    help="Folder for the global weights per round, fleet.json, fleet-report.html and logs.")
-    rounds: Annotated[int, Field(ge=1, le=100_000)] = opt(10, help="Federated rounds.")
-    min_clients: Annotated[int, Field(ge=1, le=100_000)] = opt(
+    rounds: Annotated[int, Range(ge=1, le=100_000)] = opt(10, help="Federated rounds.")
+    min_clients: Annotated[int, Range(ge=1, le=100_000)] = opt(
         2, metavar="N", help="Devices to wait for before a round starts (after --join-timeout: whoever is there).")
-    min_updates: Annotated[int, Field(ge=1, le=100_000)] = opt(
+    min_updates: Annotated[int, Range(ge=1, le=100_000)] = opt(
         1, metavar="N", help="Updates a round needs to change the global model (fewer: the round leaves it as it was).")
-    fraction: Annotated[float, Field(gt=0, le=1)] = opt(1.0, metavar="F",
+    fraction: Annotated[float, Range(gt=0, le=1)] = opt(1.0, metavar="F",
                                                          help="Fraction of the available devices asked each round.")
-    round_timeout: Annotated[float, Field(gt=0, le=86_400)] = opt(
+    round_timeout: Annotated[float, Range(gt=0, le=86_400)] = opt(
         600.0, metavar="S", help="Seconds a round waits for updates; a slower device is left out of that round.")
-    join_timeout: Annotated[float, Field(gt=0, le=86_400)] = opt(
+    join_timeout: Annotated[float, Range(gt=0, le=86_400)] = opt(
         300.0, metavar="S", help="Seconds to wait for --min-clients devices before a round starts with fewer.")
     codec: Literal["fp32", "int8", "2bit"] = opt(
         "int8", help="How devices compress their updates: fp32 (none), int8 (per-tensor affine), 2bit (with error "
@@ -405,19 +598,19 @@ class FleetServeOptions(Options):
     aggregate: Literal["scaffold", "fedavg"] = opt(
         "scaffold", help="How updates are combined: scaffold (FedAvg with drift correction: devices that see only "
                          "some classes do not pull the model towards theirs; twice the bytes) or plain fedavg.")
-    epochs: Annotated[int, Field(ge=1, le=10_000)] = opt(1, help="Local epochs per round on each device.")
-    batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = opt(32, help="Effective batch size on the devices.")
+    epochs: Annotated[int, Range(ge=1, le=10_000)] = opt(1, help="Local epochs per round on each device.")
+    batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(32, help="Effective batch size on the devices.")
     lr: Positive = opt(None, metavar="LR", help="Devices' learning rate (default: the fine-tuning engine's).")
     optimizer: Literal["sgd", "adam"] = opt("sgd", help="Devices' optimizer (its state starts afresh each round).")
     train_layers: TrainLayers = opt("head", metavar="head|last:N|all",
                                     help="What the devices train and send: the output layer, the last N trainable "
                                          "layers/blocks (with their BatchNorm statistics), or everything.")
-    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = opt(0, help="Seed of the new output layer and of the devices.")
+    seed: Annotated[int, Range(ge=0, le=2**31 - 1)] = opt(0, help="Seed of the new output layer and of the devices.")
     params: Optional[str] = opt(None, metavar="FILE", recipe=False,
                                 help="Weights for a zoo: or factory model (save_parameters file).")
     listen: str = opt("127.0.0.1", metavar="HOST",
                       help="Address to listen on. Loopback by default; give 0.0.0.0 (with TLS) to accept devices.")
-    port: Annotated[int, Field(ge=1, le=65535)] = opt(9092, help="Port devices connect to (Flower's HTTP APIs).")
+    port: Annotated[int, Range(ge=1, le=65535)] = opt(9092, help="Port devices connect to (Flower's HTTP APIs).")
     tls_cert: Optional[str] = opt(None, metavar="PEM", recipe=False, help="Server certificate (enables TLS).")
     tls_key: Optional[str] = opt(None, metavar="PEM", recipe=False, help="Server private key (with --tls-cert).")
     tls_ca: Optional[str] = opt(None, metavar="PEM", recipe=False, help="CA certificate that signed --tls-cert.")
@@ -441,7 +634,7 @@ class FleetJoinOptions(DeviceOptions):
     memory_budget: MemoryMB = opt(None, metavar="SIZE", help="Peak RSS bound per round (default: the device's).")
     tls_ca: Optional[str] = opt(None, metavar="PEM", recipe=False,
                                 help="CA certificate to verify the coordinator with (enables TLS).")
-    local_port: Optional[Annotated[int, Field(ge=1, le=65535)]] = opt(
+    local_port: Optional[Annotated[int, Range(ge=1, le=65535)]] = opt(
         None, metavar="PORT", help="Loopback port of this device's own Flower runtime API (default: a free one).")
     max_wait: Positive = opt(None, metavar="S", help="Give up after this many seconds without the coordinator "
                                                      "(default: keep trying).")

@@ -10,10 +10,9 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, model_validator
 
 from .config import Strict, validate
 from .data import BUILTIN_PREFIX, BUILTINS
@@ -35,10 +34,14 @@ StepName = Literal["finetune", "quantize", "export", "profile", "report"]
 
 def _step(command: str, **extra):
     """A recipe step's schema: the command's declared options a recipe may set, each optional (left out:
-    the command's own default), with the same types and constraints (edgetrain.options)."""
-    fields = {name: (Optional[info.annotation], FieldInfo.merge_field_infos(info, default=None))
-              for name, info in recipe_fields(command).items()}
+    the command's own default), read and checked by the declaration itself (edgetrain.options)."""
+    fields = {name: (Annotated[Any, BeforeValidator(_reader(field))], Field(None, description=field.help))
+              for name, field in recipe_fields(command).items()}
     return create_model(f"{command.title()}Step", __base__=StepOptions, **fields, **extra)
+
+
+def _reader(field):
+    return lambda value: None if value is None else field.read(value)
 
 
 class StepOptions(BaseModel):

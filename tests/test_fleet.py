@@ -456,7 +456,7 @@ def test_every_option_has_its_flag(name):
     model = {"serve": FleetServeOptions, "join": FleetJoinOptions}[name]
     command = group.get_command(click.Context(group), name)
     params = {p.name: p for p in command.params if isinstance(p, click.Option)}
-    assert set(params) - {"json_path"} == set(model.model_fields)
-    for field, info in model.model_fields.items():
+    assert set(params) - {"json_path"} == set(model.fields)
+    for field, info in model.fields.items():
         assert flag_of(model, field) in params[field].opts
-        assert params[field].required == info.is_required()
+        assert params[field].required == info.required

@@ -22,14 +22,14 @@ def _command(name: str) -> click.Command:
 def test_every_field_has_a_flag_with_the_same_default_and_every_flag_a_field(name):
     model, command = COMMANDS[name], _command(name)
     params = {p.name: p for p in command.params if isinstance(p, click.Option)}
-    assert set(params) - CLI_ONLY == set(model.model_fields), name
-    for field, info in model.model_fields.items():
+    assert set(params) - CLI_ONLY == set(model.fields), name
+    for field, info in model.fields.items():
         p = params[field]
         assert flag_of(model, field) in p.opts, (field, p.opts)
-        assert p.required == info.is_required(), field
-        if not info.is_required():
+        assert p.required == info.required, field
+        if not info.required:
             assert p.default == info.default, (field, p.default, info.default)
-        assert p.help == info.description
+        assert p.help == info.help
 
 
 # One bad value per constraint kind; each must be refused the same way by the CLI, the API and a recipe.
@@ -105,3 +105,64 @@ def test_the_reference_docs_are_generated_from_the_code():
     docs = Path(__file__).resolve().parents[1] / "docs"
     assert (docs / "cli.md").read_text(encoding="utf-8") == cli_reference()
     assert (docs / "formats.md").read_text(encoding="utf-8") == formats_reference()
+
+
+# The declaration reads values itself (no pydantic on the command path): every kind of field, from what the
+# command line (text), the Python API (numbers, bools, paths) and a recipe (YAML scalars) give it.
+READS = [
+    ("epochs", "12", 12), ("epochs", 12, 12), ("epochs", 12.0, 12), ("epochs", " 7 ", 7),
+    ("lr", "0.5", 0.5), ("lr", 1, 1.0), ("memory_budget", 300, 300.0), ("memory_budget", "1GiB", 1024.0),
+    ("resume", "yes", True), ("resume", "off", False), ("resume", 1, True), ("resume", False, False),
+    ("optimizer", "sgd", "sgd"), ("train_layers", " LAST:2 ", "last:2"), ("input_shape", "1,3,32,32", (3, 32, 32)),
+    ("input_shape", [3, 32, 32], (3, 32, 32)), ("val", __import__("pathlib").Path("/x/val"), "/x/val"),
+    ("val_split", "0.25", 0.25), ("seed", 2**32 - 1, 2**32 - 1), ("lr", None, None),
+]
+REFUSED = [
+    ("epochs", "2.5", "valid integer"), ("epochs", True, "valid integer"), ("epochs", 0, "greater than or equal to 1"),
+    ("lr", "fast", "valid number"), ("lr", float("inf"), "finite number"), ("lr", True, "valid number"),
+    ("lr", 0, "greater than 0"), ("val_split", 1, "less than 1"), ("seed", 2**32, "less than or equal to"),
+    ("resume", "maybe", "valid boolean"), ("resume", 2, "valid boolean"), ("optimizer", "SGD", "'sgd' or 'adam'"),
+    ("data", 5, "valid string"), ("epochs", None, "a value"), ("memory_budget", True, "not a size"),
+]
+
+
+@pytest.mark.parametrize("field,value,expected", READS)
+def test_the_declaration_reads_each_kind_of_value(field, value, expected):
+    opts = FinetuneOptions.parse({"data": "d", "out": "o", field: value})
+    assert getattr(opts, field) == expected and type(getattr(opts, field)) is type(expected)
+
+
+@pytest.mark.parametrize("field,value,fragment", REFUSED)
+def test_the_declaration_refuses_with_the_flag_and_the_reason(field, value, fragment):
+    with pytest.raises(UsageError) as err:
+        FinetuneOptions.parse({"data": "d", "out": "o", field: value})
+    assert flag_of(FinetuneOptions, field) in err.value.line() and fragment in err.value.line()
+
+
+def test_options_are_complete_read_only_and_know_their_fields():
+    with pytest.raises(UsageError, match="missing option --out"):
+        FinetuneOptions.parse({"data": "d"})
+    with pytest.raises(UsageError, match="unknown option 'epoch'.*known options: .*epochs"):
+        FinetuneOptions.parse({"data": "d", "out": "o", "epoch": 3})
+    opts = FinetuneOptions(data="d", out="o")
+    assert opts.epochs == FinetuneOptions.fields["epochs"].default == 10 and opts.memory_budget is None
+    with pytest.raises(AttributeError):
+        opts.epochs = 3
+    assert opts == FinetuneOptions.parse({"data": "d", "out": "o", "epochs": "10"}) != FinetuneOptions(data="d", out="p")
+    # edgetrain's own internal values skip the reading (the fleet evaluates with epochs=0), defaults filled in
+    inner = FinetuneOptions.unchecked(data="d", out="o", epochs=0)
+    assert inner.epochs == 0 and inner.batch_size == 32
+
+
+def test_the_command_path_never_imports_pydantic():
+    """The options are read without pydantic (its import and first validation cost ~50 ms and ~20 MB per
+    command); pydantic is loaded only where YAML is read (recipes, device profiles)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, edgetrain.cli.finetune, edgetrain.ops.finetune\n"
+            "from edgetrain.options import FinetuneOptions\n"
+            "FinetuneOptions.parse({'data': 'd', 'out': 'o', 'memory_budget': '200MB', 'train_layers': 'last:2'})\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

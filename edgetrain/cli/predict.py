@@ -1,16 +1,15 @@
 """`edgetrain predict MODEL DATA` as a click command: its --help and its errors.
 
 A command line the light parser (``predict_fast``) reads exactly as click would never gets here: it runs
-without click or pydantic (issue 16: start-up within 10% of a bare ONNX Runtime loop). The flags are
+without click (issue 16: start-up within 10% of a bare ONNX Runtime loop). The flags are
 declared once, by ``options.PredictOptions``; both parsers take them from ``predict_flags.json``, derived
 from that declaration by ``python -m edgetrain.cli.predict --write-flags`` and checked equal to it by a
 test; click checks the values with the declaration's bounds. ``--device`` (a profile to read) takes the
-full pydantic path.
+full path (click, the declaration, pydantic for the profile's YAML).
 """
 from __future__ import annotations
 
 import json
-import typing
 
 import click
 
@@ -19,30 +18,21 @@ from .predict_fast import FLAGS, flag_specs_from_file, run
 
 
 def flag_specs() -> list[dict]:
-    """The click options PredictOptions declares, as plain data (imports pydantic: for writing and checking)."""
-    from ..options import PredictOptions, flag_of
-    from .options import SHARED
+    """The click options PredictOptions declares, as plain data (for writing and checking the JSON)."""
+    from ..options import PredictOptions
+    from .options import ordered_fields
 
     specs = []
-    own = [n for n in PredictOptions.model_fields if n not in SHARED]
-    for name in own + [n for n in PredictOptions.model_fields if n in SHARED]:
-        info = PredictOptions.model_fields[name]
-        extra = info.json_schema_extra or {}
-        spec = {"name": name, "decls": [extra.get("flag") or flag_of(PredictOptions, name)]
-                + ([extra["short"]] if extra.get("short") else []), "help": info.description,
-                "metavar": extra.get("metavar"), "default": info.default, "type": "str"}
-        for arg in (info.annotation, *typing.get_args(info.annotation)):
-            if typing.get_origin(arg) is typing.Literal:
-                spec.update(type="choice", choices=[str(a) for a in typing.get_args(arg)])
-            base = typing.get_args(arg)[0] if typing.get_origin(arg) is typing.Annotated else arg
-            if base is int:
-                spec["type"] = "int"
-                meta = list(info.metadata) + [m for a in typing.get_args(arg)[1:] for m in getattr(a, "metadata", [])]
-                for m in meta:
-                    if hasattr(m, "ge"):
-                        spec["min"] = m.ge
-                    if hasattr(m, "le"):
-                        spec["max"] = m.le
+    for field in ordered_fields(PredictOptions):
+        spec = {"name": field.name, "decls": [field.flag] + ([field.short] if field.short else []), "help": field.help,
+                "metavar": field.metavar, "default": field.default, "type": "str"}
+        if field.kind == "choice":
+            spec.update(type="choice", choices=[str(c) for c in field.choices])
+        elif field.kind == "int":
+            spec["type"] = "int"
+            for bound, key in (("ge", "min"), ("le", "max")):
+                if bound in field.bounds:
+                    spec[key] = field.bounds[bound]
         if spec["type"] == "str" and not spec["metavar"]:
             spec["metavar"] = "TEXT"
         if spec["type"] == "int" and not spec["metavar"]:

@@ -60,8 +60,8 @@ def formats_reference() -> str:
             "folder.\n"]
     for command in ("finetune", "quantize", "export", "profile"):
         out += [f"### `{command}` step\n", "| option | flag | meaning |", "|---|---|---|"]
-        for name, info in recipe_fields(command).items():
-            out.append(f"| `{name}` | `{flag_of(COMMANDS[command], name)}` | {info.description} |")
+        for name, field in recipe_fields(command).items():
+            out.append(f"| `{name}` | `{flag_of(COMMANDS[command], name)}` | {field.help} |")
         out.append("")
     out += ["`profile` also takes `target`: `deployed` (int8 if quantized, else fp32), `fp32` or `int8`. "
             "`report` takes `format`: `html` or `md`, and `fleet`: " + ReportStep.model_fields["fleet"].description

@@ -180,9 +180,9 @@ class LocalSpec:
 def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, initial) -> _FleetNumpyJob | _FleetTailJob:
     layers = parse_train_layers(spec.train_layers)
     cls = _FleetNumpyJob if layers.kind == "last" else _FleetTailJob
-    # model_construct: internal values (epochs=0 evaluates only), not a user's input to validate
-    opts = FinetuneOptions.model_construct(data=str(data), out=str(outdir), epochs=epochs, batch_size=spec.batch_size,
-                                           lr=spec.lr, optimizer=spec.optimizer, seed=spec.seed, params=spec.params)
+    # unchecked: internal values (epochs=0 evaluates only), not a user's input to validate
+    opts = FinetuneOptions.unchecked(data=str(data), out=str(outdir), epochs=epochs, batch_size=spec.batch_size,
+                                    lr=spec.lr, optimizer=spec.optimizer, seed=spec.seed, params=spec.params)
     job = cls(spec.model, opts, layers=layers, val_split=0.0, budget_mb=spec.budget_mb, threads=spec.threads,
               profile=spec.device, progress=lambda info: None)
     job.resume = False

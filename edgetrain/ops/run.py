@@ -200,8 +200,7 @@ def _flags(command: str, options, skip=()) -> list[str]:
         value = getattr(options, name)
         if value is None or name in skip:
             continue
-        on, _, off = ((declared.model_fields[name].json_schema_extra or {}).get("flag")
-                      or "--" + name.replace("_", "-")).partition("/")
+        on, _, off = declared.fields[name].flag.partition("/")
         if isinstance(value, bool):
             argv += [on] if value else [off] if off else []
         elif isinstance(value, (list, tuple)):

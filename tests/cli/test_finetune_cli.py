@@ -241,7 +241,7 @@ def test_mean_std_normalise_the_data_and_the_model_records_them(cli, digits_npz,
     (["--memory-budget", "lots"], ["bad value 'lots' for --memory-budget"]),
     (["--train-layers", "last:0"], ["trains nothing"]),
     (["--train-layers", "last:9"], ["beyond the model's depth", "last:1 to last:4"]),
-    (["--memory-budget", "100MB"], ["memory budget 100 MB is too small", "impossible"]),
+    (["--memory-budget", "60MB"], ["memory budget 60 MB is too small", "impossible"]),
 ])
 def test_bad_options(cli, digits_npz, tmp_path, args, fragments):
     out = tmp_path / "o"
