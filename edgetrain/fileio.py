@@ -12,6 +12,7 @@ import contextlib
 import errno
 import glob
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -405,3 +406,50 @@ def file_digest(path, algorithm: str = "sha256") -> str:
     """Hex digest of a file's bytes, read in chunks."""
     with open(path, "rb") as fh:
         return hashlib.file_digest(fh, algorithm).hexdigest()
+
+
+MEMO_ENTRIES = 512  # the most files a digest memo remembers (the oldest are forgotten first)
+MEMO_SETTLED_NS = 2_000_000_000  # a file changed this close to its hashing is hashed again next time
+
+
+def remembered_digest(path, memo: Path | None) -> str:
+    """``file_digest(path)`` (SHA-256), remembered in the JSON file ``memo`` by the file's identity: device,
+    inode, size, modification and status-change times (git's index does the same). A file whose identity
+    is unchanged is not read again: any write to it, a rename over it or a ``touch`` changes the status-change
+    time, which no user call can set back. A file changed within two seconds of its hashing is hashed
+    again next time (a write in the same clock tick cannot hide). ``memo`` None: always hashed.
+
+    SHA-256 of a 14 MB MobileNetV2 costs ~10 ms here and ~0.15 s on a Raspberry Pi 4 (no SHA
+    instructions); a fine-tune hashes its weights, its exported frozen part and its template every run."""
+    path = Path(path)
+    if memo is None:
+        return file_digest(path)
+    st = path.stat()
+    key = str(path.resolve())
+    ident = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    try:
+        entries = json.loads(memo.read_text(encoding="utf-8"))
+        if not isinstance(entries, dict):
+            entries = {}
+    except (OSError, ValueError):
+        entries = {}
+    known = entries.get(key)
+    if isinstance(known, list) and len(known) == 7 and known[:5] == ident:
+        return known[6]
+    import time
+
+    hashed_at = time.time_ns()
+    digest = file_digest(path)
+    if path.stat().st_ctime_ns != st.st_ctime_ns:  # written while being read: do not remember this one
+        return digest
+    if max(st.st_mtime_ns, st.st_ctime_ns) < hashed_at - MEMO_SETTLED_NS:
+        entries.pop(key, None)
+        entries[key] = [*ident, hashed_at, digest]
+        for old in list(entries)[:-MEMO_ENTRIES]:
+            entries.pop(old)
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(memo, json.dumps(entries), "digest memo")
+        except (OSError, UsageError):
+            pass  # a read-only or full cache folder: hashed every time, as before
+    return digest

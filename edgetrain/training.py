@@ -42,7 +42,7 @@ from .energy import EnergyMeter
 from .compare import chance_check, chance_failure
 from .errors import EdgetrainError, RunFailed, UsageError
 from .featurecache import FeatureCache
-from .fileio import atomic_path, atomic_write_bytes, atomic_write_text, file_digest
+from .fileio import atomic_path, atomic_write_bytes, atomic_write_text, remembered_digest
 from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose, graph_costs, plan_job
 from .models import is_factory_ref, load_gluon, with_norm
 from .netsplit import Graph, _find_cuts, _output_name, cut_for, graph_of, head_units, parse_train_layers, replace_head, split
@@ -57,6 +57,7 @@ FEATURES_FILE = "features.cache"
 RUN_FILES = (ckpt.FILENAME, METRICS, f"{MODEL_NAME}-symbol.json")
 FROZEN_ONNX = "frozen.onnx"  # the frozen part, exported once per run (a resume reuses it)
 PREP_DIR = ".finetune-prep"  # what the mxnet child of a NumPy-trained run leaves for the run (see _NumpyJob)
+DIGEST_MEMO = "digests.json"  # in the cache folder: the SHA-256 of files hashed before (fileio.remembered_digest)
 REFERENCE_FILE = "reference.npz"  # the prep child's Gluon outputs on real samples, for the check in the parent
 VALIDATE_SAMPLES = 4  # real samples the ONNX Runtime frozen part is checked on against Gluon
 FROZEN_TOLERANCE = (1e-4, 1e-3)  # atol (relative to the features' magnitude), rtol
@@ -207,7 +208,8 @@ def _data_budget(budget_mb) -> int | None:
 
 
 def _file_sha(path: Path) -> str:
-    return file_digest(path)
+    root = _cache_root()
+    return remembered_digest(path, root / DIGEST_MEMO if root else None)
 
 
 def _remove_scratch(outdir: Path) -> None:
