@@ -120,13 +120,13 @@ def test_large_jpeg_is_decoded_at_reduced_size_with_nearly_the_same_pixels(tmp_p
     """A JPEG much larger than the model's input is decoded in the DCT domain (Pillow's draft): the result
     has the model's shape and is within 0.005 mean / 0.03 max (on the 0..1 scale, i.e. ~1 and ~8 levels
     of 255) of a full decode + resize; it is not the full decode bit for bit (the fast path was taken)."""
-    from edgetrain.data import read_image
+    from edgetrain.data import read_image, unit_scale
 
     pre = default_for_shape((3, 40, 40))
     f = tmp_path / "big.jpg"
     _photo(f, 400)  # 10x the input: drafted to 1/4 (100 px, >= 2 x 40)
-    got, want = read_image(f, pre), _full_decode(f, pre.hw)
-    assert got.shape == want.shape == (40, 40, 3) and got.dtype == np.float32
+    got, want = unit_scale(read_image(f, pre)), _full_decode(f, pre.hw)
+    assert got.shape == want.shape == (40, 40, 3) and read_image(f, pre).dtype == np.uint8
     diff = np.abs(got - want)
     assert diff.mean() < 0.005 and diff.max() < 0.03, (diff.mean(), diff.max())
     assert not np.array_equal(got, want)
@@ -136,14 +136,14 @@ def test_small_jpeg_and_png_decode_in_full(tmp_path):
     """No reduced decode when the image is not at least twice the input size, nor for other formats."""
     from PIL import Image
 
-    from edgetrain.data import read_image
+    from edgetrain.data import read_image, unit_scale
 
     pre = default_for_shape((3, 40, 40))
     _photo(tmp_path / "small.jpg", 60)
     _photo(tmp_path / "big.jpg", 400)
     Image.open(tmp_path / "big.jpg").save(tmp_path / "big.png")
     for name in ("small.jpg", "big.png"):
-        assert np.array_equal(read_image(tmp_path / name, pre), _full_decode(tmp_path / name, pre.hw)), name
+        assert np.array_equal(unit_scale(read_image(tmp_path / name, pre)), _full_decode(tmp_path / name, pre.hw)), name
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -176,3 +176,21 @@ def test_model_input_is_bit_for_bit_the_plain_formula(shape, hwc, dtype):
     row = np.full((2, *shape), np.nan, np.float32)
     assert to_model_input(img, pre, row[1]) is not None and np.array_equal(row[1], got)
     assert np.isnan(row[0]).all()  # only the given row is written
+
+
+@pytest.mark.parametrize("shape,hwc", [((3, 40, 56), (40, 56, 3)), ((1, 8, 8), (8, 8, 1)),
+                                       ((3, 16, 16), (16, 16, 1)), ((1, 12, 10), (12, 10, 3)),
+                                       ((3, 20, 24), (31, 17, 3))])
+def test_an_8bit_image_gives_the_bits_of_its_float_pixels(shape, hwc):
+    """An image file is read as uint8 (its float copy and /255 array cost 0.2 ms a 160x160 image); the model
+    input is bit for bit what float32(pixel) / 255 gives, at the model's size or converted."""
+    from edgetrain.data import to_model_input, unit_scale
+    from edgetrain.preprocess import default_for_shape
+
+    pre = default_for_shape(shape)
+    img = np.random.RandomState(5).randint(0, 256, hwc).astype(np.uint8)
+    as_float = img.astype(np.float32) / 255.0  # what the reader gave before
+    assert np.array_equal(unit_scale(img), as_float) and unit_scale(as_float) is as_float
+    row = np.full((2, *shape), np.nan, np.float32)
+    to_model_input(img, pre, row[0])
+    assert np.array_equal(row[0], to_model_input(as_float, pre)) and np.isnan(row[1]).all()

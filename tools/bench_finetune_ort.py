@@ -4,7 +4,8 @@ The job of issue 13: MobileNetV2-1.0 at 160x160, 256 PNGs in 10 classes (generat
 batch 32, 3 epochs, 2 threads, head only; plus `--train-layers last:2` and `--memory-budget 200MB`.
 Every configuration runs as a fresh process, in interleaved rounds (A B C A B C ...). For each run:
 - samples/s over the whole command = trained samples (train split x epochs) / the process's wall time,
-  the same formula for every side;
+  the same formula for every side; "x ref" divides the medians, "paired" is the median of each round's
+  own ratio (reference wall / this wall, run back to back: steadier when the host's load drifts);
 - CPU seconds (user + sys of the process and the children it waited for), beside the wall time: on a
   shared host the wall time swings with the other load, the CPU time much less;
 - peak RSS = the largest single process of the run's tree (wait4's ru_maxrss: VmHWM of the process or
@@ -251,7 +252,7 @@ def main(argv=None) -> int:
     ref_ok = [m for m in ref if m["code"] == 0]
     ref_rate = statistics.median(n_train * EPOCHS / m["wall"] for m in ref_ok) if ref_ok else None
     ref_rss = statistics.median(m["max_rss_mb"] for m in ref_ok) if ref_ok else None
-    print(f"\n{'configuration':26}{'samples/s':>10}{'x ref':>7}{'peak RSS':>10}{'x ref':>7}{'tree RSS':>10}"
+    print(f"\n{'configuration':26}{'samples/s':>10}{'x ref':>7}{'paired':>8}{'peak RSS':>10}{'x ref':>7}{'tree RSS':>10}"
           f"{'wall s':>8}{'cpu s':>7}{'top-1':>7}  (medians of {args.rounds} interleaved rounds)")
     for tag, runs in results.items():
         ok = [m for m in runs if m["code"] == 0]
@@ -266,8 +267,12 @@ def main(argv=None) -> int:
         doc = ok[-1]["doc"] or {}
         acc = doc.get("final_accuracy", doc.get("accuracy"))
         xr = f"{rate / ref_rate:7.2f}" if ref_rate else f"{'':7}"
+        # paired: the median of each round's own ratio (the reference's wall / this one's, run back to back),
+        # steadier than the ratio of medians when the host's load drifts between rounds
+        pairs = [a["wall"] / b["wall"] for a, b in zip(ref, runs) if a["code"] == 0 and b["code"] == 0]
+        xp = f"{statistics.median(pairs):8.2f}" if pairs and ref_rate else f"{'':8}"
         xm = f"{rss / ref_rss:7.2f}" if ref_rss else f"{'':7}"
-        print(f"{tag:26}{rate:10.1f}{xr}{rss:10.0f}{xm}{tree:10.0f}{wall:8.2f}{cpu:7.2f}{acc if acc is None else round(acc, 3):>7}"
+        print(f"{tag:26}{rate:10.1f}{xr}{xp}{rss:10.0f}{xm}{tree:10.0f}{wall:8.2f}{cpu:7.2f}{acc if acc is None else round(acc, 3):>7}"
               + ("" if len(ok) == len(runs) else f"  ({len(runs) - len(ok)} failed)"))
     for today in [t for t in results if t.startswith("today last:2")]:
         a = [m for m in results.get("edgetrain last:2", []) if m["code"] == 0]
