@@ -241,10 +241,11 @@ def ort_session(model, threads: int | None = None, optimize: bool = True, **kw):
 
 
 def ort_session_options(threads: int | None = None, optimize: bool = True, *, spinning: bool = False,
-                        arena: bool = True):
+                        stop_spinning_after_run: bool = False, arena: bool = True):
     """ONNX Runtime session options with the thread cap applied (intra-op threads, sequential).
     ``spinning``: ORT's workers spin between runs (faster for back-to-back runs such as a feature pass;
-    otherwise they burn a core after each run, waste on a battery). ``arena``: ORT's CPU memory arena (off
+    otherwise they burn a core after each run, waste on a battery). ``stop_spinning_after_run``: they spin
+    within a run only (other work between runs gets the cores). ``arena``: ORT's CPU memory arena (off
     under a tight memory budget)."""
     ort = onnxruntime()
 
@@ -254,6 +255,8 @@ def ort_session_options(threads: int | None = None, optimize: bool = True, *, sp
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     if not spinning:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif stop_spinning_after_run:
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
     opts.enable_cpu_mem_arena = arena
     opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                      else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)

@@ -63,11 +63,12 @@ class Dataset:
     def num_classes(self) -> int:
         return len(self.class_names)
 
-    def batch(self, idx) -> np.ndarray:
-        """Preprocessed float32 samples (len(idx), C, H, W)."""
+    def batch(self, idx, out: np.ndarray | None = None) -> np.ndarray:
+        """Preprocessed float32 samples (len(idx), C, H, W), written into ``out`` when given."""
         idx = np.asarray(idx, dtype=np.int64)
         src = self._index[idx] if self._index is not None else idx
-        out = np.empty((len(idx), *self.preprocess.input_shape), dtype=np.float32)
+        if out is None:
+            out = np.empty((len(idx), *self.preprocess.input_shape), dtype=np.float32)
         for i, j in enumerate(src):
             to_model_input(self._raw(int(j)), self.preprocess, out[i])
         return out
@@ -119,6 +120,42 @@ class Dataset:
 def unit_scale(img: np.ndarray) -> np.ndarray:
     """A reader's sample on the [0, 1] scale: an 8-bit image (uint8) as float32 pixel / 255, else as it is."""
     return img.astype(np.float32) / np.float32(255.0) if img.dtype == np.uint8 else img
+
+
+class ParallelReader:
+    """``Dataset.batch`` on ``threads`` threads: this one and ``threads - 1`` helpers, each decoding a share
+    of the rows into one batch (Pillow's decoders and NumPy's arithmetic release the GIL). For work that
+    alternates with a runtime on the same cores, never beside it: the feature pass decodes, then ONNX
+    Runtime runs (its workers told to stop spinning after each run), so no more than ``threads`` threads
+    are busy at any moment."""
+
+    def __init__(self, threads: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.parts = max(1, threads)
+        self.helpers = (ThreadPoolExecutor(self.parts - 1, thread_name_prefix="edgetrain-decode")
+                        if self.parts > 1 else None)
+
+    def batch(self, ds: "Dataset", idx) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        out = np.empty((len(idx), *ds.preprocess.input_shape), dtype=np.float32)
+        parts = min(self.parts, len(idx))
+        if self.helpers is None or parts < 2:
+            return ds.batch(idx, out)
+        cuts = [len(idx) * k // parts for k in range(parts + 1)]
+        shares = [self.helpers.submit(ds.batch, idx[a:b], out[a:b]) for a, b in zip(cuts[1:-1], cuts[2:])]
+        try:
+            ds.batch(idx[:cuts[1]], out[:cuts[1]])
+        finally:
+            for share in shares:  # every helper done before the batch is used or an error leaves
+                share.exception()
+        for share in shares:
+            share.result()  # a helper's error (an image that cannot be decoded) is raised here
+        return out
+
+    def close(self) -> None:
+        if self.helpers is not None:
+            self.helpers.shutdown(wait=True)
 
 
 def to_model_input(img: np.ndarray, pre: Preprocess, out: np.ndarray | None = None) -> np.ndarray:

@@ -19,6 +19,9 @@ from .netsplit import _output_name
 
 MB = 1024 * 1024
 FEATURE_BATCHES = (32, 16, 8, 4, 2, 1)
+# the feature pass decodes this many samples at a time (at least one feature batch), split between its
+# threads, then runs them through the frozen part batch by batch (data.ParallelReader)
+READ_AHEAD = 8
 # without a budget: keep one pass's activations moderate; throughput barely grows past these batches
 UNBUDGETED_FROZEN_MB = 160.0
 UNBUDGETED_TRAIN_MB = 768.0
@@ -80,7 +83,7 @@ def divisors_desc(n: int) -> list[int]:
 
 def estimate(c: Costs, fb: int, m: int, cache: str, scale: float = 1.0) -> float:
     frozen = c.frozen_per_sample * fb * scale if c.has_frozen else 0.0
-    inputs = c.input_per_sample * (fb if c.has_frozen else m) * 2
+    inputs = c.input_per_sample * (max(fb, READ_AHEAD) if c.has_frozen else m) * 2
     train = c.train_per_sample * m * scale
     cache_mb = c.cache_mb if cache == "memory" else 0.0
     return c.base_mb + c.params_mb + frozen + train + inputs + cache_mb + FIXED_OVERHEAD_MB

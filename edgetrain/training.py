@@ -37,13 +37,13 @@ import numpy as np
 from . import _lazy, child, procmem, runtime
 from . import checkpoint as ckpt
 from .compat import mxnet_onnx
-from .data import load_data
+from .data import ParallelReader, load_data
 from .energy import EnergyMeter
 from .compare import chance_check, chance_failure
 from .errors import EdgetrainError, RunFailed, UsageError
 from .featurecache import FeatureCache
 from .fileio import atomic_path, atomic_write_bytes, atomic_write_text, remembered_digest
-from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose, graph_costs, plan_job
+from .memplan import FEATURE_BATCHES, MB, READ_AHEAD, Costs, MemoryPlan, choose, graph_costs, plan_job
 from .models import is_factory_ref, load_gluon, with_norm
 from .netsplit import Graph, _find_cuts, _output_name, cut_for, graph_of, head_units, parse_train_layers, replace_head, split
 from .optimizers import default_lr, make_numpy_optimizer, make_optimizer
@@ -245,8 +245,9 @@ def _frozen_onnx(outdir: Path, fingerprint: str, record: dict | None, export) ->
 
 
 def _ort_session(path: Path, threads: int, arena: bool):
-    """The frozen part's session: run back to back in the feature pass, so its workers spin between runs."""
-    return _lazy.ort_session(path, threads, spinning=True, arena=arena)
+    """The frozen part's session for the feature pass: its workers spin within a run (its many small
+    parallel sections), and stop when a run ends, so the decoding threads between runs have the cores."""
+    return _lazy.ort_session(path, threads, spinning=True, stop_spinning_after_run=True, arena=arena)
 
 
 def _mismatch(got: np.ndarray, want: np.ndarray) -> str | None:
@@ -263,6 +264,7 @@ def _mismatch(got: np.ndarray, want: np.ndarray) -> str | None:
 
 class _Job:
     engine = "mxnet"  # what trains: a checkpoint is resumed only by the same engine
+    frozen_in_ort = False  # the feature pass runs the frozen part in ONNX Runtime (else in MXNet)
 
     def __init__(self, model: str, opts: FinetuneOptions, *, layers, val_split: float | None, budget_mb, threads: int,
                  profile, progress):
@@ -425,22 +427,32 @@ class _Job:
         decode_s = frozen_s = 0.0
         sources = [(self.train_ds, 0)] + ([(self.val_ds, len(self.train_ds))] if self.val_ds is not None else [])
         done = 0
-        for ds, offset in sources:
-            for start in range(0, len(ds), fb):
-                idx = np.arange(start, min(start + fb, len(ds)))
-                t1 = time.monotonic()
-                x = ds.batch(idx)  # decoded and preprocessed here, one feature batch at a time
-                if len(idx) < fb:  # same shape every pass: pad, never retrace
-                    x = np.concatenate([x, np.repeat(x[-1:], fb - len(idx), axis=0)])
-                t2 = time.monotonic()
-                feats = run_frozen(x)[: len(idx)]
-                decode_s, frozen_s = decode_s + t2 - t1, frozen_s + time.monotonic() - t2
-                self.cache.write(offset + start, feats)
-                ckpt.kill_point("features")
-                done += len(idx)
-                self._tick("features", done=done, total=rows, t0=t0)
-                if self.stop.signum:
-                    return time.monotonic() - t0
+        # decoded READ_AHEAD samples at a time on the thread cap's threads (in turn with the frozen part,
+        # never beside it); in MXNet (an export that failed) on this thread alone: its OpenMP workers spin
+        reader = ParallelReader((self.threads or runtime.current_threads()) if self.frozen_in_ort else 1)
+        chunk = max(fb, READ_AHEAD)  # a multiple of fb: both are powers of two
+        try:
+            for ds, offset in sources:
+                for first in range(0, len(ds), chunk):
+                    t1 = time.monotonic()
+                    xs = reader.batch(ds, np.arange(first, min(first + chunk, len(ds))))
+                    decode_s += time.monotonic() - t1
+                    for start in range(0, len(xs), fb):
+                        x = xs[start:start + fb]
+                        n = len(x)
+                        if n < fb:  # same shape every pass: pad, never retrace
+                            x = np.concatenate([x, np.repeat(x[-1:], fb - n, axis=0)])
+                        t2 = time.monotonic()
+                        feats = run_frozen(x)[:n]
+                        frozen_s += time.monotonic() - t2
+                        self.cache.write(offset + first + start, feats)
+                        ckpt.kill_point("features")
+                        done += n
+                        self._tick("features", done=done, total=rows, t0=t0)
+                        if self.stop.signum:
+                            return time.monotonic() - t0
+        finally:
+            reader.close()
         self.cache.flush()
         self.notes.append(f"feature pass: {decode_s:.2f}s decoding and preprocessing {rows} samples, "
                           f"{frozen_s:.2f}s in the frozen part")
@@ -775,6 +787,7 @@ class _Job:
                     self.notes.append(f"the export could not be cached ({type(exc).__name__})")
         self.frozen_record = {"fingerprint": self.cache_fp, "sha256": _file_sha(path)}
         name = session.get_inputs()[0].name
+        self.frozen_in_ort = True
         return lambda x: session.run(None, {name: x})[0]
 
     def _finish(self, total: float, feature_seconds: float) -> FinetuneResult:
@@ -1088,6 +1101,7 @@ class _NumpyJob(_Job):
         session = _ort_session(path, self.threads, self.plan.arena)
         name = session.get_inputs()[0].name
         self.frozen_record = {"fingerprint": self.cache_fp, "sha256": self.prep["frozen_sha256"]}
+        self.frozen_in_ort = True
         return lambda x: session.run(None, {name: x})[0]
 
     def _step(self, idx: np.ndarray, labels: np.ndarray) -> tuple[float, int]:

@@ -194,3 +194,40 @@ def test_an_8bit_image_gives_the_bits_of_its_float_pixels(shape, hwc):
     row = np.full((2, *shape), np.nan, np.float32)
     to_model_input(img, pre, row[0])
     assert np.array_equal(row[0], to_model_input(as_float, pre)) and np.isnan(row[1]).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_a_parallel_read_is_the_batch_and_its_errors_name_the_file(tmp_path, threads):
+    """ParallelReader splits a batch's rows between threads: the same array as Dataset.batch for any row
+    count (fewer rows than threads included); an image that cannot be decoded is one UsageError naming it,
+    from whichever thread read it, and every helper has finished when it is raised."""
+    from PIL import Image
+
+    from edgetrain.data import ParallelReader, load_data
+    from edgetrain.errors import UsageError
+    from edgetrain.preprocess import default_for_shape
+
+    rng = np.random.RandomState(1)
+    for cls in ("a", "b"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for k in range(7):
+            Image.fromarray(rng.randint(0, 256, (30, 20, 3), dtype=np.uint8)).save(tmp_path / "imgs" / cls / f"{k}.png")
+    pre = default_for_shape((3, 16, 16))
+    ds = load_data(str(tmp_path / "imgs"), pre)
+    reader = ParallelReader(threads)
+    try:
+        for n in (1, 2, 3, 8, 14):
+            idx = np.arange(14)[::-1][:n]
+            assert np.array_equal(reader.batch(ds, idx), ds.batch(idx))
+        for victim in (0, 13):  # read by this thread, and by a helper
+            path = tmp_path / "imgs" / ("a" if victim < 7 else "b") / f"{victim % 7}.png"
+            good = path.read_bytes()
+            path.write_bytes(good[: len(good) // 2])  # passed the scan, fails to decode now
+            try:
+                with pytest.raises(UsageError, match="cannot be decoded") as info:
+                    reader.batch(ds, np.arange(14))
+                assert str(path) in info.value.line()
+            finally:
+                path.write_bytes(good)
+    finally:
+        reader.close()

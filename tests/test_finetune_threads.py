@@ -67,3 +67,56 @@ def test_the_thread_cap_holds_when_numpy_trains_the_tail(digits_npz, tmp_path):
     only the GEMMs (measured ~20% of the process's CPU; exactly 0 under a cap of 1), so 5% tells them apart."""
     assert busy_worker_threads(1, digits_npz, tmp_path / "one", "last:3", epochs=5, share=0.05) == []
     assert len(busy_worker_threads(2, digits_npz, tmp_path / "two", "last:3", epochs=5, share=0.05)) == 1
+
+
+def _noise_folder(root: Path, per_class: int = 120, size: int = 256) -> Path:
+    """PNGs of noise (they compress badly: a real decode's cost), in two classes."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+        for k in range(per_class):
+            Image.fromarray(rng.randint(0, 256, (size, size, 3), dtype=np.uint8)).save(root / cls / f"{k}.png")
+    return root
+
+
+def feature_pass_threads(threads: int, data: Path, out: Path) -> dict[int, float]:
+    """CPU seconds of each thread of a head fine-tune from its start to its first checkpoint (the feature
+    pass, then one short epoch of a lone output layer), main thread included. OpenBLAS is held to one
+    thread: its pool, started when numpy is imported (before the cap is read), spins ~0.1 s at start-up
+    whatever the cap; a head's matmuls are capped to one thread anyway (runtime.cap_loaded_blas)."""
+    env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
+    env["OPENBLAS_NUM_THREADS"] = "1"
+    proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "finetune", "edgetrain.nets:pretrained_digits",
+                             "--data", str(data), "-o", str(out), "--epochs", "2", "--input-shape", "1,1,64,64",
+                             "--threads", str(threads), "--allow-chance"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen: dict[int, float] = {}
+    try:
+        while not (out / "checkpoint.npz").exists() and proc.poll() is None:
+            try:
+                seen.update(_thread_cpu(proc.pid))
+            except OSError:
+                break
+            time.sleep(0.01)
+    finally:
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return seen
+
+
+def test_the_feature_pass_decodes_on_the_thread_caps_threads_only(tmp_path):
+    """Images are decoded on the cap's threads, in turn with ONNX Runtime (whose workers stop spinning after
+    each run): under a cap of 1 only the main thread works; under 2 others take a share (the control: the
+    measurement sees a second thread when there is one)."""
+    data = _noise_folder(tmp_path / "noise")
+    one = feature_pass_threads(1, data, tmp_path / "one")
+    total = sum(one.values())
+    assert total > 0.2, one  # enough work to measure
+    assert sorted(v for v in one.values() if v > 0.1 * total) == [max(one.values())], one
+    two = feature_pass_threads(2, data, tmp_path / "two")
+    total = sum(two.values())
+    # the decoding helper (~40% of the decoding) and ONNX Runtime's worker, in turn with the main thread
+    assert len([v for v in two.values() if v > 0.1 * total]) >= 2, two
