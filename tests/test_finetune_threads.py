@@ -21,6 +21,17 @@ def _thread_cpu(pid: int) -> dict[int, float]:
     return out
 
 
+def _sample(proc, seen: dict[int, float], until) -> None:
+    """Each thread's CPU seconds of ``proc`` into ``seen`` (threads that exit are kept), every 10 ms, until
+    ``until()`` or the process ends."""
+    while proc.poll() is None and not until():
+        try:
+            seen.update(_thread_cpu(proc.pid))
+        except OSError:
+            break
+        time.sleep(0.01)
+
+
 def busy_worker_threads(threads: int, data: Path, out: Path, layers: str = "all", epochs: int = 2,
                         share: float = 0.2) -> list[float]:
     """CPU seconds of each non-main thread of a training child after its first epoch that did more than
@@ -38,12 +49,7 @@ def busy_worker_threads(threads: int, data: Path, out: Path, layers: str = "all"
             time.sleep(0.02)
         before = _thread_cpu(proc.pid)
         seen = dict(before)
-        while proc.poll() is None:
-            try:
-                seen.update(_thread_cpu(proc.pid))  # keep threads that exit at shutdown
-            except OSError:
-                break
-            time.sleep(0.05)
+        _sample(proc, seen, lambda: False)
     finally:
         _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
@@ -95,12 +101,7 @@ def feature_pass_threads(threads: int, data: Path, out: Path) -> dict[int, float
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     seen: dict[int, float] = {}
     try:
-        while not (out / "checkpoint.npz").exists() and proc.poll() is None:
-            try:
-                seen.update(_thread_cpu(proc.pid))
-            except OSError:
-                break
-            time.sleep(0.01)
+        _sample(proc, seen, (out / "checkpoint.npz").exists)
     finally:
         _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
