@@ -250,7 +250,11 @@ class Options:
 
     @classmethod
     def unchecked(cls, **values) -> "Options":
-        """Options made by edgetrain itself (not a user's input): the defaults plus ``values``, not checked."""
+        """Options made by edgetrain itself (not a user's input): the defaults plus ``values``, not checked
+        (a name that is not a field is a bug here, not a user's error)."""
+        unknown = set(values) - set(cls.fields)
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field(s) {', '.join(sorted(unknown))}")
         self = cls.__new__(cls)
         for name, field in cls.fields.items():
             object.__setattr__(self, name, values.get(name, None if field.required else field.default))

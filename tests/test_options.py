@@ -152,6 +152,8 @@ def test_options_are_complete_read_only_and_know_their_fields():
     # edgetrain's own internal values skip the reading (the fleet evaluates with epochs=0), defaults filled in
     inner = FinetuneOptions.unchecked(data="d", out="o", epochs=0)
     assert inner.epochs == 0 and inner.batch_size == 32
+    with pytest.raises(TypeError, match="epoch"):
+        FinetuneOptions.unchecked(data="d", out="o", epoch=0)
 
 
 def test_the_command_path_never_imports_pydantic():
