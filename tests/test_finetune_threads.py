@@ -90,11 +90,8 @@ def _noise_folder(root: Path, per_class: int = 120, size: int = 256) -> Path:
 
 def feature_pass_threads(threads: int, data: Path, out: Path) -> dict[int, float]:
     """CPU seconds of each thread of a head fine-tune from its start to its first checkpoint (the feature
-    pass, then one short epoch of a lone output layer), main thread included. OpenBLAS is held to one
-    thread: its pool, started when numpy is imported (before the cap is read), spins ~0.1 s at start-up
-    whatever the cap; a head's matmuls are capped to one thread anyway (runtime.cap_loaded_blas)."""
-    env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
-    env["OPENBLAS_NUM_THREADS"] = "1"
+    pass, then one short epoch of a lone output layer), main thread included."""
+    env = {k: v for k, v in os.environ.items() if k not in ("EDGETRAIN_DEBUG", "OPENBLAS_NUM_THREADS")}
     proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "finetune", "edgetrain.nets:pretrained_digits",
                              "--data", str(data), "-o", str(out), "--epochs", "2", "--input-shape", "1,1,64,64",
                              "--threads", str(threads), "--allow-chance"],
@@ -110,8 +107,9 @@ def feature_pass_threads(threads: int, data: Path, out: Path) -> dict[int, float
 
 def test_the_feature_pass_decodes_on_the_thread_caps_threads_only(tmp_path):
     """Images are decoded on the cap's threads, in turn with ONNX Runtime (whose workers stop spinning after
-    each run): under a cap of 1 only the main thread works; under 2 others take a share (the control: the
-    measurement sees a second thread when there is one)."""
+    each run): under a cap of 1 only the main thread works from start-up on (numpy's OpenBLAS pool, sized
+    when numpy loads, is sized by --threads too: uncapped, its workers spun ~0.1 s at start-up); under 2
+    others take a share (the control: the measurement sees a second thread when there is one)."""
     data = _noise_folder(tmp_path / "noise")
     one = feature_pass_threads(1, data, tmp_path / "one")
     total = sum(one.values())

@@ -88,3 +88,34 @@ def test_importing_edgetrain_names_the_blas_kernels_unless_the_user_did(user):
     assert got["env"] == want
     if want and got["core"] is not None and want in ("SKYLAKEX", "HASWELL") and not (user and "avx2" not in text):
         assert got["core"].lower() == want.lower(), got  # the library really runs those kernels
+
+
+THREADS_AFTER_NUMPY = """
+import os, sys
+from edgetrain.cli import _early_thread_cap
+_early_thread_cap(sys.argv[1:])
+import numpy  # its OpenBLAS starts its pool here
+print(len(os.listdir("/proc/self/task")))
+"""
+
+
+def test_the_command_lines_thread_cap_sizes_numpys_blas_pool_before_numpy_loads():
+    """numpy is imported before click reads --threads; the CLI sets the caps' variables first, so OpenBLAS
+    starts no workers beyond the cap (an uncapped pool's workers spin at start-up). The control, without
+    --threads, shows OpenBLAS would start one per core."""
+    from edgetrain.runtime import usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("one usable core: OpenBLAS starts no workers either way")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.endswith("_NUM_THREADS")}
+
+    def threads(*argv):
+        out = subprocess.run([sys.executable, "-c", THREADS_AFTER_NUMPY, *argv], env=env, capture_output=True,
+                             text=True, check=True)
+        return int(out.stdout)
+
+    assert threads("finetune", "m", "--threads", "1") == 1
+    assert threads("finetune", "m", "--threads=1") == 1
+    assert threads("finetune", "m") >= 2  # the control: one OpenBLAS worker per further core
+    assert threads("profile", "m", "--threads", "1,2") >= 2  # a sweep: each child takes its own cap
+    assert threads("finetune", "m", "--threads", "0") >= 2  # refused by the declaration, not applied here

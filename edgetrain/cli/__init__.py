@@ -8,13 +8,15 @@ as click would (--help, a bad value, an unknown flag, --device) goes to click, w
 """
 from __future__ import annotations
 
+import os
 import sys
 
 
 def main(argv=None):
+    args = list(sys.argv[1:] if argv is None else argv)
+    _early_thread_cap(args)
     from .common import run_cli, run_guarded
 
-    args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["predict"]:
         from . import predict_fast
 
@@ -25,6 +27,24 @@ def main(argv=None):
     from .group import cli
 
     run_cli(cli, args)
+
+
+def _early_thread_cap(args: list[str]) -> None:
+    """``--threads N`` (one whole number, within the usable cores) into the environment before anything
+    loads numpy: numpy's OpenBLAS sizes its pool from OPENBLAS_NUM_THREADS when it loads (before click
+    parses the command line), and an uncapped pool's workers spin ~0.1 s on every core at start-up, whatever
+    cap runtime.cap_loaded_blas sets later. The declaration still reads and checks the flag, and
+    runtime.apply_threads sets the same variables; a value it would refuse or cap changes nothing here."""
+    from .. import runtime
+
+    n = None
+    for i, arg in enumerate(args):
+        value = args[i + 1] if arg == "--threads" and i + 1 < len(args) else arg[10:] if arg.startswith(
+            "--threads=") else None
+        if value is not None:
+            n = int(value) if value.isdigit() and 1 <= int(value) <= runtime.usable_cores() else None
+    if n is not None:
+        os.environ.update(runtime.thread_env(n))
 
 
 def __getattr__(name: str):
