@@ -133,12 +133,17 @@ class ParallelReader:
         from concurrent.futures import ThreadPoolExecutor
 
         self.parts = max(1, threads)
+        self._out: np.ndarray | None = None  # one batch buffer, reused: a new one per batch grew the heap
         self.helpers = (ThreadPoolExecutor(self.parts - 1, thread_name_prefix="edgetrain-decode")
                         if self.parts > 1 else None)
 
     def batch(self, ds: "Dataset", idx) -> np.ndarray:
+        """The rows of ``idx``, in a buffer this reader reuses: valid until its next call."""
         idx = np.asarray(idx, dtype=np.int64)
-        out = np.empty((len(idx), *ds.preprocess.input_shape), dtype=np.float32)
+        shape = (len(idx), *ds.preprocess.input_shape)
+        if self._out is None or self._out.shape[0] < shape[0] or self._out.shape[1:] != shape[1:]:
+            self._out = np.empty(shape, dtype=np.float32)
+        out = self._out[:len(idx)]
         parts = min(self.parts, len(idx))
         if self.helpers is None or parts < 2:
             return ds.batch(idx, out)

@@ -59,8 +59,10 @@ class MemoryPlan:
     cache_mb: float
     method: str = "analytic"
     probe_peak_mb: float | None = None
-    # ONNX Runtime's CPU arena for the frozen part: faster reuse, but it keeps its largest growth for the
-    # session's life; off whenever a budget is set
+    # ONNX Runtime's CPU arena for the frozen part. On, budget or not: the feature pass's shapes never change,
+    # so the arena grows once, in the first batch. Off (as under a budget until issue 13's last stop), every
+    # activation went through malloc and glibc's heap crept up: MobileNetV2 under --memory-budget 200MB
+    # peaked at 109-168 MB over 6 runs against 109-119 MB with the arena. A plan saved with it off keeps it off.
     arena: bool = True
     notes: list[str] = field(default_factory=list)
 
@@ -100,7 +102,7 @@ def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
         fb = next((b for b in fbs if c.frozen_per_sample * b * scale <= UNBUDGETED_FROZEN_MB), fbs[-1])
         m = next((d for d in ms if c.train_per_sample * d * scale <= UNBUDGETED_TRAIN_MB), 1)
         cache = caches[0] if c.cache_mb <= UNBUDGETED_CACHE_MB or not c.has_frozen else "disk"
-        return MemoryPlan(fb, m, cache, estimate(c, fb, m, cache, scale), None, c.cache_mb, arena=True)
+        return MemoryPlan(fb, m, cache, estimate(c, fb, m, cache, scale), None, c.cache_mb)
     best = None
     for cache in caches:
         for m in ms:
@@ -110,7 +112,7 @@ def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
                     continue
                 score = (min(m, 32), min(fb, 16), cache == "memory", fb)
                 if best is None or score > best[0]:
-                    best = (score, MemoryPlan(fb, m, cache, need, budget_mb, c.cache_mb, arena=False))
+                    best = (score, MemoryPlan(fb, m, cache, need, budget_mb, c.cache_mb))
     if best is None:
         raise refusal(c, budget_mb, scale)
     return best[1]
