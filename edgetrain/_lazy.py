@@ -245,8 +245,8 @@ def ort_session_options(threads: int | None = None, optimize: bool = True, *, sp
     """ONNX Runtime session options with the thread cap applied (intra-op threads, sequential).
     ``spinning``: ORT's workers spin between runs (faster for back-to-back runs such as a feature pass;
     otherwise they burn a core after each run, waste on a battery). ``stop_spinning_after_run``: they spin
-    within a run only (other work between runs gets the cores). ``arena``: ORT's CPU memory arena (off
-    under a tight memory budget)."""
+    within a run only (other work between runs gets the cores). ``arena``: ORT's CPU memory arena (off:
+    every tensor through malloc)."""
     ort = onnxruntime()
 
     opts = ort.SessionOptions()

@@ -532,8 +532,8 @@ DRAFT_GAP = 2  # a JPEG is decoded at no less than twice the model's input size 
 
 def read_image(path, pre: Preprocess) -> np.ndarray:
     """One image as HxWxC uint8 (8-bit pixels: ``unit_scale`` gives [0, 1]) at the model's size (image
-    folders and `predict` decode the same way). A stream that passed the header check but does not decode (truncated, corrupt) is one line naming
-    the file, never a traceback mid-run."""
+    folders and `predict` decode the same way). A stream that passed the header check but does not decode
+    (truncated, corrupt) is one line naming the file, never a traceback mid-run."""
     from PIL import Image  # lazy: a command that reads no image never loads Pillow
 
     try:

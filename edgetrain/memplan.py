@@ -60,9 +60,9 @@ class MemoryPlan:
     method: str = "analytic"
     probe_peak_mb: float | None = None
     # ONNX Runtime's CPU arena for the frozen part. On, budget or not: the feature pass's shapes never change,
-    # so the arena grows once, in the first batch. Off (as under a budget until issue 13's last stop), every
-    # activation went through malloc and glibc's heap crept up: MobileNetV2 under --memory-budget 200MB
-    # peaked at 109-168 MB over 6 runs against 109-119 MB with the arena. A plan saved with it off keeps it off.
+    # so the arena grows once, in the first batch. With it off every activation goes through malloc and
+    # glibc's heap creeps: MobileNetV2 under --memory-budget 200MB peaked at 109-168 MB over 6 runs, against
+    # 109-125 MB with the arena. A plan saved (in a checkpoint) with it off keeps it off.
     arena: bool = True
     notes: list[str] = field(default_factory=list)
 

@@ -37,14 +37,14 @@ def _early_thread_cap(args: list[str]) -> None:
     runtime.apply_threads sets the same variables; a value it would refuse or cap changes nothing here."""
     from .. import runtime
 
-    n = None
+    value = None  # the last --threads wins, as in click
     for i, arg in enumerate(args):
-        value = args[i + 1] if arg == "--threads" and i + 1 < len(args) else arg[10:] if arg.startswith(
-            "--threads=") else None
-        if value is not None:
-            n = int(value) if value.isdigit() and 1 <= int(value) <= runtime.usable_cores() else None
-    if n is not None:
-        os.environ.update(runtime.thread_env(n))
+        if arg == "--threads" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--threads="):
+            value = arg.split("=", 1)[1]
+    if value is not None and value.isdigit() and 1 <= int(value) <= runtime.usable_cores():
+        os.environ.update(runtime.thread_env(int(value)))
 
 
 def __getattr__(name: str):
