@@ -148,12 +148,13 @@ class ParallelReader:
         if self.helpers is None or parts < 2:
             return ds.batch(idx, out)
         cuts = [len(idx) * k // parts for k in range(parts + 1)]
+        from concurrent import futures
+
         shares = [self.helpers.submit(ds.batch, idx[a:b], out[a:b]) for a, b in zip(cuts[1:-1], cuts[2:])]
         try:
             ds.batch(idx[:cuts[1]], out[:cuts[1]])
         finally:
-            for share in shares:  # every helper done before the batch is used or an error leaves
-                share.exception()
+            futures.wait(shares)  # every helper done before the batch is used or an error leaves
         for share in shares:
             share.result()  # a helper's error (an image that cannot be decoded) is raised here
         return out

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 from .errors import UsageError, clip
@@ -436,8 +437,6 @@ def remembered_digest(path, memo: Path | None) -> str:
     known = entries.get(key)
     if isinstance(known, list) and len(known) == 7 and known[:5] == ident:
         return known[6]
-    import time
-
     hashed_at = time.time_ns()
     digest = file_digest(path)
     if path.stat().st_ctime_ns != st.st_ctime_ns:  # written while being read: do not remember this one

@@ -152,6 +152,11 @@ class Opt:
         return self._flag or "--" + self.name.replace("_", "-")
 
     @property
+    def on_flag(self) -> str:
+        """The flag a user types (the ``--on`` half of a ``--on/--off`` bool)."""
+        return self.flag.split("/")[0]
+
+    @property
     def kind(self) -> str:
         """For the command line: 'bool', 'choice', 'int', 'float' or 'text'."""
         if self.choices:
@@ -227,15 +232,14 @@ class Options:
         for name, field in cls.fields.items():
             if name not in values:
                 if field.required:
-                    raise UsageError(f"missing option {field.flag.split('/')[0]}", field.flag.split("/")[0], "add it")
+                    raise UsageError(f"missing option {field.on_flag}", field.on_flag, "add it")
                 out[name] = field.default
                 continue
             try:
                 out[name] = field.read(values[name])
             except ValueError as exc:
                 what, _, fix = str(exc).partition("; ")
-                flag = field.flag.split("/")[0]
-                raise UsageError(f"bad value {repr(values[name])[:40]} for {flag}: {what}", flag,
+                raise UsageError(f"bad value {repr(values[name])[:40]} for {field.on_flag}: {what}", field.on_flag,
                                  fix or "see the command's --help for what it takes") from None
         for name in values:
             if name not in cls.fields:
@@ -275,7 +279,7 @@ class Options:
 def flag_of(model: type[Options], name: str) -> str:
     """The flag a user types for ``name`` (the ``--on`` half of a ``--on/--off`` bool)."""
     field = model.fields.get(name)
-    return (field.flag if field else "--" + name.replace("_", "-")).split("/")[0]
+    return field.on_flag if field else "--" + name.replace("_", "-")
 
 
 # --- sizes ------------------------------------------------------------------------------------------
