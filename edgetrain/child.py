@@ -38,7 +38,7 @@ def _pdeathsig() -> None:  # runs in the child between fork and exec
         pass
 
 
-def _make_preexec(parent: int, extra: Callable[[], None] | None):
+def make_preexec(parent: int, extra: Callable[[], None] | None):
     def preexec():
         _pdeathsig()
         if os.getppid() != parent:  # the parent died before prctl took effect
@@ -69,7 +69,7 @@ def start(argv: list[str], *, threads: int | None = None, env: dict | None = Non
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
                             env=child_env(threads, env), start_new_session=True, cwd=cwd or os.getcwd(),
-                            preexec_fn=_make_preexec(os.getpid(), preexec), bufsize=1 if merge_stderr else -1)
+                            preexec_fn=make_preexec(os.getpid(), preexec), bufsize=1 if merge_stderr else -1)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -16,10 +16,10 @@ import math
 import os
 import re
 import typing
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional
 
 from .errors import UsageError
-from .netsplit import parse_train_layers
 from .preprocess import parse_shape
 
 OPSETS = (12, 13)  # the opsets mxnet 1.9.1's ONNX translations are written for
@@ -333,6 +333,36 @@ def _shape(value):
     return parse_shape(text, "input_shape")
 
 
+@dataclass(frozen=True)
+class TrainLayers:
+    """Parsed ``--train-layers``: 'head' (= last:1), 'last:N' or 'all'."""
+
+    kind: str  # "last" | "all"
+    n: int = 1
+
+    @property
+    def text(self) -> str:
+        return "all" if self.kind == "all" else ("head" if self.n == 1 else f"last:{self.n}")
+
+
+def parse_train_layers(text: str) -> TrainLayers:
+    raw = str(text).strip().lower()
+    if raw == "head":
+        return TrainLayers("last", 1)
+    if raw == "all":
+        return TrainLayers("all")
+    m = re.fullmatch(r"last:(-?\d+)", raw)
+    if not m:
+        raise UsageError(f"cannot read --train-layers '{text}'", "--train-layers",
+                         "use head, last:N (N trainable layers from the end) or all")
+    n = int(m.group(1))
+    if n < 1:
+        raise UsageError(f"--train-layers {text} trains nothing", "--train-layers",
+                         "use last:1 (= head) or more, or all")
+    return TrainLayers("last", n)
+
+
+
 def _train_layers(value: str) -> str:
     parse_train_layers(value)
     return str(value).strip().lower()
@@ -373,7 +403,7 @@ def _opset(value: int) -> int:
 
 MemoryMB = Annotated[Optional[float], Parse(parse_megabytes)]
 InputShape = Annotated[Optional[tuple[int, int, int]], Parse(_shape)]
-TrainLayers = Annotated[str, Then(_train_layers)]
+TrainLayersText = Annotated[str, Then(_train_layers)]
 RatePerHour = Annotated[Optional[float], Parse(_rate), Range(gt=0)]
 ThreadList = Annotated[Optional[list[int]], Parse(parse_threads)]
 Opset = Annotated[int, Then(_opset)]
@@ -495,7 +525,7 @@ class FinetuneOptions(ModelOptions):
     lr: Positive = opt(None, metavar="LR",
                        help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, else 0.003 / 0.05).")
     optimizer: Literal["sgd", "adam"] = opt("adam", help="Optimizer.")
-    train_layers: TrainLayers = opt("head", metavar="head|last:N|all",
+    train_layers: TrainLayersText = opt("head", metavar="head|last:N|all",
                                     help="What trains: the output layer, the last N trainable layers/blocks, "
                                          "or everything.")
     memory_budget: MemoryMB = opt(None, metavar="SIZE",
@@ -610,7 +640,7 @@ class FleetServeOptions(Options):
     batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(32, help="Effective batch size on the devices.")
     lr: Positive = opt(None, metavar="LR", help="Devices' learning rate (default: the fine-tuning engine's).")
     optimizer: Literal["sgd", "adam"] = opt("sgd", help="Devices' optimizer (its state starts afresh each round).")
-    train_layers: TrainLayers = opt("head", metavar="head|last:N|all",
+    train_layers: TrainLayersText = opt("head", metavar="head|last:N|all",
                                     help="What the devices train and send: the output layer, the last N trainable "
                                          "layers/blocks (with their BatchNorm statistics), or everything.")
     seed: Annotated[int, Range(ge=0, le=2**31 - 1)] = opt(0, help="Seed of the new output layer and of the devices.")

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgetrain import memplan
+from edgetrain.training import memplan
 from edgetrain.api import finetune as finetune_model
 
 

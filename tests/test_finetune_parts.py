@@ -4,11 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgetrain import checkpoint as ckpt
+from edgetrain.training import checkpoint as ckpt
 from edgetrain.errors import UsageError
-from edgetrain.featurecache import FeatureCache
-from edgetrain.memplan import Costs, choose
-from edgetrain.netsplit import TrainLayers, cut_for, graph_of, parse_train_layers, replace_head, split
+from edgetrain.training.featurecache import FeatureCache
+from edgetrain.training.memplan import Costs, choose
+from edgetrain.options import TrainLayers, parse_train_layers
+from edgetrain.training.netsplit import cut_for, graph_of, replace_head, split
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +163,7 @@ def test_params_written_without_mxnet_are_byte_identical_to_mx_nd_save(dtype, tm
 def test_numpy_optimizers_update_as_mxnet_does(name):
     import mxnet as mx
 
-    from edgetrain.optimizers import make_numpy_optimizer, make_optimizer
+    from edgetrain.training.optimizers import make_numpy_optimizer, make_optimizer
 
     rng = np.random.RandomState(1)
     w0 = rng.randn(5, 6).astype("float32")
@@ -199,7 +200,7 @@ def test_checkpoint_record_is_covered_by_the_checksum(tmp_path):
 
 
 def test_frozen_mismatch_is_measured_against_the_features_scale():
-    from edgetrain.training import _mismatch
+    from edgetrain.training.store import mismatch as _mismatch
 
     want = np.random.RandomState(2).rand(2, 8).astype("float32") * 50
     assert _mismatch(want + 1e-5, want) is None

@@ -1,7 +1,7 @@
 """Power-cut safety as a class: SIGKILL at every phase, for every --train-layers choice, with and without a
 replaced output layer; resuming must end with weights bitwise identical to an uninterrupted run.
 
-The kill is exact, not a race: EDGETRAIN_TEST_KILL_AT=PHASE:N (edgetrain.checkpoint.kill_point) makes
+The kill is exact, not a race: EDGETRAIN_TEST_KILL_AT=PHASE:N (edgetrain.training.checkpoint.kill_point) makes
 the real child process SIGKILL itself the N-th time it reaches PHASE.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""edgetrain.numpy_tail against real MXNet 1.9.1: per op and on the trained parts of real graphs.
+"""edgetrain.training.numpy_tail against real MXNet 1.9.1: per op and on the trained parts of real graphs.
 
 Forward (train and eval), gradients w.r.t. every weight and the input, and the BatchNorm moving statistics
 after one training step must match MXNet autograd on the same symbol and weights.
@@ -13,8 +13,10 @@ import warnings
 import numpy as np
 import pytest
 
-from edgetrain import _lazy, netsplit
-from edgetrain.numpy_tail import Tail, Unsupported
+from edgetrain import _lazy
+from edgetrain.training import netsplit
+from edgetrain.options import parse_train_layers
+from edgetrain.training.numpy_tail import Tail, Unsupported
 
 mx = _lazy.mxnet()
 gluon = _lazy.from_import("mxnet", "gluon")
@@ -244,7 +246,7 @@ def _digits():
 def _check_trained_part(net, input_shape, layers, batch=4, seed=1):
     net(mx.nd.zeros((1, *input_shape)))
     g = netsplit.graph_of(net, "data")
-    cut = netsplit.cut_for(g, netsplit.parse_train_layers(layers))
+    cut = netsplit.cut_for(g, parse_train_layers(layers))
     sp = netsplit.split(g, cut, input_shape)
     tail = Tail(g.doc, sp.cut_name, "data", sp.feature_shape)
     rng = np.random.RandomState(seed)
@@ -351,7 +353,7 @@ def test_numpy_tail_runs_without_importing_mxnet(tmp_path):
     code = f"""
 import json, sys
 import numpy as np
-import edgetrain.numpy_tail as nt
+import edgetrain.training.numpy_tail as nt
 t = nt.Tail(json.load(open({str(tmp_path / 'g.json')!r})), None, "data", (2, 6, 6))
 P = {{k: np.full(s, 0.1, np.float32) for k, s in t.param_shapes.items()}}
 A = {{k: np.ones(s, np.float32) for k, s in t.aux_shapes.items()}}

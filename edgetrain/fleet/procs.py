@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ..child import _make_preexec
+from ..child import make_preexec
 from ..errors import RunFailed, UsageError
 
 TAG = "EDGETRAIN_FLEET_TAG"
@@ -53,7 +53,7 @@ def spawn(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, preexec_fn=_make_preexec(os.getpid(), None))
+                                start_new_session=True, preexec_fn=make_preexec(os.getpid(), None))
 
 
 def tagged(tag: str) -> list[int]:

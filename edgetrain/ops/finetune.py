@@ -1,6 +1,6 @@
 """`edgetrain finetune`: train MODEL on the device within its memory budget and thread cap, resumable.
 
-Orchestration: check the options and OUTDIR, pick the engine for what trains (edgetrain.training), run it.
+Orchestration: check the options and OUTDIR, run the job (edgetrain.training), which holds the engine.
 """
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from pathlib import Path
 
 from .. import runtime
 from ..errors import UsageError
-from ..netsplit import parse_train_layers
-from ..options import FinetuneOptions
+from ..options import FinetuneOptions, parse_train_layers
 from ..results import ProgressFn
-from ..training import DEFAULT_VAL_SPLIT, FinetuneResult, job_class, prepare_outdir, progress_events
+from ..training import DEFAULT_VAL_SPLIT, FinetuneJob, FinetuneResult, prepare_outdir, progress_events
 
 
 def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = None) -> FinetuneResult:
@@ -22,7 +21,6 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
     layers = parse_train_layers(opts.train_layers)
     has_checkpoint = prepare_outdir(Path(opts.out), opts.resume)
     val_split = DEFAULT_VAL_SPLIT if opts.val is None and opts.val_split is None else opts.val_split
-    job = job_class(layers)(model, opts, layers=layers, budget_mb=opts.budget_mb(), threads=threads,
-                            profile=opts.profile(), val_split=val_split, progress=progress_events(progress))
-    job.resume = opts.resume
+    job = FinetuneJob(model, opts, layers=layers, budget_mb=opts.budget_mb(), threads=threads, profile=opts.profile(),
+                      val_split=val_split, progress=progress_events(progress), resume=opts.resume)
     return job.run(has_checkpoint)

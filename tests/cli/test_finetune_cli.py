@@ -110,7 +110,7 @@ def _wait_for(path: Path, proc, timeout=120.0):
 
 
 def test_sigkill_mid_epoch_then_resume_gives_the_same_weights(cli, digits_npz, uninterrupted, tmp_path):
-    from edgetrain import checkpoint as ckpt
+    from edgetrain.training import checkpoint as ckpt
 
     out = tmp_path / "run"
     proc = _start(_train_args(out, digits_npz), tmp_path)
@@ -132,7 +132,7 @@ def test_sigkill_mid_epoch_then_resume_gives_the_same_weights(cli, digits_npz, u
 
 
 def test_sigterm_checkpoints_mid_epoch_and_resume_matches(cli, digits_npz, uninterrupted, tmp_path):
-    from edgetrain import checkpoint as ckpt
+    from edgetrain.training import checkpoint as ckpt
 
     out = tmp_path / "run"
     proc = _start(_train_args(out, digits_npz), tmp_path)

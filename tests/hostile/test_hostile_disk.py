@@ -91,7 +91,7 @@ def test_model_save_on_a_full_disk_is_one_line():
 
 @pytest.mark.parametrize("rows", [10, 1000, 100_000])
 def test_disk_feature_cache_checks_free_space_before_writing(rows):
-    from edgetrain.featurecache import FeatureCache
+    from edgetrain.training.featurecache import FeatureCache
 
     with faults.tiny_disk("1m") as disk:
         shape = (32, 4, 4)  # 2 kB a row
@@ -107,7 +107,7 @@ def test_disk_feature_cache_checks_free_space_before_writing(rows):
 def test_feature_cache_write_on_a_disk_that_fills_is_one_line():
     """Free space checked at the start can vanish (another writer): the write itself is one line too."""
     from edgetrain.fileio import ensure_free_space  # noqa: F401 - the check this test goes around
-    from edgetrain.featurecache import FeatureCache
+    from edgetrain.training.featurecache import FeatureCache
 
     with faults.tiny_disk("2m") as disk:
         cache = FeatureCache.__new__(FeatureCache)

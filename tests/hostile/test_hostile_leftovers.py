@@ -162,7 +162,7 @@ def test_finetune_stopped_while_exporting_leaves_no_child(tmp_path, sig, layers)
     proc = faults.start_cli("finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", out,
                             "--train-layers", layers, "--threads", "1", env=env, cwd=tmp_path)
     try:
-        _stop_while_child_runs(proc, mark, sig, "_prepare_main")
+        _stop_while_child_runs(proc, mark, sig, "edgetrain.training.prep")
         if sig != "SIGKILL":
             assert "Traceback" not in proc.stderr.read()
             assert not out.exists() and not faults.temp_leftovers(tmp_path)

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import _lazy, procmem
-from .errors import UsageError
-from .netsplit import _output_name
+from .. import _lazy, procmem
+from ..errors import UsageError
+from .netsplit import output_name
 
 MB = 1024 * 1024
 FEATURE_BATCHES = (32, 16, 8, 4, 2, 1)
@@ -143,7 +143,7 @@ def job_costs(split, pre, rows: int, batch_size: int, base_mb: float) -> Costs:
     frozen_ps = 0.0
     if split.frozen is not None:
         internals = split.graph.symbol().get_internals()
-        frozen_ps = graph_costs(internals[_output_name(internals, split.cut_name)], pre.input_name, pre.input_shape)
+        frozen_ps = graph_costs(internals[output_name(internals, split.cut_name)], pre.input_name, pre.input_shape)
     # forward activations kept for backward, their gradients, and the weight gradients' temporaries
     train_ps = 3 * graph_costs(split.trained(mx.sym.var(split.trained_input)), split.trained_input,
                                split.feature_shape)

@@ -26,7 +26,7 @@ class FeatureCache:
         else:
             assert self.path is not None
             if not reuse:  # the file is sparse until written: check the disk can hold it before any work
-                from .fileio import ensure_free_space
+                from ..fileio import ensure_free_space
 
                 ensure_free_space(self.path.parent, rows * self.row_bytes, "disk feature cache", margin=16 << 20)
             flags = os.O_RDWR | (0 if reuse else os.O_CREAT | os.O_TRUNC)
@@ -50,7 +50,7 @@ class FeatureCache:
             try:
                 os.pwrite(self._fd, values.tobytes(), start * self.row_bytes)
             except OSError as exc:  # the disk filled up meanwhile (another writer): one line, not a traceback
-                from .fileio import disk_full_error, is_disk_full
+                from ..fileio import disk_full_error, is_disk_full
 
                 if is_disk_full(exc):
                     raise disk_full_error(exc, self.path, "disk feature cache") from None

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UsageError
-from .fileio import atomic_path
+from ..errors import UsageError
+from ..fileio import atomic_path
 
 FORMAT = "edgetrain-checkpoint/2"  # /2: the checksum covers the JSON record too
 KILL_ENV = "EDGETRAIN_TEST_KILL_AT"  # test hook, see kill_point

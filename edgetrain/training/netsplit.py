@@ -10,44 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import warnings
 from dataclasses import dataclass, field
 
-from . import _lazy
-from .errors import UsageError
+from .. import _lazy
+from ..errors import UsageError
+from ..options import TrainLayers
 
 WEIGHTED_OPS = ("Convolution", "FullyConnected")
 FEATURES = "edgetrain_features"
-
-
-@dataclass(frozen=True)
-class TrainLayers:
-    """Parsed ``--train-layers``: 'head' (= last:1), 'last:N' or 'all'."""
-
-    kind: str  # "last" | "all"
-    n: int = 1
-
-    @property
-    def text(self) -> str:
-        return "all" if self.kind == "all" else ("head" if self.n == 1 else f"last:{self.n}")
-
-
-def parse_train_layers(text: str) -> TrainLayers:
-    raw = str(text).strip().lower()
-    if raw == "head":
-        return TrainLayers("last", 1)
-    if raw == "all":
-        return TrainLayers("all")
-    m = re.fullmatch(r"last:(-?\d+)", raw)
-    if not m:
-        raise UsageError(f"cannot read --train-layers '{text}'", "--train-layers",
-                         "use head, last:N (N trainable layers from the end) or all")
-    n = int(m.group(1))
-    if n < 1:
-        raise UsageError(f"--train-layers {text} trains nothing", "--train-layers",
-                         "use last:1 (= head) or more, or all")
-    return TrainLayers("last", n)
 
 
 @dataclass
@@ -91,7 +62,7 @@ def graph_of(block, data_name: str) -> Graph:
     arg = {k: v for k, v in params.items() if k not in aux_names}
     aux = {k: v for k, v in params.items() if k in aux_names}
     g = Graph(doc["nodes"], doc, data_name, arg, aux)
-    _find_cuts(g)
+    find_cuts(g)
     return g
 
 
@@ -99,7 +70,7 @@ def _is_data(node: dict, data_name: str) -> bool:
     return node["op"] == "null" and node["name"] == data_name
 
 
-def _find_cuts(g: Graph) -> None:
+def find_cuts(g: Graph) -> None:
     nodes = g.nodes
     compute = {i for i, n in enumerate(nodes) if n["op"] != "null" or _is_data(n, g.data_name)}
     edges = [(k[0], j) for j in compute for k in nodes[j]["inputs"] if k[0] in compute]
@@ -158,7 +129,7 @@ def cut_for(g: Graph, layers: TrainLayers) -> int | None:
     return None if _is_data(g.nodes[cut], g.data_name) else cut
 
 
-def _output_name(sym_internals, node_name: str) -> str:
+def output_name(sym_internals, node_name: str) -> str:
     outs = sym_internals.list_outputs()
     for cand in (f"{node_name}_output", f"{node_name}_output0"):
         if cand in outs:
@@ -221,7 +192,7 @@ def split(g: Graph, cut: int | None, input_shape: tuple, ctx=None, init_seed: in
     if cut is not None:
         cut_name = g.nodes[cut]["name"]
         internals = full.get_internals()
-        frozen, missing = _symbol_block(internals[_output_name(internals, cut_name)], g.data_name, params, ctx)
+        frozen, missing = _symbol_block(internals[output_name(internals, cut_name)], g.data_name, params, ctx)
         if missing:
             raise RuntimeError(f"frozen part has uninitialised weights: {[p.name for p in missing]}")
         for p in frozen.collect_params().values():
@@ -231,7 +202,7 @@ def split(g: Graph, cut: int | None, input_shape: tuple, ctx=None, init_seed: in
         doc["arg_nodes"] = sorted(set(doc["arg_nodes"]) | {cut})
         tail = mx.sym.load_json(json.dumps(doc))
         trained_input = FEATURES
-        _, out_shapes, _ = internals[_output_name(internals, cut_name)].infer_shape(
+        _, out_shapes, _ = internals[output_name(internals, cut_name)].infer_shape(
             **{g.data_name: (1, *input_shape)})
         feature_shape = tuple(out_shapes[0][1:])
     trained, missing = _symbol_block(tail, trained_input, params, ctx)

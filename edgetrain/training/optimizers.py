@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from . import _lazy
+from .. import _lazy
 
 OPTIMIZERS = ("sgd", "adam")
 DEFAULT_LR = {"sgd": 0.05, "adam": 0.003}
@@ -152,3 +152,45 @@ class NumpyAdam(NumpyOptimizer):
 
 def make_numpy_optimizer(name: str, params: dict, lr: float) -> NumpyOptimizer:
     return {"sgd": NumpySGD, "adam": NumpyAdam}[name](params, lr)
+
+
+class Corrected:
+    """An engine's optimizer, with a drift correction added to every gradient it is given (SCAFFOLD,
+    Karimireddy et al. 2020: devices that each see a few classes otherwise pull the shared trainable part
+    towards their own classes; None adds nothing). Counts the steps, which the new control variate needs.
+    The NumPy engine's optimizer is given its gradients; MXNet's finds them in the parameters (``step()``)."""
+
+    def __init__(self, opt, correction: dict | None):
+        self.inner, self.correction, self.steps = opt, correction or None, 0
+        self._mx: dict | None = None
+
+    @property
+    def momentum(self) -> float:
+        return float(getattr(self.inner, "momentum", 0.0)) if isinstance(self.inner, (SGD, NumpySGD)) else 0.0
+
+    def step(self, grads: dict | None = None) -> None:
+        self.steps += 1
+        if grads is None:  # MXNet: the accumulated gradient of each parameter, corrected in place
+            if self.correction:
+                if self._mx is None:
+                    mx = _lazy.mxnet()
+                    self._mx = {p.name: mx.nd.array(self.correction[p.name], dtype="float32")
+                                for p in self.inner.params if p.name in self.correction}
+                for p in self.inner.params:
+                    if p.name in self._mx:
+                        p.grad()[:] += self._mx[p.name]
+            self.inner.step()
+            return
+        if self.correction:
+            grads = {k: g + self.correction[k] if k in self.correction else g for k, g in grads.items()}
+        self.inner.step(grads)
+
+    @property
+    def t(self) -> int:
+        return self.inner.t
+
+    def state_arrays(self) -> dict:
+        return self.inner.state_arrays()
+
+    def load_state_arrays(self, arrays: dict, t: int) -> None:
+        self.inner.load_state_arrays(arrays, t)

@@ -1,0 +1,10 @@
+"""Fine-tuning on the device: the job, its engines and what they keep on disk.
+
+What other code may use is named here; the modules inside are the wing's own business.
+"""
+from .job import (DEFAULT_VAL_SPLIT, FinetuneJob, FinetuneResult, Interrupted, ShapeMismatch, check_shapes,
+                  progress_events)
+from .outdir import prepare_outdir
+
+__all__ = ["DEFAULT_VAL_SPLIT", "FinetuneJob", "FinetuneResult", "Interrupted", "ShapeMismatch", "check_shapes",
+           "prepare_outdir", "progress_events"]
