@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import runtime
+from . import envvars, runtime
 from .errors import RunFailed, UsageError
 from .fileio import temp_dir
 
@@ -191,7 +191,7 @@ def run_child(spec: dict, threads: int | None, what: str, timeout: float) -> dic
         done = run(python_argv("edgetrain.profile_child", str(spec_path)), what=what, timeout=timeout,
                    threads=threads, where="profile child",
                    timeout_fix="raise --timeout if the model is just slow, or check it runs with `edgetrain inspect`")
-        if os.environ.get("EDGETRAIN_DEBUG") == "1" and done.err:
+        if envvars.get("EDGETRAIN_DEBUG") == "1" and done.err:
             sys.stderr.write(done.err)
         if done.code != 0:
             raise RunFailed(f"{what} {death(done.code)}{last_line(done.err)}", "profile child",

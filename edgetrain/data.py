@@ -16,13 +16,13 @@ scalar ``scale`` array (pixels * scale must then lie in 0..1).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from . import envvars
 from .errors import UsageError, clip
 from .preprocess import Preprocess
 
@@ -34,7 +34,7 @@ BUILTINS = ("digits",)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 # Every size that comes from the input is checked before it is used. An image over this many pixels is
 # refused before it is decoded (decompression bombs, lying headers): 40 MP is a 7300x5500 photo.
-MAX_IMAGE_PIXELS = int(os.environ.get("EDGETRAIN_MAX_IMAGE_PIXELS", str(40_000_000)))
+MAX_IMAGE_PIXELS = int(envvars.get("EDGETRAIN_MAX_IMAGE_PIXELS", str(40_000_000)))
 # Without class_names the class count is the largest label + 1; more than this is a corrupt label.
 MAX_CLASSES = 100_000
 # Pixel scale, by documented rule (README, DATA): uint8 -> /255; other integers and floats: all values

@@ -1,8 +1,8 @@
 """Every environment variable edgetrain reads, declared once: its name and what it does.
 
 Code reads them through ``get`` (an undeclared name is a bug, raised at once), and the README's table of
-variables is checked against ``DECLARED`` by a test, so neither can drift. Variables that only pass
-through to a child's environment (OMP_NUM_THREADS and the other thread caps, PYTHONPATH) are not reads.
+variables is checked against ``DECLARED`` by a test, so neither can drift. Variables that are only
+extended or passed on (PASSED_THROUGH) are not settings and are not in the table.
 """
 from __future__ import annotations
 
@@ -10,22 +10,28 @@ import os
 
 DECLARED: dict[str, str] = {
     # for users
-    "EDGETRAIN_DEBUG": "set (to anything) to re-raise a user error with its traceback",
+    "EDGETRAIN_DEBUG": "1: a user error is re-raised with its traceback, and a child's output is shown",
     "EDGETRAIN_CACHE_DIR": "the per-user cache of exported base models (default ~/.cache/edgetrain; empty: no cache)",
     "XDG_CACHE_HOME": "where the cache folder lies when EDGETRAIN_CACHE_DIR is not set",
     "EDGETRAIN_MAX_IMAGE_PIXELS": "the largest image (in pixels) a data folder or predict may decode",
-    "EDGETRAIN_POWER": "the power sensor to read (a reader's name, or 'none')",
+    "EDGETRAIN_POWER": "off: no power sensor is read (energy figures are modelled)",
     "EDGETRAIN_PROFILE_TIMEOUT": "seconds a profile child may run before it is stopped",
     "EDGETRAIN_DOCTOR_TIMEOUT": "seconds each doctor probe may run",
-    "EDGETRAIN_ALLOW_OVERSUBSCRIBE": "set to 1 to allow more threads than the machine's cores",
+    "EDGETRAIN_ALLOW_OVERSUBSCRIBE": "1: more threads than the machine's cores are allowed",
+    "OMP_NUM_THREADS": "the thread cap in force when no --threads is given (OpenMP's own; edgetrain sets it for children)",
     "MXNET_GLUON_REPO": "the mirror the pretrained zoo weights are fetched from (mxnet's own variable)",
-    # for tests (a user never sets them)
+    # for tests and edgetrain's own processes (a user never sets them)
     "EDGETRAIN_TEST_KILL_AT": "PHASE:N: a fine-tune SIGKILLs itself the N-th time it reaches PHASE",
     "EDGETRAIN_SYSFS_ROOT": "the folder read as /sys by the power sensors",
     "EDGETRAIN_VCGENCMD": "the vcgencmd program the Raspberry Pi sensor runs",
-    "EDGETRAIN_FLEET_TAG": "a tag on the Flower processes a fleet starts, so a test can find them",
-    "EDGETRAIN_FLEET_TEST_DELAY": "seconds a fleet device sleeps inside a round",
+    "EDGETRAIN_FLEET_TAG": "set by edgetrain on the Flower processes a fleet starts, so that they can all be ended (read from their environment)",
+    "EDGETRAIN_FLEET_TEST_DELAY": "ROUND:SECONDS: a fleet device is that much slower in that round",
 }
+
+
+# Not settings: variables edgetrain only extends or sets around a library's load and then restores, or
+# passes on to a child (a library directory, the child's import path, ONNX Runtime's cache folder).
+PASSED_THROUGH = ("LD_LIBRARY_PATH", "PYTHONPATH", "XDG_CACHE_HOME")
 
 
 def get(name: str, default: str | None = None) -> str | None:

@@ -8,7 +8,6 @@ Parsing a reference imports nothing heavy; loading one imports mxnet (or onnx).
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _lazy
+from . import _lazy, envvars
 from .errors import UsageError, clip
 from .fileio import atomic_path, check_output_path, disk_full_error, file_digest, is_disk_full, temp_dir
 from .preprocess import Preprocess, default_for_shape, parse_norm, read_sidecar, sidecar_path, sidecar_text
@@ -269,7 +268,7 @@ def pretrained_params(name: str, where: str) -> Path:
     file_name = f"{name}-{sha1[:8]}"
     root = Path(base.data_dir()).expanduser() / "models"
     path = root / f"{file_name}.params"
-    repo = os.environ.get("MXNET_GLUON_REPO", model_store.apache_repo_url).rstrip("/") + "/"
+    repo = envvars.get("MXNET_GLUON_REPO", model_store.apache_repo_url).rstrip("/") + "/"
     url = model_store._url_format.format(repo_url=repo, file_name=file_name)
 
     def digest(p: Path) -> str:

@@ -10,6 +10,8 @@ import ctypes
 import os
 import sys
 
+from . import envvars
+
 _threads: int | None = None
 
 
@@ -121,7 +123,7 @@ def cap_to_cores(threads: int) -> int:
     slower): capped to the cores, with a warning on stderr. ``EDGETRAIN_ALLOW_OVERSUBSCRIBE=1`` keeps it
     (measuring a bigger board's thread count on purpose)."""
     cores = usable_cores()
-    if threads <= cores or os.environ.get("EDGETRAIN_ALLOW_OVERSUBSCRIBE") == "1":
+    if threads <= cores or envvars.get("EDGETRAIN_ALLOW_OVERSUBSCRIBE") == "1":
         return threads
     note = (f"thread cap {threads} is above the {cores} core(s) this process may use: capped to {cores} "
             "(EDGETRAIN_ALLOW_OVERSUBSCRIBE=1 keeps it)")
@@ -140,7 +142,7 @@ def current_threads() -> int:
     """The cap in force: the one applied here, else OMP_NUM_THREADS, else the usable cores."""
     if _threads is not None:
         return _threads
-    env = os.environ.get("OMP_NUM_THREADS", "")
+    env = envvars.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
     return usable_cores()

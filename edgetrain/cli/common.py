@@ -6,11 +6,10 @@ this module without click (issue 16); ``run_cli`` and ``json_option`` import it 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-from .. import runtime
+from .. import envvars, runtime
 from ..errors import BudgetExceeded, EdgetrainError
 
 JSON_FLAG, JSON_DEST = "--json", "json_path"   # every command's --json PATH (the light parser reads it too)
@@ -43,7 +42,7 @@ def run_guarded(call) -> None:
         echo("Aborted.", err=True)
         sys.exit(130)
     except EdgetrainError as exc:
-        if os.environ.get("EDGETRAIN_DEBUG") == "1":
+        if envvars.get("EDGETRAIN_DEBUG") == "1":
             raise
         echo(f"Error: {exc.line()}", err=True)
         sys.exit(exc.exit_code)

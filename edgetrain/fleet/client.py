@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import runtime
+from .. import envvars, runtime
 from ..devices import load_device
 from ..errors import EdgetrainError, UsageError
 from ..fileio import atomic_write_bytes, atomic_write_text
@@ -79,7 +79,7 @@ def model_for(join: dict, offered: str) -> str:
 
 def _test_delay(round_no: int) -> None:
     """Test hook (never set by users): EDGETRAIN_FLEET_TEST_DELAY=ROUND:SECONDS makes this device slow."""
-    hook = os.environ.get("EDGETRAIN_FLEET_TEST_DELAY")
+    hook = envvars.get("EDGETRAIN_FLEET_TEST_DELAY")
     if hook:
         r, s = hook.split(":")
         if int(r) in (0, round_no):

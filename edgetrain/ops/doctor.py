@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import runtime
+from .. import envvars, runtime
 from ..compat import armpl
 from ..host import detect_host, read_cpuinfo
 
@@ -43,7 +43,7 @@ WHEEL_SYSTEM_LIBS = {
     "aarch64": ("libgomp.so.1", "libopenblas.so.0", "liblapacke.so.3"),
 }
 # Under QEMU a child importing mxnet takes tens of seconds; on a Pi Zero 2 W about as long.
-PROBE_TIMEOUT = float(os.environ.get("EDGETRAIN_DOCTOR_TIMEOUT", "600"))
+PROBE_TIMEOUT = float(envvars.get("EDGETRAIN_DOCTOR_TIMEOUT", "600"))
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "MXNET_OMP_MAX_THREADS",
                "MXNET_CPU_WORKER_NTHREADS", "MXNET_CPU_PRIORITY_NTHREADS", "MXNET_MP_WORKER_NTHREADS")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import envvars
 from ..errors import UsageError
 from ..fileio import atomic_path
 
@@ -49,7 +50,7 @@ def kill_point(phase: str, _counts: dict = {}) -> None:  # noqa: B006 (the count
     The kill-at-phase tests use it to cut the power at an exact point (a feature batch, a step, an epoch
     boundary, the middle of a checkpoint write) instead of racing a timer.
     """
-    spec = os.environ.get(KILL_ENV)
+    spec = envvars.get(KILL_ENV)
     if not spec:
         return
     name, _, count = spec.partition(":")

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
     try:
         prepare(spec, out)
     except EdgetrainError as exc:
-        if envvars.get("EDGETRAIN_DEBUG"):
+        if envvars.get("EDGETRAIN_DEBUG") == "1":
             raise
         (out / "error.json").write_text(json.dumps({"type": type(exc).__name__, "what": exc.what,
                                                     "where": exc.where, "fix": exc.fix}))
