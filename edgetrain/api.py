@@ -10,6 +10,10 @@ messages. Models, data and devices are the references the CLI takes (``"zoo:mobi
     res = edgetrain.quantize("edgetrain.nets:pretrained_digits", calib="builtin:digits", output="m.onnx",
                              val="builtin:digits", max_drop=1.0, device="rpi4b-4gb")
     res.passed, res.failed_checks, res.accuracy["drop"]
+
+Progress: by default (``progress="stderr"``) long work shows the lines the command line shows, on stderr
+(rewritten in place on a terminal; elsewhere only the lines that stay, such as each epoch's); ``None`` is
+silent; any other value is a function called with each ``edgetrain.Progress`` event.
 """
 from __future__ import annotations
 
@@ -33,7 +37,19 @@ from .options import (
     QuantizeOptions,
 )
 from .recipes import read_recipe
-from .results import ProgressFn
+from .results import Progress, ProgressFn
+
+STDERR = "stderr"  # the default progress: the CLI's lines on stderr
+
+
+def _listener(progress) -> ProgressFn | None:
+    if progress == STDERR:
+        from .cli.render import ProgressLine
+
+        return ProgressLine()
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a function taking an edgetrain.Progress, 'stderr' or None, not {progress!r}")
+    return progress
 
 
 def _prepare(model: type[Options], values: dict) -> Options:
@@ -43,26 +59,26 @@ def _prepare(model: type[Options], values: dict) -> Options:
     return opts
 
 
-def quantize(model, calib, output, *, progress: ProgressFn | None = None, **options):
+def quantize(model, calib, output, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain quantize``: int8 within an accuracy budget. Returns a QuantizeResult."""
     return _quantize.quantize(str(model), _prepare(QuantizeOptions, dict(options, calib=str(calib), output=str(output))),
-                              progress=progress)
+                              progress=_listener(progress))
 
 
-def export(model, output, *, progress: ProgressFn | None = None, **options):
+def export(model, output, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain export``: ONNX validated against the Gluon model. Returns an ExportResult."""
-    return _export.export(str(model), _prepare(ExportOptions, dict(options, output=str(output))), progress=progress)
+    return _export.export(str(model), _prepare(ExportOptions, dict(options, output=str(output))), progress=_listener(progress))
 
 
-def finetune(model, data, out, *, progress: ProgressFn | None = None, **options):
+def finetune(model, data, out, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain finetune``: train on this device within its memory budget. Returns a FinetuneResult."""
     return _finetune.finetune(str(model), _prepare(FinetuneOptions, dict(options, data=str(data), out=str(out))),
-                              progress=progress)
+                              progress=_listener(progress))
 
 
-def profile(model, *, progress: ProgressFn | None = None, **options):
+def profile(model, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain profile``: latency, peak memory and energy. Returns a ProfileResult."""
-    return _profile.profile(str(model), _prepare(ProfileOptions, options), progress=progress)
+    return _profile.profile(str(model), _prepare(ProfileOptions, options), progress=_listener(progress))
 
 
 def inspect(model, **options):
@@ -73,16 +89,19 @@ def inspect(model, **options):
 
 
 def run(recipe: str | Path | None = None, *, rundir: str | Path | None = None, device=None,
-        threads: int | None = None, resume: bool = False, progress=None):
-    """``edgetrain run``: a recipe's steps into one run folder (``resume=True`` continues ``rundir``)."""
+        threads: int | None = None, resume: bool = False, progress: ProgressFn | str | None = STDERR):
+    """``edgetrain run``: a recipe's steps into one run folder (``resume=True`` continues ``rundir``). Each
+    line of the steps' progress reaches ``progress`` as a Progress of stage ``run`` with that ``message``."""
     runtime.quiet_libraries()
     runtime.apply_threads(threads, strict=False)
+    listener = _listener(progress)
     loaded = read_recipe(str(recipe) if recipe else None, rundir if resume else None)
     return run_recipe(loaded, rundir=rundir, device=device, threads=threads, resume=resume,
-                      progress=progress or (lambda message: None))
+                      progress=(lambda message: listener(Progress("run", message=message, final=True)))
+                      if listener else None)
 
 
-def predict(model, data, *, progress: ProgressFn | None = None, on_rows=None, **options):
+def predict(model, data, *, progress: ProgressFn | str | None = STDERR, on_rows=None, **options):
     """``edgetrain predict``: classify DATA with an ONNX model written by edgetrain (no mxnet loaded).
     Returns a PredictResult; ``on_rows(rows)`` receives each batch's predictions as they are made."""
-    return _predict.predict(str(model), str(data), _prepare(PredictOptions, options), progress=progress, on_rows=on_rows)
+    return _predict.predict(str(model), str(data), _prepare(PredictOptions, options), progress=_listener(progress), on_rows=on_rows)
