@@ -1,0 +1,780 @@
+"""Gradients of chosen initializers of an ONNX inference graph, in NumPy, keeping only what backward needs.
+
+Fine-tuning on the device starts from the ONNX file ``edgetrain export`` writes (opset 13, weights as
+initializers, NCHW float32) and must not need MXNet or onnxruntime-training there. This module runs that
+graph forward in NumPy and back-propagates dL/d(output) to the initializers that train.
+
+What the forward keeps (the *tape*) is decided per node by what its backward needs for the trainable set,
+following TinyTL (Cai et al., "TinyTL: Reduce Memory, Not Parameters for Efficient On-Device Learning",
+NeurIPS 2020) and MobileTL (Chiang et al., "MobileTL: On-device Transfer Learning with Inverted Residual
+Blocks", AAAI 2023):
+
+- the gradient of a bias (Conv/Gemm ``B``/``C``, BatchNorm shift ``B``) is a sum of the output gradient:
+  nothing is kept for it;
+- the input gradient of a frozen Conv is a transposed convolution with its weight, of a frozen BatchNorm a
+  per-channel multiply by scale/sqrt(var + eps): the weights are the model, not the tape;
+- ReLU and Clip (ReLU6) pass the gradient where the input was inside the range: a 1-bit mask
+  (``np.packbits``), not the float activation;
+- MaxPool keeps which tap of its window won (one byte per output element);
+- only a layer whose *weight* trains (a Conv/Gemm weight, a BatchNorm scale) keeps its float input, and a
+  Mul or MatMul of two activations keeps the operand the other's gradient is multiplied by;
+- nodes no trainable initializer feeds are not differentiated at all and keep nothing.
+
+So in ``bias`` mode the tape is 1 bit per ReLU/ReLU6 activation plus a byte per MaxPool output, far below
+the float activations autograd would store; :attr:`Tape.bytes_per_sample` measures it for the memory planner.
+
+Everything is float32 unless ``dtype=np.float64`` is asked (the finite-difference tests). A graph with an op
+or attribute value this engine cannot differentiate raises :class:`Unsupported` with one line naming the op,
+the node and why. Unnamed nodes (the exporter leaves Conv unnamed) are named by their first output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .. import _lazy
+from ..errors import UsageError
+
+MODES = ("bias", "head", "bias+head")
+_BIAS_INPUT = {"Conv": 2, "Gemm": 2, "BatchNormalization": 2}   # which input of the op is its bias/shift
+_HEAD_OPS = ("Gemm", "Conv")
+
+
+class Unsupported(UsageError):
+    """The graph has an op or attribute value this engine cannot run or differentiate (one line, exit 2)."""
+
+    def __init__(self, op: str, node: str, why: str):
+        self.op, self.node, self.why = op, node, why
+        super().__init__(f"cannot differentiate {op} node {node!r}: {why}")
+
+
+# ------------------------------------------------------------------------------------------------ the tape
+class BitMask:
+    """A boolean array packed 8 to a byte: all that ReLU/Clip need for backward."""
+
+    __slots__ = ("bits", "shape")
+
+    def __init__(self, mask: np.ndarray):
+        self.shape = mask.shape
+        self.bits = np.packbits(mask, axis=None)
+
+    @property
+    def nbytes(self) -> int:
+        return self.bits.nbytes
+
+    @property
+    def dtype(self) -> str:
+        return "bit"
+
+    def unpack(self) -> np.ndarray:
+        return np.unpackbits(self.bits, count=int(np.prod(self.shape))).reshape(self.shape).view(bool)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One thing the tape holds for backward: which node, what it is, how big."""
+
+    node: str
+    op: str
+    kind: str        # "mask", "argmax", "input", "operand", "output"
+    dtype: str
+    shape: tuple
+    nbytes: int
+
+
+class Tape:
+    """What one forward kept for its backward, per node (shapes are metadata and cost no bytes)."""
+
+    def __init__(self, batch: int):
+        self.batch = batch
+        self.saved: dict[int, dict] = {}
+        self.activation_bytes = 0   # every value the forward produced: what storing activations would cost
+        self.labels: dict[int, tuple] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes for k in self.kept())
+
+    @property
+    def bytes_per_sample(self) -> float:
+        return self.nbytes / self.batch
+
+    def kept(self) -> list[Kept]:
+        found = []
+        for index, saved in self.saved.items():
+            node, op = self.labels[index]
+            for kind, value in saved.items():
+                if hasattr(value, "nbytes"):
+                    found.append(Kept(node, op, kind, str(value.dtype), tuple(value.shape), int(value.nbytes)))
+        return found
+
+
+# --------------------------------------------------------------------------------------------- small maths
+def _unbroadcast(g: np.ndarray, shape: tuple) -> np.ndarray:
+    """The gradient of an operand numpy broadcast to ``g.shape``: summed back over the broadcast axes."""
+    if g.shape == tuple(shape):
+        return g
+    g = g.sum(axis=tuple(range(g.ndim - len(shape))))
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
+    return g.sum(axis=axes, keepdims=True) if axes else g
+
+
+def _per_channel(v: np.ndarray, ndim: int) -> np.ndarray:
+    return v.reshape((-1,) + (1,) * (ndim - 2))
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The sliding window of a 2-D Conv or pool: kernel taps, strides, pads (top, left, bottom, right)."""
+
+    kernel: tuple
+    strides: tuple
+    pads: tuple
+    dilations: tuple
+
+    def out_hw(self, h: int, w: int) -> tuple:
+        (kh, kw), (sh, sw), (dh, dw), (t, l, b, r) = self.kernel, self.strides, self.dilations, self.pads
+        return (h + t + b - dh * (kh - 1) - 1) // sh + 1, (w + l + r - dw * (kw - 1) - 1) // sw + 1
+
+    def pad(self, x: np.ndarray, fill: float = 0.0) -> np.ndarray:
+        t, l, b, r = self.pads
+        if not any(self.pads):
+            return x
+        return np.pad(x, ((0, 0), (0, 0), (t, b), (l, r)), constant_values=fill)
+
+    def unpad(self, gp: np.ndarray, h: int, w: int) -> np.ndarray:
+        t, l = self.pads[0], self.pads[1]
+        return gp[:, :, t:t + h, l:l + w]
+
+    def taps(self):
+        for i in range(self.kernel[0]):
+            for j in range(self.kernel[1]):
+                yield i * self.kernel[1] + j, i, j
+
+    def view(self, xp: np.ndarray, i: int, j: int, out_hw: tuple) -> np.ndarray:
+        """The strided view of the padded input that tap (i, j) meets at every output position."""
+        (sh, sw), (dh, dw), (ho, wo) = self.strides, self.dilations, out_hw
+        return xp[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh, j * dw:j * dw + sw * (wo - 1) + 1:sw]
+
+    def im2col(self, xp: np.ndarray, groups: int, out_hw: tuple) -> np.ndarray:
+        """(N, G, Cg*kh*kw, Ho*Wo) columns: one matmul per group then does the convolution."""
+        n, c = xp.shape[:2]
+        sn, sc, sh_, sw_ = xp.strides
+        (kh, kw), (sh, sw), (dh, dw), (ho, wo) = self.kernel, self.strides, self.dilations, out_hw
+        cg = c // groups
+        view = as_strided(xp, (n, groups, cg, kh, kw, ho, wo),
+                          (sn, cg * sc, sc, dh * sh_, dw * sw_, sh * sh_, sw * sw_), writeable=False)
+        return view.reshape(n, groups, cg * kh * kw, ho * wo)
+
+
+# ------------------------------------------------------------------------------------------------ the ops
+class _Op:
+    """One node: attributes read and checked at load; forward keeps what backward needs for ``self.need``.
+
+    ``need[i]`` says the gradient of input i is wanted (a trainable initializer or an activation a trainable
+    initializer feeds). ``backward`` gets the output gradient, what forward kept and the constant inputs
+    (current initializer values; None for activations) and returns one gradient (or None) per input.
+    """
+
+    attrs: dict = {}           # attribute name -> accepted values (None: any)
+    differentiable = (0,)      # input positions a gradient can flow to
+    constant_inputs = ()       # input positions that must be initializers or Constant outputs
+
+    def __init__(self, node, label: str, consts: dict):
+        self.op, self.label = node.op_type, label
+        self.a = {}
+        for attr in node.attribute:
+            value = _lazy.from_import("onnx", "helper").get_attribute_value(attr)
+            if attr.name not in self.attrs:
+                raise Unsupported(self.op, label, f"attribute {attr.name} is not implemented")
+            if self.attrs[attr.name] is not None and value not in self.attrs[attr.name]:
+                raise Unsupported(self.op, label, f"{attr.name}={value!r} is not implemented "
+                                                  f"(only {', '.join(map(repr, self.attrs[attr.name]))})")
+            self.a[attr.name] = value
+        for i in self.constant_inputs:
+            if i < len(node.input) and node.input[i] and node.input[i] not in consts:
+                raise Unsupported(self.op, label, f"input {i} ({node.input[i]}) is computed by the graph; "
+                                                  "it must be an initializer")
+        self.need = (False,) * len(node.input)
+        self.is_const = tuple(bool(name) and name in consts for name in node.input)
+
+    def refuse(self, why: str):
+        raise Unsupported(self.op, self.label, why)
+
+    def forward(self, xs: list) -> tuple:
+        raise NotImplementedError
+
+    def backward(self, dy, saved: dict, consts: list) -> list:
+        raise NotImplementedError
+
+
+def _window_of(op: _Op, kernel) -> _Window:
+    kernel = tuple(op.a.get("kernel_shape", kernel))
+    if len(kernel) != 2:
+        op.refuse(f"a {len(kernel)}-D window (only 2-D, NCHW)")
+    pads = tuple(op.a.get("pads", (0, 0, 0, 0)))
+    return _Window(kernel, tuple(op.a.get("strides", (1, 1))), pads, tuple(op.a.get("dilations", (1, 1))))
+
+
+class _Conv(_Op):
+    attrs = {"auto_pad": (b"NOTSET",), "dilations": None, "group": None, "kernel_shape": None, "pads": None,
+             "strides": None}
+    differentiable = (0, 1, 2)
+    constant_inputs = (1, 2)
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        w = consts[node.input[1]]
+        if w.ndim != 4:
+            self.refuse(f"a {w.ndim - 2}-D convolution (only 2-D, NCHW)")
+        self.win = _window_of(self, w.shape[2:])
+        self.groups = int(self.a.get("group", 1))
+
+    def _geometry(self, shape, w):
+        n, c, h, wd = shape
+        return n, c, self.groups, w.shape[0] // self.groups, c // self.groups, self.win.out_hw(h, wd)
+
+    def forward(self, xs):
+        x, w, b = (xs + [None])[:3]
+        n, c, g, mg, cg, (ho, wo) = self._geometry(x.shape, w)
+        xp = self.win.pad(x)
+        if cg == 1:
+            y = self._depthwise(xp, w, n, g, mg, (ho, wo))
+        else:
+            y = np.matmul(w.reshape(g, mg, -1), self.win.im2col(xp, g, (ho, wo)))
+        y = y.reshape(n, g * mg, ho, wo)
+        if b is not None:
+            y += _per_channel(b, 4)
+        saved = {"input": x} if self.need[1] else {}
+        saved["shape"] = x.shape
+        return y, saved
+
+    def _depthwise(self, xp, w, n, g, mg, out_hw):
+        """One multiply-add per kernel tap over the whole batch: MobileNetV2's bulk, memory-bound anyway."""
+        wt = w.reshape(g, mg, *self.win.kernel)
+        y = np.zeros((n, g, mg) + out_hw, xp.dtype)
+        tmp = np.empty_like(y)
+        for _, i, j in self.win.taps():
+            np.multiply(self.win.view(xp, i, j, out_hw)[:, :, None], wt[None, :, :, i, j, None, None], out=tmp)
+            y += tmp
+        return y
+
+    def backward(self, dy, saved, consts):
+        w = consts[1]
+        shape = saved["shape"]
+        n, c, g, mg, cg, out_hw = self._geometry(shape, w)
+        grads = [None, None, None]
+        if len(self.need) > 2 and self.need[2]:
+            grads[2] = dy.sum(axis=(0, 2, 3))
+        dy5 = dy.reshape(n, g, mg, *out_hw)
+        if self.need[1]:
+            grads[1] = self._weight_grad(dy5, self.win.pad(saved["input"]), w, g, mg, cg, out_hw)
+        if self.need[0]:
+            grads[0] = self._input_grad(dy5, w, shape, g, mg, cg, out_hw)
+        return grads
+
+    def _weight_grad(self, dy5, xp, w, g, mg, cg, out_hw):
+        if cg == 1:
+            dw = np.empty((g, mg) + self.win.kernel, dy5.dtype)
+            for _, i, j in self.win.taps():
+                dw[:, :, i, j] = np.einsum("ngmhw,nghw->gm", dy5, self.win.view(xp, i, j, out_hw))
+            return dw.reshape(w.shape)
+        n = dy5.shape[0]
+        cols = self.win.im2col(xp, g, out_hw)
+        dw = np.matmul(dy5.reshape(n, g, mg, -1), cols.transpose(0, 1, 3, 2)).sum(axis=0)
+        return dw.reshape(w.shape)
+
+    def _input_grad(self, dy5, w, shape, g, mg, cg, out_hw):
+        """The transposed convolution: each tap's contribution scattered back onto the padded input."""
+        n, c, h, wd = shape
+        t, l, b, r = self.win.pads
+        dxp = np.zeros((n, c, h + t + b, wd + l + r), dy5.dtype)
+        kh, kw = self.win.kernel
+        if cg == 1:
+            wt = w.reshape(g, mg, kh, kw)
+            for _, i, j in self.win.taps():
+                tap = dy5[:, :, 0] * wt[None, :, 0, i, j, None, None] if mg == 1 else \
+                    np.einsum("ngmhw,gm->nghw", dy5, wt[:, :, i, j])
+                self.win.view(dxp, i, j, out_hw)[...] += tap
+        else:
+            dcols = np.matmul(w.reshape(g, mg, -1).transpose(0, 2, 1), dy5.reshape(n, g, mg, -1))
+            dcols = dcols.reshape(n, g, cg, kh, kw, *out_hw)
+            for _, i, j in self.win.taps():
+                self.win.view(dxp, i, j, out_hw)[...] += dcols[:, :, :, i, j].reshape(n, c, *out_hw)
+        return self.win.unpad(dxp, h, wd)
+
+
+class _BatchNorm(_Op):
+    attrs = {"epsilon": None, "momentum": None, "training_mode": (0,)}
+    differentiable = (0, 1, 2)
+    constant_inputs = (1, 2, 3, 4)
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        if len([o for o in node.output if o]) > 1:
+            self.refuse("running-statistics outputs are the training form (only inference)")
+
+    def _gain(self, scale, var):
+        return scale / np.sqrt(var + var.dtype.type(self.a.get("epsilon", 1e-5)))
+
+    def forward(self, xs):
+        x, scale, b, mean, var = xs
+        a = self._gain(scale, var)
+        y = x * _per_channel(a, x.ndim) + _per_channel(b - mean * a, x.ndim)
+        return y, ({"input": x} if self.need[1] else {})
+
+    def backward(self, dy, saved, consts):
+        scale, _, mean, var = consts[1:]
+        axes = (0,) + tuple(range(2, dy.ndim))
+        grads = [None] * 5
+        if self.need[2]:
+            grads[2] = dy.sum(axis=axes)
+        if self.need[1]:
+            xhat = (saved["input"] - _per_channel(mean, dy.ndim)) * _per_channel(self._gain(var.dtype.type(1), var), dy.ndim)
+            grads[1] = (dy * xhat).sum(axis=axes)
+        if self.need[0]:
+            grads[0] = dy * _per_channel(self._gain(scale, var), dy.ndim)
+        return grads
+
+
+class _Relu(_Op):
+    def forward(self, xs):
+        x = xs[0]
+        return np.maximum(x, 0), ({"mask": BitMask(x > 0)} if self.need[0] else {})
+
+    def backward(self, dy, saved, consts):
+        return [dy * saved["mask"].unpack()]
+
+
+class _Clip(_Op):
+    constant_inputs = (1, 2)
+
+    def forward(self, xs):
+        x, lo, hi = (xs + [None, None])[:3]
+        lo = -np.inf if lo is None else lo
+        hi = np.inf if hi is None else hi
+        y = np.clip(x, lo, hi)
+        return y, ({"mask": BitMask((x > lo) & (x < hi))} if self.need[0] else {})
+
+    def backward(self, dy, saved, consts):
+        return [dy * saved["mask"].unpack()] + [None] * (len(self.need) - 1)
+
+
+class _Add(_Op):
+    differentiable = (0, 1)
+
+    def forward(self, xs):
+        return xs[0] + xs[1], {"shapes": (xs[0].shape, xs[1].shape)}
+
+    def backward(self, dy, saved, consts):
+        return [_unbroadcast(dy, s) if need else None for s, need in zip(saved["shapes"], self.need)]
+
+
+class _Mul(_Op):
+    differentiable = (0, 1)
+
+    def forward(self, xs):
+        saved = {"shapes": (xs[0].shape, xs[1].shape)}
+        # the gradient of one operand is multiplied by the other: keep it only if it is an activation
+        for i in (0, 1):
+            if self.need[1 - i] and not self.is_const[i]:
+                saved[f"operand{i}"] = xs[i]
+        return xs[0] * xs[1], saved
+
+    def backward(self, dy, saved, consts):
+        ops = [consts[i] if self.is_const[i] else saved.get(f"operand{i}") for i in (0, 1)]
+        return [_unbroadcast(dy * ops[1 - i], saved["shapes"][i]) if self.need[i] else None for i in (0, 1)]
+
+
+class _GlobalAveragePool(_Op):
+    def forward(self, xs):
+        x = xs[0]
+        return x.mean(axis=(2, 3), keepdims=True), {"shape": x.shape}
+
+    def backward(self, dy, saved, consts):
+        shape = saved["shape"]
+        return [np.broadcast_to(dy / dy.dtype.type(shape[2] * shape[3]), shape)]
+
+
+class _AveragePool(_Op):
+    attrs = {"auto_pad": (b"NOTSET",), "ceil_mode": (0,), "count_include_pad": (0, 1), "kernel_shape": None,
+             "pads": None, "strides": None}
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        self.win = _window_of(self, ())
+
+    def _counts(self, h, w, dtype, out_hw):
+        """How many real (not padding) inputs each window averages; ONNX's count_include_pad=0 default."""
+        if self.a.get("count_include_pad", 0):
+            return dtype.type(self.win.kernel[0] * self.win.kernel[1])
+        ones = self.win.pad(np.ones((1, 1, h, w), dtype))
+        return sum(self.win.view(ones, i, j, out_hw) for _, i, j in self.win.taps())
+
+    def forward(self, xs):
+        x = xs[0]
+        out_hw = self.win.out_hw(*x.shape[2:])
+        xp = self.win.pad(x)
+        total = sum(self.win.view(xp, i, j, out_hw) for _, i, j in self.win.taps())
+        return total / self._counts(*x.shape[2:], x.dtype, out_hw), {"shape": x.shape}
+
+    def backward(self, dy, saved, consts):
+        n, c, h, w = saved["shape"]
+        t, l, b, r = self.win.pads
+        out_hw = dy.shape[2:]
+        share = dy / self._counts(h, w, dy.dtype, out_hw)
+        dxp = np.zeros((n, c, h + t + b, w + l + r), dy.dtype)
+        for _, i, j in self.win.taps():
+            self.win.view(dxp, i, j, out_hw)[...] += share
+        return [self.win.unpad(dxp, h, w)]
+
+
+class _MaxPool(_Op):
+    attrs = {"auto_pad": (b"NOTSET",), "ceil_mode": (0,), "dilations": None, "kernel_shape": None, "pads": None,
+             "storage_order": (0,), "strides": None}
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        self.win = _window_of(self, ())
+        if len([o for o in node.output if o]) > 1:
+            self.refuse("the Indices output is not implemented")
+        if self.win.kernel[0] * self.win.kernel[1] > 256:
+            self.refuse(f"a {self.win.kernel} window (at most 256 taps: the winner is kept in one byte)")
+
+    def forward(self, xs):
+        x = xs[0]
+        out_hw = self.win.out_hw(*x.shape[2:])
+        xp = self.win.pad(x, -np.inf)
+        best = self.win.view(xp, 0, 0, out_hw).copy()
+        arg = np.zeros(best.shape, np.uint8) if self.need[0] else None
+        for k, i, j in self.win.taps():
+            v = self.win.view(xp, i, j, out_hw)
+            if arg is not None:
+                arg[v > best] = k   # strict: the first maximum wins, as in the forward's own tie-break
+            np.maximum(best, v, out=best)
+        return best, ({"argmax": arg, "shape": x.shape} if arg is not None else {})
+
+    def backward(self, dy, saved, consts):
+        n, c, h, w = saved["shape"]
+        t, l, b, r = self.win.pads
+        arg = saved["argmax"]
+        dxp = np.zeros((n, c, h + t + b, w + l + r), dy.dtype)
+        for k, i, j in self.win.taps():
+            self.win.view(dxp, i, j, dy.shape[2:])[...] += np.where(arg == k, dy, 0)
+        return [self.win.unpad(dxp, h, w)]
+
+
+class _Reshaping(_Op):
+    """Flatten, Reshape, Identity, inference Dropout: the gradient is reshaped back, nothing kept."""
+
+    def backward(self, dy, saved, consts):
+        return [dy.reshape(saved["shape"])] + [None] * (len(self.need) - 1)
+
+
+class _Flatten(_Reshaping):
+    attrs = {"axis": None}
+
+    def forward(self, xs):
+        x = xs[0]
+        axis = self.a.get("axis", 1) % x.ndim if x.ndim else 0
+        return x.reshape(int(np.prod(x.shape[:axis])), -1), {"shape": x.shape}
+
+
+class _Reshape(_Reshaping):
+    attrs = {"allowzero": (0,)}
+    constant_inputs = (1,)
+
+    def forward(self, xs):
+        x, shape = xs
+        shape = [x.shape[i] if s == 0 else int(s) for i, s in enumerate(shape)]
+        return x.reshape(shape), {"shape": x.shape}
+
+
+class _Identity(_Reshaping):
+    def forward(self, xs):
+        return xs[0], {"shape": xs[0].shape}
+
+
+class _Dropout(_Identity):
+    attrs = {"seed": None}
+    constant_inputs = (1, 2)
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        if len([o for o in node.output if o]) > 1:
+            self.refuse("the mask output is not implemented")
+        if len(node.input) > 2 and node.input[2] and bool(consts[node.input[2]]):
+            self.refuse("training_mode is true (only inference: identity)")
+
+
+class _Gemm(_Op):
+    attrs = {"alpha": None, "beta": None, "transA": (0, 1), "transB": (0, 1)}
+    differentiable = (0, 1, 2)
+
+    def forward(self, xs):
+        a, b, c = (xs + [None])[:3]
+        y = self._alpha() * (self._op(a, "transA") @ self._op(b, "transB"))
+        if c is not None:
+            y = y + self.a.get("beta", 1.0) * c
+        saved = {"shapes": (a.shape, b.shape, None if c is None else c.shape)}
+        for i, x in ((0, a), (1, b)):
+            if self.need[1 - i] and not self.is_const[i]:
+                saved[f"operand{i}"] = x
+        return y.astype(a.dtype, copy=False), saved
+
+    def _alpha(self):
+        return self.a.get("alpha", 1.0)
+
+    def _op(self, m, trans):
+        return m.T if self.a.get(trans, 0) else m
+
+    def backward(self, dy, saved, consts):
+        a, b = (consts[i] if self.is_const[i] else saved.get(f"operand{i}") for i in (0, 1))
+        g = dy * dy.dtype.type(self._alpha())
+        grads = [None, None, None]
+        if self.need[0]:
+            da = g @ self._op(b, "transB").T
+            grads[0] = da.T if self.a.get("transA", 0) else da
+        if self.need[1]:
+            db = self._op(a, "transA").T @ g
+            grads[1] = db.T if self.a.get("transB", 0) else db
+        if len(self.need) > 2 and self.need[2]:
+            grads[2] = _unbroadcast(dy * dy.dtype.type(self.a.get("beta", 1.0)), saved["shapes"][2])
+        return grads
+
+
+class _MatMul(_Op):
+    differentiable = (0, 1)
+
+    def forward(self, xs):
+        a, b = xs
+        if a.ndim < 2 or b.ndim < 2:
+            self.refuse("a 1-D operand (only matrices and batches of them)")
+        saved = {"shapes": (a.shape, b.shape)}
+        for i, x in ((0, a), (1, b)):
+            if self.need[1 - i] and not self.is_const[i]:
+                saved[f"operand{i}"] = x
+        return a @ b, saved
+
+    def backward(self, dy, saved, consts):
+        a, b = (consts[i] if self.is_const[i] else saved.get(f"operand{i}") for i in (0, 1))
+        sa, sb = saved["shapes"]
+        return [_unbroadcast(dy @ np.swapaxes(b, -1, -2), sa) if self.need[0] else None,
+                _unbroadcast(np.swapaxes(a, -1, -2) @ dy, sb) if self.need[1] else None]
+
+
+class _Softmax(_Op):
+    attrs = {"axis": None}
+
+    def forward(self, xs):
+        x = xs[0]
+        axis = self.a.get("axis", -1)
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        y = e / e.sum(axis=axis, keepdims=True)
+        return y, ({"output": y} if self.need[0] else {})
+
+    def backward(self, dy, saved, consts):
+        y = saved["output"]
+        return [y * (dy - (dy * y).sum(axis=self.a.get("axis", -1), keepdims=True))]
+
+
+OPS = {"Conv": _Conv, "BatchNormalization": _BatchNorm, "Relu": _Relu, "Clip": _Clip, "Add": _Add, "Mul": _Mul,
+       "GlobalAveragePool": _GlobalAveragePool, "AveragePool": _AveragePool, "MaxPool": _MaxPool,
+       "Flatten": _Flatten, "Reshape": _Reshape, "Identity": _Identity, "Dropout": _Dropout, "Gemm": _Gemm,
+       "MatMul": _MatMul, "Softmax": _Softmax}
+
+
+# ------------------------------------------------------------------------------------------------ the graph
+def load_model(model):
+    """An onnx.ModelProto from a ModelProto, its serialized bytes or a path."""
+    onnx = _lazy.onnx()
+    if isinstance(model, (str, Path)):
+        return onnx.load(str(model))
+    if isinstance(model, (bytes, bytearray)):
+        return onnx.load_from_string(bytes(model))
+    return model
+
+
+def _label(node) -> str:
+    return node.name or node.output[0]
+
+
+def _needed(nodes, output: str) -> list:
+    """The nodes ``output`` depends on, in graph order (a final Softmax is skipped when asked for logits)."""
+    wanted, keep = {output}, []
+    for node in reversed(nodes):
+        if any(o in wanted for o in node.output):
+            keep.append(node)
+            wanted.update(i for i in node.input if i)
+    return keep[::-1]
+
+
+def logits_name(model) -> str:
+    """The value a loss on logits should see: the input of a final Softmax, else the graph's output."""
+    graph = load_model(model).graph
+    out = graph.output[0].name
+    last = [n for n in graph.node if out in n.output]
+    return last[0].input[0] if last and last[0].op_type == "Softmax" else out
+
+
+class GradGraph:
+    """An ONNX inference graph run forward and differentiated in NumPy.
+
+    ``trainable`` is a mode (``"bias"``: every Conv/Gemm bias and BatchNorm shift; ``"head"``: the weight and
+    bias of the last Gemm or Conv; ``"bias+head"``) or an iterable of initializer names. ``params`` holds
+    every initializer (cast to ``dtype`` if float); update the trainable ones there, forward reads them.
+    ``output`` defaults to the graph's output (see :func:`logits_name` for the logits before a Softmax).
+    """
+
+    def __init__(self, model, trainable="bias", *, output: str | None = None, dtype=np.float32):
+        model = load_model(model)
+        self.dtype = np.dtype(dtype)
+        self._check_opset(model)
+        graph = model.graph
+        to_array = _lazy.from_import("onnx", "numpy_helper").to_array
+        self.params = {t.name: self._cast(to_array(t)) for t in graph.initializer}
+        inputs = [i.name for i in graph.input if i.name not in self.params]
+        if len(inputs) != 1:
+            raise UsageError(f"the graph has {len(inputs)} data inputs ({', '.join(inputs)})", graph.name,
+                             "the gradient engine takes one image batch")
+        self.input, self.output = inputs[0], output or graph.output[0].name
+        self._constants: dict = {}
+        self.nodes = self._compile(_needed(list(graph.node), self.output))
+        self.trainable = self._select(trainable)
+        self._plan()
+
+    # -- loading
+    def _check_opset(self, model):
+        version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        if version < 13:
+            raise Unsupported("model", model.graph.name or "graph", f"opset {version}: ops are read with "
+                              "opset 13 semantics (Clip bounds as inputs, Softmax on one axis); export with 13")
+
+    def _cast(self, a: np.ndarray) -> np.ndarray:
+        return a.astype(self.dtype) if a.dtype.kind == "f" else a
+
+    def _const(self, name: str):
+        return self.params[name] if name in self.params else self._constants[name]
+
+    def _compile(self, nodes) -> list:
+        known = set(self.params) | {self.input}
+        compiled = []
+        for node in nodes:
+            label = _label(node)
+            if node.domain not in ("", "ai.onnx"):
+                raise Unsupported(node.op_type, label, f"domain {node.domain!r} is not ONNX's own")
+            missing = [i for i in node.input if i and i not in known]
+            if missing:
+                raise Unsupported(node.op_type, label, f"input {missing[0]} is not produced before this node")
+            known.update(node.output)
+            if node.op_type == "Constant":
+                self._constants[node.output[0]] = self._constant(node, label)
+                continue
+            cls = OPS.get(node.op_type)
+            if cls is None:
+                raise Unsupported(node.op_type, label, "no NumPy forward/backward for this op")
+            compiled.append((node, cls(node, label, {**self.params, **self._constants})))
+        if self.output not in known:
+            raise UsageError(f"no value named {self.output!r} in the graph", "output")
+        return compiled
+
+    def _constant(self, node, label):
+        value = [a for a in node.attribute if a.name == "value"]
+        if len(node.attribute) != 1 or not value:
+            raise Unsupported("Constant", label, "only the tensor 'value' attribute is implemented")
+        return self._cast(_lazy.from_import("onnx", "numpy_helper").to_array(value[0].t))
+
+    # -- what trains and what backward must reach
+    def _select(self, trainable) -> tuple:
+        nodes = [node for node, _ in self.nodes]
+        if not isinstance(trainable, str):
+            names = list(dict.fromkeys(trainable))
+            unknown = [n for n in names if n not in self.params or self.params[n].dtype.kind != "f"]
+            if unknown:
+                raise UsageError(f"{unknown[0]!r} is not a float initializer of the graph", "trainable",
+                                 "name initializers as in the ONNX file")
+            return tuple(names)
+        if trainable not in MODES:
+            raise UsageError(f"unknown trainable set {trainable!r}", "trainable",
+                             f"use one of {', '.join(MODES)} or a list of initializer names")
+        names = []
+        if "bias" in trainable:
+            names += [n.input[_BIAS_INPUT[n.op_type]] for n in nodes if n.op_type in _BIAS_INPUT
+                      and len(n.input) > _BIAS_INPUT[n.op_type] and n.input[_BIAS_INPUT[n.op_type]] in self.params]
+        if "head" in trainable:
+            heads = [n for n in nodes if n.op_type in _HEAD_OPS and n.input[1] in self.params]
+            if not heads:
+                raise UsageError("the graph has no Gemm or Conv with an initializer weight", "trainable=head")
+            names += [i for i in heads[-1].input[1:3] if i in self.params]
+        if not names:
+            raise UsageError(f"the graph has nothing to train in mode {trainable!r}", "trainable")
+        return tuple(dict.fromkeys(names))
+
+    def _plan(self):
+        """Which inputs of which nodes need a gradient: only paths from a trainable initializer onwards."""
+        wanted = set(self.trainable)
+        self._uses: dict[str, int] = {}
+        for node, op in self.nodes:
+            op.need = tuple(bool(n) and n in wanted for n in node.input)
+            for i, (name, need) in enumerate(zip(node.input, op.need)):
+                if need and i not in op.differentiable:
+                    op.refuse(f"input {i} ({name}) cannot train: the op is not differentiable in it")
+                self._uses[name] = self._uses.get(name, 0) + 1
+            if any(op.need):
+                wanted.update(o for o in node.output if o)
+        if self.output not in wanted:
+            raise UsageError(f"no trainable initializer ({', '.join(self.trainable)}) reaches {self.output!r}",
+                             "trainable")
+
+    # -- running
+    def forward(self, x: np.ndarray) -> tuple:
+        """The output for batch ``x`` and the :class:`Tape` its backward needs; intermediates are freed as
+        soon as their last consumer ran, as inference would."""
+        x = np.asarray(x, self.dtype)
+        tape = Tape(x.shape[0])
+        env, left = {self.input: x}, dict(self._uses)
+        for index, (node, op) in enumerate(self.nodes):
+            ins = [None if not n else env[n] if n in env else self._const(n) for n in node.input]
+            y, saved = op.forward(ins)
+            tape.activation_bytes += y.nbytes
+            if any(op.need):
+                tape.saved[index], tape.labels[index] = saved, (op.label, op.op)
+            env[node.output[0]] = y
+            for n in node.input:
+                left[n] -= 1
+                if not left[n] and n != self.output:
+                    env.pop(n, None)
+        return env[self.output], tape
+
+    def backward(self, tape: Tape, dout: np.ndarray) -> dict:
+        """dL/d(initializer) for every trainable initializer, from dL/d(output). Uses the tape up (each
+        node's record is dropped once its backward ran, so memory falls as the pass proceeds)."""
+        trainable = set(self.trainable)
+        grads, found = {self.output: np.asarray(dout, self.dtype)}, {}
+        for index in sorted(tape.saved, reverse=True):
+            node, op = self.nodes[index]
+            saved = tape.saved.pop(index)
+            dy = grads.pop(node.output[0], None)
+            if dy is None:
+                continue
+            consts = [self._const(n) if c else None for n, c in zip(node.input, op.is_const)]
+            for name, need, g in zip(node.input, op.need, op.backward(dy, saved, consts)):
+                if need and g is not None:
+                    into = found if name in trainable else grads
+                    into[name] = g if name not in into else into[name] + g
+        return {n: np.asarray(found[n], self.dtype).reshape(self.params[n].shape) for n in self.trainable}
+
+
+# -------------------------------------------------------------------------------------------------- the loss
+def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple:
+    """(loss summed over the batch, correct count, dL/dlogits of that sum) for int class labels."""
+    labels = np.asarray(labels).astype(np.int64, copy=False)
+    rows = np.arange(len(labels))
+    z = logits - logits.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    grad = np.exp(logp)
+    grad[rows, labels] -= 1
+    return float(-logp[rows, labels].sum()), int((logits.argmax(axis=1) == labels).sum()), grad
