@@ -18,6 +18,7 @@ silent; any other value is a function called with each ``edgetrain.Progress`` ev
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 from . import runtime
 from .ops import export as _export
@@ -39,6 +40,7 @@ from .options import (
 from .recipes import read_recipe
 from .results import Progress, ProgressFn
 
+O = TypeVar("O", bound=Options)
 STDERR = "stderr"  # the default progress: the CLI's lines on stderr
 
 
@@ -52,7 +54,7 @@ def _listener(progress) -> ProgressFn | None:
     return progress
 
 
-def _prepare(model: type[Options], values: dict) -> Options:
+def _prepare(model: type[O], values: dict) -> O:
     opts = model.parse({k: v for k, v in values.items() if v is not None})
     runtime.quiet_libraries()
     runtime.apply_threads(opts.thread_cap(), strict=False)
@@ -67,7 +69,8 @@ def quantize(model, calib, output, *, progress: ProgressFn | str | None = STDERR
 
 def export(model, output, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain export``: ONNX validated against the Gluon model. Returns an ExportResult."""
-    return _export.export(str(model), _prepare(ExportOptions, dict(options, output=str(output))), progress=_listener(progress))
+    return _export.export(str(model), _prepare(ExportOptions, dict(options, output=str(output))),
+                          progress=_listener(progress))
 
 
 def finetune(model, data, out, *, progress: ProgressFn | str | None = STDERR, **options):
@@ -104,4 +107,5 @@ def run(recipe: str | Path | None = None, *, rundir: str | Path | None = None, d
 def predict(model, data, *, progress: ProgressFn | str | None = STDERR, on_rows=None, **options):
     """``edgetrain predict``: classify DATA with an ONNX model written by edgetrain (no mxnet loaded).
     Returns a PredictResult; ``on_rows(rows)`` receives each batch's predictions as they are made."""
-    return _predict.predict(str(model), str(data), _prepare(PredictOptions, options), progress=_listener(progress), on_rows=on_rows)
+    return _predict.predict(str(model), str(data), _prepare(PredictOptions, options), progress=_listener(progress),
+                            on_rows=on_rows)

@@ -17,7 +17,7 @@ import os
 import re
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Self
 
 from .errors import UsageError
 from .preprocess import parse_shape
@@ -248,12 +248,12 @@ class Options:
         return out
 
     @classmethod
-    def parse(cls, values: dict) -> "Options":
+    def parse(cls, values: dict) -> Self:
         """Read and check ``values``; the first problem is one UsageError naming the flag."""
         return cls(**values)
 
     @classmethod
-    def unchecked(cls, **values) -> "Options":
+    def unchecked(cls, **values) -> Self:
         """Options made by edgetrain itself (not a user's input): the defaults plus ``values``, not checked
         (a name that is not a field is a bug here, not a user's error)."""
         unknown = set(values) - set(cls.fields)
@@ -264,13 +264,17 @@ class Options:
             object.__setattr__(self, name, values.get(name, None if field.required else field.default))
         return self
 
+    def thread_cap(self) -> int | None:
+        """The thread cap these options ask for (None: none; commands with --threads or --device say)."""
+        return None
+
     def __setattr__(self, name, value):
         raise AttributeError(f"{type(self).__name__} is read-only")
 
     def __eq__(self, other):
         return type(other) is type(self) and vars(other) == vars(self)
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # compared by value: unhashable on purpose
 
     def __repr__(self):
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
@@ -548,7 +552,7 @@ class FinetuneOptions(ModelOptions):
 
 
 class ProfileOptions(ModelOptions, EnergyOptions):
-    threads: ThreadList = opt(None, metavar="N[,N...]",
+    threads: ThreadList = opt(None, metavar="N[,N...]",  # type: ignore[assignment]  # a sweep, not one cap
                               help="Thread counts to sweep, e.g. 1,2,4; one fresh process each (default: the device's).")
     runtime: Optional[Literal["onnxruntime", "mxnet"]] = opt(
         None, help="Runtime to profile in (default: onnxruntime for .onnx, mxnet for a Gluon MODEL; onnxruntime on "

@@ -11,7 +11,7 @@ draws it on a terminal.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CHECK_FAILED = 0, 1, 2, 3
 
@@ -35,7 +35,7 @@ class Result:
         return exit_code(self.passed)
 
     def to_dict(self) -> dict:
-        d = {f.name: _plain(getattr(self, f.name)) for f in fields(self)} if is_dataclass(self) else {}
+        d: dict[str, Any] = {f.name: _plain(getattr(self, f.name)) for f in fields(self)} if is_dataclass(self) else {}
         d["passed"] = self.passed
         d["failed_checks"] = self.failed_checks
         return d
@@ -48,7 +48,7 @@ def exit_code(passed: bool) -> int:
 
 def step_passed(record: dict | None) -> bool:
     """Whether a result written by ``--json`` (a recipe step's record) says the command passed."""
-    return bool(record) and record.get("passed") is True
+    return record is not None and record.get("passed") is True
 
 
 def _plain(value):
