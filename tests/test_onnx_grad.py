@@ -1,0 +1,278 @@
+"""The NumPy gradient engine on ONNX graphs (edgetrain.training.onnx_grad): forward equal to ONNX Runtime,
+gradients equal to central finite differences in float64, a tape without frozen layers' activations, and a
+one-line refusal of what it cannot differentiate."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+from edgetrain.training.onnx_grad import (OPS, GradGraph, Unsupported, logits_name, softmax_cross_entropy)
+from onnx_models import Builder, inverted_residual, mobilenet_v2
+
+SHAPE = (2, 4, 7, 7)
+
+
+def _front(b: Builder) -> str:
+    """A Conv with a bias in front of the op under test: in bias mode the gradient crosses that op."""
+    return b.conv(b.input, 4, 3)
+
+
+def _head(b: Builder, x: str) -> str:
+    return b.gemm(b.flatten(x), 3)
+
+
+def _case(build):
+    def make():
+        b = Builder(SHAPE, seed=1)
+        return b, build(b, _front(b))
+    return make
+
+
+CASES = {
+    "conv_s1_p1": lambda b, x: _head(b, b.conv(x, 5, 3)),
+    "conv_s2_asym_pads": lambda b, x: _head(b, b.conv(x, 3, 3, stride=2, pads=(0, 1, 1, 0))),
+    "conv_dilated": lambda b, x: _head(b, b.conv(x, 3, 3, dilation=2)),
+    "conv_grouped": lambda b, x: _head(b, b.conv(x, 6, 3, group=2)),
+    "conv_depthwise_s2": lambda b, x: _head(b, b.conv(x, 4, 3, stride=2, group=4)),
+    "conv_depthwise_x2": lambda b, x: _head(b, b.conv(x, 8, 3, group=4, pads=(1, 0, 1, 2))),
+    "conv_1x1_s2_nobias": lambda b, x: _head(b, b.conv(x, 6, 1, stride=2, bias=False)),
+    "bn_relu": lambda b, x: _head(b, b.relu(b.bn(x))),
+    "relu6": lambda b, x: _head(b, b.clip(b.bn(x))),
+    "clip_min_only": lambda b, x: _head(b, b.clip(x, lo=-0.1, hi=None)),
+    "clip_max_only": lambda b, x: _head(b, b.clip(x, lo=None, hi=0.2)),
+    "residual_add": lambda b, x: _head(b, b.add(x, b.relu(b.conv(x, 4, 3)))),
+    "mul_const": lambda b, x: _head(b, b.mul(x, b.small("scale", (1, 4, 1, 1), 1.0))),
+    "mul_activations": lambda b, x: _head(b, b.mul(b.conv(x, 4, 1), b.clip(b.conv(x, 4, 3), 0.0, 1.0))),
+    "gap": lambda b, x: b.gemm(b.flatten(b.gap(b.relu(x))), 3),
+    "avgpool_pad_excluded": lambda b, x: _head(b, b.pool("AveragePool", x, 3, 2, (1, 1, 1, 1))),
+    "avgpool_pad_included": lambda b, x: _head(b, b.pool("AveragePool", x, 3, 2, (1, 1, 1, 1),
+                                                         count_include_pad=1)),
+    "maxpool_3x3_s2_p1": lambda b, x: _head(b, b.pool("MaxPool", x, 3, 2, (1, 1, 1, 1))),
+    "maxpool_2x2_s2": lambda b, x: _head(b, b.pool("MaxPool", x, 2, 2)),
+    "maxpool_dilated": lambda b, x: _head(b, b.pool("MaxPool", x, 2, 1, dilation=2)),
+    "reshape_identity_dropout": lambda b, x: b.gemm(b.unary("Dropout", b.unary("Identity", b.reshape(x, (0, -1)))), 3),
+    "flatten_axis2": lambda b, x: b.gemm(b.reshape(b.flatten(x, axis=2), (2, -1)), 3),
+    "gemm_no_transb": lambda b, x: b.gemm(b.flatten(x), 3, trans_b=0, alpha=0.5, beta=2.0),
+    "gemm_gemm": lambda b, x: b.gemm(b.relu(b.gemm(b.flatten(x), 6)), 3),
+    "matmul_add": lambda b, x: b.add(b.matmul(b.flatten(x), 3), b.small("mm_bias", (3,))),
+    "softmax": lambda b, x: b.unary("Softmax", _head(b, x), axis=1),
+}
+
+
+@pytest.fixture(params=sorted(CASES))
+def case(request):
+    b, out = _case(CASES[request.param])()
+    return request.param, b.model(out)
+
+
+def _data(seed=2, shape=SHAPE) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _ort(model: bytes, x: np.ndarray) -> np.ndarray:
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"data": x})[0]
+
+
+def test_forward_equals_onnx_runtime(case):
+    name, model = case
+    x = _data()
+    ours, _ = GradGraph(model, "bias+head").forward(x)
+    assert ours.dtype == np.float32
+    np.testing.assert_allclose(ours, _ort(model, x), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def _differentiable_initializers(model: bytes) -> list:
+    """Every float initializer at an input position its op differentiates (not BN statistics, Clip bounds)."""
+    graph = onnx.load_from_string(model).graph
+    inits = {t.name for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    return [n for node in graph.node for i, n in enumerate(node.input)
+            if n in inits and i in OPS[node.op_type].differentiable]
+
+
+def _finite_difference_check(model: bytes, trainable, rng, shape=SHAPE, per_param=4):
+    graph = GradGraph(model, trainable, dtype=np.float64)
+    x = _data(shape=shape).astype(np.float64)
+    out, tape = graph.forward(x)
+    weights = rng.standard_normal(out.shape)   # L = sum(out * weights), so dL/dout = weights
+    grads = graph.backward(tape, weights)
+    assert set(grads) == set(graph.trainable)
+    for name in graph.trainable:
+        p = graph.params[name]
+        assert grads[name].shape == p.shape
+        for flat in rng.choice(p.size, min(per_param, p.size), replace=False):
+            idx = np.unravel_index(flat, p.shape)
+            keep, eps = p[idx], 1e-6
+            p[idx] = keep + eps
+            up = (graph.forward(x)[0] * weights).sum()
+            p[idx] = keep - eps
+            down = (graph.forward(x)[0] * weights).sum()
+            p[idx] = keep
+            numeric = (up - down) / (2 * eps)
+            assert grads[name][idx] == pytest.approx(numeric, rel=1e-5, abs=1e-7), (name, idx)
+    return graph
+
+
+@pytest.mark.parametrize("mode", ["bias", "head", "bias+head", "explicit"])
+def test_gradients_equal_finite_differences(case, mode):
+    name, model = case
+    rng = np.random.default_rng(3)
+    trainable = _differentiable_initializers(model) if mode == "explicit" else mode
+    graph = _finite_difference_check(model, trainable, rng)
+    if mode == "bias":
+        assert all(n.endswith(("_bias", "_beta")) for n in graph.trainable), graph.trainable
+
+
+def _bias_free_front_stack():
+    """Two MobileNetV2 blocks (one with a residual), a MaxPool and a Gemm head, 16x16 input."""
+    b = Builder((4, 3, 16, 16), seed=4)
+    x = b.clip(b.bn(b.conv(b.input, 8, 3, stride=2, bias=False)))
+    x = inverted_residual(b, x, 8, 1, 4)
+    x = inverted_residual(b, x, 12, 2, 4)
+    x = b.pool("MaxPool", b.relu(x), 2, 2)
+    return b, b.model(b.gemm(b.flatten(b.gap(x)), 5))
+
+
+def test_stack_gradients_equal_finite_differences():
+    b, model = _bias_free_front_stack()
+    _finite_difference_check(model, "bias+head", np.random.default_rng(5), b.shapes["data"], per_param=2)
+
+
+def test_bias_tape_keeps_bits_not_activations():
+    _, model = _bias_free_front_stack()
+    graph = GradGraph(model, "bias")
+    out, tape = graph.forward(_data(shape=(4, 3, 16, 16)))
+    kept = tape.kept()
+    assert kept and {k.kind for k in kept} <= {"mask", "argmax"}, kept
+    assert not [k for k in kept if k.dtype.startswith("float")]
+    masks = [k for k in kept if k.kind == "mask"]
+    assert {k.op for k in masks} == {"Clip", "Relu"}
+    # a mask costs 1 bit of a 32-bit activation; only the ReLU/ReLU6 outputs carry one
+    assert all(k.nbytes * 32 <= 4 * np.prod(k.shape) + 32 for k in masks)
+    assert tape.bytes_per_sample < tape.activation_bytes / tape.batch / 20, (tape.nbytes, tape.activation_bytes)
+
+
+def test_head_tape_keeps_only_the_head_input():
+    b, model = _bias_free_front_stack()
+    graph = GradGraph(model, "head")
+    assert graph.trainable == ("fc%d_weight" % (b.count,), "fc%d_bias" % (b.count,))
+    _, tape = graph.forward(_data(shape=(4, 3, 16, 16)))
+    [kept] = tape.kept()
+    assert (kept.op, kept.kind, kept.shape) == ("Gemm", "operand0", (4, 12))
+    _, tape = GradGraph(model, "bias+head").forward(_data(shape=(4, 3, 16, 16)))
+    assert [k.op for k in tape.kept() if k.dtype == "float32"] == ["Gemm"]
+
+
+def test_mobilenet_v2_bias_tape_is_about_a_hundredth_of_its_activations():
+    graph = GradGraph(mobilenet_v2((2, 3, 64, 64)), "bias")
+    assert len(graph.trainable) == 52 + 1   # every BatchNorm shift and the Gemm bias
+    _, tape = graph.forward(_data(shape=(2, 3, 64, 64)))
+    assert tape.bytes_per_sample < tape.activation_bytes / tape.batch / 50
+
+
+def _with_node(model: bytes, node, output_shape) -> bytes:
+    m = onnx.load_from_string(model)
+    m.graph.node.append(node)
+    out = m.graph.output[0]
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info(node.output[0], out.type.tensor_type.elem_type,
+                                                        output_shape))
+    return m.SerializeToString()
+
+
+def test_refuses_an_op_it_lacks_naming_op_and_node():
+    b = Builder(SHAPE)
+    x = b.conv(b.input, 4, 3)
+    scales = b.init("scales", np.asarray([1, 1, 2, 2], np.float32))
+    model = _with_node(b.model(x), helper.make_node("Resize", [x, "", scales], ["up"], name="upsample1"),
+                       (2, 4, 14, 14))
+    with pytest.raises(Unsupported) as err:
+        GradGraph(model, "bias")
+    assert "Resize" in str(err.value) and "'upsample1'" in str(err.value) and "\n" not in str(err.value)
+    assert (err.value.op, err.value.node, err.value.exit_code) == ("Resize", "upsample1", 2)
+
+
+@pytest.mark.parametrize("attrs, word", [({"auto_pad": "SAME_UPPER"}, "auto_pad"), ({}, "computed by the graph")])
+def test_refuses_an_unsupported_attribute_or_input(attrs, word):
+    b = Builder(SHAPE)
+    if attrs:
+        x = b.conv(b.input, 4, 3, pads=(0, 0, 0, 0), **attrs)
+    else:   # the weight comes out of a node, not from an initializer
+        w = b.unary("Identity", b.weight("w", (4, 4, 3, 3), 36))
+        x = b.node("Conv", [b.input, w], (2, 4, 7, 7), name="conv_w_from_graph", kernel_shape=[3, 3], pads=[1] * 4)
+    with pytest.raises(Unsupported) as err:
+        GradGraph(b.model(x), "bias+head")
+    assert "Conv" in str(err.value) and word in str(err.value)
+
+
+def test_refuses_to_train_running_statistics():
+    b = Builder(SHAPE)
+    model = b.model(b.bn(_front(b)))
+    with pytest.raises(Unsupported, match="BatchNormalization.*input 3 .bn2_mean. cannot train"):
+        GradGraph(model, ["bn2_mean"])
+
+
+def test_logits_name_skips_a_final_softmax():
+    b, out = _case(CASES["softmax"])()
+    model = b.model(out)
+    name = logits_name(model)
+    graph = GradGraph(model, "bias", output=name)
+    assert graph.output == name and all(node.op_type != "Softmax" for node, _ in graph.nodes)
+
+
+def test_softmax_cross_entropy_sum_correct_and_gradient():
+    rng = np.random.default_rng(6)
+    logits = rng.standard_normal((5, 4)).astype(np.float32)
+    labels = np.asarray([0, 3, 1, 1, 2])
+    loss, correct, grad = softmax_cross_entropy(logits, labels)
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    assert loss == pytest.approx(-np.log(p[np.arange(5), labels]).sum(), rel=1e-5)
+    assert correct == int((logits.argmax(1) == labels).sum())
+    assert grad.dtype == np.float32
+    np.testing.assert_allclose(grad, p - np.eye(4)[labels], atol=1e-6)
+
+
+def test_bias_training_lowers_the_loss():
+    _, model = _bias_free_front_stack()
+    graph = GradGraph(model, "bias")
+    x, labels = _data(7, (4, 3, 16, 16)), np.asarray([0, 1, 2, 3])
+    losses = []
+    for _ in range(20):
+        out, tape = graph.forward(x)
+        loss, _, dlogits = softmax_cross_entropy(out, labels)
+        for name, g in graph.backward(tape, dlogits / len(labels)).items():
+            graph.params[name] -= 0.5 * g
+        losses.append(loss)
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.timing
+def test_speed_mobilenet_v2_160_batch_8(capsys):
+    """Forward+backward in NumPy against ONNX Runtime's forward of the same graph (numbers printed)."""
+    model = mobilenet_v2((8, 3, 160, 160))
+    x = _data(shape=(8, 3, 160, 160))
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    session.run(None, {"data": x})
+    for mode in ("bias", "bias+head"):
+        graph = GradGraph(model, mode)
+        times = {"ort forward": [], "numpy forward": [], "numpy backward": []}
+        for _ in range(3):
+            t0 = time.perf_counter()
+            session.run(None, {"data": x})
+            t1 = time.perf_counter()
+            out, tape = graph.forward(x)
+            t2 = time.perf_counter()
+            graph.backward(tape, np.ones_like(out))
+            t3 = time.perf_counter()
+            times["ort forward"].append(t1 - t0)
+            times["numpy forward"].append(t2 - t1)
+            times["numpy backward"].append(t3 - t2)
+        with capsys.disabled():
+            print(f"\n{mode}: tape {tape.bytes_per_sample / 1024:.0f} KiB/sample, activations "
+                  f"{tape.activation_bytes / tape.batch / 2**20:.1f} MiB/sample; " +
+                  ", ".join(f"{k} {min(v) * 1000:.0f} ms" for k, v in times.items()))
+        assert min(times["numpy forward"]) > 0
