@@ -153,7 +153,10 @@ def test_bias_tape_keeps_bits_not_activations():
     assert {k.op for k in masks} == {"Clip", "Relu"}
     # a mask costs 1 bit of a 32-bit activation; only the ReLU/ReLU6 outputs carry one
     assert all(k.nbytes * 32 <= 4 * np.prod(k.shape) + 32 for k in masks)
+    assert tape.tape_bytes == sum(k.nbytes for k in kept)
     assert tape.bytes_per_sample < tape.activation_bytes / tape.batch / 20, (tape.nbytes, tape.activation_bytes)
+    graph.backward(tape, np.ones_like(out))
+    assert tape.nbytes == 0 and tape.tape_bytes > 0   # backward released what it used
 
 
 def test_head_tape_keeps_only_the_head_input():
