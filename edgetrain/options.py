@@ -341,24 +341,24 @@ def _shape(value):
 class TrainLayers:
     """Parsed ``--train-layers``: 'head' (= last:1), 'last:N' or 'all'."""
 
-    kind: str  # "last" | "all"
+    kind: str  # "last" | "bias" | "all"
     n: int = 1
 
     @property
     def text(self) -> str:
-        return "all" if self.kind == "all" else ("head" if self.n == 1 else f"last:{self.n}")
+        return self.kind if self.kind != "last" else ("head" if self.n == 1 else f"last:{self.n}")
 
 
 def parse_train_layers(text: str) -> TrainLayers:
     raw = str(text).strip().lower()
     if raw == "head":
         return TrainLayers("last", 1)
-    if raw == "all":
-        return TrainLayers("all")
+    if raw in ("all", "bias"):
+        return TrainLayers(raw)
     m = re.fullmatch(r"last:(-?\d+)", raw)
     if not m:
         raise UsageError(f"cannot read --train-layers '{text}'", "--train-layers",
-                         "use head, last:N (N trainable layers from the end) or all")
+                         "use head, last:N (N trainable layers from the end), bias (every bias, from an ONNX file) or all")
     n = int(m.group(1))
     if n < 1:
         raise UsageError(f"--train-layers {text} trains nothing", "--train-layers",
@@ -529,7 +529,7 @@ class FinetuneOptions(ModelOptions):
     lr: Positive = opt(None, metavar="LR",
                        help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, else 0.003 / 0.05).")
     optimizer: Literal["sgd", "adam"] = opt("adam", help="Optimizer.")
-    train_layers: TrainLayersText = opt("head", metavar="head|last:N|all",
+    train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|all",
                                     help="What trains: the output layer, the last N trainable layers/blocks, "
                                          "or everything.")
     memory_budget: MemoryMB = opt(None, metavar="SIZE",
@@ -644,7 +644,7 @@ class FleetServeOptions(Options):
     batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(32, help="Effective batch size on the devices.")
     lr: Positive = opt(None, metavar="LR", help="Devices' learning rate (default: the fine-tuning engine's).")
     optimizer: Literal["sgd", "adam"] = opt("sgd", help="Devices' optimizer (its state starts afresh each round).")
-    train_layers: TrainLayersText = opt("head", metavar="head|last:N|all",
+    train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|all",
                                     help="What the devices train and send: the output layer, the last N trainable "
                                          "layers/blocks (with their BatchNorm statistics), or everything.")
     seed: Annotated[int, Range(ge=0, le=2**31 - 1)] = opt(0, help="Seed of the new output layer and of the devices.")

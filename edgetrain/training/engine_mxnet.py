@@ -16,6 +16,7 @@ from ..fileio import atomic_write_bytes, atomic_write_text
 from ..models import load_gluon
 from ..preprocess import Preprocess
 from . import store
+from .outdir import MODEL_NAME
 from .memplan import plan_job
 from .netsplit import Graph, cut_for, find_cuts, graph_of, head_units, replace_head, split
 from .optimizers import make_optimizer
@@ -282,6 +283,9 @@ class MXNetEngine:
     def param_counts(self) -> tuple[int, int]:
         trained_n = sum(int(p.data().size) for p in self.trainable)
         return trained_n, sum(int(a.size) for a in self.split.all_params().values()) - trained_n
+
+    def model_path(self, outdir: Path) -> Path:
+        return outdir / MODEL_NAME  # a PREFIX
 
     def write_model(self, prefix: Path, pre, extra: dict) -> None:
         aux = set(self.graph.symbol().list_auxiliary_states())

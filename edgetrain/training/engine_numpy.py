@@ -22,6 +22,7 @@ from ..fileio import atomic_write_text
 from ..preprocess import Preprocess
 from . import checkpoint as ckpt
 from . import store
+from .outdir import MODEL_NAME
 from .memplan import FEATURE_BATCHES, HEADROOM, MB, Costs, MemoryPlan, choose
 from .netsplit import head_units, replace_head
 from .optimizers import make_numpy_optimizer
@@ -281,6 +282,9 @@ class NumpyEngine:
 
     def param_counts(self) -> tuple[int, int]:
         return sum(int(v.size) for v in self.weights.values()), self.frozen_n
+
+    def model_path(self, outdir: Path) -> Path:
+        return outdir / MODEL_NAME  # a PREFIX
 
     def write_model(self, prefix: Path, pre, extra: dict) -> None:
         """PREFIX-symbol.json, PREFIX-0000.params (mxnet's format, written here), the preprocessing record."""

@@ -48,10 +48,11 @@ from . import checkpoint as ckpt
 from . import store
 from .engine_mxnet import MXNetEngine
 from .engine_numpy import NotNumpy, NumpyEngine
+from .engine_onnx import OnnxEngine
 from .featurecache import FeatureCache
 from .memplan import READ_AHEAD
 from .optimizers import Corrected, default_lr
-from .outdir import FEATURES_FILE, LOCK_FILE, METRICS, MODEL_NAME, take_lock
+from .outdir import FEATURES_FILE, LOCK_FILE, METRICS, take_lock
 
 DEFAULT_VAL_SPLIT = 0.2
 
@@ -142,8 +143,14 @@ def data_fingerprint(ds) -> str:
     return f"{Path(ds.source).name if os.sep in ds.source else ds.source} n={len(ds)} labels={h}"
 
 
-def engine_for(layers: TrainLayers):
-    """The engine a job starts with: NumPy where part of the network is frozen, else MXNet."""
+def engine_for(model: str, layers: TrainLayers):
+    """The engine a job starts with: an ONNX file trains in NumPy from the file (no mxnet); a Gluon model in
+    NumPy where part of it is frozen, else in MXNet."""
+    if str(model).lower().endswith(".onnx"):
+        return OnnxEngine
+    if layers.kind == "bias":
+        raise UsageError("--train-layers bias trains from an ONNX file", "--train-layers",
+                         "export the model first (edgetrain export MODEL model.onnx) and fine-tune model.onnx")
     return NumpyEngine if layers.kind == "last" else MXNetEngine
 
 
@@ -162,7 +169,7 @@ class FinetuneJob:
         self.seed, self.params, self.input_shape = opts.seed, opts.params, opts.input_shape
         self.resume, self.initial, self.initial_where = resume, initial, initial_where
         self.correction, self.writes_model = correction, write_model
-        self.engine = engine_for(layers)(self)
+        self.engine = engine_for(model, layers)(self)
         self.notes: list[str] = []
         self.stop = Stop()
         # the data, read by load_data
@@ -553,7 +560,7 @@ class FinetuneJob:
         final_acc = last.get("val_accuracy") if self.val_ds is not None else last.get("train_accuracy")
         self._check_finite()
         if self.writes_model:
-            self.engine.write_model(self.outdir / MODEL_NAME, self.pre, {
+            self.engine.write_model(self.engine.model_path(self.outdir), self.pre, {
                 "finetuned_from": self.model, "data": self.data, "train_layers": self.layers.text,
                 "epochs": len(self.history), "accuracy": final_acc, "accuracy_on": acc_on})
         if self.cache is not None:
@@ -564,7 +571,7 @@ class FinetuneJob:
         train_seconds = sum(r["seconds"] for r in self.history)
         samples = len(self.train_ds) * len(self.history)
         result = FinetuneResult(
-            model=str(self.outdir / MODEL_NAME), outdir=str(self.outdir), classes=self.classes,
+            model=str(self.engine.model_path(self.outdir)), outdir=str(self.outdir), classes=self.classes,
             train_layers=self.layers.text, trained_parameters=trained_n, frozen_parameters=frozen_n,
             replaced_head=self.engine.replaced_head, epochs=self.history, final_accuracy=final_acc, accuracy_on=acc_on,
             seconds=round(total, 3), feature_seconds=round(feature_seconds, 3),

@@ -8,10 +8,11 @@ from ..errors import UsageError
 from . import checkpoint as ckpt
 
 MODEL_NAME = "model"  # the PREFIX written: OUTDIR/model-symbol.json, model-0000.params
+ONNX_MODEL = "model.onnx"  # what a fine-tune of an ONNX file writes
 METRICS = "metrics.json"
 FEATURES_FILE = "features.cache"
 LOCK_FILE = ".finetune.lock"
-RUN_FILES = (ckpt.FILENAME, METRICS, f"{MODEL_NAME}-symbol.json")  # an earlier run's, refused without --resume
+RUN_FILES = (ckpt.FILENAME, METRICS, f"{MODEL_NAME}-symbol.json", ONNX_MODEL)  # an earlier run's, refused without --resume
 
 
 def prepare_outdir(outdir: Path, resume: bool) -> bool:

@@ -1,0 +1,317 @@
+"""Fine-tuning from an ONNX file, with no MXNet anywhere: the device's engine.
+
+The file is one ``edgetrain export`` (or quantize's fp32 input) wrote: its preprocessing and class names are
+in its metadata. What trains follows ``--train-layers``:
+
+- ``head`` / ``last:N``: the graph is cut at a tensor that alone separates the frozen layers from the
+  trained ones (a residual block is one layer: no skip connection may cross the cut). The frozen part runs
+  in ONNX Runtime once per sample into the feature cache; the trained part runs and is differentiated in
+  NumPy (onnx_grad), every initializer of it training. BatchNorm keeps the running statistics the file
+  holds (an exported BatchNorm is an inference-time affine map); its scale and shift train.
+- ``bias``: every bias and BatchNorm shift of every layer trains, every other weight is frozen, plus the
+  output layer, which must learn the new classes (TinyTL, NeurIPS 2020). Nothing is frozen whole, so every
+  step runs the whole graph; what the backward pass keeps is a bit mask per ReLU/ReLU6 activation and a
+  byte per max-pool output, not the activations (onnx_grad).
+- ``all``: every weight trains in NumPy (the activations a weight's gradient needs are kept).
+
+The result is OUTDIR/model.onnx: the same graph with the trained initializers (a replaced output layer
+resized), and its metadata saying the classes and preprocessing, so quantize, predict and profile take it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .. import _lazy, procmem, runtime
+from ..errors import UsageError
+from ..fileio import atomic_write_bytes
+from ..models import load_onnx
+from . import onnx_grad, store
+from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose
+from .optimizers import make_numpy_optimizer
+from .outdir import ONNX_MODEL
+
+WEIGHTED = ("Conv", "Gemm", "MatMul")
+META_PREFIX = "edgetrain."
+
+
+def _cuts(graph, initializers: set) -> list[tuple[int, str]]:
+    """(node index, tensor) of each node whose single output alone carries everything later nodes need
+    from it and before it: cutting there leaves no edge (a skip connection) crossing. Constants (initializers,
+    Constant nodes) are not edges: each side has its own copy."""
+    constant = set(initializers) | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    last_use: dict[str, int] = {}
+    for j, node in enumerate(graph.node):
+        for name in node.input:
+            if name and name not in constant:
+                last_use[name] = j
+    # the furthest node that a tensor made so far (the data input first) is still used by
+    reach = max((last_use.get(i.name, -1) for i in graph.input if i.name not in constant), default=-1)
+    cuts = []
+    for i, node in enumerate(graph.node):
+        if node.op_type != "Constant" and len(node.output) == 1 and reach <= i:
+            cuts.append((i, node.output[0]))
+        for out in node.output:
+            reach = max(reach, last_use.get(out, -1))
+    return cuts
+
+
+def _weights_of(graph) -> list[str]:
+    """The initializers gradients train: each layer's weight and bias, each BatchNorm's scale and shift
+    (not its running statistics, which stay the file's)."""
+    inits = {t.name for t in graph.initializer if t.data_type == 1}
+    names = [name for node in graph.node if node.op_type in (*WEIGHTED, "BatchNormalization")
+             for name in node.input[1:3] if name in inits]
+    return list(dict.fromkeys(names))
+
+
+def cut_before_layer(graph, initializers: set, n: int) -> str:
+    """The tensor at which ``last:n`` cuts: right before the n-th weighted layer from the end (a layer being
+    a block no cut can enter)."""
+    cuts = _cuts(graph, initializers)
+    weighted = [j for j, node in enumerate(graph.node)
+                if node.op_type in WEIGHTED and len(node.input) > 1 and node.input[1] in initializers]
+    points: list[str] = []
+    for j in weighted:
+        before = [name for i, name in cuts if i < j]
+        if before and (not points or points[-1] != before[-1]):
+            points.append(before[-1])
+    if n > len(points):
+        raise UsageError(f"--train-layers last:{n}: the model has {len(points)} layer(s) that can train from the end",
+                         "--train-layers", f"use last:{len(points)} at most, or all")
+    return points[-n]
+
+
+class OnnxEngine:
+    def __init__(self, job):
+        self.job = job
+        self.kind = job.layers.kind if job.layers.kind != "last" else ("head" if job.layers.n == 1 else "tail")
+        self.name = f"onnx-{self.kind}"  # a checkpoint resumes on the same engine
+        self.random_weights = False
+        self.replaced_head = False
+        self.model_fp = ""
+        self.child_peak_mb = 0.0
+        self.proto = None            # the model, its output layer resized when the classes differ
+        self.grad: onnx_grad.GradGraph | None = None
+        self.weights: dict[str, np.ndarray] = {}
+        self.cut: str | None = None
+        self.frozen_bytes: bytes | None = None
+        self.frozen_shape: tuple = ()
+        self.frozen_per_sample_mb = 0.0
+        self.opt = None
+        self.eval_session = None
+        self.meta: dict = {}
+
+    # --- set-up ------------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        job = self.job
+        model = load_onnx(job.model)
+        if model.preprocess is None:
+            raise UsageError("the ONNX file has no edgetrain preprocessing record", job.model,
+                             "export it with `edgetrain export` (its metadata says the input shape and mean/std)")
+        self.meta = dict(model.metadata)
+        self.random_weights = self.meta.get(f"{META_PREFIX}random_weights") == "true"
+        job.load_data(model.preprocess)
+        self.proto = model.proto
+        self.model_fp = hashlib.sha256(self.proto.SerializeToString()).hexdigest()[:16]
+        logits = onnx_grad.logits_name(self.proto)
+        self._fit_head(logits, len(job.classes))
+        initializers = {t.name for t in self.proto.graph.initializer}
+        if self.kind in ("head", "tail"):
+            self.cut = cut_before_layer(self.proto.graph, initializers, job.layers.n)
+            tail = self._extract([self.cut], [logits])
+            self.grad = onnx_grad.GradGraph(tail, _weights_of(tail.graph), output=logits)
+            self.frozen_bytes = self._extract([self.proto.graph.input[0].name], [self.cut]).SerializeToString()
+            self._frozen_figures()
+        else:
+            mode = "bias+head" if self.kind == "bias" else _weights_of(self.proto.graph)
+            self.grad = onnx_grad.GradGraph(self.proto, mode, output=logits)
+        self.weights = {k: self.grad.params[k] for k in self.grad.trainable}
+
+    def _fit_head(self, logits: str, classes: int) -> None:
+        """Resize the output layer when the data has other classes (new weights: netsplit's initialisation)."""
+        numpy_helper = _lazy.from_import("onnx", "numpy_helper")
+        graph = self.proto.graph
+        producer = {o: n for n in graph.node for o in n.output}
+        head = producer.get(logits)
+        while head is not None and head.op_type not in ("Gemm", "MatMul"):
+            head = producer.get(head.input[0])  # through a Flatten/Reshape/Identity after the layer
+        inits = {t.name: t for t in graph.initializer}
+        if head is None or head.input[1] not in inits:
+            raise UsageError("the ONNX model's output does not come from a Gemm/MatMul layer with its own weights",
+                             self.job.model, "fine-tune a classifier whose last layer is fully connected")
+        w = numpy_helper.to_array(inits[head.input[1]])
+        trans_b = any(a.name == "transB" and a.i for a in head.attribute)
+        outputs = w.shape[0] if trans_b else w.shape[1]
+        if outputs == classes:
+            return
+        rng = np.random.RandomState(self.job.seed)
+        shape = (classes, w.shape[1]) if trans_b else (w.shape[0], classes)
+        replace = {head.input[1]: store.xavier(shape, rng)}
+        if len(head.input) > 2 and head.input[2] in inits:
+            replace[head.input[2]] = np.zeros(classes, np.float32)
+        for name, value in replace.items():
+            inits[name].CopyFrom(numpy_helper.from_array(value, name))
+        for out in graph.output:  # the class axis of the output is the new count
+            dims = out.type.tensor_type.shape.dim
+            if len(dims) >= 2:
+                dims[1].dim_value = classes
+        del graph.value_info[:]  # shapes inferred for the old head
+        self.replaced_head = True
+        self.job.notes.append(f"output layer replaced: the model has {outputs} outputs, the data {classes} classes; "
+                              "the new layer starts from random weights")
+
+    def _extract(self, inputs: list[str], outputs: list[str]):
+        onnx = _lazy.onnx()
+        inferred = onnx.shape_inference.infer_shapes(self.proto)
+        return onnx.utils.Extractor(inferred).extract_model(inputs, outputs)
+
+    def _frozen_figures(self) -> None:
+        """The feature shape (one sample) and an upper bound of one sample's activations in the frozen part."""
+        onnx = _lazy.onnx()
+        inferred = onnx.shape_inference.infer_shapes(onnx.load_from_string(self.frozen_bytes))
+        sizes = {}
+        for v in list(inferred.graph.value_info) + list(inferred.graph.output):
+            dims = [d.dim_value for d in v.type.tensor_type.shape.dim][1:]
+            if dims and all(d > 0 for d in dims):
+                sizes[v.name] = int(np.prod(dims))
+        if self.cut not in sizes:
+            raise UsageError(f"the shape of {self.cut} cannot be inferred", self.job.model,
+                             "export the model with a fixed input shape")
+        out = [v for v in inferred.graph.output if v.name == self.cut][0]
+        self.frozen_shape = tuple(d.dim_value for d in out.type.tensor_type.shape.dim[1:])
+        self.frozen_per_sample_mb = sum(sizes.values()) * 4 / MB
+
+    @property
+    def has_frozen(self) -> bool:
+        return self.cut is not None
+
+    @property
+    def feature_shape(self) -> tuple:
+        return self.frozen_shape
+
+    @property
+    def cut_name(self) -> str | None:
+        return self.cut
+
+    def plan(self, rows: int, saved: dict | None):
+        job = self.job
+        x = np.zeros((1, *job.pre.input_shape), np.float32)
+        probe = self.features(x) if self.has_frozen else x
+        _, tape = self.grad.forward(probe)
+        train_mb = (tape.bytes_per_sample + tape.activation_bytes) / MB  # kept + the live activations (a bound)
+        n_weights = sum(int(v.size) for v in self.weights.values())
+        session_mb = 2.65 * len(self.frozen_bytes) / MB + 30.0 if self.has_frozen else 0.0
+        params_mb = sum(int(v.nbytes) for v in self.grad.params.values()) / MB
+        feat = int(np.prod(self.frozen_shape)) if self.has_frozen else 0
+        costs = Costs((procmem.rss_mb() or 0.0) + session_mb, self.frozen_per_sample_mb, train_mb,
+                      params_mb + 3 * n_weights * 4 / MB, int(np.prod(job.pre.input_shape)) * 4 / MB, rows,
+                      feat * 4, job.batch_size, self.has_frozen)
+        plan = MemoryPlan(**saved) if saved is not None else choose(costs, job.budget_mb)
+        plan.feature_batch = min(plan.feature_batch, max(FEATURE_BATCHES))
+        return plan, costs
+
+    def start_from(self, arrays: dict[str, np.ndarray]) -> None:
+        for name in self.weights:
+            self.weights[name][...] = arrays[name]
+
+    def make_optimizer(self, name: str, lr: float):
+        runtime.cap_loaded_blas(self.job.threads)
+        return make_numpy_optimizer(name, self.weights, lr)
+
+    # --- the frozen part ---------------------------------------------------------------------------
+
+    def frozen_fn(self):
+        job = self.job
+        path = job.outdir / store.FROZEN_ONNX
+        atomic_write_bytes(path, self.frozen_bytes, "frozen part")
+        session = store.ort_session(path, job.threads, job.plan.arena)
+        name = session.get_inputs()[0].name
+        record = {"fingerprint": job.cache_fp, "sha256": store.file_sha(path)}
+        return (lambda x: session.run(None, {name: x})[0]), record
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        if not self.has_frozen:
+            return x
+        if self.eval_session is None:
+            self.eval_session = _lazy.ort_session(self.frozen_bytes, self.job.threads)
+        return self.eval_session.run(None, {self.eval_session.get_inputs()[0].name: x})[0]
+
+    # --- training ----------------------------------------------------------------------------------
+
+    def step(self, inputs, idx: np.ndarray, labels: np.ndarray, micro: int) -> tuple[float, int]:
+        real = len(idx)
+        grads = {k: np.zeros_like(v) for k, v in self.weights.items()}
+        loss_sum, correct = 0.0, 0
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverged loss is reported by the job, once
+            for start in range(0, real, micro):
+                part = idx[start:start + micro]
+                out, tape = self.grad.forward(inputs(part))
+                loss, right, dlogits = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])
+                loss_sum, correct = loss_sum + loss, correct + right
+                for k, g in self.grad.backward(tape, (dlogits / np.float32(real)).reshape(out.shape)).items():
+                    grads[k] += g
+        self.opt.step(grads)
+        return loss_sum, correct
+
+    def evaluate(self, inputs, labels: np.ndarray, micro: int) -> tuple[float, float]:
+        correct, loss_sum = 0, 0.0
+        for start in range(0, len(labels), micro):
+            idx = np.arange(start, min(start + micro, len(labels)))
+            out, _ = self.grad.forward(inputs(idx))
+            loss, right, _ = onnx_grad.softmax_cross_entropy(out.reshape(len(idx), -1), labels[idx])
+            loss_sum, correct = loss_sum + loss, correct + right
+        return correct / len(labels), loss_sum / len(labels)
+
+    def predict(self, arrays: dict[str, np.ndarray], features: np.ndarray) -> np.ndarray:
+        self.start_from(arrays)
+        return np.concatenate([self.grad.forward(features[s:s + 64])[0].reshape(len(features[s:s + 64]), -1)
+                               .argmax(axis=1) for s in range(0, len(features), 64)])
+
+    def reseed(self, seed: int, global_step: int) -> None:
+        pass  # an exported graph's Dropout is an identity: nothing random in a step
+
+    # --- arrays ------------------------------------------------------------------------------------
+
+    def trainable_arrays(self) -> dict[str, np.ndarray]:
+        return dict(self.weights)
+
+    def statistics(self) -> set[str]:
+        return set()  # BatchNorm's running statistics are the file's constants
+
+    def restore(self, arrays: dict[str, np.ndarray], where: str) -> None:
+        for k, v in self.weights.items():
+            if k not in arrays or arrays[k].shape != v.shape:
+                raise UsageError(f"checkpoint does not hold weights for {k}", where,
+                                 "delete it and start over, or use another OUTDIR")
+            v[...] = arrays[k]
+
+    def param_counts(self) -> tuple[int, int]:
+        trained = sum(int(v.size) for v in self.weights.values())
+        total = sum(int(np.prod(t.dims)) for t in self.proto.graph.initializer if t.data_type == 1)
+        return trained, total - trained
+
+    def model_path(self, outdir: Path) -> Path:
+        return outdir / ONNX_MODEL
+
+    def write_model(self, path: Path, pre, extra: dict) -> None:
+        """OUTDIR/model.onnx: the graph with the trained initializers, its metadata the run's."""
+        numpy_helper = _lazy.from_import("onnx", "numpy_helper")
+        proto = type(self.proto)()
+        proto.CopyFrom(self.proto)
+        for t in proto.graph.initializer:
+            if t.name in self.weights:
+                t.CopyFrom(numpy_helper.from_array(np.asarray(self.weights[t.name], np.float32), t.name))
+        meta = {**{k: v for k, v in self.meta.items()}, f"{META_PREFIX}preprocess": json.dumps(pre.to_dict()),
+                f"{META_PREFIX}class_names": json.dumps(list(pre.class_names or [])),
+                f"{META_PREFIX}num_classes": str(len(pre.class_names or [])),
+                f"{META_PREFIX}finetune": json.dumps(extra)}
+        del proto.metadata_props[:]
+        for key, value in meta.items():
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = key, value
+        atomic_write_bytes(path, proto.SerializeToString(), "model")
