@@ -21,7 +21,7 @@ Sources, the first one found wins (``detect``):
 
 Every root is injectable: ``sysfs_root`` (default ``$EDGETRAIN_SYSFS_ROOT`` or ``/sys``) and the
 ``vcgencmd`` program (``$EDGETRAIN_VCGENCMD``, else ``vcgencmd`` on PATH), so tests run on generated
-sensor trees and a fake ``vcgencmd``; ``EDGETRAIN_POWER=off`` turns every source off. RAPL (the x86 CPU package counter) stays in ``energy``: it is an
+sensor trees and a fake ``vcgencmd``; ``EDGETRAIN_POWER=off`` turns every source off. RAPL (the x86 CPU package counter) stays in ``model``: it is an
 energy counter, read at the ends of a window, not sampled.
 
 A measurement (``PowerMeter``) samples the idle board first (the process sleeping), then the work, in
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
 ENV_SYSFS = "EDGETRAIN_SYSFS_ROOT"
 ENV_VCGENCMD = "EDGETRAIN_VCGENCMD"
