@@ -97,7 +97,7 @@ def predict(runtime: str, stats: GraphStats, random_weights: bool = False,
 def runtime_baseline_mb(runtime: str) -> float:
     """RSS of a process that imported ``runtime`` and ran a trivial graph; measured once per process."""
     if runtime not in _baselines:
-        from ... import child
+        from .. import child
 
         proc = child.run(child.python_argv("edgetrain.measure.child", "--baseline", runtime),
                          what=f"the {runtime} baseline", timeout=300, where="memory model")
