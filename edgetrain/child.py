@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import subprocess
@@ -23,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import envvars, runtime
-from .errors import RunFailed, UsageError
-from .fileio import temp_dir
+from . import runtime
+from .errors import RunFailed
 
 PR_SET_PDEATHSIG = 1
 
@@ -179,31 +177,3 @@ def last_line(err: str) -> str:
     """': <the last non-empty line of stderr, clipped>' or ''."""
     lines = [ln.strip() for ln in (err or "").splitlines() if ln.strip()]
     return f": {lines[-1][:300]}" if lines else ""
-
-
-def run_child(spec: dict, threads: int | None, what: str, timeout: float) -> dict:
-    """Run one ``edgetrain.profile_child`` on ``spec`` and return its result; a crash or hang is RunFailed,
-    a user's error reported by the child is re-raised as one here."""
-    with temp_dir("profile") as tmp:
-        spec = {**spec, "result": str(Path(tmp) / "result.json")}
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec), encoding="utf-8")
-        done = run(python_argv("edgetrain.profile_child", str(spec_path)), what=what, timeout=timeout,
-                   threads=threads, where="profile child",
-                   timeout_fix="raise --timeout if the model is just slow, or check it runs with `edgetrain inspect`")
-        if envvars.get("EDGETRAIN_DEBUG") == "1" and done.err:
-            sys.stderr.write(done.err)
-        if done.code != 0:
-            raise RunFailed(f"{what} {death(done.code)}{last_line(done.err)}", "profile child",
-                            "check the model loads and runs (`edgetrain inspect MODEL`); "
-                            "EDGETRAIN_DEBUG=1 shows the child's output")
-        path = Path(spec["result"])
-        if not path.exists():
-            raise RunFailed(f"{what} exited without a result{last_line(done.err)}", "profile child",
-                            "check the model with `edgetrain inspect MODEL`")
-        result = json.loads(path.read_text(encoding="utf-8"))
-    if "error" in result:
-        e = result["error"]
-        cls = UsageError if e["type"] == "UsageError" else RunFailed
-        raise cls(e["what"], e.get("where"), e.get("fix"))
-    return result

@@ -23,7 +23,7 @@ from edgetrain.runtime import thread_env
 
 pytestmark = pytest.mark.slow
 
-# name -> in the fit set of edgetrain/memory_model.py's coefficients
+# name -> in the fit set of edgetrain/measure/memory_model.py's coefficients
 MEMORY_MODELS = {"mobilenet0.25": True, "mobilenetv2_0.25": False, "squeezenet1.1": True}
 MEMORY_TOLERANCE_PCT = 20.0
 

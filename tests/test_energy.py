@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from edgetrain.devices import load_device
-from edgetrain.energy import (daily_budget, energy_for_duration, energy_per_inference, energy_report, parse_rate,
-                              rapl_delta_j, read_rapl)
+from edgetrain.energy.model import (daily_budget, energy_for_duration, energy_per_inference, energy_report, parse_rate,
+                                    rapl_delta_j, read_rapl)
 from edgetrain.errors import UsageError
 
 
@@ -106,7 +106,7 @@ def test_rapl_absent_or_unreadable_is_none(tmp_path):
 
 @pytest.mark.parametrize("threads", [None, 1, 2, 3, 4, 8])
 def test_busy_power_is_interpolated_by_busy_cores(pi4, threads):
-    from edgetrain.energy import busy_power
+    from edgetrain.energy.model import busy_power
 
     watts, how = busy_power(pi4, threads)
     busy = 4 if threads is None else min(threads, 4)
@@ -134,14 +134,14 @@ def test_daily_budget_at_one_busy_core(pi4):
     (1.3, 0.5, 2, None, True), (1.3, 2.0, 2, None, True), (1.3, 2.5, 2, None, False), (3.5, 0.1, 2, None, False),
     (1.3, None, 2, None, True), (None, 0.1, 4, 5.0, False), (1.3, 0.1, 4, 1.2, True)])
 def test_reliability_flags_a_busy_host(spread, load, cores, ref, reliable):
-    from edgetrain.energy import reliability
+    from edgetrain.energy.model import reliability
 
     r = reliability(spread, load, cores, ref)
     assert r["reliable"] is reliable and bool(r["reasons"]) is not reliable
 
 
 def test_a_measured_figure_leads_the_report_and_the_model_stays_beside_it(pi4):
-    from edgetrain.energy import measured_per_inference
+    from edgetrain.energy.model import measured_per_inference
 
     rec = {"available": True, "source": "hwmon", "detail": "ina219", "joules": 2.0, "joules_above_idle": 0.5,
            "average_w": 4.0, "idle_w": 3.0, "samples": 11, "rate_hz": 20.0, "inferences": 400, "timed_runs": 200,
@@ -160,7 +160,7 @@ def test_a_measured_figure_leads_the_report_and_the_model_stays_beside_it(pi4):
 
 
 def test_energy_meter_without_a_source_models_at_the_busy_cores(pi4):
-    from edgetrain.energy import EnergyMeter
+    from edgetrain.energy.model import EnergyMeter
 
     m = EnergyMeter(pi4, threads=2, source=None).start()
     rec = m.stop(epochs=2, samples=100)
@@ -171,8 +171,8 @@ def test_energy_meter_without_a_source_models_at_the_busy_cores(pi4):
 
 
 def test_energy_meter_with_a_source_measures(pi4, tmp_path):
-    from edgetrain import power
-    from edgetrain.energy import EnergyMeter
+    from edgetrain.energy import sensors as power
+    from edgetrain.energy.model import EnergyMeter
 
     f = tmp_path / "class" / "hwmon" / "hwmon0" / "power1_input"
     f.parent.mkdir(parents=True)
@@ -188,8 +188,8 @@ def test_energy_meter_with_a_source_measures(pi4, tmp_path):
 
 
 def test_the_report_lines_say_measured_or_modelled_the_spread_and_when_not_to_trust_it(pi4):
-    from edgetrain.energy import measured_per_inference, reliability
-    from edgetrain.report import energy_lines
+    from edgetrain.energy.model import measured_per_inference, reliability
+    from edgetrain.measure import energy_lines
 
     busy = reliability(1.2, 9.5, 2)
     modelled = energy_report(0.5, pi4, threads=1, p10_ms=0.4, p90_ms=0.8, reliable=busy)

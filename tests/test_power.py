@@ -1,4 +1,4 @@
-"""edgetrain.power: board power sources on generated sensor trees and a fake vcgencmd, the sampling thread,
+"""edgetrain.energy.sensors: board power sources on generated sensor trees and a fake vcgencmd, the sampling thread,
 trapezoid integration, and USB power meter logs."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain import power
+from edgetrain.energy import sensors as power
 from edgetrain.errors import UsageError
 
 # The shape `vcgencmd pmic_read_adc` prints on a Raspberry Pi 5: currents first, then voltages; the number in

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import edgetrain
-from edgetrain.accuracy import onnx_top1
+from edgetrain.int8 import onnx_top1
 from edgetrain.data import load_data
 from edgetrain.errors import UsageError
 from edgetrain.models import load_onnx

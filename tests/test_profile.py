@@ -1,4 +1,4 @@
-"""edgetrain.profiling: real child processes, real ONNX Runtime / MXNet runs, real device profiles."""
+"""edgetrain.measure.profiling: real child processes, real ONNX Runtime / MXNet runs, real device profiles."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,7 @@ import pytest
 from edgetrain.errors import UsageError
 from edgetrain.api import profile
 from edgetrain.options import parse_threads
-from edgetrain.profiling import latency_summary, percentile
+from edgetrain.measure.profiling import latency_summary, percentile
 from test_profile_models import conv_gemm_onnx, user_profile
 
 PROVENANCES = {"measured", "estimated", "modelled", "emulated"}
@@ -183,7 +183,7 @@ def test_fixed_batch_or_shape_mismatch_is_a_usage_error(tmp_path):
 def test_timings_under_emulation_are_labelled_emulated_and_not_scaled(swept):
     from edgetrain.devices import load_device
     from edgetrain.host import HostInfo
-    from edgetrain.profiling import _latency_verdict, _timing_label
+    from edgetrain.measure.profiling import _latency_verdict, _timing_label
 
     host = HostInfo(arch="aarch64", cores_logical=4, cores_usable=4, ram_mb=4096, cpu="Cortex-A72", isa={},
                     os="test", python="3.11", emulated=True,

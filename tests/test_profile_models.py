@@ -74,7 +74,7 @@ def user_profile(folder: Path, base: str = "x86-64-generic", **changes) -> Path:
 # --- the memory model ---------------------------------------------------------------------------------
 
 def test_onnx_stats_weights_and_live_activations(tmp_path):
-    from edgetrain.memory_model import onnx_stats
+    from edgetrain.measure.memory_model import onnx_stats
 
     path = conv_gemm_onnx(tmp_path / "m.onnx", channels=8, hw=16, classes=10)
     st = onnx_stats(path, [2, 3, 16, 16], batch=2)
@@ -88,7 +88,7 @@ def test_onnx_stats_weights_and_live_activations(tmp_path):
 
 
 def test_mxnet_stats_of_a_prefix(tiny_prefix):
-    from edgetrain.memory_model import mxnet_stats
+    from edgetrain.measure.memory_model import mxnet_stats
 
     st, info = mxnet_stats(str(tiny_prefix), with_info=True)
     assert st.weights_bytes > 0 and 0 < st.conv_weights_bytes <= st.weights_bytes
@@ -97,7 +97,7 @@ def test_mxnet_stats_of_a_prefix(tiny_prefix):
 
 
 def test_prediction_adds_up_and_names_its_parts(tmp_path):
-    from edgetrain.memory_model import MB, onnx_stats, predict
+    from edgetrain.measure.memory_model import MB, onnx_stats, predict
 
     st = onnx_stats(conv_gemm_onnx(tmp_path / "m.onnx"), [1, 3, 16, 16])
     p = predict("onnxruntime", st, baseline_mb=60.0)
@@ -108,7 +108,7 @@ def test_prediction_adds_up_and_names_its_parts(tmp_path):
 
 
 def test_runtime_baseline_is_measured_once_in_a_child():
-    from edgetrain import memory_model
+    from edgetrain.measure import memory_model
 
     first = memory_model.runtime_baseline_mb("onnxruntime")
     assert 20 < first < 1000

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from edgetrain.devices import load_device
-from edgetrain.int8_scheme import choose_scheme, scheme_for
+from edgetrain.int8.scheme import choose_scheme, scheme_for
 
 
 def test_x86_without_vnni_reduces_range_and_warns():
@@ -39,7 +39,7 @@ def test_without_a_device_the_host_decides():
 
 
 def test_calibration_reader_strides_and_picks_across_classes():
-    from edgetrain.calibration import calibration_reader, pick_samples, stride_for
+    from edgetrain.int8.calibration import calibration_reader, pick_samples, stride_for
     from edgetrain.data import load_data
     from edgetrain.preprocess import Preprocess
 

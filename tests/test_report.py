@@ -9,7 +9,7 @@ import pytest
 
 from edgetrain.errors import UsageError
 from edgetrain.api import profile
-from edgetrain.report import check_report_path, render_html, render_markdown, text_summary, write_report
+from edgetrain.measure.report import check_report_path, render_html, render_markdown, text_summary, write_report
 from test_profile_models import conv_gemm_onnx
 
 
@@ -50,7 +50,7 @@ def test_html_is_self_contained_with_every_section(result):
 
 def test_html_shows_the_json_numbers(result):
     page = render_html(result)
-    from edgetrain.report import _fmt
+    from edgetrain.measure.report import _fmt
 
     assert _fmt(result["best"]["p50_ms"]) in page
     assert _fmt(result["energy"]["daily"]["energy_wh_per_day"]) in page

@@ -6,9 +6,9 @@ from collections import Counter
 import click
 
 from ..fileio import check_command_outputs
+from ..measure import energy_lines
 from ..ops.export import export as run
 from ..options import ExportOptions
-from ..report import energy_lines
 from .common import finish, json_option, quiet, say, setup
 from .options import declared_options, parse
 from .render import ProgressLine

@@ -6,9 +6,9 @@ from pathlib import Path
 import click
 
 from ..fileio import check_command_outputs, check_output_path
+from ..measure import text_summary
 from ..ops.profile import profile as run
 from ..options import ProfileOptions
-from ..report import text_summary
 from .common import finish, json_option, quiet, say, setup
 from .options import declared_options, parse
 from .render import ProgressLine

@@ -20,9 +20,9 @@ from ..compare import Comparison, chance_check, chance_failure, compare_outputs,
 from ..convert import BATCH_SIZES, build_onnx, writable, write_atomically
 from ..data import load_data
 from ..errors import RunFailed, UsageError
+from ..measure import profile as run_profile
 from ..models import load_gluon
 from ..options import ExportOptions, ProfileOptions
-from ..profiling import profile as run_profile
 from ..results import ProgressFn, Result, report
 from ..runners import OrtRunner
 from ..runtime import current_threads

@@ -1,13 +1,12 @@
-"""`edgetrain profile`: measure MODEL (edgetrain.profiling: fresh children, device verdict, energy) and write
+"""`edgetrain profile`: measure MODEL (edgetrain.measure: fresh children, device verdict, energy) and write
 its self-contained report."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..measure import ProfileResult, check_report_path, write_report
+from ..measure import profile as measure
 from ..options import ProfileOptions
-from ..profiling import ProfileResult
-from ..profiling import profile as measure
-from ..report import check_report_path, write_report
 from ..results import ProgressFn
 
 

@@ -12,23 +12,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import _lazy
-from ..accuracy import onnx_top1
-from ..calibration import calibration_reader, check_symbol_not_quantized, load_calibration, load_validation, stride_for
 from ..compare import chance_check, chance_failure
 from ..convert import check_batch_sizes
 from ..errors import UsageError
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host
-from ..int8_scheme import scheme_for
-from ..int8_sensitivity import node_errors, rank_nodes
+from ..int8 import (DYNAMIC_OPS, Candidate, Quantizer, calibration_reader, check_not_quantized,
+                    check_symbol_not_quantized, dynamic_applies, load_calibration, load_validation, measure,
+                    node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names, rank_nodes, scheme_for,
+                    set_metadata, static_candidates, stride_for)
 from ..models import load_onnx, parse_model_ref
 from ..options import QuantizeOptions
-from ..quantize_ort import Quantizer, check_not_quantized, prepare, quantized_node_names, set_metadata
 from ..results import ProgressFn, Result, stage
 from ..runners import OrtRunner
 from ..runtime import current_threads
-from ..scheme_search import DYNAMIC_OPS, Candidate, dynamic_applies, measure, static_candidates
-from .quantize_mxnet import quantize_mxnet
 
 RANKING_SAMPLES = 8    # samples compared activation by activation to rank nodes: every activation is held in memory
 MAX_STEPS = 12
@@ -231,7 +228,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
 
     search = None
     if measured:
-        from ..scheme_search import fastest
+        from ..int8 import fastest
 
         rule_top1 = accuracy.get("int8_top1")
         search = _scheme_candidates(onnx_model, prepared, quantizer_for, scheme, best_path, kept, rule_top1,
@@ -300,7 +297,7 @@ def _scheme_candidates(onnx_model, prepared: Path, quantizer_for, rule, rule_pat
         cands.append(c)
     if dynamic_applies(onnx_model.proto):
         quantize_dynamic, QuantType = _lazy.from_import("onnxruntime.quantization", "quantize_dynamic", "QuantType")
-        from ..quantize_ort import quiet_ort
+        from ..int8 import quiet_ort
 
         c = Candidate("dynamic (MatMul/Gemm int8)", "dynamic")
         try:

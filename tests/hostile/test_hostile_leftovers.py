@@ -67,7 +67,7 @@ def test_profile_stopped_leaves_no_measurement_child(onnx_model, tmp_path, sig):
     proc = faults.start_cli("profile", onnx_model / "net.onnx", "--runs", "1000000", "--warmup", "0",
                             env=env, cwd=tmp_path)
     try:
-        _stop_while_child_runs(proc, mark, sig, "profile_child")
+        _stop_while_child_runs(proc, mark, sig, "edgetrain.measure.child")
         if sig != "SIGKILL":
             assert "Traceback" not in proc.stderr.read()
             assert not faults.temp_leftovers(tmp_path)

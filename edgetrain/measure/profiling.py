@@ -2,7 +2,7 @@
 was obtained.
 
 Orchestration only. Every configuration (one thread count) runs in a fresh child process
-(``edgetrain.profile_child``) with the thread caps in its environment before anything loads, so
+(``edgetrain.measure.child``) with the thread caps in its environment before anything loads, so
 figures are not polluted by this process or by each other; a child that crashes, is killed or hangs is
 reported as a failed run, never waited on forever. This process imports neither mxnet nor onnxruntime.
 
@@ -12,23 +12,25 @@ the measurement it precedes.
 """
 from __future__ import annotations
 
+import json
 import math
-import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import energy, memory_model, power, runtime
-from .child import run_child
-from .errors import UsageError
-from .fileio import temp_dir
-from .host import detect_host
-from .models import parse_model_ref
-from .options import ProfileOptions
-from .results import ProgressFn, Result, report
+from .. import energy, envvars, runtime
+from ..child import death, last_line, python_argv, run
+from ..errors import RunFailed, UsageError
+from ..fileio import temp_dir
+from ..host import detect_host
+from ..models import parse_model_ref
+from ..options import ProfileOptions
+from ..results import ProgressFn, Result, report
+from . import memory_model
 
 RUNTIMES = ("onnxruntime", "mxnet")
 # Generous: a zoo model under QEMU or on a Pi Zero takes minutes; a hang still ends.
-DEFAULT_TIMEOUT_S = float(os.environ.get("EDGETRAIN_PROFILE_TIMEOUT", "900"))
+DEFAULT_TIMEOUT_S = float(envvars.get("EDGETRAIN_PROFILE_TIMEOUT", "900"))
 REFERENCE_RUNS, REFERENCE_WARMUP = 20, 3
 
 
@@ -78,9 +80,36 @@ class ProfileResult(Result):
         return (self.device or {}).get("name") or "device"
 
 
-
 # --- children -----------------------------------------------------------------------------------------
 # One launcher for every child (edgetrain/child.py): process group, PDEATHSIG, timeout, signal names.
+
+def run_child(spec: dict, threads: int | None, what: str, timeout: float) -> dict:
+    """Run one ``edgetrain.measure.child`` on ``spec`` and return its result; a crash or hang is RunFailed,
+    a user's error reported by the child is re-raised as one here."""
+    with temp_dir("profile") as tmp:
+        spec = {**spec, "result": str(Path(tmp) / "result.json")}
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        done = run(python_argv("edgetrain.measure.child", str(spec_path)), what=what, timeout=timeout,
+                   threads=threads, where="profile child",
+                   timeout_fix="raise --timeout if the model is just slow, or check it runs with `edgetrain inspect`")
+        if envvars.get("EDGETRAIN_DEBUG") == "1" and done.err:
+            sys.stderr.write(done.err)
+        if done.code != 0:
+            raise RunFailed(f"{what} {death(done.code)}{last_line(done.err)}", "profile child",
+                            "check the model loads and runs (`edgetrain inspect MODEL`); "
+                            "EDGETRAIN_DEBUG=1 shows the child's output")
+        path = Path(spec["result"])
+        if not path.exists():
+            raise RunFailed(f"{what} exited without a result{last_line(done.err)}", "profile child",
+                            "check the model with `edgetrain inspect MODEL`")
+        result = json.loads(path.read_text(encoding="utf-8"))
+    if "error" in result:
+        e = result["error"]
+        cls = UsageError if e["type"] == "UsageError" else RunFailed
+        raise cls(e["what"], e.get("where"), e.get("fix"))
+    return result
+
 
 # --- statistics ---------------------------------------------------------------------------------------
 
@@ -143,7 +172,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
             progress: ProgressFn | None = None) -> ProfileResult:
     """Profile MODEL: one fresh child per thread count, then the device verdict and energy budget.
 
-    ``opts.power_log`` is a USB power meter's CSV recorded during the run (``power.read_power_log``),
+    ``opts.power_log`` is a USB power meter's CSV recorded during the run (``energy.read_power_log``),
     aligned to the timed runs' wall-clock window afterwards. Raises UsageError for bad input before any work.
     """
     runtime_name, threads, batch, warmup, runs = opts.runtime, opts.threads, opts.batch, opts.warmup, opts.runs
@@ -154,7 +183,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
     say = lambda message: report(progress, "profile", message=message)  # noqa: E731
     thread_list, rate_per_h = threads, rate
     if power_log is not None:
-        power_log = power.check_power_log(power_log)
+        power_log = energy.check_power_log(power_log)
     prof = device
     if prof is None and (battery_wh or rate_per_h or budget_mj):
         raise UsageError("the energy budget needs the device's power figures", "--device",
@@ -180,8 +209,8 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
 
     with temp_dir("profile_model") as tmp:
         base_spec = {"runtime": runtime_name, "batch": batch, "chw": chw, "params": params, "model": str(model),
-                     "power": {"measure": True, "idle_s": power.DEFAULT_IDLE_S, "log": power_log is not None,
-                               "min_window_s": power.POWER_LOG_MIN_WINDOW_S if power_log is not None else 0.0}}
+                     "power": {"measure": True, "idle_s": energy.DEFAULT_IDLE_S, "log": power_log is not None,
+                               "min_window_s": energy.POWER_LOG_MIN_WINDOW_S if power_log is not None else 0.0}}
         if is_onnx:
             base_spec["model_file"] = str(Path(model).resolve())
         plan_spec = {**base_spec, "mode": "plan"}
@@ -375,7 +404,7 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None, pai
     A zoo name runs as the exported ONNX model in ONNX Runtime (the closest host runtime to the fp32
     CPU kernels the published figures come from); a runtime named 'mxnet' runs in MXNet. With
     ``paired_with`` (a model's 1-thread run spec) the reference and that model are timed in turns in one
-    child (``profile_child.paired``) and the result carries the model's CPU times too (not cached).
+    child (``child.paired``) and the result carries the model's CPU times too (not cached).
     """
     key = (refp.model, refp.input, refp.threads, refp.runtime)
     if paired_with is None and key in _reference_cache:
@@ -461,7 +490,7 @@ def _log_power(path, config: dict) -> dict:
     window = rec.get("window_wall") or config.get("wall_timed")
     idle = config.get("wall_idle") or ((rec.get("idle") or {}).get("t0"), (rec.get("idle") or {}).get("t1"))
     idle = tuple(idle) if idle and None not in idle else None
-    measured = power.log_record(path, tuple(window), idle)
+    measured = energy.log_record(path, tuple(window), idle)
     for k in ("inferences", "timed_runs", "extra_runs", "min_window_s"):
         if k in rec:
             measured[k] = rec[k]

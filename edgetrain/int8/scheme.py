@@ -82,7 +82,7 @@ def scheme_for(profile=None, host=None, per_channel: bool = True) -> Int8Scheme:
     if profile is not None:
         return choose_scheme(profile.arch, profile.isa.model_dump(), profile.name, per_channel)
     if host is None:
-        from .host import detect_host
+        from ..host import detect_host
 
         host = detect_host()
     return choose_scheme(host.arch, dict(host.isa), "this host", per_channel)

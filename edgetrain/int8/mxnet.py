@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import _lazy
-from ..accuracy import top1
-from ..calibration import check_symbol_not_quantized, load_calibration, load_validation
+from .accuracy import top1
+from .calibration import check_symbol_not_quantized, load_calibration, load_validation
 from ..errors import UsageError
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host

@@ -11,8 +11,8 @@ import json
 import logging
 from pathlib import Path
 
-from . import _lazy
-from .errors import UsageError
+from .. import _lazy
+from ..errors import UsageError
 
 # Operators that only exist in a quantized graph.
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",

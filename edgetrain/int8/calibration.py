@@ -7,9 +7,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import _lazy
-from .data import Dataset, load_data
-from .errors import UsageError
+from .. import _lazy
+from ..data import Dataset, load_data
+from ..errors import UsageError
 
 Progress = Callable[[int, int], None]  # (done, total)
 

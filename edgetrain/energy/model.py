@@ -1,4 +1,4 @@
-"""Energy: measured on the board where a sensor or a meter log exists (``power``), RAPL on an x86 host,
+"""Energy: measured on the board where a sensor or a meter log exists (``sensors``), RAPL on an x86 host,
 and modelled from a device profile's cited power figures where nothing measures.
 
 Modelled energy per inference is the p50 latency (the median: one stalled run out of a hundred does not
@@ -29,9 +29,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import power
-from .errors import UsageError
-from .host import detect_host
+from . import sensors
+from ..errors import UsageError
+from ..host import detect_host
 
 POWERCAP = Path("/sys/class/powercap")
 SECONDS_PER_DAY = 86400.0
@@ -356,9 +356,9 @@ class EnergyMeter:
 
     def __init__(self, profile=None, threads: int | None = None, power_log=None, source="auto"):
         self.profile, self.threads = profile, threads
-        self.power_log = power.check_power_log(power_log) if power_log else None
-        self.source = power.detect() if source == "auto" else source
-        self.meter = power.PowerMeter(self.source) if self.source is not None else None
+        self.power_log = sensors.check_power_log(power_log) if power_log else None
+        self.source = sensors.detect() if source == "auto" else source
+        self.meter = sensors.PowerMeter(self.source) if self.source is not None else None
         self.window = self.idle_window = None
         self.result: dict | None = None
 
@@ -371,7 +371,7 @@ class EnergyMeter:
         else:
             if self.power_log is not None:
                 t = time.time()
-                time.sleep(power.DEFAULT_IDLE_S)
+                time.sleep(sensors.DEFAULT_IDLE_S)
                 self.idle_window = (t, time.time())
             self._t0 = time.time()
         return self
@@ -387,7 +387,7 @@ class EnergyMeter:
             self.meter.window = self.window
             measured = measured_run(self.meter.finish())
         elif self.power_log is not None:
-            measured = measured_run(power.log_record(self.power_log, self.window, self.idle_window))
+            measured = measured_run(sensors.log_record(self.power_log, self.window, self.idle_window))
         modelled = energy_for_duration(seconds, self.profile, self.threads) if self.profile is not None else None
         if measured is not None and (self.profile is None or _on_device(self.profile)):
             out = {**measured, "modelled": modelled}

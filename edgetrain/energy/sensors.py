@@ -21,7 +21,7 @@ Sources, the first one found wins (``detect``):
 
 Every root is injectable: ``sysfs_root`` (default ``$EDGETRAIN_SYSFS_ROOT`` or ``/sys``) and the
 ``vcgencmd`` program (``$EDGETRAIN_VCGENCMD``, else ``vcgencmd`` on PATH), so tests run on generated
-sensor trees and a fake ``vcgencmd``; ``EDGETRAIN_POWER=off`` turns every source off. RAPL (the x86 CPU package counter) stays in ``energy``: it is an
+sensor trees and a fake ``vcgencmd``; ``EDGETRAIN_POWER=off`` turns every source off. RAPL (the x86 CPU package counter) stays in ``model``: it is an
 energy counter, read at the ends of a window, not sampled.
 
 A measurement (``PowerMeter``) samples the idle board first (the process sleeping), then the work, in
@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from .errors import UsageError
+from .. import envvars
+from ..errors import UsageError
 
 ENV_SYSFS = "EDGETRAIN_SYSFS_ROOT"
 ENV_VCGENCMD = "EDGETRAIN_VCGENCMD"
@@ -129,7 +130,7 @@ class Pi5Pmic(Source):
 
     @classmethod
     def find(cls, program: str | None = None) -> "Pi5Pmic | None":
-        program = program or os.environ.get(ENV_VCGENCMD) or shutil.which("vcgencmd")
+        program = program or envvars.get(ENV_VCGENCMD) or shutil.which("vcgencmd")
         if not program:
             return None
         src = cls(program)
@@ -176,7 +177,7 @@ class _SysfsSource(Source):
 
 
 def sysfs_root(root=None) -> Path:
-    return Path(root or os.environ.get(ENV_SYSFS) or "/sys")
+    return Path(root or envvars.get(ENV_SYSFS) or "/sys")
 
 
 class JetsonIna3221(_SysfsSource):
@@ -282,7 +283,7 @@ def _text(path: Path) -> str | None:
 
 def detect(root=None, vcgencmd: str | None = None) -> Source | None:
     """The board's power source, or None where nothing on this machine measures power."""
-    if os.environ.get("EDGETRAIN_POWER") == "off":
+    if envvars.get("EDGETRAIN_POWER") == "off":
         return None
     return Pi5Pmic.find(vcgencmd) or JetsonIna3221.find(root) or Hwmon.find(root)
 

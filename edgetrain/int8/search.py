@@ -1,6 +1,6 @@
 """The int8 scheme chosen by measurement on the CPU that will run it (``quantize --scheme auto``).
 
-The per-architecture rule (``int8_scheme.choose_scheme``) is ONNX Runtime's advice, but users of every
+The per-architecture rule (``scheme.choose_scheme``) is ONNX Runtime's advice, but users of every
 runtime report int8 models that run *slower* than fp32 on some ARM cores (TensorFlow #41035: MobileNetV2
 332 ms fp32 vs 538 ms int8 on a Pi 3; onnxruntime #20052). So where quantize runs on the hardware it
 quantizes for, the candidates are built and timed:
@@ -17,7 +17,7 @@ lowest of the rounds' medians. Those within the accuracy budget (fp32 always is)
 written, even when that is fp32. The best so far is written as soon as it is known, so a search that is
 stopped keeps its result.
 
-``python -m edgetrain.scheme_search MODEL.onnx N,C,H,W`` is the child: it prints one JSON latency.
+``python -m edgetrain.int8.search MODEL.onnx N,C,H,W`` is the child: it prints one JSON latency.
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from .child import death, last_line, python_argv, run
-from .errors import RunFailed
-from .int8_scheme import Int8Scheme
-from .runners import OrtRunner
+from ..child import death, last_line, python_argv, run
+from ..errors import RunFailed
+from .scheme import Int8Scheme
+from ..runners import OrtRunner
 
 ROUNDS = 2
 CHILD_TIMEOUT_S = 300.0
@@ -86,7 +86,7 @@ def dynamic_applies(model_proto) -> bool:
 
 def time_in_child(path: Path, batch_shape, threads: int) -> dict:
     """One fresh process loads ``path`` and times it (warm-up excluded) with the thread cap."""
-    done = run(python_argv("edgetrain.scheme_search", str(path), ",".join(map(str, batch_shape))),
+    done = run(python_argv("edgetrain.int8.search", str(path), ",".join(map(str, batch_shape))),
                what=f"timing {path.name}", timeout=CHILD_TIMEOUT_S, threads=threads, where="scheme search child")
     if done.code != 0:
         raise RunFailed(f"timing {path.name} {death(done.code)}{last_line(done.err)}", "scheme search child",

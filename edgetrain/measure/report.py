@@ -9,8 +9,8 @@ import html
 import math
 from pathlib import Path
 
-from .errors import UsageError
-from .fileio import atomic_write_text, check_output_path
+from ..errors import UsageError
+from ..fileio import atomic_write_text, check_output_path
 
 REPORT_SUFFIXES = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md"}
 PROVENANCE_COLOURS = {"measured": "#1a7f37", "estimated": "#9a6700", "modelled": "#0969da", "emulated": "#cf222e"}

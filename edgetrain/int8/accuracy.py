@@ -5,8 +5,8 @@ from typing import Callable
 
 import numpy as np
 
-from .data import Dataset
-from .runners import OrtRunner
+from ..data import Dataset
+from ..runners import OrtRunner
 
 BATCH = 64
 

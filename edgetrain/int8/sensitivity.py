@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from . import _lazy
-from .quantize_ort import quiet_ort
+from .. import _lazy
+from .ort import quiet_ort
 
 
 def rank_nodes(fp32_path: Path, int8_path: Path, candidates: list[str], reader: Callable[[], object],

@@ -1,12 +1,12 @@
 """What runs in the fresh child process of one profile configuration.
 
-``python -m edgetrain.profile_child SPEC.json`` reads a spec written by ``edgetrain.profiling``, runs
+``python -m edgetrain.measure.child SPEC.json`` reads a spec written by ``edgetrain.measure.profiling``, runs
 load -> first inference -> warm-up -> timed runs -> per-op timings, and writes one JSON result to
 ``spec["result"]``. The parent set the thread caps in our environment before this interpreter started,
 so OpenMP/MXNet read them at import. A user's error (a model that does not load) is written as
 ``{"error": ...}``; anything else (a crash, a signal) is left for the parent to notice.
 
-``python -m edgetrain.profile_child --baseline RUNTIME`` prints the resident memory of a process that
+``python -m edgetrain.measure.child --baseline RUNTIME`` prints the resident memory of a process that
 has only imported the runtime and run a trivial graph: the baseline the memory model adds to.
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import _lazy
-from .fileio import temp_dir
-from .procmem import peak_rss_mb, rss_mb
+from .. import _lazy
+from ..fileio import temp_dir
+from ..procmem import peak_rss_mb, rss_mb
 
 # Per-op timings come from a second, profiled session after the timed runs: the profiler slows every
 # node down, so its figures are for "where the time goes", never for the latency itself.
@@ -31,10 +31,10 @@ def main(argv: list[str]) -> int:
         print(json.dumps(baseline(argv[1])), flush=True)
         return 0
     if len(argv) != 1:
-        print("usage: python -m edgetrain.profile_child SPEC.json | --baseline RUNTIME", file=sys.stderr)
+        print("usage: python -m edgetrain.measure.child SPEC.json | --baseline RUNTIME", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    from .errors import EdgetrainError
+    from ..errors import EdgetrainError
 
     try:
         mode = spec.get("mode")
@@ -108,7 +108,7 @@ def run(spec: dict) -> dict:
     mem["final_rss_mb"], mem["peak_rss_mb"] = rss_mb(), peak_rss_mb()
     out["memory"] = mem
     if energy_start is not None and energy_end is not None:
-        from .energy import rapl_delta_j
+        from ..energy import rapl_delta_j
 
         joules = rapl_delta_j(energy_start, energy_end)
         if joules is not None:
@@ -163,31 +163,31 @@ def paired(spec: dict) -> dict:
 
 
 def _power_meter(spec: dict):
-    """The board's power meter when this machine has a source (energy.power), else None."""
+    """The board's power meter when this machine has a source (edgetrain.energy), else None."""
     power_spec = spec.get("power") or {}
     if not power_spec.get("measure"):
         return None, power_spec
-    from . import power
+    from .. import energy
 
-    source = power.detect()
+    source = energy.detect()
     if source is None:
         return None, power_spec
-    return power.PowerMeter(source, idle_s=power_spec.get("idle_s", power.DEFAULT_IDLE_S)), power_spec
+    return energy.PowerMeter(source, idle_s=power_spec.get("idle_s", energy.DEFAULT_IDLE_S)), power_spec
 
 
 def _measure_power(meter, power_spec: dict, runner, wall_t0: float, runs: int, out: dict) -> dict:
     """Energy over the timed runs, extended by untimed inferences until the window holds enough samples."""
-    from . import power
+    from .. import energy
 
     min_window = float(power_spec.get("min_window_s") or 0.0)
     if meter is not None:
-        min_window = max(min_window, power.MIN_WINDOW_PERIODS * meter.period_s)
+        min_window = max(min_window, energy.MIN_WINDOW_PERIODS * meter.period_s)
     extra = 0
     # the window's length, and the samples in it: a sampling thread running late on a busy host must not leave
     # fewer than MIN_WINDOW_PERIODS (bounded, in case the source stops answering)
     longest = max(4 * min_window, min_window + 5.0)
     while time.time() - wall_t0 < min_window or (
-            meter is not None and meter.samples_since_begin() < power.MIN_WINDOW_PERIODS
+            meter is not None and meter.samples_since_begin() < energy.MIN_WINDOW_PERIODS
             and time.time() - wall_t0 < longest):
         runner.infer()
         extra += 1
@@ -213,7 +213,7 @@ def _loadavg() -> float | None:
 
 def _rapl_reader():
     try:
-        from .energy import read_rapl
+        from ..energy import read_rapl
     except ImportError:
         return None
     return read_rapl if read_rapl() is not None else None
@@ -230,8 +230,8 @@ class OrtRunner:
     def __init__(self, spec: dict):
         import numpy as np
 
-        from .errors import UsageError
-        from ._lazy import ort_session
+        from ..errors import UsageError
+        from .._lazy import ort_session
 
         self.spec = spec
         self.path = spec["model_file"]
@@ -259,7 +259,7 @@ class OrtRunner:
     def op_profile(self, runs: int) -> dict:
         ort = _lazy.onnxruntime()
 
-        from ._lazy import ort_session_options
+        from .._lazy import ort_session_options
 
         with temp_dir("ortprof") as tmp:
             opts = ort_session_options(self.spec["threads"])
@@ -285,7 +285,7 @@ _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(
 
 
 def _concrete_shape(shape, spec: dict, name: str) -> list[int]:
-    from .errors import UsageError
+    from ..errors import UsageError
 
     wanted = spec.get("input_shape")  # [N, C, H, W] the parent resolved (from --input-shape or metadata)
     out = []
@@ -360,7 +360,7 @@ class MxnetRunner:
 
 def _load_gluon_unrun(text: str, params, chw):
     """Load a Gluon MODEL without its check-run, so the first inference timed here is the real first."""
-    from . import models
+    from .. import models
 
     ref = models.parse_model_ref(text)
     shape = tuple(chw) if chw else None
@@ -400,8 +400,8 @@ def plan(spec: dict) -> dict:
 
     out: dict = {"notes": []}
     if spec.get("export_to"):
-        from .convert import export_onnx
-        from .models import load_gluon
+        from ..convert import export_onnx
+        from ..models import load_gluon
 
         model = load_gluon(spec["model"], params=spec.get("params"),
                            input_shape=tuple(spec["chw"]) if spec.get("chw") else None)
@@ -413,7 +413,7 @@ def plan(spec: dict) -> dict:
     if spec["runtime"] == "onnxruntime":
         path = out.get("model_file") or spec["model_file"]
         if "preprocess" not in out:
-            from .models import load_onnx
+            from ..models import load_onnx
 
             onnx_model = load_onnx(path)
             out["preprocess"] = onnx_model.preprocess.to_dict() if onnx_model.preprocess else None

@@ -9,7 +9,7 @@ peak RSS = runtime baseline (measured once per runtime in a child, cached for th
 Weights and activations come from the graph: ONNX shape inference for .onnx files, ``infer_shape`` for
 MXNet symbols. The coefficients are the model's only fitted numbers: least squares over the VmHWM of
 Gluon model-zoo networks (1.8 MB to 507 MB of weights, 224x224, batch 1, 1 thread) measured by
-edgetrain.profile_child on x86-64 with onnxruntime 1.32 and mxnet 1.9.1, rounded.
+edgetrain.measure.child on x86-64 with onnxruntime 1.32 and mxnet 1.9.1, rounded.
 tests/test_acceptance.py re-measures them and fails when a prediction is off by more than 20%.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import _lazy, models
+from .. import _lazy, models
 
 MB = 1024 * 1024
 
@@ -72,7 +72,7 @@ class MemoryPrediction:
                 f"{self.stats.weights_bytes / MB:.1f} MB x {w} + conv weights {self.stats.conv_weights_bytes / MB:.1f}"
                 f" MB x {c['wc']} + live activations {self.stats.activation_peak_bytes / MB:.1f} MB x {c['a']} + "
                 f"{c['const_mb']} MB + input ({self.stats.source}; coefficients fitted on zoo models, "
-                "see edgetrain/memory_model.py)")
+                "see edgetrain/measure/memory_model.py)")
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "stats"}
@@ -97,12 +97,12 @@ def predict(runtime: str, stats: GraphStats, random_weights: bool = False,
 def runtime_baseline_mb(runtime: str) -> float:
     """RSS of a process that imported ``runtime`` and ran a trivial graph; measured once per process."""
     if runtime not in _baselines:
-        from . import child
+        from .. import child
 
-        proc = child.run(child.python_argv("edgetrain.profile_child", "--baseline", runtime),
+        proc = child.run(child.python_argv("edgetrain.measure.child", "--baseline", runtime),
                          what=f"the {runtime} baseline", timeout=300, where="memory model")
         if proc.code != 0:
-            from .errors import RunFailed
+            from ..errors import RunFailed
 
             raise RunFailed(f"could not measure the {runtime} baseline: {child.death(proc.code)}"
                             f"{child.last_line(proc.err)}", "memory model",

@@ -1,0 +1,36 @@
+"""energy: joules per inference, per fine-tune and per day. The model (a device profile's cited power
+figures x time, RAPL on an x86 host, the meter that wraps a run) and the board's sensors (Pi 5 PMIC,
+Jetson INA3221, hwmon, a USB meter's log).
+
+The face: what other code may use. Its names load on first use, as edgetrain's own do.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_FACE = {  # name -> the module of this wing that defines it
+    "EnergyMeter": "model", "energy_report": "model", "measured_per_inference": "model", "parse_rate": "model",
+    "rapl_delta_j": "model", "rapl_per_inference": "model", "read_rapl": "model", "reliability": "model",
+    "DEFAULT_IDLE_S": "sensors", "MIN_WINDOW_PERIODS": "sensors", "POWER_LOG_MIN_WINDOW_S": "sensors",
+    "PowerMeter": "sensors", "check_power_log": "sensors", "detect": "sensors", "log_record": "sensors",
+    "read_power_log": "sensors",
+}
+__all__ = sorted(_FACE)
+
+if TYPE_CHECKING:
+    from .model import (EnergyMeter, energy_report, measured_per_inference, parse_rate, rapl_delta_j,
+                        rapl_per_inference, read_rapl, reliability)
+    from .sensors import (DEFAULT_IDLE_S, MIN_WINDOW_PERIODS, POWER_LOG_MIN_WINDOW_S, PowerMeter, check_power_log,
+                          detect, log_record, read_power_log)
+
+
+def __getattr__(name: str):
+    module = _FACE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)
