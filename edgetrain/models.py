@@ -127,23 +127,26 @@ def load_gluon(text: str, params: str | None = None, input_shape: tuple[int, int
     ``mean``/``std`` (one value per channel, or a comma-separated string) override the recorded or
     default normalisation; a PREFIX with no edgetrain record needs ``input_shape``.
     """
-    ref = parse_model_ref(text)
-    if ref.kind == "prefix":
-        model = _load_prefix(ref, input_shape, mean, std)
-    elif ref.kind == "zoo":
-        model = _load_zoo(ref, params, input_shape)
-    else:
-        model = _load_factory(ref, params, input_shape)
-    if ref.kind != "prefix":
-        model.preprocess = with_norm(model.preprocess, mean, std)
+    model = load_gluon_unrun(text, params, input_shape, mean, std)
     if hybridize:
         model.block.hybridize()
     model.num_classes = _check_runs(model)
-    check_finite_params(model.block, ref.text)
+    check_finite_params(model.block, model.ref.text)
     if model.preprocess.class_names is not None and len(model.preprocess.class_names) != model.num_classes:
         model.notes.append(f"recorded {len(model.preprocess.class_names)} class names but the model has "
                            f"{model.num_classes} outputs; class names dropped")
         model.preprocess = model.preprocess.with_classes(None)
+    return model
+
+
+def load_gluon_unrun(text: str, params: str | None = None, input_shape: tuple[int, int, int] | None = None,
+                     mean=None, std=None) -> GluonModel:
+    """The MODEL reference as a Gluon block, not yet run (the profile child times its real first inference)."""
+    ref = parse_model_ref(text)
+    if ref.kind == "prefix":
+        return _load_prefix(ref, input_shape, mean, std)
+    model = _load_zoo(ref, params, input_shape) if ref.kind == "zoo" else _load_factory(ref, params, input_shape)
+    model.preprocess = with_norm(model.preprocess, mean, std)
     return model
 
 

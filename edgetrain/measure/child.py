@@ -362,13 +362,7 @@ def _load_gluon_unrun(text: str, params, chw):
     """Load a Gluon MODEL without its check-run, so the first inference timed here is the real first."""
     from .. import models
 
-    ref = models.parse_model_ref(text)
-    shape = tuple(chw) if chw else None
-    if ref.kind == "prefix":
-        return models._load_prefix(ref, shape)
-    if ref.kind == "zoo":
-        return models._load_zoo(ref, params, shape)
-    return models._load_factory(ref, params, shape)
+    return models.load_gluon_unrun(text, params, tuple(chw) if chw else None)
 
 
 def _op_table(events: list[tuple[str, float]], runs: int, source: str) -> dict:
