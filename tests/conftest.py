@@ -81,6 +81,17 @@ def digits_folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def digits5_onnx(tmp_path_factory) -> Path:
+    """The shipped digits base (trained on 0-4) as the ONNX file `edgetrain export` writes: the device's input."""
+    from clitools import run_edgetrain
+
+    out = tmp_path_factory.mktemp("onnx") / "digits5.onnx"
+    res = run_edgetrain("export", "edgetrain.nets:pretrained_digits", "-o", out)
+    assert res.code == 0, res.err
+    return out
+
+
+@pytest.fixture(scope="session")
 def digits_npz(tmp_path_factory) -> Path:
     """300 real digits (all ten classes, 8x8 in 0..1) as an .npz: small enough for several training runs."""
     from edgetrain.data import load_data

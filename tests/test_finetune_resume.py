@@ -24,7 +24,11 @@ MODELS = {"replaced-head": "edgetrain.nets:pretrained_digits",  # 5 outputs, the
 LAYERS = ("head", "last:2", "all")  # head and last:2 train in NumPy, all in MXNet
 # last:2 of a model whose trained part NumPy cannot run (LayerNorm): the tail trains in MXNet, the frozen
 # part in ONNX Runtime (conftest.mxnet_tail_prefix); each engine resumes what it wrote
-CASES = [(m, layers) for m in MODELS for layers in LAYERS] + [("mxnet-tail", "last:2")]
+# an ONNX file (the device's engine: NumPy from the file, no mxnet), every --train-layers choice it takes
+ONNX_LAYERS = ("head", "last:2", "bias", "all")
+CASES = ([(m, layers) for m in MODELS for layers in LAYERS] + [("mxnet-tail", "last:2")]
+         + [("onnx", layers) for layers in ONNX_LAYERS])
+NO_FEATURE_PASS = {("replaced-head", "all"), ("kept-head", "all"), ("onnx", "bias"), ("onnx", "all")}
 # 240 training rows / batch 16 = 15 steps per epoch; the feature pass writes 10 batches of 32 rows
 KILLS = {"feature pass": "features:3", "mid-epoch": "step:20", "between epochs": "epoch:1",
          "saving the first checkpoint": "save:1", "saving a later checkpoint": "save:2"}
@@ -37,7 +41,17 @@ def _args(model: str, layers: str, data: Path, out: Path, epochs: int = EPOCHS) 
             "--allow-chance"]  # what is checked here is the weights (mxnet-tail's model has random ones)
 
 
+def _final(out: Path) -> Path:
+    return out / "model.onnx" if (out / "model.onnx").exists() or not (out / "model-0000.params").exists() \
+        else out / "model-0000.params"
+
+
 def _params(out: Path) -> dict:
+    if _final(out).suffix == ".onnx":
+        import onnx
+        from onnx import numpy_helper
+
+        return {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out / "model.onnx")).graph.initializer}
     import mxnet as mx
 
     return {k: v.asnumpy() for k, v in mx.nd.load(str(out / "model-0000.params")).items()}
@@ -60,8 +74,8 @@ def private_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
-def model_ref(mxnet_tail_prefix):
-    return lambda kind: str(mxnet_tail_prefix) if kind == "mxnet-tail" else MODELS[kind]
+def model_ref(mxnet_tail_prefix, digits5_onnx):
+    return lambda kind: {"mxnet-tail": str(mxnet_tail_prefix), "onnx": str(digits5_onnx)}.get(kind) or MODELS[kind]
 
 
 @pytest.fixture
@@ -90,13 +104,14 @@ def _assert_identical(got: dict, want: dict) -> None:
 @pytest.mark.parametrize("model_kind,layers", CASES)
 def test_sigkill_then_resume_gives_identical_weights(model_kind, layers, phase, digits_npz, reference, model_ref,
                                                      tmp_path):
-    if phase == "feature pass" and layers == "all":
-        pytest.skip("--train-layers all freezes nothing: there is no feature pass to kill")
+    if phase == "feature pass" and (model_kind, layers) in NO_FEATURE_PASS:
+        pytest.skip("nothing is frozen whole: there is no feature pass to kill")
     out = tmp_path / "run"
     args = _args(model_ref(model_kind), layers, digits_npz, out)
     killed = _killed_run(args, KILLS[phase], tmp_path)
     assert killed.returncode == -signal.SIGKILL, f"not killed at {phase}: exit {killed.returncode}\n{killed.stderr}"
-    assert not (out / "model-0000.params").exists(), "a killed run must not leave a final model"
+    assert not (out / "model-0000.params").exists() and not (out / "model.onnx").exists(), \
+        "a killed run must not leave a final model"
     res = run_edgetrain(*args, "--resume", "--json", "-", cwd=tmp_path)
     assert res.code == 0, res.err
     _assert_identical(_params(out), reference(model_kind, layers))

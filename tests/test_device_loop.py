@@ -1,0 +1,113 @@
+"""The device's whole loop from an ONNX file, with no mxnet importable: fine-tune (every --train-layers
+choice), then quantize, predict and profile what it wrote. MXNet exists only on the host, which exports the
+base model once (here: the shipped digits base, trained on digits 0-4, taught all ten on the device).
+
+"No mxnet" is enforced, not assumed: every process of the loop (and its children) finds an ``mxnet``
+package that raises ImportError, ahead of the real one on PYTHONPATH."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from clitools import assert_user_error, run_edgetrain
+
+LAYERS = ("head", "last:2", "bias", "all")
+
+
+@pytest.fixture(scope="module")
+def device_env(tmp_path_factory):
+    blocker = tmp_path_factory.mktemp("device") / "mxnet"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('No module named mxnet (this is the device)')\n")
+    path = os.pathsep.join(p for p in (str(blocker.parent), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "EDGETRAIN_CACHE_DIR": ""}
+
+
+@pytest.fixture(scope="module")
+def host_export(tmp_path_factory):
+    """On the host (mxnet): the digits base as ONNX, and 600 training / 200 held-out digits as .npz."""
+    from edgetrain.data import load_data
+    from edgetrain.preprocess import Preprocess
+
+    folder = tmp_path_factory.mktemp("host")
+    res = run_edgetrain("export", "edgetrain.nets:pretrained_digits", "-o", folder / "digits5.onnx")
+    assert res.code == 0, res.err
+    x, y = load_data("builtin:digits", Preprocess(input_shape=(1, 8, 8), mean=(0.0,), std=(1.0,))).arrays(800)
+    np.savez(folder / "train.npz", data=x[:600, 0], label=y[:600])
+    np.savez(folder / "val.npz", data=x[600:, 0], label=y[600:])
+    return folder
+
+
+def test_the_device_has_no_mxnet(device_env):
+    """The blocker works: a plain import of mxnet fails in the device's environment."""
+    proc = subprocess.run([sys.executable, "-c", "import mxnet"], env={**os.environ, **device_env},
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "this is the device" in proc.stderr
+
+
+@pytest.mark.parametrize("layers", LAYERS)
+def test_finetune_quantize_predict_profile_on_the_device(layers, host_export, device_env, tmp_path):
+    out = tmp_path / "run"
+    ft = run_edgetrain("finetune", host_export / "digits5.onnx", "--data", host_export / "train.npz",
+                       "--val", host_export / "val.npz", "-o", out, "--train-layers", layers, "--epochs", "4",
+                       "--json", "-", env=device_env)
+    assert ft.code == 0, ft.err
+    result = ft.json()
+    model = out / "model.onnx"
+    assert result["model"] == str(model) and model.is_file()
+    assert result["replaced_head"] and result["classes"] == [str(i) for i in range(10)]
+    assert result["final_accuracy"] > 0.6, result  # ten classes: chance is 0.1
+    assert not (out / "frozen.onnx").exists() and not (out / "features.cache").exists()
+
+    pred = run_edgetrain("predict", model, host_export / "val.npz", "--json", "-", env=device_env)
+    assert pred.code == 0, pred.err
+    top1 = pred.json()["accuracy"]["top1"] / 100  # predict reports percent
+    # the same weights in ONNX Runtime as in the NumPy evaluation: at most one of 200 answers may differ
+    assert abs(top1 - result["final_accuracy"]) <= 1 / 200 + 1e-9, (top1, result["final_accuracy"])
+
+    quant = run_edgetrain("quantize", model, "--calib", host_export / "train.npz", "--val", host_export / "val.npz",
+                          "-o", tmp_path / "int8.onnx", "--max-drop", "100", "--json", "-", env=device_env)
+    assert quant.code == 0, quant.err
+    assert (tmp_path / "int8.onnx").is_file()
+
+    prof = run_edgetrain("profile", tmp_path / "int8.onnx", "--runs", "5", "--warmup", "1", "--json", "-",
+                         env=device_env)
+    assert prof.code == 0, prof.err
+    assert prof.json()["best"]["p50_ms"] > 0
+
+
+def test_a_gluon_model_cannot_train_biases_without_its_onnx_file(tmp_path):
+    res = run_edgetrain("finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o",
+                        tmp_path / "out", "--train-layers", "bias")
+    assert_user_error(res, 2, "--train-layers bias trains from an ONNX file", "edgetrain export")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_onnx_file_without_edgetrain_metadata_is_refused_in_one_line(host_export, device_env, tmp_path):
+    import onnx
+
+    proto = onnx.load(str(host_export / "digits5.onnx"))
+    del proto.metadata_props[:]
+    onnx.save(proto, str(tmp_path / "bare.onnx"))
+    res = run_edgetrain("finetune", tmp_path / "bare.onnx", "--data", host_export / "train.npz", "-o",
+                        tmp_path / "out", env=device_env)
+    assert_user_error(res, 2, "no edgetrain preprocessing record", "edgetrain export")
+    assert not (tmp_path / "out").exists()
+
+
+def test_last_n_beyond_the_models_layers_is_refused_in_one_line(host_export, device_env, tmp_path):
+    res = run_edgetrain("finetune", host_export / "digits5.onnx", "--data", host_export / "train.npz", "-o",
+                        tmp_path / "out", "--train-layers", "last:40", env=device_env)
+    assert_user_error(res, 2, "last:40", "layer(s) that can train from the end")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_budget_the_plan_cannot_meet_is_refused_before_training(host_export, device_env, tmp_path):
+    res = run_edgetrain("finetune", host_export / "digits5.onnx", "--data", host_export / "train.npz", "-o",
+                        tmp_path / "out", "--train-layers", "bias", "--memory-budget", "20MB", env=device_env)
+    assert_user_error(res, 2, "memory budget 20 MB is too small")
+    assert not (tmp_path / "out").exists()
