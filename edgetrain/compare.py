@@ -5,9 +5,10 @@ An element mismatches when it is out of *both* tolerances: ``|a - e| > atol * sc
 that output. The absolute tolerance scales with the output's magnitude because fp32 round-off does:
 logits of magnitude 20 computed in another order differ by ~20x more than logits of magnitude 1, and
 an element near zero among them has no useful relative error (AlexNet: max abs 6e-4 on logits of 20
-is round-off, not a wrong export). Outputs within [-1, 1] keep ``atol`` as given. Per output we report max/mean/median absolute and relative error,
-where the worst element is, and the smallest tolerance that would have passed (each one holding the
-other fixed), so a failure says how far off it was, not just that it was.
+is round-off, not a wrong export). Outputs within [-1, 1] keep ``atol`` as given. Per output we report
+max/mean/median absolute and relative error, where the worst element is, and the smallest tolerance
+that would have passed (each one holding the other fixed), so a failure says how far off it was, not
+just that it was.
 
 Used by export (Gluon vs ONNX Runtime) and reusable by quantize and profile.
 """

@@ -272,13 +272,15 @@ def main(argv=None) -> int:
         pairs = [a["wall"] / b["wall"] for a, b in zip(ref, runs) if a["code"] == 0 and b["code"] == 0]
         xp = f"{statistics.median(pairs):8.2f}" if pairs and ref_rate else f"{'':8}"
         xm = f"{rss / ref_rss:7.2f}" if ref_rss else f"{'':7}"
-        print(f"{tag:26}{rate:10.1f}{xr}{xp}{rss:10.0f}{xm}{tree:10.0f}{wall:8.2f}{cpu:7.2f}{acc if acc is None else round(acc, 3):>7}"
+        shown_acc = acc if acc is None else round(acc, 3)
+        print(f"{tag:26}{rate:10.1f}{xr}{xp}{rss:10.0f}{xm}{tree:10.0f}{wall:8.2f}{cpu:7.2f}{shown_acc:>7}"
               + ("" if len(ok) == len(runs) else f"  ({len(runs) - len(ok)} failed)"))
     for today in [t for t in results if t.startswith("today last:2")]:
         a = [m for m in results.get("edgetrain last:2", []) if m["code"] == 0]
         b = [m for m in results[today] if m["code"] == 0]
         if a and b:
-            print(f"last:2 speed-up over {today}: {statistics.median(x['wall'] for x in b) / statistics.median(x['wall'] for x in a):.2f}x "
+            wall_speedup = statistics.median(x['wall'] for x in b) / statistics.median(x['wall'] for x in a)
+            print(f"last:2 speed-up over {today}: {wall_speedup:.2f}x "
                   f"wall, {statistics.median(x['cpu'] for x in b) / statistics.median(x['cpu'] for x in a):.2f}x CPU time "
                   "(user+sys of the process tree: less sensitive to a busy host)")
 

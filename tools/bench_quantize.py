@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         apply_threads(1)
         paths = build(args.model, args.size, workdir, args.samples)
         p50s: dict[str, list[float]] = {k: [] for k in RUNTIMES}
-        for r in range(args.rounds):
+        for _ in range(args.rounds):
             for kind in RUNTIMES:
                 proc = subprocess.run([sys.executable, __file__, "--child", kind, str(paths[kind]), "--size",
                                        str(args.size), "--runs", str(args.runs), "--warmup", str(args.warmup)],

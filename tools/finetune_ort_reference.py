@@ -52,7 +52,7 @@ W = (rng.randn(k, d) * np.sqrt(2.0 / (k + d))).astype(np.float32)
 b = np.zeros(k, np.float32)
 state = [np.zeros_like(W), np.zeros_like(W), np.zeros_like(b), np.zeros_like(b)]
 t = 0
-for epoch in range(a.epochs):
+for _epoch in range(a.epochs):
     order = rng.permutation(train)
     for s in range(0, len(order), a.batch):
         idx = order[s:s + a.batch]

@@ -21,8 +21,9 @@ Sources, the first one found wins (``detect``):
 
 Every root is injectable: ``sysfs_root`` (default ``$EDGETRAIN_SYSFS_ROOT`` or ``/sys``) and the
 ``vcgencmd`` program (``$EDGETRAIN_VCGENCMD``, else ``vcgencmd`` on PATH), so tests run on generated
-sensor trees and a fake ``vcgencmd``; ``EDGETRAIN_POWER=off`` turns every source off. RAPL (the x86 CPU package counter) stays in ``model``: it is an
-energy counter, read at the ends of a window, not sampled.
+sensor trees and a fake ``vcgencmd``; ``EDGETRAIN_POWER=off`` turns every source off. RAPL (the x86
+CPU package counter) stays in ``model``: it is an energy counter, read at the ends of a window, not
+sampled.
 
 A measurement (``PowerMeter``) samples the idle board first (the process sleeping), then the work, in
 one sampling thread at the source's stated rate; energy is the trapezoid over the samples' timestamps,

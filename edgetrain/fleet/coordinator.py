@@ -1,8 +1,9 @@
 """The coordinator's rounds (runs inside Flower's ServerApp process).
 
 Each round: wait for ``min_clients`` devices, send the global trainable part (float32: the output
-layer, or with ``--train-layers last:N`` every array of the tail) to a fraction of them, wait at most ``round_timeout`` seconds, decode every update that came back (refusing one whose
-arrays do not fit the global model), average the updates weighted by each device's sample count, add
+layer, or with ``--train-layers last:N`` every array of the tail) to a fraction of them, wait at most
+``round_timeout`` seconds, decode every update that came back (refusing one whose arrays do not fit
+the global model), average the updates weighted by each device's sample count, add
 the average to the global weights and check them on the held-out data. A round with fewer than
 ``min_updates`` usable updates leaves the global weights unchanged. After each round the global
 weights and the round's record are written atomically to RUNDIR, so a coordinator killed and started
@@ -116,7 +117,8 @@ def run(grid, spec_path: str) -> None:
                 reason = reply.error.reason or f"error code {reply.error.code}"
                 kind = "refused" if "model mismatch" in reason else "failed"
                 record[kind].append({"node_id": node, "reason": reason[-400:]})
-                log(f"round {round_no}: device {node} {kind}: {reason.strip().splitlines()[-1][:300] if reason.strip() else reason}")
+                last_line = reason.strip().splitlines()[-1][:300] if reason.strip() else reason
+                log(f"round {round_no}: device {node} {kind}: {last_line}")
                 continue
             metrics = dict(reply.content["metrics"])
             facts = dict(reply.content["facts"])
@@ -131,7 +133,8 @@ def run(grid, spec_path: str) -> None:
                 continue
             deltas.append((delta, int(metrics.get("num-examples", 1))))
             record["participants"].append({"client": facts.get("name"), "node_id": node, "device": facts.get("device"),
-                                           "energy_provenance": facts.get("energy"), **{k.replace("-", "_"): v for k, v in metrics.items()}})
+                                           "energy_provenance": facts.get("energy"),
+                                           **{k.replace("-", "_"): v for k, v in metrics.items()}})
         record["missing"] = [n for n in chosen if n not in answered]
         for n in record["missing"]:
             log(f"round {round_no}: no answer from device {n} within {spec['round_timeout']:g}s (round timeout)")

@@ -105,7 +105,8 @@ def set_metadata(path: Path, metadata: dict[str, str], quantization: dict) -> No
     proto = onnx.load(str(path))
     props = dict(metadata)
     props[METADATA_KEY] = json.dumps(quantization, sort_keys=True)
-    props["edgetrain.precision"] = quantization.get("precision", "int8")  # the fp32 export's record said fp32: metadata tells the truth
+    # the fp32 export's record said fp32: metadata tells the truth
+    props["edgetrain.precision"] = quantization.get("precision", "int8")
     del proto.metadata_props[:]
     for key, value in props.items():
         entry = proto.metadata_props.add()

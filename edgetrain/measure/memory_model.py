@@ -131,7 +131,7 @@ def _liveness_peak(order: list[tuple[list[str], list[str]]], sizes: dict[str, in
             last_use[name] = i
     live: dict[str, int] = {}
     peak = 0
-    for i, (ins, outs) in enumerate(order):
+    for i, (_ins, outs) in enumerate(order):
         for name in outs:
             if name in sizes:
                 live[name] = sizes[name]
@@ -220,7 +220,7 @@ def mxnet_stats(model_text: str, params: str | None = None, chw=None, batch: int
         if s is not None:
             sizes[name] = int(np.prod(s)) * 4
     order = []
-    for i, node in enumerate(nodes):
+    for node in nodes:
         if node["op"] == "null":
             continue
         ins = [_mx_out_name(nodes, j, k, sizes) for j, k, *_ in node["inputs"] if nodes[j]["op"] != "null"]

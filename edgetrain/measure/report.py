@@ -294,10 +294,10 @@ def memory_svg(configs: list[dict], prediction: dict, verdict_memory: dict | Non
                    f'stroke="{colour}" stroke-width="2" stroke-dasharray="5 3"><title>{name} {_fmt(v)} MB</title></line>')
     ly = PAD_T + 30 * rows + 30
     lx = 110
-    for key, name, colour in parts:
+    for _key, name, colour in parts:
         out.append(f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{colour}"/>' + _text(lx + 14, ly + 9, name))
         lx += 150
-    for v, name, colour in marks:
+    for _v, name, colour in marks:
         out.append(f'<line x1="{lx}" x2="{lx + 12}" y1="{ly + 5}" y2="{ly + 5}" stroke="{colour}" stroke-width="2" '
                    f'stroke-dasharray="4 2"/>' + _text(lx + 16, ly + 9, name))
         lx += 40 + 6 * len(name)

@@ -127,7 +127,8 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
     threads = runtime.apply_threads(opts.thread_cap(), strict=False)
     spec = {"format": "edgetrain-fleet-serve/1", "rundir": str(rundir), "model": model, "val": opts.val,
             "params": opts.params, "rounds": opts.rounds, "min_clients": opts.min_clients,
-            "min_updates": opts.min_updates, "fraction": opts.fraction, "aggregate": opts.aggregate, "round_timeout": opts.round_timeout,
+            "min_updates": opts.min_updates, "fraction": opts.fraction, "aggregate": opts.aggregate,
+            "round_timeout": opts.round_timeout,
             "join_timeout": opts.join_timeout, "codec": opts.codec, "epochs": opts.epochs,
             "batch_size": opts.batch_size, "lr": opts.lr, "optimizer": opts.optimizer, "seed": opts.seed,
             "train_layers": opts.train_layers, "threads": threads}

@@ -198,9 +198,9 @@ def test_corrupt_checkpoint_is_refused(cli, digits_npz, finished, tmp_path):
 @pytest.mark.parametrize("layers", ["head", "last:2", "all"])
 def test_mean_std_normalise_the_data_and_the_model_records_them(cli, digits_npz, finished, layers, head, tmp_path):
     """--mean/--std replace the model's normalisation for every engine, with the output layer kept (digits
-    0-4, the base's five classes) or replaced (all ten): the model's own values give the same weights bit for bit as leaving them out,
-    others give other weights, the written model records what it was trained with (so quantize, export and
-    predict use them), and a resume with others is refused."""
+    0-4, the base's five classes) or replaced (all ten): the model's own values give the same weights bit
+    for bit as leaving them out, others give other weights, the written model records what it was trained
+    with (so quantize, export and predict use them), and a resume with others is refused."""
     from edgetrain.preprocess import read_sidecar
 
     data = digits_npz

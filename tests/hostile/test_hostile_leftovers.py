@@ -135,7 +135,7 @@ def test_quantize_killed_at_each_phase_leaves_nothing_after_the_next_run(onnx_mo
     for phase in ("folder", "file"):
         proc = faults.start_cli(*args, env=env, cwd=tmp_path)
         try:
-            def reached():
+            def reached(phase=phase):  # bound now: called only in this iteration, by wait_for
                 dirs = list(tmpdir.glob("edgetrain-tmp-quantize-*"))
                 return dirs if phase == "folder" else [f for d in dirs for f in d.iterdir()]
             assert faults.wait_for(reached, 120, step=0.01), proc.stderr.read() if proc.poll() is not None else ""

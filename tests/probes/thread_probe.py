@@ -2,7 +2,11 @@
 
 argv: THREADS mxnet|ort. Prints {"busy": threads that did >10% of the CPU work, "total_cpu": s}.
 """
-import os, sys, time, json
+import json
+import os
+import sys
+import time
+
 threads = int(sys.argv[1])
 which = sys.argv[2]
 from edgetrain import _lazy, runtime
@@ -20,8 +24,10 @@ def busy_threads():
     return out
 if which == "mxnet":
     import mxnet as mx
-    x = mx.nd.random.uniform(shape=(8, 64, 56, 56)); w = mx.nd.random.uniform(shape=(64, 64, 3, 3))
-    before = busy_threads(); t0 = time.time()
+    x = mx.nd.random.uniform(shape=(8, 64, 56, 56))
+    w = mx.nd.random.uniform(shape=(64, 64, 3, 3))
+    before = busy_threads()
+    t0 = time.time()
     while time.time() - t0 < 1.5:
         mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=64, no_bias=True, pad=(1, 1)).wait_to_read()
 else:
@@ -34,7 +40,8 @@ else:
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     s = ort.InferenceSession(m.SerializeToString(), _lazy.ort_session_options(), providers=["CPUExecutionProvider"])
     x = np.random.rand(8, 64, 56, 56).astype("float32")
-    before = busy_threads(); t0 = time.time()
+    before = busy_threads()
+    t0 = time.time()
     while time.time() - t0 < 1.5:
         s.run(None, {"x": x})
 after = busy_threads()

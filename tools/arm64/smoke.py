@@ -254,10 +254,10 @@ def run_verb(verb: str, args: list[str], work: Path, timeout: float = STEP_TIMEO
              skip_on_timeout: bool = False) -> dict:
     try:
         rc, rep, out, err = et(verb, *args, "--json", "-", cwd=work, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
         if skip_on_timeout:
-            raise StepSkipped(f"LOUD SKIP: `edgetrain {verb}` did not finish in {timeout:.0f} s under emulation")
-        raise StepFailed(f"`edgetrain {verb}` did not finish in {timeout:.0f} s")
+            raise StepSkipped(f"LOUD SKIP: `edgetrain {verb}` did not finish in {timeout:.0f} s under emulation") from exc
+        raise StepFailed(f"`edgetrain {verb}` did not finish in {timeout:.0f} s") from exc
     expect(rep is not None, f"exit {rc}, no JSON on stdout: {tail(err)}")
     expect(rc == 0, f"exit {rc}: {tail(err)}; result {json.dumps(rep)[:400]}")
     expect(isinstance(rep, dict), f"JSON result is not an object: {str(rep)[:200]}")
