@@ -1,17 +1,24 @@
 """The device's whole loop from an ONNX file, with no mxnet importable: fine-tune (every --train-layers
 choice), then quantize, predict and profile what it wrote. MXNet exists only on the host, which exports the
-base model once (here: the shipped digits base, trained on digits 0-4, taught all ten on the device).
+base model once: here the shipped digits base (trained on digits 0-4, taught all ten on the device), whose
+export ships too (edgetrain/_builtin/digits5.onnx, written by `edgetrain export edgetrain.nets:pretrained_digits
+-o edgetrain/_builtin/digits5.onnx`; a test holds it equal to a fresh export where mxnet is installed).
 
 "No mxnet" is enforced, not assumed: every process of the loop (and its children) finds an ``mxnet``
-package that raises ImportError, ahead of the real one on PYTHONPATH."""
+package that raises ImportError, ahead of any real one on PYTHONPATH. CI also runs this file in an
+environment where mxnet was never installed (the ``device`` stage)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+import edgetrain
 
 from clitools import assert_user_error, run_edgetrain
 
@@ -27,15 +34,17 @@ def device_env(tmp_path_factory):
     return {"PYTHONPATH": path, "EDGETRAIN_CACHE_DIR": ""}
 
 
+SHIPPED = Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx"
+
+
 @pytest.fixture(scope="module")
 def host_export(tmp_path_factory):
-    """On the host (mxnet): the digits base as ONNX, and 600 training / 200 held-out digits as .npz."""
+    """What the host hands the device: the digits base as ONNX, and 600 training / 200 held-out digits."""
     from edgetrain.data import load_data
     from edgetrain.preprocess import Preprocess
 
     folder = tmp_path_factory.mktemp("host")
-    res = run_edgetrain("export", "edgetrain.nets:pretrained_digits", "-o", folder / "digits5.onnx")
-    assert res.code == 0, res.err
+    shutil.copyfile(SHIPPED, folder / "digits5.onnx")
     x, y = load_data("builtin:digits", Preprocess(input_shape=(1, 8, 8), mean=(0.0,), std=(1.0,))).arrays(800)
     np.savez(folder / "train.npz", data=x[:600, 0], label=y[:600])
     np.savez(folder / "val.npz", data=x[600:, 0], label=y[600:])
@@ -78,6 +87,22 @@ def test_finetune_quantize_predict_profile_on_the_device(layers, host_export, de
                          env=device_env)
     assert prof.code == 0, prof.err
     assert prof.json()["best"]["p50_ms"] > 0
+
+
+def test_the_shipped_onnx_base_is_the_export_of_the_shipped_gluon_base(tmp_path):
+    """The ONNX file the device tests start from is what `edgetrain export` makes of the Gluon base today."""
+    pytest.importorskip("mxnet", reason="the host's check: needs mxnet to export")
+    import onnx
+    from onnx import numpy_helper
+
+    res = run_edgetrain("export", "edgetrain.nets:pretrained_digits", "-o", tmp_path / "fresh.onnx")
+    assert res.code == 0, res.err
+    shipped, fresh = (onnx.load(str(p)) for p in (SHIPPED, tmp_path / "fresh.onnx"))
+    assert [(n.op_type, list(n.input)) for n in shipped.graph.node] == [(n.op_type, list(n.input)) for n in fresh.graph.node]
+    for a, b in zip(shipped.graph.initializer, fresh.graph.initializer):
+        assert a.name == b.name and np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+    meta = lambda m: {p.key: p.value for p in m.metadata_props if p.key != "edgetrain.version"}  # noqa: E731
+    assert meta(shipped) == meta(fresh)
 
 
 def test_a_gluon_model_cannot_train_biases_without_its_onnx_file(tmp_path):
