@@ -19,7 +19,6 @@ import typing
 from typing import Annotated, Any, Literal, Optional
 
 from .errors import UsageError
-from .netsplit import parse_train_layers
 from .preprocess import parse_shape
 
 OPSETS = (12, 13)  # the opsets mxnet 1.9.1's ONNX translations are written for
@@ -334,6 +333,8 @@ def _shape(value):
 
 
 def _train_layers(value: str) -> str:
+    from .netsplit import parse_train_layers  # lazy: its hashlib costs `edgetrain predict` ~4 ms of start-up
+
     parse_train_layers(value)
     return str(value).strip().lower()
 

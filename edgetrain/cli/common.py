@@ -1,7 +1,7 @@
 """What every command shares: --device/--threads/--json, error rendering, JSON output.
 
 Nothing here imports click at module level: `edgetrain predict`'s light start (``predict_fast``) uses
-this module without click (issue 16); ``run_cli`` and ``json_option`` import it when they run.
+this module without click; ``run_cli`` and ``json_option`` import it when they run.
 """
 from __future__ import annotations
 
