@@ -33,6 +33,16 @@ def main(argv=None, light_predict: bool = True):
 
 
 def _early_thread_cap(args: list[str]) -> None:
+    value = None  # the last --threads wins, as in click
+    for i, arg in enumerate(args):
+        if arg == "--threads" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--threads="):
+            value = arg.split("=", 1)[1]
+    cap_threads_early(value)
+
+
+def cap_threads_early(value: str | None) -> None:
     """``--threads N`` (one whole number, within the usable cores) into the environment before anything
     loads numpy: numpy's OpenBLAS sizes its pool from OPENBLAS_NUM_THREADS when it loads (before click
     parses the command line), and an uncapped pool's workers spin ~0.1 s on every core at start-up, whatever
@@ -40,12 +50,6 @@ def _early_thread_cap(args: list[str]) -> None:
     runtime.apply_threads sets the same variables; a value it would refuse or cap changes nothing here."""
     from .. import runtime
 
-    value = None  # the last --threads wins, as in click
-    for i, arg in enumerate(args):
-        if arg == "--threads" and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith("--threads="):
-            value = arg.split("=", 1)[1]
     if value is not None and value.isdigit() and 1 <= int(value) <= runtime.usable_cores():
         os.environ.update(runtime.thread_env(int(value)))
 

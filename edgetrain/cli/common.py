@@ -71,6 +71,20 @@ def setup(opts) -> int | None:
     return runtime.apply_threads(opts.thread_cap() if opts is not None else None)
 
 
+def command(work, render):
+    """A command's ``call(MODEL, options, json_path)``: its work with its options read, for the click command
+    and for a recipe step (edgetrain.cli.step). No output may overwrite an input (checked before any work),
+    the thread cap is applied, ``work`` runs with a progress line, and its result is written and rendered."""
+    def call(model: str, opts, json_path: str | None) -> None:
+        from ..fileio import check_command_outputs
+        from .render import ProgressLine
+
+        check_command_outputs(model, opts, json_path)
+        setup(opts)
+        finish(json_path, work(model, opts, progress=ProgressLine(not quiet(json_path))), render)
+    return call
+
+
 def finish(json_path: str | None, result, render) -> None:
     """Write the result as JSON, render it for a human, and turn a failed check into exit 3 (one place)."""
     write_json(json_path, result)
