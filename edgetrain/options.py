@@ -301,7 +301,7 @@ def flag_of(model: type[Options], name: str) -> str:
 
 # --- sizes ------------------------------------------------------------------------------------------
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_SIZE_RE = r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$"  # compiled on first use, not at start-up
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
@@ -311,7 +311,7 @@ def parse_size(text: str, what: str = "size") -> int:
     Binary units throughout (1 MB = 1 MiB = 2**20 bytes): RAM is sold and reported in powers of two, and
     a budget read as 10**6 would silently be 5% smaller than the user meant.
     """
-    m = _SIZE_RE.match(str(text))
+    m = re.match(_SIZE_RE, str(text), re.IGNORECASE)
     if not m or (m.group(3) and not m.group(2)):
         raise UsageError(f"cannot read {what} '{text}'", what,
                          "write a number with an optional unit, e.g. 512MB, 2GiB, 1.5G")

@@ -72,7 +72,8 @@ STEPS: dict[str, StepKind] = {
     "quantize": StepKind(QuantizeOptions, lambda art, rundir, step, resume: (art.model, {
         "calib": art.train, "val": art.val,
         "output": str(rundir / ("model_int8" if step.backend == "mxnet" else "model_int8.onnx"))}),
-        makes=("int8_onnx", "model_int8.onnx"), files=("model_int8.onnx", "model_int8-symbol.json", "model_int8-0000.params")),
+        makes=("int8_onnx", "model_int8.onnx"),
+        files=("model_int8.onnx", "model_int8-symbol.json", "model_int8-0000.params")),
     "export": StepKind(ExportOptions, lambda art, rundir, step, resume: (art.model, {
         "output": str(rundir / "model.onnx"), "data": art.val or art.train}),
         makes=("fp32_onnx", "model.onnx"), files=("model.onnx",)),
@@ -120,7 +121,8 @@ class _OneStep(Strict):
     def _exactly_one(self):
         set_ = [name for name in STEP_SCHEMAS if getattr(self, name) is not None]
         if len(set_) != 1:
-            raise ValueError(f"each step is exactly one of {', '.join(STEP_SCHEMAS)}; got {', '.join(set_) or 'none'}")
+            raise ValueError(f"each step is exactly one of {', '.join(STEP_SCHEMAS)}; got "
+                             f"{', '.join(set_) or 'none'}")
         return self
 
     @property

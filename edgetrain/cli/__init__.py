@@ -2,10 +2,10 @@
 
 This package is the only place that imports click (``group``: the verbs; each verb's module). ``main``,
 the console script, applies ``--threads`` before numpy can load; it does not import click for
-`edgetrain predict`, whose start-up must stay within 10% of a bare ONNX Runtime loop's CPU time (click costs
-~10%: README.md, "predict's start-up"): ``predict_fast`` reads that command line with the one declaration
-and runs it. Whatever it does not take exactly as click would (--help, a bad value, an unknown flag) goes
-to click, which answers as always.
+`edgetrain predict`, whose start-up must stay within 10% of a bare ONNX Runtime loop's CPU time (click
+costs 6-13% of a short run: README.md, "predict's start-up"): ``predict_fast`` reads that command line
+with the one declaration and runs it. Whatever it does not take exactly as click would (--help, a bad
+value, an unknown flag) goes to click, which answers as always.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """`edgetrain predict MODEL DATA` as a click command: its --help, its errors, and what the light parser hands over.
 
 The options are ``options.PredictOptions``, as for every command. A command line ``predict_fast.parse``
-reads (the same declaration, without click) never gets here: it runs without click, which costs ~10% of a
-short run (README.md, "predict's start-up"). Both end in ``predict_fast.run``.
+reads (the same declaration, without click) never gets here: it runs without click, which costs 6-13% of
+a short run (README.md, "predict's start-up"). Both end in ``predict_fast.run``.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """`edgetrain predict` without click: its command line, its run, its output.
 
 On a Pi Zero 2 W the start-up is most of a short run, and this command must cost no more than a hand-written
-ONNX Runtime loop (within 10% of its CPU time). Importing click and building its command costs ~30 ms of CPU
-here, about 10% of such a run (measured: README.md, "predict's start-up"), so ``edgetrain.cli.main`` hands
+ONNX Runtime loop (within 10% of its CPU time). Importing click and building its command costs ~17 ms of CPU
+here, 6-13% of such a run (measured: README.md, "predict's start-up"), so ``edgetrain.cli.main`` hands
 `predict`'s arguments to ``parse`` first. ``parse`` reads them with the flags ``options.PredictOptions``
 declares (the one declaration, read at run time) and checks the values with it; a command line it does not
 read exactly as click would, or that the declaration refuses (``--help``, an unknown flag, a bad value),
