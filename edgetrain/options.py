@@ -32,10 +32,11 @@ REQUIRED = ...  # opt()'s default for an option with no default
 
 class Parse:
     """Annotation marker: this function reads the value (instead of the type's own reading); it may raise
-    UsageError or ValueError("what; fix")."""
+    UsageError or ValueError("what; fix"). ``show`` writes a value back as flag text, where ``str`` would not
+    read back (a rate of 720.0 is ``720.0/h``)."""
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, show=str):
+        self.fn, self.show = fn, show
 
 
 class Then:
@@ -116,6 +117,7 @@ class Opt:
         self.base: Any = Any  # bool, int, float, str, Any
         self.choices: tuple | None = None  # a Literal's values
         self.parse_fn = self.then_fn = None
+        self.show = str
 
     def _bind(self, name: str, annotation) -> None:
         """Read the field's annotation: Optional, Annotated markers, Literal, the base type."""
@@ -125,7 +127,7 @@ class Opt:
             if origin is Annotated:
                 for marker in annotation.__metadata__:
                     if isinstance(marker, Parse):
-                        self.parse_fn = marker.fn
+                        self.parse_fn, self.show = marker.fn, marker.show
                     elif isinstance(marker, Then):
                         self.then_fn = marker.fn
                     elif isinstance(marker, Range):
@@ -162,6 +164,13 @@ class Opt:
         if self.choices:
             return "choice"
         return {bool: "bool", int: "int", float: "float"}.get(self.base, "text")
+
+    def as_flags(self, value) -> list[str]:
+        """``value`` (as ``read`` gives it) written as this option's flag and text, as a user would type it."""
+        if self.kind == "bool":
+            on, _, off = self.flag.partition("/")
+            return [on] if value else [off] if off else []
+        return [self.on_flag, ",".join(map(str, value)) if isinstance(value, (list, tuple)) else self.show(value)]
 
     def read(self, value):
         """The value as the library uses it; ValueError("what; fix") if it is not one this option takes."""
@@ -268,6 +277,15 @@ class Options:
         """The thread cap these options ask for (None: none; commands with --threads or --device say)."""
         return None
 
+    def given(self) -> dict[str, Any]:
+        """The values that are not their option's default (a required one always), in declaration order."""
+        return {name: getattr(self, name) for name, field in self.fields.items()
+                if field.required or getattr(self, name) != field.default}
+
+    def flags(self) -> list[str]:
+        """``given()`` as the flags a user would type: the command line these options stand for."""
+        return [text for name, value in self.given().items() for text in self.fields[name].as_flags(value)]
+
     def __setattr__(self, name, value):
         raise AttributeError(f"{type(self).__name__} is read-only")
 
@@ -288,7 +306,7 @@ def flag_of(model: type[Options], name: str) -> str:
 
 # --- sizes ------------------------------------------------------------------------------------------
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_SIZE_RE = r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([kmgt]?)(i?)(b?)\s*$"  # compiled on first use, not at start-up
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
 
@@ -298,7 +316,7 @@ def parse_size(text: str, what: str = "size") -> int:
     Binary units throughout (1 MB = 1 MiB = 2**20 bytes): RAM is sold and reported in powers of two, and
     a budget read as 10**6 would silently be 5% smaller than the user meant.
     """
-    m = _SIZE_RE.match(str(text))
+    m = re.match(_SIZE_RE, str(text), re.IGNORECASE)
     if not m or (m.group(3) and not m.group(2)):
         raise UsageError(f"cannot read {what} '{text}'", what,
                          "write a number with an optional unit, e.g. 512MB, 2GiB, 1.5G")
@@ -366,7 +384,6 @@ def parse_train_layers(text: str) -> TrainLayers:
     return TrainLayers("last", n)
 
 
-
 def _train_layers(value: str) -> str:
     parse_train_layers(value)
     return str(value).strip().lower()
@@ -408,7 +425,7 @@ def _opset(value: int) -> int:
 MemoryMB = Annotated[Optional[float], Parse(parse_megabytes)]
 InputShape = Annotated[Optional[tuple[int, int, int]], Parse(_shape)]
 TrainLayersText = Annotated[str, Then(_train_layers)]
-RatePerHour = Annotated[Optional[float], Parse(_rate), Range(gt=0)]
+RatePerHour = Annotated[Optional[float], Parse(_rate, show=lambda rate: f"{rate}/h"), Range(gt=0)]
 ThreadList = Annotated[Optional[list[int]], Parse(parse_threads)]
 Opset = Annotated[int, Then(_opset)]
 Threads = Annotated[Optional[int], Range(ge=1, le=MAX_THREADS)]
@@ -591,12 +608,6 @@ COMMANDS: dict[str, type[Options]] = {
     "quantize": QuantizeOptions, "export": ExportOptions, "finetune": FinetuneOptions, "profile": ProfileOptions,
     "inspect": InspectOptions, "run": RunOptions,
 }
-
-
-def recipe_fields(command: str) -> dict[str, Any]:
-    """The fields a recipe step may set for ``command``."""
-    model = COMMANDS[command]
-    return {n: f for n, f in model.fields.items() if f.recipe}
 
 
 class PredictOptions(DeviceOptions):

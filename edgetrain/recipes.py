@@ -7,10 +7,10 @@ naming the file, the field path and what is expected.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, model_validator
 
@@ -21,57 +21,94 @@ from .errors import UsageError
 from .fileio import parse_yaml, read_text_bounded
 from .fleet.report import read_report as read_fleet_report
 from .models import is_factory_ref, parse_model_ref
-from .options import recipe_fields
+from .options import ExportOptions, FinetuneOptions, Options, ProfileOptions, QuantizeOptions
 
 # --- Recipes (recipes/*.yaml) -------------------------------------------------------------------
 # A recipe names one model, one data set, one device and the steps to run, each step's options
-# spelled as the matching command's flags (max_drop <-> --max-drop). An option left out takes the
+# spelled as the matching command's option names (max_drop <-> --max-drop). An option left out takes the
 # command's own default, so a recipe and the command line never disagree about defaults. Paths are
 # relative to the recipe file's folder.
 
-StepName = Literal["finetune", "quantize", "export", "profile", "report"]
+
+@dataclass
+class Artifacts:
+    """What the steps so far have made; each step takes its input from here."""
+
+    model: str                    # the current Gluon MODEL (the recipe's, then the fine-tuned one)
+    train: str
+    val: str | None
+    fp32_onnx: str | None = None
+    int8_onnx: str | None = None
 
 
-def _step(command: str, **extra):
-    """A recipe step's schema: the command's declared options a recipe may set, each optional (left out:
-    the command's own default), read and checked by the declaration itself (edgetrain.options)."""
-    fields = {name: (Annotated[Any, BeforeValidator(_reader(field))], Field(None, description=field.help))
-              for name, field in recipe_fields(command).items()}
-    return create_model(f"{command.title()}Step", __base__=StepOptions, **fields, **extra)
+@dataclass(frozen=True)
+class StepKind:
+    """A kind of recipe step that runs a command, declared here only (the schema, the run, --resume and the
+    docs read it). ``options``: the command's declaration: a recipe sets the fields it allows, ``inputs(
+    artifacts, rundir, step, resume)`` -> (MODEL, {field: value}) the rest. ``files``: what it leaves in the
+    run folder (sealed when it passes, checked before --resume skips it); ``makes``: (Artifacts field, path)
+    of what later steps take; ``extra``: recipe fields beyond the command's."""
+
+    options: type[Options]
+    inputs: Callable[[Artifacts, Path, Any, bool], tuple[str, dict]]
+    files: tuple[str, ...] = ()
+    makes: tuple[str, str] | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _profile_inputs(art: Artifacts, rundir: Path, step, resume: bool):
+    target = {"fp32": art.fp32_onnx, "int8": art.int8_onnx}.get(step.target) or art.int8_onnx or art.fp32_onnx
+    if target is None:
+        raise UsageError(f"profile target '{step.target}' has no model yet", "recipe steps",
+                         "put an export or quantize step before profile")
+    return target, {"report": str(rundir / "profile.html")}
+
+
+STEPS: dict[str, StepKind] = {
+    "finetune": StepKind(FinetuneOptions, lambda art, rundir, step, resume: (art.model, {
+        "data": art.train, "out": str(rundir / "finetune"), "val": art.val,
+        "resume": resume and (rundir / "finetune").is_dir()}), makes=("model", "finetune/model"),
+        files=("finetune/model-symbol.json", "finetune/model-0000.params", "finetune/model-edgetrain.json")),
+    "quantize": StepKind(QuantizeOptions, lambda art, rundir, step, resume: (art.model, {
+        "calib": art.train, "val": art.val,
+        "output": str(rundir / ("model_int8" if step.backend == "mxnet" else "model_int8.onnx"))}),
+        makes=("int8_onnx", "model_int8.onnx"),
+        files=("model_int8.onnx", "model_int8-symbol.json", "model_int8-0000.params")),
+    "export": StepKind(ExportOptions, lambda art, rundir, step, resume: (art.model, {
+        "output": str(rundir / "model.onnx"), "data": art.val or art.train}),
+        makes=("fp32_onnx", "model.onnx"), files=("model.onnx",)),
+    "profile": StepKind(ProfileOptions, _profile_inputs, files=("profile.html",), extra={"target": (
+        Literal["deployed", "fp32", "int8"], Field("deployed", description="The model profiled: deployed (int8 if "
+                                                   "quantized, else fp32), fp32 or int8."))}),
+}
+
+
+def _schema(name: str, kind: StepKind) -> type[BaseModel]:
+    """A step's schema: the command's declared options a recipe may set, each optional (left out: the
+    command's own default), read and checked by the declaration itself (edgetrain.options); unknown keys
+    are errors."""
+    fields = {n: (Annotated[Any, BeforeValidator(_reader(f))], Field(None, description=f.help))
+              for n, f in kind.options.fields.items() if f.recipe}
+    return create_model(f"{name.title()}Step", __config__=ConfigDict(extra="forbid", frozen=True), **fields,
+                        **kind.extra)
 
 
 def _reader(field):
     return lambda value: None if value is None else field.read(value)
 
 
-class StepOptions(BaseModel):
-    """Base of the step schemas: unknown keys are errors; values parse as the command line's do."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-FinetuneStep = _step("finetune")
-QuantizeStep = _step("quantize")
-ExportStep = _step("export")
-# deployed: int8 if quantized, else fp32
-ProfileStep = _step("profile", target=(Literal["deployed", "fp32", "int8"], "deployed"))
-
-
 class ReportStep(Strict):
+    """The run's own report (not a command): written from the results of the steps before it."""
+
     format: Literal["html", "md"] = "html"
     fleet: Optional[str] = Field(None, description="A fleet run folder (`edgetrain fleet serve -o RUNDIR`, relative "
                                  "to the recipe): its round-by-round report (fleet.json) becomes a section of this one.")
 
 
-class Step(Strict):
-    """One entry of ``steps``: exactly one of the keys below."""
+STEP_SCHEMAS: dict[str, type[BaseModel]] = {**{n: _schema(n, k) for n, k in STEPS.items()}, "report": ReportStep}
 
-    finetune: Optional[FinetuneStep] = None
-    quantize: Optional[QuantizeStep] = None
-    export: Optional[ExportStep] = None
-    profile: Optional[ProfileStep] = None
-    report: Optional[ReportStep] = None
 
+class _OneStep(Strict):
     @model_validator(mode="before")
     @classmethod
     def _empty_options_allowed(cls, data):
@@ -81,20 +118,24 @@ class Step(Strict):
         return data
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "Step":
-        set_ = [name for name in StepName.__args__ if getattr(self, name) is not None]
+    def _exactly_one(self):
+        set_ = [name for name in STEP_SCHEMAS if getattr(self, name) is not None]
         if len(set_) != 1:
-            raise ValueError(f"each step is exactly one of {', '.join(StepName.__args__)}; got "
+            raise ValueError(f"each step is exactly one of {', '.join(STEP_SCHEMAS)}; got "
                              f"{', '.join(set_) or 'none'}")
         return self
 
     @property
     def name(self) -> str:
-        return next(n for n in StepName.__args__ if getattr(self, n) is not None)
+        return next(n for n in STEP_SCHEMAS if getattr(self, n) is not None)
 
     @property
     def options(self):
         return getattr(self, self.name)
+
+
+Step = create_model("Step", __base__=_OneStep, __doc__="One entry of ``steps``: exactly one of the keys below.",
+                    **{n: (Optional[schema], None) for n, schema in STEP_SCHEMAS.items()})
 
 
 class Recipe(Strict):

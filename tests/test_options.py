@@ -7,9 +7,9 @@ import yaml
 
 from clitools import assert_user_error, run_edgetrain
 from edgetrain.cli import cli
-from edgetrain.recipes import FinetuneStep
+from edgetrain.recipes import STEP_SCHEMAS
 from edgetrain.errors import UsageError
-from edgetrain.options import COMMANDS, FinetuneOptions, flag_of, recipe_fields
+from edgetrain.options import COMMANDS, FinetuneOptions, flag_of
 
 CLI_ONLY = {"json_path"}  # rendering, not an option of the work
 
@@ -77,15 +77,19 @@ def test_the_command_line_refuses_with_the_flag_named(command, field, value, tmp
                                       (512.5, 512.5)])
 def test_a_bare_memory_size_is_megabytes_everywhere(value, mb):
     assert FinetuneOptions.parse({"data": "d", "out": "o", "memory_budget": value}).memory_budget == mb
-    assert FinetuneStep.model_validate({"memory_budget": value}).memory_budget == mb
+    assert STEP_SCHEMAS["finetune"].model_validate({"memory_budget": value}).memory_budget == mb
 
 
 def test_recipes_can_set_every_option_a_step_may_set():
+    def settable(command):
+        return set(STEP_SCHEMAS[command].model_fields)
+
     for command in ("finetune", "quantize", "export"):
-        assert set(recipe_fields(command)) >= {"input_shape"}
-    assert {"max_fp32_nodes", "per_channel", "backend"} <= set(recipe_fields("quantize"))
-    assert {"fp16", "opset"} <= set(recipe_fields("export"))
-    assert {"runtime", "timeout"} <= set(recipe_fields("profile"))
+        assert settable(command) >= {"input_shape"}
+        assert not settable(command) & {"data", "out", "output", "calib", "val", "device", "resume"}  # the run's
+    assert {"max_fp32_nodes", "per_channel", "backend"} <= settable("quantize")
+    assert {"fp16", "opset"} <= settable("export")
+    assert {"runtime", "timeout", "target"} <= settable("profile")
 
 
 def test_the_device_default_thread_count_applies_from_python_as_from_the_cli():
@@ -168,3 +172,26 @@ def test_the_command_path_never_imports_pydantic():
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("recipe", ["quickstart", "pi5", "pi-zero2w", "jetson-nano-cpu"])
+def test_a_recipe_step_runs_with_the_options_its_logged_command_line_gives(recipe, tmp_path):
+    """Each step is recorded and logged as `edgetrain VERB MODEL --flag value ...`: click and the declaration
+    read that command line back to exactly the typed options the step ran with, and so does the step's own
+    process from the JSON it is handed (the run's thread cap and device included)."""
+    import json
+
+    from edgetrain.cli.options import parse
+    from edgetrain.ops.run import step_options
+    from edgetrain.recipes import STEPS, Artifacts, read_recipe
+
+    art = Artifacts("edgetrain.nets:pretrained_digits", "train.npz", "val.npz", "model.onnx", "model_int8.onnx")
+    steps = [s for s in read_recipe(recipe).recipe.steps if s.name in STEPS]
+    assert steps
+    for step in steps:
+        model, opts = step_options(step, art, tmp_path, "rpi4b-4gb", 2, resume=False)
+        params = dict(_command(step.name).make_context(step.name, [model, *opts.flags()]).params)
+        assert params.pop("model") == model and params.pop("json_path") is None
+        assert parse(COMMANDS[step.name], params) == opts, step.name
+        assert COMMANDS[step.name].parse(json.loads(json.dumps(opts.given()))) == opts, step.name
+        assert opts.device == "rpi4b-4gb" and (opts.threads in (2, [2]) or step.name == "profile")

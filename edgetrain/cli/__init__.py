@@ -1,10 +1,11 @@
 """The `edgetrain` command line: parse options, call the API, render the result.
 
 This package is the only place that imports click (``group``: the verbs; each verb's module). ``main``,
-the console script, does not import it for `edgetrain predict`: that command starts on a Pi Zero as
-small and as fast as a bare ONNX Runtime loop (issue 16), so ``predict_fast`` reads its command line
-from the flags the declaration generated and runs it. Whatever that light parser does not take exactly
-as click would (--help, a bad value, an unknown flag, --device) goes to click, which answers as always.
+the console script, applies ``--threads`` before numpy can load; it does not import click for
+`edgetrain predict`, whose start-up must stay within 10% of a bare ONNX Runtime loop's CPU time (click
+costs 6-13% of a short run: README.md, "predict's start-up"): ``predict_fast`` reads that command line
+with the one declaration and runs it. Whatever it does not take exactly as click would (--help, a bad
+value, an unknown flag) goes to click, which answers as always.
 """
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import os
 import sys
 
 
-def main(argv=None):
+def main(argv=None, light_predict: bool = True):
+    """The console script. ``light_predict=False``: `predict` through click too (tools/bench_predict.py
+    measures what the light path saves)."""
     args = list(sys.argv[1:] if argv is None else argv)
     _early_thread_cap(args)
     from .common import run_cli, run_guarded
 
-    if args[:1] == ["predict"]:
+    if light_predict and args[:1] == ["predict"]:
         from . import predict_fast
 
         parsed = predict_fast.parse(args[1:])
@@ -30,6 +33,16 @@ def main(argv=None):
 
 
 def _early_thread_cap(args: list[str]) -> None:
+    value = None  # the last --threads wins, as in click
+    for i, arg in enumerate(args):
+        if arg == "--threads" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--threads="):
+            value = arg.split("=", 1)[1]
+    cap_threads_early(value)
+
+
+def cap_threads_early(value: str | None) -> None:
     """``--threads N`` (one whole number, within the usable cores) into the environment before anything
     loads numpy: numpy's OpenBLAS sizes its pool from OPENBLAS_NUM_THREADS when it loads (before click
     parses the command line), and an uncapped pool's workers spin ~0.1 s on every core at start-up, whatever
@@ -37,12 +50,6 @@ def _early_thread_cap(args: list[str]) -> None:
     runtime.apply_threads sets the same variables; a value it would refuse or cap changes nothing here."""
     from .. import runtime
 
-    value = None  # the last --threads wins, as in click
-    for i, arg in enumerate(args):
-        if arg == "--threads" and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith("--threads="):
-            value = arg.split("=", 1)[1]
     if value is not None and value.isdigit() and 1 <= int(value) <= runtime.usable_cores():
         os.environ.update(runtime.thread_env(int(value)))
 

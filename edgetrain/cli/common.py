@@ -1,7 +1,7 @@
 """What every command shares: --device/--threads/--json, error rendering, JSON output.
 
 Nothing here imports click at module level: `edgetrain predict`'s light start (``predict_fast``) uses
-this module without click (issue 16); ``run_cli`` and ``json_option`` import it when they run.
+this module without click; ``run_cli`` and ``json_option`` import it when they run.
 """
 from __future__ import annotations
 
@@ -68,6 +68,20 @@ def setup(opts) -> int | None:
     """Apply the thread cap the options ask for (--threads, else the device's), before any heavy import."""
     runtime.quiet_libraries()
     return runtime.apply_threads(opts.thread_cap() if opts is not None else None)
+
+
+def command(work, render):
+    """A command's ``call(MODEL, options, json_path)``: its work with its options read, for the click command
+    and for a recipe step (edgetrain.cli.step). No output may overwrite an input (checked before any work),
+    the thread cap is applied, ``work`` runs with a progress line, and its result is written and rendered."""
+    def call(model: str, opts, json_path: str | None) -> None:
+        from ..fileio import check_command_outputs
+        from .render import ProgressLine
+
+        check_command_outputs(model, opts, json_path)
+        setup(opts)
+        finish(json_path, work(model, opts, progress=ProgressLine(not quiet(json_path))), render)
+    return call
 
 
 def finish(json_path: str | None, result, render) -> None:

@@ -5,13 +5,11 @@ from collections import Counter
 
 import click
 
-from ..fileio import check_command_outputs
 from ..measure import energy_lines
 from ..ops.export import export as run
 from ..options import ExportOptions
-from .common import finish, json_option, quiet, say, setup
+from .common import command, json_option, say
 from .options import declared_options, parse
-from .render import ProgressLine
 
 
 @click.command()
@@ -23,11 +21,7 @@ def export(model, json_path, **values):
     output is compared (max/mean/median abs and rel error). Exit 3 if an output is out of tolerance (the
     file is still written). With --device it ends with the energy-budget report of `edgetrain profile`
     for the exported model (exit 3 if over --budget-mj or the peak memory does not fit)."""
-    opts = parse(ExportOptions, values)
-    check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
-    setup(opts)
-
-    finish(json_path, run(model, opts, progress=ProgressLine(not quiet(json_path))), _render)
+    call(model, parse(ExportOptions, values), json_path)
 
 
 def _render(json_path, res) -> None:
@@ -54,6 +48,9 @@ def _render(json_path, res) -> None:
     for note in res.notes:
         say(json_path, f"note       {note}")
     say(json_path, f"result     {'PASS' if res.passed else 'FAIL'}")
+
+
+call = command(run, _render)
 
 
 def _render_energy(json_path, e) -> None:

@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import click
 
-from ..fileio import check_command_outputs
 from ..ops.finetune import finetune as run
 from ..options import FinetuneOptions
-from .common import finish, json_option, quiet, say, setup
+from .common import command, json_option, say
 from .options import declared_options, parse
-from .render import ProgressLine
 
 
 @click.command()
@@ -21,15 +19,10 @@ def finetune(model, json_path, **values):
     Writes OUTDIR/model (a PREFIX the other commands take, with class names), OUTDIR/metrics.json and
     OUTDIR/checkpoint.npz. Exit 3 when the run's peak RSS went over the budget (outputs are kept).
     """
-    opts = parse(FinetuneOptions, values)
-    check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
-    setup(opts)
-
     try:
-        res = run(model, opts, progress=ProgressLine(not quiet(json_path)))
+        call(model, parse(FinetuneOptions, values), json_path)
     except KeyboardInterrupt:  # Ctrl-C before training began (during training it checkpoints instead)
         raise click.exceptions.Abort() from None
-    finish(json_path, res, _summary)
 
 
 def _summary(json_path, res) -> None:
@@ -54,3 +47,6 @@ def _summary(json_path, res) -> None:
                        f"{res.joules_per_sample * 1000:.2f} mJ/sample")
     else:
         say(json_path, "energy    pass --device NAME for a modelled energy figure")
+
+
+call = command(run, _summary)

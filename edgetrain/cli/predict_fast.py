@@ -1,38 +1,32 @@
-"""`edgetrain predict` without click or pydantic: its command line, its run, its output.
+"""`edgetrain predict` without click: its command line, its run, its output.
 
-On a Pi Zero 2 W the start-up is the cost: this command must start and stay as small as a hand-written
-ONNX Runtime loop (issue 16: within 10%). Importing click (~35 ms of CPU here) and building the flags from
-pydantic (~0.3 s) would not fit, so ``edgetrain.cli.main`` hands `predict`'s arguments to ``parse``:
-the flags are the ones ``options.PredictOptions`` declares, as generated into ``predict_flags.json``
-(``python -m edgetrain.cli.predict --write-flags``; a test checks it equals the declaration). ``parse``
-takes only a command line it reads exactly as click would; anything else (``--help``, a value out of
-range, an unknown flag, ``--device``: a profile to read) returns None and goes to the click command in
-``edgetrain.cli.predict``, which gives the usual help and errors and then calls ``run`` here too.
+On a Pi Zero 2 W the start-up is most of a short run, and this command must cost no more than a hand-written
+ONNX Runtime loop (within 10% of its CPU time). Importing click and building its command costs ~17 ms of CPU
+here, 6-13% of such a run (measured: README.md, "predict's start-up"), so ``edgetrain.cli.main`` hands
+`predict`'s arguments to ``parse`` first. ``parse`` reads them with the flags ``options.PredictOptions``
+declares (the one declaration, read at run time) and checks the values with it; a command line it does not
+read exactly as click would, or that the declaration refuses (``--help``, an unknown flag, a bad value),
+returns None and goes to the click command in ``edgetrain.cli.predict``, which gives the usual help and
+errors and then calls ``run`` here too.
 """
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-from .common import JSON_DEST, JSON_FLAG, echo, finish, quiet, say, setup
+from ..errors import UsageError
+from ..options import PredictOptions
+from .common import JSON_FLAG, echo, finish, quiet, say, setup
 
 CONFUSION_ROWS = 10  # classes shown in the confusion summary (the worst recall first)
-FLAGS = Path(__file__).with_name("predict_flags.json")
-_DIGITS = re.compile(r"[0-9]+")
 
 
-def flag_specs_from_file() -> list[dict]:
-    return json.loads(FLAGS.read_text(encoding="utf-8"))
-
-
-def parse(args: list[str]) -> tuple[str, str, str | None, dict] | None:
-    """(MODEL, DATA, --json PATH, option values) from predict's arguments, or None: let click read them."""
-    specs = flag_specs_from_file()
-    by_flag = {decl: spec for spec in specs for decl in spec["decls"]}
-    by_flag[JSON_FLAG] = {"name": JSON_DEST, "type": "str"}
-    values = {spec["name"]: spec["default"] for spec in specs}
-    values[JSON_DEST] = None
+def parse(args: list[str]) -> tuple[str, str, str | None, PredictOptions] | None:
+    """(MODEL, DATA, --json PATH, the options) from predict's arguments, or None: let click read them."""
+    fields = PredictOptions.fields.values()
+    by_flag = {decl: f.name for f in fields if f.kind != "bool" for decl in (f.flag, f.short) if decl}
+    by_flag[JSON_FLAG] = JSON_FLAG
+    values: dict[str, str] = {}
     positional: list[str] = []
     rest = list(args)
     while rest:
@@ -47,61 +41,28 @@ def parse(args: list[str]) -> tuple[str, str, str | None, dict] | None:
             flag, eq, value = tok.partition("=")
         else:  # a short flag: -o FILE or -oFILE
             flag, eq, value = tok[:2], tok[2:], tok[2:]
-        spec = by_flag.get(flag)
-        if spec is None:
-            return None  # --help, -h, an unknown or misspelt flag: click says what it is
+        name = by_flag.get(flag)
+        if name is None:
+            return None  # --help, -h, an unknown or misspelt flag (or a bool): click says what it is
         if not eq:
             if not rest:
                 return None
             value = rest.pop(0)
         if value.startswith("-") and value != "-":
             return None  # click's reading of '--batch --top-k' style lines is click's to give
-        value = _convert(spec, value)
-        if value is None:
-            return None
-        values[spec["name"]] = value
-    if len(positional) != 2 or values.get("device") is not None:
+        values[name] = value
+    if len(positional) != 2:
         return None
-    json_path = values.pop(JSON_DEST)
-    return positional[0], positional[1], json_path, values
+    json_path = values.pop(JSON_FLAG, None)
+    try:
+        opts = PredictOptions.parse(values)
+    except UsageError:
+        return None  # click gives the error, as for every other command
+    return positional[0], positional[1], json_path, opts
 
 
-def _convert(spec: dict, text: str):
-    """The value as click's type would give it, or None where click would refuse it (or might read it
-    differently: a sign, spaces, underscores)."""
-    if spec["type"] == "int":
-        if not _DIGITS.fullmatch(text):
-            return None
-        n = int(text)
-        if (spec.get("min") is not None and n < spec["min"]) or (spec.get("max") is not None and n > spec["max"]):
-            return None
-        return n
-    if spec["type"] == "choice":
-        return text if text in spec["choices"] else None
-    return text
-
-
-class _Options:
-    """PredictOptions' values as the flags checked them (no device profile to load)."""
-
-    device = None
-
-    def __init__(self, top_k: int, format: str, batch: int, output: str | None, threads: int | None):
-        self.top_k, self.format, self.batch, self.output, self.threads = top_k, format, batch, output, threads
-
-    def thread_cap(self) -> int | None:
-        return self.threads
-
-
-def run(model: str, data: str, json_path: str | None, values: dict) -> None:
+def run(model: str, data: str, json_path: str | None, opts: PredictOptions) -> None:
     """Classify DATA with MODEL and write what the user asked for (the click command calls this too)."""
-    if values.get("device") is not None:  # a device profile to read: the declaration's own parser
-        from ..options import PredictOptions
-        from .options import parse as parse_declared
-
-        opts = parse_declared(PredictOptions, values)
-    else:
-        opts = _Options(**{k: v for k, v in values.items() if k != "device"})
     from ..fileio import check_outputs
 
     check_outputs({"MODEL": model, "DATA": data}, {"-o": opts.output, JSON_FLAG: json_path})

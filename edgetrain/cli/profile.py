@@ -28,12 +28,15 @@ def profile(model, json_path, **values):
     Exit 3 (report and JSON kept) when the peak memory does not fit the device or the energy per
     inference is over --budget-mj.
     """
-    opts = parse(ProfileOptions, values)
+    call(model, parse(ProfileOptions, values), json_path)
+
+
+def call(model: str, opts: ProfileOptions, json_path: str | None) -> None:
+    """The command's work with its options read (the click command; a recipe step, edgetrain.cli.step)."""
     check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
     setup(opts)
     if json_path and json_path != "-":
         check_output_path(Path(json_path), "--json")
-
     res = run(model, opts, progress=ProgressLine(not quiet(json_path)))
     finish(json_path, res, lambda json_path, res: _render(json_path, res.to_dict(), opts.report))
 

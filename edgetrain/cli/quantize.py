@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import click
 
-from ..fileio import check_command_outputs
 from ..ops.quantize import quantize as run
 from ..options import QuantizeOptions
-from .common import finish, json_option, quiet, say, setup
+from .common import command, json_option, say
 from .options import declared_options, parse
-from .render import ProgressLine
 
 
 @click.command()
@@ -22,11 +20,7 @@ def quantize(model, json_path, **values):
     the most accuracy are kept in fp32 until the top-1 drop is within --max-drop; if no mix meets it,
     the best model is written and the exit code is 3.
     """
-    opts = parse(QuantizeOptions, values)
-    check_command_outputs(model, opts, json_path)  # no output overwrites an input, before any work
-    setup(opts)
-
-    finish(json_path, run(model, opts, progress=ProgressLine(not quiet(json_path))), render)
+    call(model, parse(QuantizeOptions, values), json_path)
 
 
 def _size(n: int) -> str:
@@ -68,6 +62,9 @@ def render(json_path, res) -> None:
         say(json_path, f"warning    {w}")
     for n in res.notes:
         say(json_path, f"note       {n}")
+
+
+call = command(run, render)
 
 
 def candidate_table(candidates) -> list[str]:

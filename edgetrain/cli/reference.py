@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from ..config import DeviceProfile
-from ..options import COMMANDS, flag_of, recipe_fields
-from ..recipes import Recipe, ReportStep, Step
+from ..options import flag_of
+from ..recipes import STEPS, Recipe, ReportStep, Step
 from ..recipes import _bundled as bundled
 from . import cli
 
@@ -58,13 +58,15 @@ def formats_reference() -> str:
             "command's own (the same names as its flags, `--max-drop` is `max_drop`), with the same types and "
             "constraints; an option left out takes the command's default. Paths are relative to the recipe's "
             "folder.\n"]
-    for command in ("finetune", "quantize", "export", "profile"):
+    for command, kind in STEPS.items():
         out += [f"### `{command}` step\n", "| option | flag | meaning |", "|---|---|---|"]
-        for name, field in recipe_fields(command).items():
-            out.append(f"| `{name}` | `{flag_of(COMMANDS[command], name)}` | {field.help} |")
+        for name, field in kind.options.fields.items():
+            if field.recipe:
+                out.append(f"| `{name}` | `{flag_of(kind.options, name)}` | {field.help} |")
+        for name, (_, info) in kind.extra.items():
+            out.append(f"| `{name}` | (recipe only) | {info.description} Default `{info.default}`. |")
         out.append("")
-    out += ["`profile` also takes `target`: `deployed` (int8 if quantized, else fp32), `fp32` or `int8`. "
-            "`report` takes `format`: `html` or `md`, and `fleet`: " + ReportStep.model_fields["fleet"].description
+    out += ["`report` takes `format`: `html` or `md`, and `fleet`: " + ReportStep.model_fields["fleet"].description
             + "\n",
             "Example (`recipes/quickstart.yaml`):\n", "```yaml", _bundled("quickstart").rstrip(), "```\n",
             "## Device profiles (`devices/*.yaml`, `--device NAME|PATH`)\n"]

@@ -1,9 +1,9 @@
 """`edgetrain run`: the steps of a recipe, in order, into one run folder.
 
-Each step runs as the matching edgetrain command in its own child process (`python -m edgetrain VERB
-... --json RUNDIR/steps/VERB.json`), so a recipe is exactly the chain of commands a user could type,
-each step gets its thread cap applied before mxnet loads and its own peak-memory figure, and a step
-that crashes cannot take the run down with it. Its output goes to RUNDIR/logs/VERB.log.
+Each step is its command's work (``edgetrain.cli.VERB.call``) on the typed options its kind
+(``recipes.STEPS``) builds, never a command line parsed again, in its own child process (edgetrain.cli.step):
+its thread cap is applied before mxnet loads, its peak memory is its own, and a crash cannot take the run
+down with it. Its output goes to RUNDIR/logs/VERB.log, after the command line a user would type for it.
 
 Run folder::
 
@@ -13,6 +13,7 @@ Run folder::
     model.onnx, model_int8.onnx   export and quantize artifacts
     profile.html           the profile step's report
     steps/VERB.json        each step's result;  logs/VERB.log  each step's output
+    steps/VERB.options.json  the options it ran with
     result.json, report.html
 """
 from __future__ import annotations
@@ -28,9 +29,9 @@ from ..data import load_data
 from ..errors import UsageError
 from ..fileio import atomic_path, atomic_write_text, file_digest
 from ..models import load_gluon
-from ..options import COMMANDS
 from ..fleet.report import read_report as read_fleet_report
-from ..recipes import ORIGIN_FILE, LoadedRecipe, check_recipe
+from ..options import Options
+from ..recipes import ORIGIN_FILE, STEPS, Artifacts, LoadedRecipe, check_recipe
 from ..results import step_passed
 from ..run_report import write_run_report
 
@@ -65,17 +66,6 @@ class RunResult:
         return asdict(self)
 
 
-@dataclass
-class _Artifacts:
-    """What the steps so far have made; each step takes its input from here."""
-
-    model: str                    # the current Gluon MODEL (the recipe's, then the fine-tuned one)
-    train: str
-    val: str | None
-    fp32_onnx: str | None = None
-    int8_onnx: str | None = None
-
-
 def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: str | None = None,
                threads: int | None = None, resume: bool = False,
                progress: Callable[[str], None] | None = None) -> RunResult:
@@ -88,7 +78,7 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
     threads = threads or recipe.threads
     result = RunResult(recipe.name, loaded.source, str(rundir), profile.name)
 
-    art = _Artifacts(model=loaded.resolve(recipe.model), train=loaded.resolve(recipe.data),
+    art = Artifacts(model=loaded.resolve(recipe.model), train=loaded.resolve(recipe.data),
                      val=loaded.resolve(recipe.val))
     if recipe.val_split:
         art.train, art.val = _split_data(loaded, rundir, art.model, say)
@@ -104,14 +94,16 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
             result.steps.append(run)
             say(f"[{i}/{total}] report: {run.result['path']}")
             continue
-        argv = _command(step, art, rundir, device_ref, threads, json_path, resume)
+        kind = STEPS[step.name]
+        model, opts = step_options(step, art, rundir, device_ref, threads, resume)
+        argv = [step.name, model, *opts.flags(), "--json", str(json_path)]  # the same work, as typed
         # once a step runs again, every later step does too: its inputs may have changed
-        if resume and not ran_again and _complete(json_path, step.name, rundir, say):
+        if resume and not ran_again and _complete(json_path, kind.files, rundir, step.name, say):
             run = StepRun(step.name, "skipped (complete)", 0, 0.0, argv, str(log_path), _read_json(json_path))
             say(f"[{i}/{total}] {step.name}: already complete, skipped")
         else:
             say(f"[{i}/{total}] {step.name}: edgetrain {' '.join(argv)}")
-            run = _run_child(step.name, argv, json_path, log_path, say)
+            run = _run_child(step.name, argv, model, opts, json_path, log_path, say)
             ran_again = True
         result.steps.append(run)
         if run.exit_code not in (0, 3):
@@ -124,8 +116,11 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
             result.failed_step = result.failed_step or step.name
         say(f"[{i}/{total}] {step.name} {run.status} in {run.seconds:.1f} s")
         if run.exit_code == 0 and not run.status.startswith("skipped"):
-            _seal(step.name, rundir)
-        _advance(step.name, run, art, rundir)
+            _seal(step.name, kind.files, rundir)
+        if kind.makes:  # found in THIS run folder, never where steps/*.json says (it may have been moved)
+            made = rundir / kind.makes[1]
+            if made.exists() or Path(f"{made}-symbol.json").exists():  # a file or a PREFIX
+                setattr(art, kind.makes[0], str(made))
 
     result.summary = summarize(result)
     _write_json_atomic(rundir / "result.json", result.to_dict())
@@ -192,56 +187,25 @@ def _split_data(loaded: LoadedRecipe, rundir: Path, model_ref: str, say) -> tupl
     return str(train_path), str(val_path)
 
 
-def _flags(command: str, options, skip=()) -> list[str]:
-    """The options a recipe step sets, as the command's flags (an option left out: the command's default)."""
-    declared = COMMANDS[command]
-    argv = []
-    for name in type(options).model_fields:  # declaration order: the same command line every run
-        value = getattr(options, name)
-        if value is None or name in skip:
-            continue
-        on, _, off = declared.fields[name].flag.partition("/")
-        if isinstance(value, bool):
-            argv += [on] if value else [off] if off else []
-        elif isinstance(value, (list, tuple)):
-            argv += [on, ",".join(map(str, value))]
-        elif name == "rate":  # parsed to inferences per hour; the flag takes N/h
-            argv += [on, f"{value:g}/h"]
-        else:
-            argv += [on, str(value)]
-    return argv
+def step_options(step, art: Artifacts, rundir: Path, device: str, threads, resume: bool) -> tuple[str, Options]:
+    """MODEL and the command's typed options for ``step``: what the recipe set (left out: the command's
+    default), what the run folder supplies, the run's device and thread cap (a profile's own sweep stays)."""
+    kind, given = STEPS[step.name], step.options
+    model, values = kind.inputs(art, rundir, given, resume)
+    values.update({name: getattr(given, name) for name in kind.options.fields
+                   if name in type(given).model_fields and getattr(given, name) is not None}, device=device)
+    if threads and values.get("threads") is None:
+        values["threads"] = threads
+    return model, kind.options(**values)
 
 
-def _command(step, art: _Artifacts, rundir: Path, device: str, threads, json_path: Path, resume: bool) -> list[str]:
-    o = step.options
-    common = ["--device", device, "--json", str(json_path)]
-    if threads and not (step.name == "profile" and o.threads):  # a profile sweep replaces the single cap
-        common += ["--threads", str(threads)]
-    if step.name == "finetune":
-        argv = ["finetune", art.model, "--data", art.train, "-o", str(rundir / "finetune"), *_flags(step.name, o)]
-        argv += ["--val", art.val] if art.val else []
-        argv += ["--resume"] if resume and (rundir / "finetune").is_dir() else []
-    elif step.name == "quantize":
-        out = rundir / ("model_int8" if o.backend == "mxnet" else "model_int8.onnx")
-        argv = ["quantize", art.model, "--calib", art.train, "-o", str(out), *_flags(step.name, o)]
-        argv += ["--val", art.val] if art.val else []
-    elif step.name == "export":
-        argv = ["export", art.model, "-o", str(rundir / "model.onnx"), "--data", art.val or art.train, *_flags(step.name, o)]
-    elif step.name == "profile":
-        target = {"fp32": art.fp32_onnx, "int8": art.int8_onnx}.get(o.target) or art.int8_onnx or art.fp32_onnx
-        if target is None:
-            raise UsageError(f"profile target '{o.target}' has no model yet", "recipe steps",
-                             "put an export or quantize step before profile")
-        argv = ["profile", target, "--report", str(rundir / "profile.html"), *_flags("profile", o, skip=("target",))]
-    else:  # pragma: no cover - the schema allows no other step
-        raise AssertionError(step.name)
-    return argv + common
-
-
-def _run_child(name: str, argv: list[str], json_path: Path, log_path: Path, say) -> StepRun:
+def _run_child(name: str, argv: list[str], model: str, opts: Options, json_path: Path, log_path: Path,
+               say) -> StepRun:
     """Run one step; its output is logged in full and echoed line by line as progress."""
     if json_path.exists():
         json_path.unlink()  # a stale result must not pass for this run's
+    spec = json_path.with_name(f"{name}.options.json")
+    _write_json_atomic(spec, {"command": name, "model": model, "options": opts.given(), "json": str(json_path)})
     started = time.monotonic()
     last_error = None
     with open(log_path, "w", encoding="utf-8") as log:
@@ -258,7 +222,7 @@ def _run_child(name: str, argv: list[str], json_path: Path, log_path: Path, say)
                 say(f"    {text}")
 
         # the one launcher: own process group, dies with us (PDEATHSIG), killed on Ctrl-C/SIGTERM
-        code = child.run(child.python_argv("edgetrain", *argv), what=f"step {name}",
+        code = child.run(child.python_argv("edgetrain.cli.step", spec), what=f"step {name}",
                          env={"PYTHONUNBUFFERED": "1"}, on_line=on_line).code
     seconds = time.monotonic() - started
     status = EXIT_STATUS.get(code, "failed")
@@ -267,50 +231,20 @@ def _run_child(name: str, argv: list[str], json_path: Path, log_path: Path, say)
     return StepRun(name, status, code, seconds, argv, str(log_path), _read_json(json_path), last_error)
 
 
-def _advance(name: str, run: StepRun, art: _Artifacts, rundir: Path) -> None:
-    """Record the step's artifact so the next step takes it: found by its place in THIS run folder, never
-    by the path an earlier run wrote in steps/*.json (a moved run folder must not point back at the old one)."""
-    if name == "finetune":
-        if Path(f"{rundir / 'finetune' / 'model'}-symbol.json").exists():
-            art.model = str(rundir / "finetune" / "model")
-    elif name == "quantize":
-        if (rundir / "model_int8.onnx").exists():
-            art.int8_onnx = str(rundir / "model_int8.onnx")
-    elif name == "export":
-        art.fp32_onnx = str(rundir / "model.onnx")
+def _seal(name: str, made: tuple[str, ...], rundir: Path) -> None:
+    """What the step left in the run folder (``made``, relative to it), with their SHA-256."""
+    files = {rel: file_digest(rundir / rel) for rel in made if (rundir / rel).is_file()}
+    _write_json_atomic(rundir / "steps" / f"{name}.files.json", {"files": files})
 
 
-# What each step leaves in the run folder (relative to it): sealed with their SHA-256 when the step
-# passes, checked before --resume skips it.
-_STEP_FILES = {"finetune": ("finetune/model-symbol.json", "finetune/model-0000.params", "finetune/model-edgetrain.json"),
-               "quantize": ("model_int8.onnx", "model_int8-symbol.json", "model_int8-0000.params"),
-               "export": ("model.onnx",), "profile": ("profile.html",)}
-
-
-def _seal_path(rundir: Path, name: str) -> Path:
-    return rundir / "steps" / f"{name}.files.json"
-
-
-def _sha256(path: Path) -> str:
-    return file_digest(path)
-
-
-def _seal(name: str, rundir: Path) -> None:
-    files = {rel: _sha256(rundir / rel) for rel in _STEP_FILES.get(name, ()) if (rundir / rel).is_file()}
-    _write_json_atomic(_seal_path(rundir, name), {"files": files})
-
-
-def _complete(json_path: Path, name: str = "", rundir: Path | None = None, say=None) -> bool:
+def _complete(json_path: Path, made: tuple[str, ...], rundir: Path, name: str, say=None) -> bool:
     """A step is done only if its record says it passed (a step that exited 3 runs again on --resume) and
     the files it made are still there, unchanged (paths relative to the run folder)."""
     if not step_passed(_read_json(json_path)):
         return False
-    if rundir is None:
-        return True
-    seal = _read_json(_seal_path(rundir, name))
-    files = (seal or {}).get("files")
+    files = (_read_json(rundir / "steps" / f"{name}.files.json") or {}).get("files")
     problem = None
-    if not isinstance(files, dict) or (_STEP_FILES.get(name) and not files):
+    if not isinstance(files, dict) or (made and not files):
         problem = "no record of its files"
     else:
         for rel, digest in files.items():
@@ -318,7 +252,7 @@ def _complete(json_path: Path, name: str = "", rundir: Path | None = None, say=N
             if not path.is_file():
                 problem = f"{rel} is missing"
                 break
-            if _sha256(path) != digest:
+            if file_digest(path) != digest:
                 problem = f"{rel} changed since the step ran"
                 break
     if problem and say:

@@ -16,9 +16,9 @@ from clitools import assert_user_error
 from test_predict import models  # noqa: F401  (the fixture: fp32 / fixed-batch / int8 ONNX files + data)
 
 
-# What `edgetrain predict` must never load (issue 16: it starts as small and fast as a bare ONNX Runtime
-# loop): mxnet and onnx, and the CLI's own click and pydantic (its flags come from predict_flags.json).
-HEAVY = ("mxnet", "onnx", "click", "pydantic", "edgetrain.options")
+# What `edgetrain predict` must never load (it starts as small and fast as a bare ONNX Runtime loop): mxnet
+# and onnx, click (the light parser reads the declaration without it) and pydantic (no device profile here).
+HEAVY = ("mxnet", "onnx", "click", "pydantic")
 
 
 def _child(args, stdin: str = "", cwd=None):
@@ -121,50 +121,45 @@ def test_bad_model_data_and_outputs_are_one_line_errors(cli, models, tmp_path): 
     assert res.returncode == 2 and "Error: image file not found" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_the_flag_file_is_what_the_declaration_says():
-    """predict's click options come from predict_flags.json (no pydantic at start-up); it must be exactly
-    what options.PredictOptions declares (regenerate: python -m edgetrain.cli.predict --write-flags)."""
-    from edgetrain.cli.predict import FLAGS, flag_specs
-
-    assert json.loads(FLAGS.read_text(encoding="utf-8")) == flag_specs()
-
-
 def test_a_device_profile_takes_the_declared_path(models):  # noqa: F811
-    """--device NAME is read by the declaration (pydantic, through click), and its thread count applies."""
+    """--device NAME is read by the declaration (its profile with pydantic), and its thread count applies."""
     res = _child(["predict", models / "int8.onnx", models / "digits5.npz", "--device", "rpi4b-4gb", "--json", "-"])
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["threads"] == 4  # the device's default threads (capped warning aside)
 
 
-# Command lines the light parser must read exactly as click does (or leave to click: None).
+# Command lines the light parser must read into the same options as click does (or leave to click: None).
 LINES = [
     ["M", "D"], ["M", "D", "--top-k", "3"], ["--top-k=3", "M", "D"], ["M", "-", "-o", "out.txt"],
     ["M", "D", "-oout.txt"], ["M", "D", "--output=x.csv", "--format", "csv"], ["M", "D", "--json", "-"],
     ["M", "D", "--format", "csv", "--format", "jsonl"], ["--", "-M", "D"], ["M", "--", "D"],
     ["M", "D", "--threads", "2", "--batch", "1"], ["M", "D", "--top-k", "1000"], ["M", "D", "--batch=4096"],
-    ["M", "D", "--json=r.json", "--top-k", "07"], ["", "D"],
+    ["M", "D", "--json=r.json", "--top-k", "07"], ["", "D"], ["M", "D", "--device", "rpi4b-4gb"],
+    ["M", "D", "--top-k", "+3"], ["M", "D", "--top-k", " 3"], ["M", "D", "--device", "rpi9"],
 ]
 CLICK_ONLY = [  # errors, help and what click reads its own way: the light parser must hand these over
     ["M", "D", "--top-k", "0"], ["M", "D", "--top-k", "1001"], ["M", "D", "--top-k", "x"],
     ["M", "D", "--format", "xml"], ["M"], [], ["M", "D", "E"], ["M", "D", "--help"], ["-h"], ["M", "D", "--nope"],
-    ["M", "D", "--top-k"], ["M", "D", "--device", "rpi4b-4gb"], ["M", "D", "--top-k", "+3"],
-    ["M", "D", "--top-k", " 3"], ["M", "D", "-o", "-x"], ["M", "D", "-x"], ["M", "D", "--top"],
-    ["M", "D", "--batch", "1_0"],
+    ["M", "D", "--top-k"], ["M", "D", "-o", "-x"], ["M", "D", "-x"], ["M", "D", "--top"],
+    ["M", "D", "--batch", "1_0"], ["M", "D", "--threads", "0"],
 ]
 
 
 def _click_reading(args):
-    """(MODEL, DATA, --json, option values) as click parses ``args``, or None where click refuses them."""
+    """(MODEL, DATA, --json, the options) as the click command reads ``args``, or None where it refuses them."""
     import click
 
+    from edgetrain.cli.options import parse
     from edgetrain.cli.predict import predict
+    from edgetrain.errors import UsageError
+    from edgetrain.options import PredictOptions
 
     try:
         ctx = predict.make_context("predict", list(args))
-    except (click.exceptions.ClickException, click.exceptions.Exit):
+        params = dict(ctx.params)
+        return params.pop("model"), params.pop("data"), params.pop("json_path"), parse(PredictOptions, params)
+    except (click.exceptions.ClickException, click.exceptions.Exit, UsageError):
         return None
-    params = dict(ctx.params)
-    return params.pop("model"), params.pop("data"), params.pop("json_path"), params
 
 
 @pytest.mark.parametrize("args", LINES + CLICK_ONLY, ids=lambda a: " ".join(a) or "nothing")
