@@ -40,7 +40,7 @@ from .options import (
 from .recipes import read_recipe
 from .results import Progress, ProgressFn
 
-O = TypeVar("O", bound=Options)
+OptionsT = TypeVar("OptionsT", bound=Options)
 STDERR = "stderr"  # the default progress: the CLI's lines on stderr
 
 
@@ -54,7 +54,7 @@ def _listener(progress) -> ProgressFn | None:
     return progress
 
 
-def _prepare(model: type[O], values: dict) -> O:
+def _prepare(model: type[OptionsT], values: dict) -> OptionsT:
     opts = model.parse({k: v for k, v in values.items() if v is not None})
     runtime.quiet_libraries()
     runtime.apply_threads(opts.thread_cap(), strict=False)

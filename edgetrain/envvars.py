@@ -24,7 +24,7 @@ DECLARED: dict[str, str] = {
     "EDGETRAIN_TEST_KILL_AT": "PHASE:N: a fine-tune SIGKILLs itself the N-th time it reaches PHASE",
     "EDGETRAIN_SYSFS_ROOT": "the folder read as /sys by the power sensors",
     "EDGETRAIN_VCGENCMD": "the vcgencmd program the Raspberry Pi sensor runs",
-    "EDGETRAIN_FLEET_TAG": "set by edgetrain on the Flower processes a fleet starts, so that they can all be ended (read from their environment)",
+    "EDGETRAIN_FLEET_TAG": "set by edgetrain on the Flower processes a fleet starts, so all of them can be ended",
     "EDGETRAIN_FLEET_TEST_DELAY": "ROUND:SECONDS: a fleet device is that much slower in that round",
 }
 

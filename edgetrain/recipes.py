@@ -189,19 +189,19 @@ class LoadedRecipe:
         return str(path if path.is_absolute() else (self.base / path))
 
 
-def _bundled() -> dict[str, object]:
+def bundled_files() -> dict[str, object]:
     root = resources.files(BUNDLED_PACKAGE)
     return {e.name[:-5]: e for e in root.iterdir() if e.is_file() and e.name.endswith(".yaml")}
 
 
 def bundled_names() -> list[str]:
-    return sorted(_bundled())
+    return sorted(bundled_files())
 
 
 def read_recipe(name_or_path: str | None, rundir: str | Path | None = None) -> LoadedRecipe:
     """Parse and schema-validate a recipe: a bundled name, a path, or None: the one a run folder being
     resumed (``rundir``) was made with, else the quickstart."""
-    bundled = _bundled()
+    bundled = bundled_files()
     if name_or_path is None and rundir is not None and (Path(rundir) / "recipe.yaml").is_file():
         text = (Path(rundir) / "recipe.yaml").read_text(encoding="utf-8")
         try:
