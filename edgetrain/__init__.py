@@ -6,7 +6,6 @@ are resolved lazily so that importing edgetrain (and ``edgetrain --help``) loads
 """
 from __future__ import annotations
 
-import importlib
 
 from . import runtime
 
@@ -30,12 +29,4 @@ _API = {
 }
 
 
-def __getattr__(name: str):
-    module = _API.get(name)
-    if module is None:
-        raise AttributeError(f"module 'edgetrain' has no attribute '{name}'")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_API))
+__getattr__, __dir__ = _lazy.face(__name__, _API, globals())

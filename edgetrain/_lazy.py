@@ -261,3 +261,18 @@ def ort_session_options(threads: int | None = None, optimize: bool = True, *, sp
     opts.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                      else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     return opts
+
+
+def face(package: str, names: dict[str, str], namespace: dict):
+    """``__getattr__`` and ``__dir__`` for a package whose names load on first use (``names``: name -> the
+    module of the package that defines it), so importing the package loads none of its modules."""
+    def __getattr__(name: str):
+        module = names.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(f".{module}", package), name)
+
+    def __dir__():
+        return sorted(set(namespace) | set(names))
+
+    return __getattr__, __dir__

@@ -6,8 +6,9 @@ The face: what other code may use. Its names load on first use, as edgetrain's o
 """
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from .. import _lazy
 
 _FACE = {  # name -> the module of this wing that defines it
     "EnergyMeter": "model", "energy_report": "model", "measured_per_inference": "model", "parse_rate": "model",
@@ -25,12 +26,4 @@ if TYPE_CHECKING:
                           detect, log_record, read_power_log)
 
 
-def __getattr__(name: str):
-    module = _FACE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = _lazy.face(__name__, _FACE, globals())

@@ -7,8 +7,9 @@ inside the wing (``python -m edgetrain.int8.search``) loads only what it runs.
 """
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from .. import _lazy
 
 _FACE = {  # name -> the module of this wing that defines it
     "onnx_top1": "accuracy",
@@ -35,12 +36,4 @@ if TYPE_CHECKING:
     from .sensitivity import node_errors, rank_nodes
 
 
-def __getattr__(name: str):
-    module = _FACE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = _lazy.face(__name__, _FACE, globals())

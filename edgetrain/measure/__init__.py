@@ -7,8 +7,9 @@ child (``python -m edgetrain.measure.child``) starts with nothing loaded but wha
 """
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from .. import _lazy
 
 _FACE = {  # name -> the module of this wing that defines it
     "ProfileResult": "profiling", "profile": "profiling",
@@ -21,12 +22,4 @@ if TYPE_CHECKING:
     from .report import check_report_path, energy_lines, text_summary, write_report
 
 
-def __getattr__(name: str):
-    module = _FACE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = _lazy.face(__name__, _FACE, globals())
