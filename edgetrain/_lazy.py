@@ -36,7 +36,7 @@ _MISSING_LIB = re.compile(r"([\w.+-]+\.so[\w.]*): cannot open shared object file
 
 def _before_mxnet() -> None:
     # the cap in force must be in the environment before OpenMP and MXNet's engine load. numpy_names is
-    # imported where mxnet is, not at the top: `edgetrain predict` never loads mxnet (issue 16).
+    # imported where mxnet is, not at the top: `edgetrain predict` never loads mxnet.
     from .compat import numpy_names
 
     runtime.apply_threads(runtime.requested_threads())
@@ -153,7 +153,7 @@ _TELEMETRY_WARNING = "telemetry device ID"
 
 def _scratch_file():
     """An anonymous file for the held-back stderr: in memory where Linux offers it (no tempfile import at
-    `edgetrain predict`'s start, issue 16), else a temp file."""
+    `edgetrain predict`'s start), else a temp file."""
     if hasattr(os, "memfd_create"):
         try:
             return os.fdopen(os.memfd_create("edgetrain-held-stderr"), "w+b")

@@ -240,7 +240,7 @@ def _check_classes(n: int, source: str, where: str) -> None:
 
 def _load_digits(pre: Preprocess, ref: str) -> Dataset:
     # gzip, zipfile and importlib.resources are imported where they are used: `edgetrain predict` on an
-    # image folder starts without them (issue 16: start-up within 10% of a bare ONNX Runtime loop)
+    # image folder starts without them (its start-up stays within 10% of a bare ONNX Runtime loop)
     import gzip
     from importlib import resources
 

@@ -52,7 +52,7 @@ def atomic_path(path: Path, what: str = "output"):
     A full disk (or quota) while writing becomes a one-line UsageError naming the output; the temp
     file is removed and ``path`` keeps its old content.
     """
-    import tempfile  # here: `edgetrain predict` without -o or --json starts without it (issue 16)
+    import tempfile  # here: `edgetrain predict` without -o or --json starts without it
 
     path = check_output_path(Path(path), what)
     clean_stale_temps(path.parent)

@@ -9,7 +9,7 @@ has exactly one home.
 Values are parsed once, here, into what the library uses: sizes into megabytes (a bare number *is*
 megabytes, never bytes), shapes into (C, H, W), rates into inferences per hour, ``train_layers`` checked.
 The declarations are plain Python, not pydantic: every command imports this module, and on a Pi the
-import and first validation of a pydantic model cost more than the work of a short command (issue 13).
+import and first validation of a pydantic model cost more than the work of a short command.
 pydantic stays where YAML is read (recipes, device profiles).
 """
 import math
@@ -624,7 +624,7 @@ class PredictOptions(DeviceOptions):
 COMMANDS["predict"] = PredictOptions
 
 
-# --- edgetrain fleet (issue 15) ----------------------------------------------------------------------
+# --- edgetrain fleet ----------------------------------------------------------------------------------
 
 class FleetServeOptions(Options):
     """``edgetrain fleet serve MODEL``: the coordinator (Flower SuperLink + the rounds)."""

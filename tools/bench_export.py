@@ -3,7 +3,7 @@
 
 MobileNetV2-1.0 at 224x224, batch 1, one thread. Each runtime runs in its own child process with the
 thread cap applied before the library is imported; each child loads, runs a first inference, warms up,
-then times single-batch runs. Goal (issue 3): ONNX Runtime at least 3x faster than MXNet.
+then times single-batch runs. Goal: ONNX Runtime at least 3x faster than MXNet.
 
 A third column shows the export *without* the weights-as-inputs repair (every weight also a graph
 input, as mxnet 1.9.1's exporter writes it): ONNX Runtime then cannot fold BatchNorm into the

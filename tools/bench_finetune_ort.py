@@ -1,6 +1,6 @@
 """Benchmark: `edgetrain finetune` against a hand-written ONNX Runtime script (tools/finetune_ort_reference.py).
 
-The job of issue 13: MobileNetV2-1.0 at 160x160, 256 PNGs in 10 classes (generated here), effective
+The job: MobileNetV2-1.0 at 160x160, 256 PNGs in 10 classes (generated here), effective
 batch 32, 3 epochs, 2 threads, head only; plus `--train-layers last:2` and `--memory-budget 200MB`.
 Every configuration runs as a fresh process, in interleaved rounds (A B C A B C ...). For each run:
 - samples/s over the whole command = trained samples (train split x epochs) / the process's wall time,

@@ -7,7 +7,7 @@ Builds the models with edgetrain itself (export_onnx, quantize with both backend
 runtime in its own child process (so one runtime's thread pools and caches cannot slow another), in
 ``--rounds`` interleaved rounds; a runtime's figure is the median of its per-round p50s. Prints
 side-by-side ratios. Random weights: latency and size do not depend on their values.
-Goals (issue 4): int8 ORT >= 1.5x faster than fp32 ORT and >= 5x faster than MXNet fp32 hybridized;
+Goals: int8 ORT >= 1.5x faster than fp32 ORT and >= 5x faster than MXNet fp32 hybridized;
 int8 .onnx >= 3.5x smaller than fp32 .onnx.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The trained part ("tail") of an MXNet symbol graph, run and differentiated in NumPy (issue 13).
+"""The trained part ("tail") of an MXNet symbol graph, run and differentiated in NumPy.
 
 ``finetune --train-layers last:N`` runs the frozen part in ONNX Runtime; the few layers after the cut are
 small enough that NumPy (matmul on the BLAS numpy links) trains them without importing mxnet at all
