@@ -136,3 +136,27 @@ def test_a_budget_the_plan_cannot_meet_is_refused_before_training(host_export, d
                         tmp_path / "out", "--train-layers", "bias", "--memory-budget", "20MB", env=device_env)
     assert_user_error(res, 2, "memory budget 20 MB is too small")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("layers,kill", [("head", "features:2"), ("bias", "step:7")])
+def test_a_power_cut_on_the_device_resumes_to_the_same_weights(layers, kill, host_export, device_env, tmp_path):
+    """kill -9 during the feature pass (head) or mid-epoch (bias), then --resume: the weights written are
+    bit for bit those of a run that was never cut (the whole class, every phase and mode: test_finetune_resume)."""
+    import onnx
+    from onnx import numpy_helper
+
+    def args(out):
+        return ["finetune", host_export / "digits5.onnx", "--data", host_export / "train.npz", "-o", out,
+                "--train-layers", layers, "--epochs", "2", "--batch-size", "32", "--threads", "1"]
+
+    def weights(out):
+        return {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out / "model.onnx")).graph.initializer}
+
+    assert run_edgetrain(*args(tmp_path / "whole"), env=device_env).code == 0
+    cut = subprocess.run([sys.executable, "-m", "edgetrain", *map(str, args(tmp_path / "cut"))],
+                         env={**os.environ, **device_env, "EDGETRAIN_TEST_KILL_AT": kill}, capture_output=True)
+    assert cut.returncode == -9 and not (tmp_path / "cut" / "model.onnx").exists()
+    res = run_edgetrain(*args(tmp_path / "cut"), "--resume", env=device_env)
+    assert res.code == 0, res.err
+    want, got = weights(tmp_path / "whole"), weights(tmp_path / "cut")
+    assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
