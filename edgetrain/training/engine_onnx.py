@@ -202,6 +202,7 @@ class OnnxEngine:
         job = self.job
         x = np.zeros((1, *job.pre.input_shape), np.float32)
         probe = self.features(x) if self.has_frozen else x
+        self.eval_session = None  # the feature pass makes its own, with the plan's arena: hold one, not two
         _, tape = self.grad.forward(probe)
         train_mb = (tape.bytes_per_sample + tape.activation_bytes) / MB  # kept + the live activations (a bound)
         n_weights = sum(int(v.size) for v in self.weights.values())
