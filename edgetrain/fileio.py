@@ -374,7 +374,7 @@ def fsync_dir(folder: Path) -> None:
 
 # Which option of a command names an input file and which an output: one table for every command.
 _INPUT_FIELDS = ("data", "calib", "val", "params", "device", "power_log")
-_FINETUNE_FILES = ("model", "metrics.json", "checkpoint.npz")
+_FINETUNE_FILES = ("model", "model.onnx", "metrics.json", "checkpoint.npz")  # training.outdir: what OUTDIR gets
 
 
 def check_command_outputs(model, opts, json_path: str | None = None) -> None:

@@ -160,3 +160,40 @@ def test_a_power_cut_on_the_device_resumes_to_the_same_weights(layers, kill, hos
     assert res.code == 0, res.err
     want, got = weights(tmp_path / "whole"), weights(tmp_path / "cut")
     assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
+
+
+def test_fine_tuning_an_onnx_file_never_overwrites_it(host_export, device_env, tmp_path):
+    """MODEL is OUTDIR/model.onnx (a fine-tune of a fine-tune, into the same folder): refused, the file kept."""
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copyfile(host_export / "digits5.onnx", out / "model.onnx")
+    before = (out / "model.onnx").read_bytes()
+    res = run_edgetrain("finetune", out / "model.onnx", "--data", host_export / "train.npz", "-o", out, "--resume",
+                        env=device_env)
+    assert_user_error(res, 2, "would overwrite the input MODEL")
+    assert (out / "model.onnx").read_bytes() == before
+
+
+def test_an_op_the_gradient_code_lacks_is_one_line_and_no_model(host_export, device_env, tmp_path):
+    """A ReLU turned Softsign (ONNX Runtime runs it, onnx_grad has no backward for it): bias mode refuses it
+    naming the op; head mode, whose frozen part runs it in ONNX Runtime, still trains."""
+    import onnx
+
+    proto = onnx.load(str(host_export / "digits5.onnx"))
+    next(n for n in proto.graph.node if n.op_type == "Relu").op_type = "Softsign"
+    onnx.save(proto, str(tmp_path / "softsign.onnx"))
+    res = run_edgetrain("finetune", tmp_path / "softsign.onnx", "--data", host_export / "train.npz", "-o",
+                        tmp_path / "bias", "--train-layers", "bias", env=device_env)
+    assert_user_error(res, 2, "cannot differentiate Softsign node")
+    assert not (tmp_path / "bias").exists()
+    res = run_edgetrain("finetune", tmp_path / "softsign.onnx", "--data", host_export / "train.npz", "-o",
+                        tmp_path / "head", "--epochs", "1", env=device_env)
+    assert res.code == 0, res.err
+
+
+@pytest.mark.parametrize("layers", ["head", "bias"])
+def test_a_diverging_run_on_the_device_fails_and_writes_no_model(layers, host_export, device_env, tmp_path):
+    res = run_edgetrain("finetune", host_export / "digits5.onnx", "--data", host_export / "train.npz", "-o",
+                        tmp_path / "run", "--train-layers", layers, "--lr", "1e30", "--epochs", "2", env=device_env)
+    assert_user_error(res, 1, "training diverged", "no model was written")
+    assert not (tmp_path / "run" / "model.onnx").exists()
