@@ -211,3 +211,13 @@ def params_chunks(arrays: dict, convert=np.asarray):
 def params_bytes(arrays: dict[str, np.ndarray]) -> bytes:
     """``arrays`` in mx.nd.save's format, byte for byte (CPU context, dense)."""
     return b"".join(params_chunks(arrays))
+
+
+def restore_arrays(held: dict, arrays: dict, where: str) -> None:
+    """Copy a checkpoint's ``arrays`` into the engine's own ``held`` arrays (in place: the optimizer holds
+    them), refusing a checkpoint that lacks one or has another shape."""
+    for k, v in held.items():
+        if k not in arrays or arrays[k].shape != v.shape:
+            raise UsageError(f"checkpoint does not hold weights for {k}", where,
+                             "delete it and start over, or use another OUTDIR")
+        v[...] = arrays[k]

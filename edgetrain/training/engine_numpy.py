@@ -23,7 +23,7 @@ from ..preprocess import Preprocess
 from . import checkpoint as ckpt
 from . import store
 from .outdir import MODEL_NAME
-from .memplan import FEATURE_BATCHES, HEADROOM, MB, Costs, MemoryPlan, choose
+from .memplan import HEADROOM, MB, Costs, plan_for
 from .netsplit import head_units, replace_head
 from .optimizers import make_numpy_optimizer
 
@@ -182,9 +182,7 @@ class NumpyEngine:
         costs = Costs((procmem.rss_mb() or 0.0) + session_mb, self.prep["frozen_per_sample_mb"],
                       self.tail.activation_bytes(train=True) / MB, 4 * n_weights * 4 / MB,
                       int(np.prod(job.pre.input_shape)) * 4 / MB, rows, feat * 4, job.batch_size, True)
-        plan = MemoryPlan(**saved) if saved is not None else choose(costs, job.budget_mb)
-        plan.feature_batch = min(plan.feature_batch, max(FEATURE_BATCHES))
-        return plan, costs
+        return plan_for(costs, job.budget_mb, saved), costs
 
     def start_from(self, arrays: dict[str, np.ndarray]) -> None:
         for held in (self.weights, self.stats):
@@ -274,11 +272,7 @@ class NumpyEngine:
         return set(self.stats)  # a linear output layer has none
 
     def restore(self, arrays: dict[str, np.ndarray], where: str) -> None:
-        for k, v in {**self.weights, **self.stats}.items():
-            if k not in arrays or arrays[k].shape != v.shape:
-                raise UsageError(f"checkpoint does not hold weights for {k}", where,
-                                 "delete it and start over, or use another OUTDIR")
-            v[...] = arrays[k]
+        ckpt.restore_arrays({**self.weights, **self.stats}, arrays, where)
 
     def param_counts(self) -> tuple[int, int]:
         return sum(int(v.size) for v in self.weights.values()), self.frozen_n

@@ -26,16 +26,17 @@ from pathlib import Path
 import numpy as np
 
 from .. import _lazy, procmem, runtime
+from ..convert import META_PREFIX
 from ..errors import UsageError
 from ..fileio import atomic_write_bytes
 from ..models import load_onnx
+from . import checkpoint as ckpt
 from . import onnx_grad, store
-from .memplan import FEATURE_BATCHES, MB, Costs, MemoryPlan, choose
+from .memplan import MB, Costs, plan_for
 from .optimizers import make_numpy_optimizer
 from .outdir import ONNX_MODEL
 
 WEIGHTED = ("Conv", "Gemm", "MatMul")
-META_PREFIX = "edgetrain."
 
 
 def _cuts(graph, initializers: set) -> list[tuple[int, str]]:
@@ -123,10 +124,13 @@ class OnnxEngine:
         initializers = {t.name for t in self.proto.graph.initializer}
         if self.kind in ("head", "tail"):
             self.cut = cut_before_layer(self.proto.graph, initializers, job.layers.n)
-            tail = self._extract([self.cut], [logits])
+            # shapes inferred once: the parts cut from the graph carry them
+            extractor = _lazy.onnx().utils.Extractor(_lazy.onnx().shape_inference.infer_shapes(self.proto))
+            tail = extractor.extract_model([self.cut], [logits])
             self.grad = onnx_grad.GradGraph(tail, _weights_of(tail.graph), output=logits)
-            self.frozen_bytes = self._extract([self.proto.graph.input[0].name], [self.cut]).SerializeToString()
-            self._frozen_figures()
+            frozen = extractor.extract_model([self.proto.graph.input[0].name], [self.cut])
+            self._frozen_figures(frozen)
+            self.frozen_bytes = frozen.SerializeToString()
         else:
             mode = "bias+head" if self.kind == "bias" else _weights_of(self.proto.graph)
             self.grad = onnx_grad.GradGraph(self.proto, mode, output=logits)
@@ -165,15 +169,9 @@ class OnnxEngine:
         self.job.notes.append(f"output layer replaced: the model has {outputs} outputs, the data {classes} classes; "
                               "the new layer starts from random weights")
 
-    def _extract(self, inputs: list[str], outputs: list[str]):
-        onnx = _lazy.onnx()
-        inferred = onnx.shape_inference.infer_shapes(self.proto)
-        return onnx.utils.Extractor(inferred).extract_model(inputs, outputs)
-
-    def _frozen_figures(self) -> None:
-        """The feature shape (one sample) and an upper bound of one sample's activations in the frozen part."""
-        onnx = _lazy.onnx()
-        inferred = onnx.shape_inference.infer_shapes(onnx.load_from_string(self.frozen_bytes))
+    def _frozen_figures(self, inferred) -> None:
+        """The feature shape (one sample) and an upper bound of one sample's activations in the frozen part
+        (``inferred``: the part, its shapes inferred)."""
         sizes = {}
         for v in list(inferred.graph.value_info) + list(inferred.graph.output):
             dims = [d.dim_value for d in v.type.tensor_type.shape.dim][1:]
@@ -212,9 +210,7 @@ class OnnxEngine:
         costs = Costs((procmem.rss_mb() or 0.0) + session_mb, self.frozen_per_sample_mb, train_mb,
                       params_mb + 3 * n_weights * 4 / MB, int(np.prod(job.pre.input_shape)) * 4 / MB, rows,
                       feat * 4, job.batch_size, self.has_frozen)
-        plan = MemoryPlan(**saved) if saved is not None else choose(costs, job.budget_mb)
-        plan.feature_batch = min(plan.feature_batch, max(FEATURE_BATCHES))
-        return plan, costs
+        return plan_for(costs, job.budget_mb, saved), costs
 
     def start_from(self, arrays: dict[str, np.ndarray]) -> None:
         for name in self.weights:
@@ -285,11 +281,7 @@ class OnnxEngine:
         return set()  # BatchNorm's running statistics are the file's constants
 
     def restore(self, arrays: dict[str, np.ndarray], where: str) -> None:
-        for k, v in self.weights.items():
-            if k not in arrays or arrays[k].shape != v.shape:
-                raise UsageError(f"checkpoint does not hold weights for {k}", where,
-                                 "delete it and start over, or use another OUTDIR")
-            v[...] = arrays[k]
+        ckpt.restore_arrays(self.weights, arrays, where)
 
     def param_counts(self) -> tuple[int, int]:
         trained = sum(int(v.size) for v in self.weights.values())

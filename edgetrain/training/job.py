@@ -48,7 +48,6 @@ from . import checkpoint as ckpt
 from . import store
 from .engine_mxnet import MXNetEngine
 from .engine_numpy import NotNumpy, NumpyEngine
-from .engine_onnx import OnnxEngine
 from .featurecache import FeatureCache
 from .memplan import READ_AHEAD
 from .optimizers import Corrected, default_lr
@@ -147,6 +146,8 @@ def engine_for(model: str, layers: TrainLayers):
     """The engine a job starts with: an ONNX file trains in NumPy from the file (no mxnet); a Gluon model in
     NumPy where part of it is frozen, else in MXNet."""
     if str(model).lower().endswith(".onnx"):
+        from .engine_onnx import OnnxEngine  # only an ONNX file's run loads the gradient code (~40 ms)
+
         return OnnxEngine
     if layers.kind == "bias":
         raise UsageError("--train-layers bias trains from an ONNX file", "--train-layers",

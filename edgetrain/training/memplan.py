@@ -118,6 +118,14 @@ def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
     return best[1]
 
 
+def plan_for(c: Costs, budget_mb: float | None, saved: dict | None) -> MemoryPlan:
+    """A resumed run's ``saved`` plan (kept: other shapes would change its arithmetic), else ``choose``'s;
+    the feature batch within FEATURE_BATCHES either way."""
+    plan = MemoryPlan(**saved) if saved is not None else choose(c, budget_mb)
+    plan.feature_batch = min(plan.feature_batch, max(FEATURE_BATCHES))
+    return plan
+
+
 def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
     least = estimate(c, 1, 1, "disk" if c.has_frozen else "none", scale)
     need = least / HEADROOM
