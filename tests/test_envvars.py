@@ -11,7 +11,7 @@ import edgetrain
 from edgetrain import envvars
 
 ROOT = Path(edgetrain.__file__).parent
-README = ROOT.parent / "README.md"
+README = Path(__file__).resolve().parents[1] / "README.md"   # the checkout's, not beside the installed package
 
 
 def _sources() -> dict[Path, str]:
@@ -32,7 +32,7 @@ def test_every_declared_variable_is_read_somewhere():
 
 
 def test_the_readme_documents_exactly_the_declared_variables():
-    table = dict(re.findall(r"^\| `([A-Z_]+)` \| (.+) \|$", README.read_text(), flags=re.M))
+    table = dict(re.findall(r"^\| `([A-Z_]+)` \| (.+) \|$", README.read_text(encoding="utf-8"), flags=re.M))
     assert table == envvars.DECLARED
 
 
