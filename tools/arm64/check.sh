@@ -14,6 +14,8 @@
 #   EDGETRAIN_ARM_CPU     the CPU QEMU emulates (default cortex-a72, a Raspberry Pi 4's core).
 #   EDGETRAIN_ARM_MIRROR  Debian mirror for debootstrap (default: the host's own apt source).
 #   EDGETRAIN_ARM_SUITE   trixie (default; Debian 13, Python 3.13) or bookworm (Debian 12, Python 3.11).
+#   EDGETRAIN_ARM_PREPARE_ONLY=1  build the root and install the venv, then stop before the smoke suite (CI
+#                         runs this in the background while the native stages run; the full run then reuses both).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -244,6 +246,11 @@ else
   echo "$deps_stamp" > "$ROOT$VENV/.deps"
 fi
 log "installed: Python $PYVER, $(inside pip list 2>/dev/null | grep -Ei '^(edgetrain|mxnet|numpy|onnx|onnxruntime) ' | tr -s ' ' | paste -sd, -)"
+
+if [ "${EDGETRAIN_ARM_PREPARE_ONLY:-0}" = 1 ]; then
+  log "prepared (EDGETRAIN_ARM_PREPARE_ONLY=1): the root and its venv are ready; the smoke suite was not run"
+  exit 0
+fi
 
 # --- the smoke suite --------------------------------------------------------------------------------
 log "running the smoke suite inside the root (QEMU_CPU=$CPU)"

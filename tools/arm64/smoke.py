@@ -333,7 +333,7 @@ def device_loop_step(work: Path, state: dict):
 
     base = Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx"
     out = work / "device"
-    rep = run_verb("finetune", [base, "--data", DATA, "--train-layers", "bias", "--epochs", "3", "--threads", "2",
+    rep = run_verb("finetune", [base, "--data", DATA, "--train-layers", "bias", "--epochs", "1", "--threads", "2",
                                 "-o", out], work)
     check_verdicts(rep)
     model = out / "model.onnx"
