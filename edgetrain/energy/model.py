@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import sensors
+from . import meterlog, sensors
 from ..errors import UsageError
 from ..host import detect_host
 
@@ -296,24 +296,42 @@ def _short(text: str, n: int = 110) -> str:
 # --- RAPL (measured, this host only) ------------------------------------------------------------------
 
 def read_rapl(root: Path = POWERCAP) -> dict | None:
-    """Package energy counters in microjoules, or None where RAPL is absent or not readable."""
+    """Package energy counters in microjoules, or None where RAPL is absent or not readable.
+
+    A top-level zone is a package (its ``name`` file reads ``package-N`` or ``package-N-die-D``) or, on
+    many laptops, ``psys``: the platform, which already includes the package. Only packages are summed;
+    ``psys`` is kept apart (``platform``), never added to them. A zone without a ``name`` file (old
+    kernels) is a package, as the zone numbering was then.
+    """
     try:
         zones = sorted(p for p in Path(root).iterdir() if _PACKAGE_ZONE.match(p.name))
     except OSError:
         return None
-    domains, ranges = {}, {}
+    domains, ranges, names, platform = {}, {}, {}, {}
     for zone in zones:
         try:
-            domains[zone.name] = int((zone / "energy_uj").read_text().strip())
+            name = (zone / "name").read_text().strip()
+        except OSError:
+            name = None
+        try:
+            value = int((zone / "energy_uj").read_text().strip())
         except (OSError, ValueError):
             return None  # unreadable (since Linux 5.10 root-only): no partial measurement
         try:
-            ranges[zone.name] = int((zone / "max_energy_range_uj").read_text().strip())
+            span = int((zone / "max_energy_range_uj").read_text().strip())
         except (OSError, ValueError):
-            ranges[zone.name] = None
+            span = None
+        if name is not None and not name.startswith("package"):
+            platform[zone.name] = {"name": name, "energy_uj": value, "max_range_uj": span}
+            continue
+        domains[zone.name], ranges[zone.name] = value, span
+        names[zone.name] = name or zone.name
     if not domains:
         return None
-    return {"domains": domains, "max_range_uj": ranges}
+    out = {"domains": domains, "max_range_uj": ranges, "names": names}
+    if platform:
+        out["platform"] = platform
+    return out
 
 
 def rapl_delta_j(start: dict, end: dict) -> float | None:
@@ -356,7 +374,7 @@ class EnergyMeter:
 
     def __init__(self, profile=None, threads: int | None = None, power_log=None, source="auto"):
         self.profile, self.threads = profile, threads
-        self.power_log = sensors.check_power_log(power_log) if power_log else None
+        self.power_log = meterlog.check_power_log(power_log) if power_log else None
         self.source = sensors.detect() if source == "auto" else source
         self.meter = sensors.PowerMeter(self.source) if self.source is not None else None
         self.window = self.idle_window = None
@@ -387,7 +405,7 @@ class EnergyMeter:
             self.meter.window = self.window
             measured = measured_run(self.meter.finish())
         elif self.power_log is not None:
-            measured = measured_run(sensors.log_record(self.power_log, self.window, self.idle_window))
+            measured = measured_run(meterlog.log_record(self.power_log, self.window, self.idle_window))
         modelled = energy_for_duration(seconds, self.profile, self.threads) if self.profile is not None else None
         if measured is not None and (self.profile is None or _on_device(self.profile)):
             out = {**measured, "modelled": modelled}
