@@ -40,7 +40,8 @@ BACKSTEP_PERIODS = 10
 
 _LOG_FIX = ("give the meter's log with a header line: a time column (Unix seconds, ISO 8601 or time of day) and "
             "power, or voltage and current, each with its unit, e.g. 'timestamp,power (W)'")
-_UNIT_FIX = "name the unit in the log's header, e.g. '{q} (mW)' or '{q}_W'"
+_UNIT_FIX = "name the unit in the log's header, e.g. '{q} ({milli})' or '{q}_{unit}'"
+_EXAMPLE_UNITS = {"power": ("mW", "W"), "voltage": ("mV", "V"), "current": ("mA", "A")}
 
 # unit (lower case, as written in a header) -> (quantity, factor to W / V / A)
 _UNITS = {
@@ -151,7 +152,8 @@ class _Layout:
         for c in use:
             if c.factor is None:
                 raise UsageError(f"the power log's column '{c.header}' has no unit", at,
-                                 _UNIT_FIX.format(q=c.header))
+                                 _UNIT_FIX.format(q=c.header, milli=_EXAMPLE_UNITS[c.quantity][0],
+                                                  unit=_EXAMPLE_UNITS[c.quantity][1]))
             if math.isnan(c.factor):
                 raise UsageError(f"the power log's column '{c.header}' has a unit edgetrain does not know", at,
                                  f"use one of W, mW, uW, V, mV, A, mA, uA in the header, e.g. '{c.quantity} (mA)'")

@@ -178,7 +178,8 @@ class _Channel:
 
 
 def _readable(channels: list[_Channel], tries: int = DETECT_TRIES) -> tuple[list[_Channel], list[str]]:
-    """The channels that read at least once in ``tries`` attempts, and a note for each dropped one."""
+    """The channels that read at least once in ``tries`` attempts (and the input rails, read or not), and a
+    note for each channel that never read."""
     pending, ok = list(channels), []
     errors: dict[str, str] = {}
     for attempt in range(tries):
@@ -195,7 +196,9 @@ def _readable(channels: list[_Channel], tries: int = DETECT_TRIES) -> tuple[list
             break
         if attempt + 1 < tries:
             time.sleep(DETECT_RETRY_S)
-    kept = [c for c in channels if c in ok]
+    # An input rail that never read stays: without it the sum of its parts would pass for the board's
+    # figure. Its reads keep failing, and the measurement says so (read errors, no samples).
+    kept = [c for c in channels if c in ok or c.role == "input"]
     return kept, [f"{c.name} ({c.files()}: {errors[c.name]} on {tries} tries)" for c in pending]
 
 
@@ -298,9 +301,10 @@ class JetsonIna3221(_SysfsSource):
 def _rail(name: str, power: Path, volt: Path, curr: Path, power_scale: float = 1e-3) -> _Channel | None:
     if not name or name.lower() in ("nc", "not connected"):
         return None
-    if power.is_file():
+    # exists(), not is_file(): a file the driver cannot read right now is still the rail's (it is retried)
+    if power.exists():
         return _Channel(name, power=power, power_scale=power_scale)
-    if volt.is_file() and curr.is_file():
+    if volt.exists() and curr.exists():
         return _Channel(name, volt=volt, curr=curr)
     return None
 
@@ -365,7 +369,7 @@ def _hwmon_channels(d: Path, chip: str, cid: str) -> tuple[list[_Channel], list[
                 notes.append(f"{cid}/{c.name} (no voltage channel with its label; the hwmon ABI does not pair "
                              f"currN with inN)")
                 continue
-        if v.is_file():
+        if v.exists():
             out.append(_Channel(f"{cid}/{label or 'in' + idx}", volt=v, curr=c, group=cid,
                                 role="input" if label and _INPUT_LABEL.match(label) else "part"))
     return out, notes

@@ -168,3 +168,32 @@ def test_finetune_without_a_sensor_is_modelled_at_its_busy_cores(cli, digits_npz
     assert e["provenance"] == "modelled" and e["threads"] == 1
     assert e["power_w"] == pytest.approx(2.7 + (6.4 - 2.7) / 4)  # 1 of the Pi 4's 4 cores busy
     assert e["joules"] == pytest.approx(e["power_w"] * e["seconds"])
+
+
+FIXTURE_LOGS = __import__("pathlib").Path(__file__).parents[1] / "fixtures" / "power" / "logs"
+
+
+@pytest.mark.parametrize("command", ["finetune", "profile"])
+def test_a_log_in_a_format_edgetrain_cannot_read_is_refused_before_any_work(cli, onnx_file, tmp_path, command):
+    """A Joulescope statistics record in its 'relative' time format (tests/fixtures/power/SOURCES.md): refused
+    in one line before the fine-tune trains or the profile runs, not after."""
+    log = FIXTURE_LOGS / "joulescope-statistics-relative.csv"
+    out = tmp_path / "o"
+    args = (["finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", out, "--epochs", "50"]
+            if command == "finetune" else ["profile", onnx_file, *FAST])
+    t0 = time.monotonic()
+    res = cli(*args, "--power-log", log, env=no_sensor_env(tmp_path), cwd=tmp_path)
+    elapsed = time.monotonic() - t0
+    assert_user_error(res, 2, "count from the start of its recording", "joulescope-statistics-relative.csv:2",
+                      "time format to UTC")
+    assert elapsed < 30, f"refused after {elapsed:.0f} s: the work ran first"
+    assert not out.exists()  # no OUTDIR half made
+
+
+def test_a_unitless_power_column_is_refused_before_finetune_trains(cli, tmp_path):
+    log = tmp_path / "ina219.csv"  # an INA219 library's names (mW): written here, see test_power_fixtures
+    log.write_text("timestamp,current,power\n1764756000.0,812.5,4143.8\n")
+    res = cli("finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", tmp_path / "o",
+              "--power-log", log, env=no_sensor_env(tmp_path), cwd=tmp_path)
+    assert_user_error(res, 2, "the power log's column 'power' has no unit", "ina219.csv:1", "'power (mW)'")
+    assert not (tmp_path / "o").exists()
