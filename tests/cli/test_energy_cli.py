@@ -135,7 +135,7 @@ def test_a_power_log_that_cannot_measure_the_run_is_a_usage_error(cli, onnx_file
         meter_log(log, 1_600_000_000.0, 1_600_000_100.0)
         frag = "the power log covers"
     elif case == "bad line":
-        log.write_text("timestamp,watts\n1,2\n2,x\n")
+        log.write_text("timestamp,watts\n1700000001,2\n1700000002,x\n")
         frag = "line 3"
     else:
         frag = "does not exist"
