@@ -178,7 +178,7 @@ def energy_per_inference(latency_ms: float, profile, latency_label: str = "measu
                       f"idle {idle.value} W [{idle.kind}: {_short(idle.source)}]; the power between idle and full "
                       "load is interpolated by busy cores")}
     if p10_ms is not None and p90_ms is not None:
-        out["spread"] = {"p10": mj(p10_ms), "p90": mj(p90_ms),
+        out["spread"] = {"p10": {**mj(p10_ms), "provenance": "modelled"}, "p90": {**mj(p90_ms), "provenance": "modelled"},
                          "source": "the same power x the p10 and p90 latency: how much the figure moves run to run"}
     return out
 

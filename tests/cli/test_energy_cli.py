@@ -197,3 +197,27 @@ def test_a_unitless_power_column_is_refused_before_finetune_trains(cli, tmp_path
               "--power-log", log, env=no_sensor_env(tmp_path), cwd=tmp_path)
     assert_user_error(res, 2, "the power log's column 'power' has no unit", "ina219.csv:1", "'power (mW)'")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("device", [None, "rpi4b-4gb"])
+def test_profile_json_says_whether_the_host_was_quiet_and_where_every_energy_figure_comes_from(cli, onnx_file,
+                                                                                                tmp_path, device):
+    """The busy-host warning is a field of the JSON result (with or without a device), the same lines the human
+    output prints; every energy figure carries its provenance and whether its timing is to be trusted."""
+    more = ["--device", device, "--rate", "720/h", "--battery-wh", "10"] if device else []
+    res = cli("profile", onnx_file, *more, "--threads", "1", "--json", "-", *FAST, env=no_sensor_env(tmp_path))
+    assert res.code == 0, res.err
+    d = res.json()
+    rel = d["reliability"]
+    assert isinstance(rel["reliable"], bool) and rel["reliable"] == (not rel["reasons"])
+    assert d["warnings"] == [f"the latency and energy figures are unreliable: {r}" for r in rel["reasons"]]
+    energy_figs = [f for f in d["figures"] if "energy" in f["name"] or "battery" in f["name"]]
+    assert all(f["provenance"] in ("measured", "estimated", "modelled") and f["reliable"] == rel["reliable"]
+               for f in energy_figs)
+    if device:
+        assert len(energy_figs) >= 4 and d["energy"]["reliability"] == rel
+        pi = d["energy"]["per_inference"]
+        assert pi["provenance"] == "modelled"
+        assert pi["spread"]["p10"]["provenance"] == pi["spread"]["p90"]["provenance"] == "modelled"
+        assert d["energy"]["daily"]["provenance"] == "modelled"
+    assert d["host_energy"]["provenance"] == "measured"
