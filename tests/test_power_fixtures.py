@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from edgetrain.energy import meterlog, read_rapl, rapl_delta_j
+from edgetrain.energy import meterlog, measured_per_inference, read_rapl, rapl_delta_j
+from edgetrain.energy.model import measured_run
 from edgetrain.energy import sensors as power
 from edgetrain.errors import UsageError
 from test_power import fake_vcgencmd
@@ -176,6 +177,9 @@ def test_a_measurement_says_which_rails_make_the_figure_and_which_are_parts(tmp_
     assert rec["total_of"] == ["corsairpsu/power total"]
     assert set(rec["parts"]) == {"corsairpsu/power +12v", "corsairpsu/power +5v", "corsairpsu/power +3.3v"}
     assert rec["average_w"] == pytest.approx(174.0)
+    per = measured_per_inference({**rec, "inferences": 10})
+    assert per["measured_by"] == "board sensor" and per["total_of"] == rec["total_of"] and per["parts"] == rec["parts"]
+    assert per["total_mj"] == pytest.approx(rec["joules"] / 10 * 1000)  # the total alone, not the rails added
 
 
 def test_a_channel_label_pairs_voltage_and_current_where_the_index_does_not(tmp_path):
@@ -216,6 +220,7 @@ def test_pyummeter_export_reads_power_in_watts_from_its_header():
     assert readings[5][0] == pytest.approx(t0)
     rec = meterlog.log_record(log("pyummeter-um34c.csv"), (t0, t0 + 10))
     assert rec["joules"] == pytest.approx(16.72)
+    assert measured_run(rec)["measured_by"] == "meter log" and "pyummeter-um34c.csv" in rec["detail"]
 
 
 def test_joulescope_statistics_in_utc_read_in_si_units():

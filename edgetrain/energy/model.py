@@ -86,6 +86,7 @@ def measured_per_inference(rec: dict | None) -> dict | None:
     out = {"total_mj": rec["joules"] / n * 1000.0, "average_w": rec.get("average_w"), "idle_w": rec.get("idle_w"),
            "samples": rec.get("samples"), "inferences": n, "seconds": rec["window"]["seconds"],
            "rate_hz": rec.get("rate_hz"), "meter": rec.get("source"), "provenance": "measured",
+           "measured_by": _instrument(rec), **_parts(rec),
            "rails_mj": {k: v["joules"] / n * 1000.0 for k, v in (rec.get("rails") or {}).items()}}
     if rec.get("joules_above_idle") is not None:
         out["above_idle_mj"] = rec["joules_above_idle"] / n * 1000.0
@@ -101,6 +102,16 @@ def measured_per_inference(rec: dict | None) -> dict | None:
     return out
 
 
+def _instrument(rec: dict) -> str:
+    """What measured a record: an external meter's log, or a sensor on the board."""
+    return "meter log" if rec.get("source") == "power-log" else "board sensor"
+
+
+def _parts(rec: dict) -> dict:
+    """The rails whose sum is the figure, and the rails that are parts of them (shown, not added)."""
+    return {k: rec[k] for k in ("total_of", "parts") if rec.get(k) is not None}
+
+
 def measured_run(rec: dict | None, epochs: int = 0, samples: int = 0) -> dict | None:
     """A measured fine-tuning record: joules, per epoch and per sample."""
     if not rec or not rec.get("available"):
@@ -110,7 +121,7 @@ def measured_run(rec: dict | None, epochs: int = 0, samples: int = 0) -> dict | 
     return {"joules": rec["joules"], "joules_above_idle": rec.get("joules_above_idle"),
             "seconds": rec["window"]["seconds"], "power_w": rec.get("average_w"), "idle_w": rec.get("idle_w"),
             "samples": rec.get("samples"), "rate_hz": rec.get("rate_hz"), "meter": rec.get("source"),
-            "provenance": "measured",
+            "provenance": "measured", "measured_by": _instrument(rec), **_parts(rec),
             "source": (f"measured by {rec['source']}: {rec.get('detail', '')}; {rec.get('samples')} samples{rate} over "
                        f"{rec['window']['seconds']:.3g} s"
                        + (f"; idle {idle['average_w']:.3g} W from {idle['samples']} samples just before" if idle else ""))}
@@ -354,7 +365,7 @@ def rapl_per_inference(rapl: dict, runs: int, idle_w: float | None = None) -> di
     """Measured host energy per inference from a child's RAPL reading over its timed runs."""
     joules = rapl["joules"] / runs
     out = {"total_mj": joules * 1000.0, "average_power_w": rapl["joules"] / rapl["seconds"] if rapl["seconds"] else None,
-           "provenance": "measured",
+           "provenance": "measured", "measured_by": "RAPL counter",
            "source": f"RAPL package energy ({', '.join(rapl['domains'])}) over {runs} timed runs on this host; "
                      "host CPU package only, not the target device"}
     return out
