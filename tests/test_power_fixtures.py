@@ -262,3 +262,17 @@ def test_time_of_day_logs_are_placed_on_the_day_of_the_run_across_midnight(tmp_p
     readings = meterlog.read_power_log(p, near=near)
     assert readings[0] == (pytest.approx(datetime(2026, 12, 3, 23, 59, 59, 500000).timestamp()), pytest.approx(2.0))
     assert readings[2][0] - readings[0][0] == pytest.approx(2.0)  # past midnight, not 24 h back
+
+
+def test_a_log_still_being_written_passes_the_check_before_the_run(tmp_path):
+    """Before the run the meter may have written nothing yet, or half a line: neither is refused then."""
+    p = tmp_path / "live.txt"
+    p.write_text("")
+    assert meterlog.check_power_log(p) == p
+    text = log("fnirsi-logger-readme.txt").read_text()
+    p.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 12])  # the last line cut after 11 characters
+    assert meterlog.check_power_log(p) == p
+    assert len(meterlog.read_power_log(p)) == 8  # after the run too (the meter still logging): 8 whole lines
+    p.write_text(text.replace("1657568326.804 2 0.00000", "1657568326.804 2 0.0x000"))
+    with pytest.raises(UsageError, match="cannot read the power log's line 9"):
+        meterlog.check_power_log(p)  # a bad line inside the log is an error, before the run as after it

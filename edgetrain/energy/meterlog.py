@@ -20,8 +20,9 @@ arrived, so consecutive packets overlap by a few milliseconds): a step back shor
 ``BACKSTEP_PERIODS`` sampling periods is that jitter, and the readings are put in time order; a longer
 step back (two recordings appended, a clock change) is refused.
 
-``check_power_log`` runs when the options are read, before any work: a log that already exists must be
-readable in full now (a meter still appending is fine), so a bad log costs seconds, not a fine-tune.
+``check_power_log`` runs before any work: a log that already exists must be readable in full now (a meter
+still appending is fine: an empty file, or a last line without its newline that does not read yet, is not
+an error), so a bad log costs seconds, not a fine-tune.
 """
 from __future__ import annotations
 
@@ -230,6 +231,11 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
     path = Path(path)
     where = str(path)
     lines = _lines(path)
+    # A last line without its newline may be one the meter is writing right now (before the run, or after
+    # it while the meter keeps logging): if it does not read, it is not a reading yet, not an error.
+    cut = len(lines) if lines and not path.read_bytes().endswith(b"\n") else None
+    if partial and not any(ln.strip() for ln in lines):
+        return [], {"format": None, "columns": [], "time": None}  # created, nothing written yet
     first = _header_index(lines, where)
     layout = _Layout(where, first + 1, lines[first])
     raw: list[tuple[float, float, int]] = []
@@ -243,6 +249,8 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
             t, k = _seconds(row[layout.time.index], layout.time)
             w = layout.watts(row)
         except (ValueError, IndexError):
+            if n == cut:
+                break
             raise UsageError(f"cannot read the power log's line {n}: '{s[:80]}'", f"{where}:{n}", _LOG_FIX) from None
         if kind is None:
             kind = k
