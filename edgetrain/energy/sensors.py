@@ -34,6 +34,7 @@ the same window afterwards.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import re
 import shutil
@@ -211,9 +212,9 @@ class _SysfsSource(Source):
         self.where = where
         self.skipped = skipped or []
 
-    @property
+    @functools.cached_property
     def inputs(self) -> list[str]:
-        """The rails whose sum is the total (the others are parts of them)."""
+        """The rails whose sum is the total (the others are parts of them); worked out once, not per sample."""
         groups: dict[str, list[_Channel]] = {}
         for c in self.channels:
             groups.setdefault(c.group, []).append(c)
