@@ -1,5 +1,5 @@
-"""Power measured on the board itself: sensor sources, a sampling thread, trapezoid integration, and an
-external USB power meter's log.
+"""Power measured on the board itself: sensor sources, a sampling thread and trapezoid integration (an
+external meter's log is ``meterlog``).
 
 Sources, the first one found wins (``detect``):
 
@@ -13,11 +13,20 @@ Sources, the first one found wins (``detect``):
 - ``jetson-ina3221``: the Jetson Nano's INA3221 monitors. Older L4T kernels: ``ina3221x`` with
   ``iio:device*/rail_name_N`` and ``in_powerN_input`` (mW) or ``in_voltageN_input`` (mV) x
   ``in_currentN_input`` (mA); newer kernels: ``ina3221`` with ``hwmon/hwmon*/inN_label``, ``inN_input``
-  (mV) and ``currN_input`` (mA). The same discovery as Zeus (ml-energy/zeus, zeus/device/soc/jetson.py).
-  The total is the board input rail (``POM_5V_IN`` / ``VDD_IN``); the CPU and GPU rails are parts of it
-  and are reported per rail.
-- ``hwmon``: any Linux hwmon device with ``powerN_input`` (µW), or ``inN_input`` (mV) and
-  ``currN_input`` (mA) of the same index. The total is the sum of the channels found, each named.
+  (mV) and ``currN_input`` (mA), channels 1-3 only (``in7`` is the sum of the shunt voltages, ``curr4``
+  the sum of the currents). The same discovery as Zeus (ml-energy/zeus, zeus/device/soc/jetson.py) and
+  jetson_stats (jtop/core/power.py). The total is the board input rail (``POM_5V_IN`` / ``VDD_IN``); the
+  CPU, GPU and SoC rails are parts of it, reported beside it and not added. A board without one (AGX
+  Orin) sums its rails.
+- ``hwmon``: any Linux hwmon chip with ``powerN_input`` (µW), or ``inN_input`` (mV) and ``currN_input``
+  (mA) that share a label (the hwmon ABI does not tie their indices; the ina3221 driver's channels 1-3
+  are the one documented exception). A chip with an input channel (labelled ``power total``, ``pin``,
+  ``*_IN``) counts that one and shows the rest as its parts; otherwise its channels are summed. Chips of
+  one name are told apart by their hwmon folder.
+
+Detection reads each channel up to ``DETECT_TRIES`` times: a failed read (a busy i2c bus) is retried,
+never a reason to fall through to another reader; a channel that never reads is dropped and named,
+except an input rail, which stays (its reads fail and are counted) so that its parts never pass for it.
 
 Every root is injectable: ``sysfs_root`` (default ``$EDGETRAIN_SYSFS_ROOT`` or ``/sys``) and the
 ``vcgencmd`` program (``$EDGETRAIN_VCGENCMD``, else ``vcgencmd`` on PATH), so tests run on generated
