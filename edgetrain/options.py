@@ -555,8 +555,9 @@ class FinetuneOptions(ModelOptions):
     resume: bool = opt(False, recipe=False, help="Continue the run checkpointed in OUTDIR.")
     seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = opt(0, help="Random seed (0 to 2**32-1).")
     power_log: Optional[str] = opt(None, metavar="FILE", recipe=False,
-                                   help="A USB power meter's CSV log recorded during the run (timestamp + watts, or "
-                                        "volts + amps): the fine-tune's energy is measured from it.")
+                                   help="A power meter's log recorded during the run: clock times and power (or "
+                                        "voltage and current), units in its header, e.g. 'timestamp,power (W)'; "
+                                        "read before the work starts. The fine-tune's energy is measured from it.")
     allow_chance: bool = opt(False, help="Accept a fine-tuned model at chance on the held-out data (else exit 3: it "
                                          "learned nothing these samples show; the model is kept).")
 
@@ -582,8 +583,9 @@ class ProfileOptions(ModelOptions, EnergyOptions):
     timeout: Positive = opt(None, metavar="S",
                             help="Stop a configuration that runs longer than this many seconds (default 900).")
     power_log: Optional[str] = opt(None, metavar="FILE", recipe=False,
-                                   help="A USB power meter's CSV log recorded during the run (timestamp + watts, or "
-                                        "volts + amps): energy is measured from it over the timed runs.")
+                                   help="A power meter's log recorded during the run: clock times and power (or "
+                                        "voltage and current), units in its header, e.g. 'timestamp,power (W)'; "
+                                        "read before the work starts. Energy is measured from it over the timed runs.")
 
     def thread_cap(self) -> int | None:  # a sweep: each child gets its own cap
         prof = self.profile()

@@ -204,3 +204,26 @@ def test_the_report_lines_say_measured_or_modelled_the_spread_and_when_not_to_tr
     lines = energy_lines(energy_report(0.5, pi4, measured=measured_per_inference(rec)))
     assert "[measured: pi5-pmic, 12 samples over 100 inferences" in lines[0]
     assert "modelled for comparison" in lines[1]
+
+
+def test_the_profiles_busy_host_warnings_print_once_from_the_result_field(pi4):
+    """``warnings`` is a field of the profile's result; the human output prints it once, with or without the
+    device's energy (whose own reliability line is then not repeated)."""
+    from edgetrain.energy.model import reliability
+    from edgetrain.measure import energy_lines
+    from edgetrain.measure.report import text_summary
+
+    busy = reliability(3.4, 9.5, 2)
+    e = energy_report(0.5, pi4, threads=1, reliable=busy)
+    e["reliability"] = busy
+    warnings = [f"the latency and energy figures are unreliable: {r}" for r in busy["reasons"]]
+    assert len(warnings) == 2
+    config = {"threads": 1, "latency": {"p50_ms": 0.5, "p90_ms": 0.9, "p99_ms": 1.7, "spread_p99_p50": 3.4},
+              "memory": {"peak_rss_mb": 61.0}, "load_s": 0.1, "first_inference_ms": 2.0, "provenance": "measured"}
+    d = {"model": "m.onnx", "runtime": "onnxruntime", "input_shape": [1, 3, 8, 8], "batch": 1, "configs": [config],
+         "best": {"threads": 1, "p50_ms": 0.5, "spread_p99_p50": 3.4},
+         "prediction": {"peak_rss_mb": 60.0, "measured_peak_rss_mb": 61.0, "error_pct": -1.6}, "verdict": {},
+         "energy": e, "host_energy": {}, "notes": [], "warnings": warnings, "reliability": busy}
+    lines = [ln for ln in text_summary(d) if ln.startswith("warning")]
+    assert lines == [f"warning    {w}" for w in warnings]
+    assert not any("unreliable" in ln for ln in energy_lines(e, warn=False))

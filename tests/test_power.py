@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from edgetrain.energy import meterlog
 from edgetrain.energy import sensors as power
 from edgetrain.errors import UsageError
 
@@ -160,6 +161,7 @@ def test_hwmon_power_microwatts_and_voltage_current_pairs(tmp_path):
     write(hw / "hwmon1" / "in1_input", 12000)  # mV
     write(hw / "hwmon1" / "curr1_input", 250)  # mA
     write(hw / "hwmon1" / "curr1_label", "fan")
+    write(hw / "hwmon1" / "in1_label", "fan")  # the hwmon ABI pairs a voltage and a current by label, not index
     write(hw / "hwmon2" / "name", "coretemp")
     write(hw / "hwmon2" / "temp1_input", 40000)
     src = power.Hwmon.find(tmp_path)
@@ -309,7 +311,7 @@ def _iso(t: float) -> str:
 def test_power_log_formats(tmp_path, kind, sep, iso):
     t0 = 1_700_000_000.0
     log = meter_log(tmp_path / "m.csv", t0, t0 + 30, watts=lambda t: 3.0 + 0.1 * (t - t0), kind=kind, sep=sep, iso=iso)
-    rec = power.log_record(log, (t0 + 10, t0 + 20), (t0 + 2, t0 + 5))
+    rec = meterlog.log_record(log, (t0 + 10, t0 + 20), (t0 + 2, t0 + 5))
     assert rec["available"] and rec["source"] == "power-log"
     assert rec["joules"] == pytest.approx(10 * (3.0 + 0.1 * 15), rel=1e-3)
     assert rec["idle_w"] == pytest.approx(3.0 + 0.1 * 3.5, rel=1e-3)
@@ -319,25 +321,28 @@ def test_power_log_formats(tmp_path, kind, sep, iso):
 def test_power_log_in_unix_milliseconds(tmp_path):
     p = tmp_path / "ms.csv"
     p.write_text("time_ms_is_not_a_name,x\n")  # no recognised time column
-    with pytest.raises(UsageError, match="no timestamp column"):
-        power.read_power_log(p)
-    p.write_text("timestamp,power\n1700000000000,2.0\n1700000001000,4.0\n")
-    assert power.read_power_log(p) == [(1700000000.0, 2.0), (1700000001.0, 4.0)]
+    with pytest.raises(UsageError, match="no time column"):
+        meterlog.read_power_log(p)
+    p.write_text("timestamp,power (W)\n1700000000000,2.0\n1700000001000,4.0\n")
+    assert meterlog.read_power_log(p) == [(1700000000.0, 2.0), (1700000001.0, 4.0)]
 
 
 BAD_LOGS = {
     "empty": ("", "is empty"),
     "comments only": ("# nothing\n\n", "is empty"),
-    "no time column": ("watts,volts\n1,2\n", "no timestamp column"),
-    "no power column": ("timestamp,temperature\n1,2\n2,3\n", "neither a watts column"),
-    "volts without amps": ("timestamp,volts\n1,5\n2,5\n", "neither a watts column"),
-    "text value": ("timestamp,watts\n1,2.0\n2,abc\n", "line 3"),
-    "bad time": ("timestamp,watts\n1,2.0\nyesterday,2.0\n", "line 3"),
-    "short row": ("timestamp,volts,amps\n1,5,0.5\n2,5\n", "line 3"),
-    "negative watts": ("timestamp,watts\n1,2.0\n2,-1\n", "impossible value"),
-    "infinite watts": ("timestamp,watts\n1,2.0\n2,inf\n", "impossible value"),
-    "backwards": ("timestamp,watts\n5,2.0\n4,2.0\n", "go backwards at line 3"),
-    "one reading": ("timestamp,watts\n1,2.0\n", "1 reading"),
+    "no time column": ("watts,volts\n1700000001,2\n", "no time column"),
+    "no power column": ("timestamp,temperature\n1700000001,2\n1700000002,3\n", "no power column"),
+    "volts without amps": ("timestamp,volts\n1700000001,5\n1700000002,5\n", "no current column"),
+    "text value": ("timestamp,watts\n1700000001,2.0\n1700000002,abc\n", "line 3"),
+    "bad time": ("timestamp,watts\n1700000001,2.0\nyesterday,2.0\n", "line 3"),
+    "short row": ("timestamp,volts,amps\n1700000001,5,0.5\n1700000002,5\n", "line 3"),
+    "negative watts": ("timestamp,watts\n1700000001,2.0\n1700000002,-1\n", "impossible value"),
+    "infinite watts": ("timestamp,watts\n1700000001,2.0\n1700000002,inf\n", "impossible value"),
+    "backwards": ("timestamp,watts\n1700000005,2.0\n1700000004,2.0\n", "go back 1 s at line 3"),
+    "one reading": ("timestamp,watts\n1700000001,2.0\n", "1 reading"),
+    "relative times": ("timestamp,watts\n0.0,2.0\n0.5,2.0\n", "count from the start of its recording"),
+    "unitless power": ("timestamp,power\n1700000001,2.0\n", "column 'power' has no unit"),
+    "unknown unit": ("timestamp,power (hp)\n1700000001,2.0\n", "unit edgetrain does not know"),
     "binary": (b"\xff\xfe\x00garbage", "cannot read"),
 }
 
@@ -348,19 +353,19 @@ def test_bad_power_logs_are_one_line_usage_errors(tmp_path, case):
     p = tmp_path / "bad.csv"
     p.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(UsageError) as exc:
-        power.read_power_log(p)
+        meterlog.read_power_log(p)
     assert fragment in exc.value.what and str(p) in exc.value.where and exc.value.fix
     assert "\n" not in exc.value.what
 
 
 def test_missing_or_folder_power_log(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
-        power.read_power_log(tmp_path / "nope.csv")
+        meterlog.read_power_log(tmp_path / "nope.csv")
     with pytest.raises(UsageError, match="is a folder"):
-        power.read_power_log(tmp_path)
+        meterlog.read_power_log(tmp_path)
     with pytest.raises(UsageError, match="is a folder"):
-        power.check_power_log(tmp_path)
-    assert power.check_power_log(tmp_path / "later.csv") == tmp_path / "later.csv"  # may be written during the run
+        meterlog.check_power_log(tmp_path)
+    assert meterlog.check_power_log(tmp_path / "later.csv") == tmp_path / "later.csv"  # may be written during the run
 
 
 def test_a_log_that_misses_the_run_is_refused(tmp_path):
@@ -368,7 +373,7 @@ def test_a_log_that_misses_the_run_is_refused(tmp_path):
     log = meter_log(tmp_path / "m.csv", t0, t0 + 30)
     for window in [(t0 - 5, t0 + 5), (t0 + 25, t0 + 35), (t0 + 100, t0 + 110)]:
         with pytest.raises(UsageError, match="the power log covers") as exc:
-            power.log_record(log, window)
+            meterlog.log_record(log, window)
         assert "clock" in exc.value.fix
-    rec = power.log_record(log, (t0 + 1, t0 + 2), (t0 - 10, t0 - 1))  # an idle stretch outside the log: no idle
+    rec = meterlog.log_record(log, (t0 + 1, t0 + 2), (t0 - 10, t0 - 1))  # an idle stretch outside the log: no idle
     assert rec["available"] and "idle_w" not in rec and not math.isnan(rec["joules"])

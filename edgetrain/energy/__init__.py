@@ -1,6 +1,6 @@
 """energy: joules per inference, per fine-tune and per day. The model (a device profile's cited power
 figures x time, RAPL on an x86 host, the meter that wraps a run) and the board's sensors (Pi 5 PMIC,
-Jetson INA3221, hwmon, a USB meter's log).
+Jetson INA3221, hwmon) and an external meter's log (``meterlog``).
 
 The face: what other code may use. Its names load on first use, as edgetrain's own do.
 """
@@ -14,16 +14,16 @@ _FACE = {  # name -> the module of this wing that defines it
     "EnergyMeter": "model", "energy_report": "model", "measured_per_inference": "model", "parse_rate": "model",
     "rapl_delta_j": "model", "rapl_per_inference": "model", "read_rapl": "model", "reliability": "model",
     "DEFAULT_IDLE_S": "sensors", "MIN_WINDOW_PERIODS": "sensors", "POWER_LOG_MIN_WINDOW_S": "sensors",
-    "PowerMeter": "sensors", "check_power_log": "sensors", "detect": "sensors", "log_record": "sensors",
-    "read_power_log": "sensors",
+    "PowerMeter": "sensors", "check_power_log": "meterlog", "detect": "sensors", "log_record": "meterlog",
+    "parse_power_log": "meterlog", "read_power_log": "meterlog",
 }
 __all__ = sorted(_FACE)
 
 if TYPE_CHECKING:
     from .model import (EnergyMeter, energy_report, measured_per_inference, parse_rate, rapl_delta_j,
                         rapl_per_inference, read_rapl, reliability)
-    from .sensors import (DEFAULT_IDLE_S, MIN_WINDOW_PERIODS, POWER_LOG_MIN_WINDOW_S, PowerMeter, check_power_log,
-                          detect, log_record, read_power_log)
+    from .meterlog import check_power_log, log_record, parse_power_log, read_power_log
+    from .sensors import DEFAULT_IDLE_S, MIN_WINDOW_PERIODS, POWER_LOG_MIN_WINDOW_S, PowerMeter, detect
 
 
 __getattr__, __dir__ = _lazy.face(__name__, _FACE, globals())

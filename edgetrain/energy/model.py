@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import sensors
+from . import meterlog, sensors
 from ..errors import UsageError
 from ..host import detect_host
 
@@ -86,6 +86,7 @@ def measured_per_inference(rec: dict | None) -> dict | None:
     out = {"total_mj": rec["joules"] / n * 1000.0, "average_w": rec.get("average_w"), "idle_w": rec.get("idle_w"),
            "samples": rec.get("samples"), "inferences": n, "seconds": rec["window"]["seconds"],
            "rate_hz": rec.get("rate_hz"), "meter": rec.get("source"), "provenance": "measured",
+           "measured_by": _instrument(rec), **_parts(rec),
            "rails_mj": {k: v["joules"] / n * 1000.0 for k, v in (rec.get("rails") or {}).items()}}
     if rec.get("joules_above_idle") is not None:
         out["above_idle_mj"] = rec["joules_above_idle"] / n * 1000.0
@@ -101,6 +102,16 @@ def measured_per_inference(rec: dict | None) -> dict | None:
     return out
 
 
+def _instrument(rec: dict) -> str:
+    """What measured a record: an external meter's log, or a sensor on the board."""
+    return "meter log" if rec.get("source") == "power-log" else "board sensor"
+
+
+def _parts(rec: dict) -> dict:
+    """The rails whose sum is the figure, and the rails that are parts of them (shown, not added)."""
+    return {k: rec[k] for k in ("total_of", "parts") if rec.get(k) is not None}
+
+
 def measured_run(rec: dict | None, epochs: int = 0, samples: int = 0) -> dict | None:
     """A measured fine-tuning record: joules, per epoch and per sample."""
     if not rec or not rec.get("available"):
@@ -110,7 +121,7 @@ def measured_run(rec: dict | None, epochs: int = 0, samples: int = 0) -> dict | 
     return {"joules": rec["joules"], "joules_above_idle": rec.get("joules_above_idle"),
             "seconds": rec["window"]["seconds"], "power_w": rec.get("average_w"), "idle_w": rec.get("idle_w"),
             "samples": rec.get("samples"), "rate_hz": rec.get("rate_hz"), "meter": rec.get("source"),
-            "provenance": "measured",
+            "provenance": "measured", "measured_by": _instrument(rec), **_parts(rec),
             "source": (f"measured by {rec['source']}: {rec.get('detail', '')}; {rec.get('samples')} samples{rate} over "
                        f"{rec['window']['seconds']:.3g} s"
                        + (f"; idle {idle['average_w']:.3g} W from {idle['samples']} samples just before" if idle else ""))}
@@ -178,7 +189,7 @@ def energy_per_inference(latency_ms: float, profile, latency_label: str = "measu
                       f"idle {idle.value} W [{idle.kind}: {_short(idle.source)}]; the power between idle and full "
                       "load is interpolated by busy cores")}
     if p10_ms is not None and p90_ms is not None:
-        out["spread"] = {"p10": mj(p10_ms), "p90": mj(p90_ms),
+        out["spread"] = {"p10": {**mj(p10_ms), "provenance": "modelled"}, "p90": {**mj(p90_ms), "provenance": "modelled"},
                          "source": "the same power x the p10 and p90 latency: how much the figure moves run to run"}
     return out
 
@@ -296,24 +307,42 @@ def _short(text: str, n: int = 110) -> str:
 # --- RAPL (measured, this host only) ------------------------------------------------------------------
 
 def read_rapl(root: Path = POWERCAP) -> dict | None:
-    """Package energy counters in microjoules, or None where RAPL is absent or not readable."""
+    """Package energy counters in microjoules, or None where RAPL is absent or not readable.
+
+    A top-level zone is a package (its ``name`` file reads ``package-N`` or ``package-N-die-D``) or, on
+    many laptops, ``psys``: the platform, which already includes the package. Only packages are summed;
+    ``psys`` is kept apart (``platform``), never added to them. A zone without a ``name`` file (old
+    kernels) is a package, as the zone numbering was then.
+    """
     try:
         zones = sorted(p for p in Path(root).iterdir() if _PACKAGE_ZONE.match(p.name))
     except OSError:
         return None
-    domains, ranges = {}, {}
+    domains, ranges, names, platform = {}, {}, {}, {}
     for zone in zones:
         try:
-            domains[zone.name] = int((zone / "energy_uj").read_text().strip())
+            name = (zone / "name").read_text().strip()
+        except OSError:
+            name = None
+        try:
+            value = int((zone / "energy_uj").read_text().strip())
         except (OSError, ValueError):
             return None  # unreadable (since Linux 5.10 root-only): no partial measurement
         try:
-            ranges[zone.name] = int((zone / "max_energy_range_uj").read_text().strip())
+            span = int((zone / "max_energy_range_uj").read_text().strip())
         except (OSError, ValueError):
-            ranges[zone.name] = None
+            span = None
+        if name is not None and not name.startswith("package"):
+            platform[zone.name] = {"name": name, "energy_uj": value, "max_range_uj": span}
+            continue
+        domains[zone.name], ranges[zone.name] = value, span
+        names[zone.name] = name or zone.name
     if not domains:
         return None
-    return {"domains": domains, "max_range_uj": ranges}
+    out = {"domains": domains, "max_range_uj": ranges, "names": names}
+    if platform:
+        out["platform"] = platform
+    return out
 
 
 def rapl_delta_j(start: dict, end: dict) -> float | None:
@@ -336,7 +365,7 @@ def rapl_per_inference(rapl: dict, runs: int, idle_w: float | None = None) -> di
     """Measured host energy per inference from a child's RAPL reading over its timed runs."""
     joules = rapl["joules"] / runs
     out = {"total_mj": joules * 1000.0, "average_power_w": rapl["joules"] / rapl["seconds"] if rapl["seconds"] else None,
-           "provenance": "measured",
+           "provenance": "measured", "measured_by": "RAPL counter",
            "source": f"RAPL package energy ({', '.join(rapl['domains'])}) over {runs} timed runs on this host; "
                      "host CPU package only, not the target device"}
     return out
@@ -356,7 +385,7 @@ class EnergyMeter:
 
     def __init__(self, profile=None, threads: int | None = None, power_log=None, source="auto"):
         self.profile, self.threads = profile, threads
-        self.power_log = sensors.check_power_log(power_log) if power_log else None
+        self.power_log = meterlog.check_power_log(power_log) if power_log else None
         self.source = sensors.detect() if source == "auto" else source
         self.meter = sensors.PowerMeter(self.source) if self.source is not None else None
         self.window = self.idle_window = None
@@ -387,7 +416,7 @@ class EnergyMeter:
             self.meter.window = self.window
             measured = measured_run(self.meter.finish())
         elif self.power_log is not None:
-            measured = measured_run(sensors.log_record(self.power_log, self.window, self.idle_window))
+            measured = measured_run(meterlog.log_record(self.power_log, self.window, self.idle_window))
         modelled = energy_for_duration(seconds, self.profile, self.threads) if self.profile is not None else None
         if measured is not None and (self.profile is None or _on_device(self.profile)):
             out = {**measured, "modelled": modelled}

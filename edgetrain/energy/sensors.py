@@ -1,5 +1,5 @@
-"""Power measured on the board itself: sensor sources, a sampling thread, trapezoid integration, and an
-external USB power meter's log.
+"""Power measured on the board itself: sensor sources, a sampling thread and trapezoid integration (an
+external meter's log is ``meterlog``).
 
 Sources, the first one found wins (``detect``):
 
@@ -13,11 +13,20 @@ Sources, the first one found wins (``detect``):
 - ``jetson-ina3221``: the Jetson Nano's INA3221 monitors. Older L4T kernels: ``ina3221x`` with
   ``iio:device*/rail_name_N`` and ``in_powerN_input`` (mW) or ``in_voltageN_input`` (mV) x
   ``in_currentN_input`` (mA); newer kernels: ``ina3221`` with ``hwmon/hwmon*/inN_label``, ``inN_input``
-  (mV) and ``currN_input`` (mA). The same discovery as Zeus (ml-energy/zeus, zeus/device/soc/jetson.py).
-  The total is the board input rail (``POM_5V_IN`` / ``VDD_IN``); the CPU and GPU rails are parts of it
-  and are reported per rail.
-- ``hwmon``: any Linux hwmon device with ``powerN_input`` (µW), or ``inN_input`` (mV) and
-  ``currN_input`` (mA) of the same index. The total is the sum of the channels found, each named.
+  (mV) and ``currN_input`` (mA), channels 1-3 only (``in7`` is the sum of the shunt voltages, ``curr4``
+  the sum of the currents). The same discovery as Zeus (ml-energy/zeus, zeus/device/soc/jetson.py) and
+  jetson_stats (jtop/core/power.py). The total is the board input rail (``POM_5V_IN`` / ``VDD_IN``); the
+  CPU, GPU and SoC rails are parts of it, reported beside it and not added. A board without one (AGX
+  Orin) sums its rails.
+- ``hwmon``: any Linux hwmon chip with ``powerN_input`` (µW), or ``inN_input`` (mV) and ``currN_input``
+  (mA) that share a label (the hwmon ABI does not tie their indices; the ina3221 driver's channels 1-3
+  are the one documented exception). A chip with an input channel (labelled ``power total``, ``pin``,
+  ``*_IN``) counts that one and shows the rest as its parts; otherwise its channels are summed. Chips of
+  one name are told apart by their hwmon folder.
+
+Detection reads each channel up to ``DETECT_TRIES`` times: a failed read (a busy i2c bus) is retried,
+never a reason to fall through to another reader; a channel that never reads is dropped and named,
+except an input rail, which stays (its reads fail and are counted) so that its parts never pass for it.
 
 Every root is injectable: ``sysfs_root`` (default ``$EDGETRAIN_SYSFS_ROOT`` or ``/sys``) and the
 ``vcgencmd`` program (``$EDGETRAIN_VCGENCMD``, else ``vcgencmd`` on PATH), so tests run on generated
@@ -34,9 +43,8 @@ the same window afterwards.
 from __future__ import annotations
 
 import bisect
-import csv
+import functools
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -44,11 +52,9 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from .. import envvars
-from ..errors import UsageError
 
 ENV_SYSFS = "EDGETRAIN_SYSFS_ROOT"
 ENV_VCGENCMD = "EDGETRAIN_VCGENCMD"
@@ -135,26 +141,42 @@ class Pi5Pmic(Source):
         if not program:
             return None
         src = cls(program)
-        try:
-            src.read()
-        except (OSError, subprocess.SubprocessError):
-            return None  # not a Pi 5 (older firmware: "Command not registered"), or no access
-        return src
+        for attempt in range(DETECT_TRIES):  # one failed read (the firmware busy) is not "no PMIC"
+            try:
+                src.read()
+                return src
+            except (OSError, subprocess.SubprocessError):
+                if attempt + 1 < DETECT_TRIES:
+                    time.sleep(DETECT_RETRY_S)
+        return None  # not a Pi 5 (older firmware: "Command not registered"), or no access
 
 
 # --- sysfs readers ------------------------------------------------------------------------------------
+
+# A sensor read can fail once (a busy i2c bus): detection tries each channel this many times before it
+# drops the channel (a channel the driver has disabled fails every time), never switching readers for it.
+DETECT_TRIES = 3
+DETECT_RETRY_S = 0.05
+# Labels that name a chip's (or a board's) input: the figure the other channels are parts of. PSU drivers
+# ("power total", corsair-psu), PMBus ("pin"), Jetson's board input (VDD_IN, POM_5V_IN).
+_INPUT_LABEL = re.compile(r"^(pin\d*|.*\btotal\b.*|input|.*_in)$", re.IGNORECASE)
+# Drivers whose inN and currN of the same index are one channel, and which indices (the mainline ina3221
+# driver: in1-3 bus mV with curr1-3 mA; in4-6 are shunt µV, in7 their sum and curr4 the sum of currents).
+_VI_CHANNELS = {"ina3221": (1, 2, 3)}
+
 
 def _num(path: Path) -> float:
     return float(path.read_text().strip())
 
 
 class _Channel:
-    """One rail: power read directly (``scale`` W per unit) or as voltage x current."""
+    """One rail: power read directly (``scale`` W per unit) or as voltage x current (mV x mA)."""
 
     def __init__(self, name: str, power: Path | None = None, volt: Path | None = None, curr: Path | None = None,
-                 power_scale: float = 1e-3, vi_scale: float = 1e-6):
+                 power_scale: float = 1e-3, vi_scale: float = 1e-6, group: str = "", role: str = "part"):
         self.name, self.power, self.volt, self.curr = name, power, volt, curr
         self.power_scale, self.vi_scale = power_scale, vi_scale
+        self.group, self.role = group, role  # role 'input': the group's figure; 'part': a share of it
 
     def watts(self) -> float:
         if self.power is not None:
@@ -165,16 +187,66 @@ class _Channel:
         return self.power.name if self.power is not None else f"{self.volt.name} x {self.curr.name}"
 
 
+def _readable(channels: list[_Channel], tries: int = DETECT_TRIES) -> tuple[list[_Channel], list[str]]:
+    """The channels that read at least once in ``tries`` attempts (and the input rails, read or not), and a
+    note for each channel that never read."""
+    pending, ok = list(channels), []
+    errors: dict[str, str] = {}
+    for attempt in range(tries):
+        still = []
+        for c in pending:
+            try:
+                c.watts()
+                ok.append(c)
+            except (OSError, ValueError) as exc:
+                errors[c.name] = type(exc).__name__ if not isinstance(exc, OSError) else (exc.strerror or str(exc))
+                still.append(c)
+        pending = still
+        if not pending:
+            break
+        if attempt + 1 < tries:
+            time.sleep(DETECT_RETRY_S)
+    # An input rail that never read stays: without it the sum of its parts would pass for the board's
+    # figure. Its reads keep failing, and the measurement says so (read errors, no samples).
+    kept = [c for c in channels if c in ok or c.role == "input"]
+    return kept, [f"{c.name} ({c.files()}: {errors[c.name]} on {tries} tries)" for c in pending]
+
+
 class _SysfsSource(Source):
-    def __init__(self, channels: list[_Channel], total: str | None, where: str):
+    """Channels in groups (a chip, or a board's monitors): a group with an input channel counts the input
+    and shows the others as its parts; a group without one counts the sum of its channels."""
+
+    def __init__(self, channels: list[_Channel], where: str, skipped: list[str] | None = None):
         self.channels = channels
-        self.total = total  # the rail that is the board's input; None: the sum of the channels
         self.where = where
+        self.skipped = skipped or []
+
+    @functools.cached_property
+    def inputs(self) -> list[str]:
+        """The rails whose sum is the total (the others are parts of them); worked out once, not per sample."""
+        groups: dict[str, list[_Channel]] = {}
+        for c in self.channels:
+            groups.setdefault(c.group, []).append(c)
+        out = []
+        for chans in groups.values():
+            ins = [c for c in chans if c.role == "input"]
+            out += [c.name for c in (ins or chans)]
+        return out
 
     def read(self) -> Reading:
         rails = {c.name: c.watts() for c in self.channels}
-        total = rails[self.total] if self.total else sum(rails.values())
-        return Reading(total, rails)
+        return Reading(sum(rails[n] for n in self.inputs), rails)
+
+    def _rails_text(self) -> str:
+        inputs = set(self.inputs)
+        counted = [f"{c.name} ({c.files()})" for c in self.channels if c.name in inputs]
+        parts = [f"{c.name} ({c.files()})" for c in self.channels if c.name not in inputs]
+        text = "total = " + " + ".join(counted)
+        if parts:
+            text += "; parts of it, shown beside it and not added: " + ", ".join(parts)
+        if self.skipped:
+            text += "; not read: " + ", ".join(self.skipped)
+        return text
 
 
 def sysfs_root(root=None) -> Path:
@@ -187,9 +259,13 @@ class JetsonIna3221(_SysfsSource):
 
     @property
     def covers(self) -> str:
-        what = f"board input rail {self.total}" if self.total else "sum of the rails (no input rail found)"
-        return (f"Jetson INA3221 power monitors under {self.where}: total = {what}; rails "
-                + ", ".join(f"{c.name} ({c.files()})" for c in self.channels))
+        return f"Jetson INA3221 power monitors under {self.where}: " + self._rails_text()
+
+    @property
+    def total(self) -> str | None:
+        """The board input rail, where the board has one."""
+        ins = [c.name for c in self.channels if c.role == "input"]
+        return ins[0] if ins else None
 
     @classmethod
     def find(cls, root=None) -> "JetsonIna3221 | None":
@@ -207,10 +283,13 @@ class JetsonIna3221(_SysfsSource):
                         if ch:
                             channels.append(ch)
                             where = where or str(d)
-                # hwmon layout (newer kernels): hwmon/hwmon*/inN_label, inN_input mV, currN_input mA
+                # hwmon layout (newer kernels): hwmon/hwmon*/inN_label, inN_input mV, currN_input mA; in7 is the
+                # sum of the shunt voltages (no curr7), curr4 the sum of the currents: neither is a rail.
                 for d in sorted(dev.glob("hwmon/hwmon*")) + sorted(dev.glob("hwmon*")):
                     for label in sorted(d.glob("in*_label")):
                         idx = label.name[2:].split("_", 1)[0]
+                        if idx not in ("1", "2", "3"):
+                            continue
                         ch = _rail(label.read_text().strip(), d / f"power{idx}_input", d / f"in{idx}_input",
                                    d / f"curr{idx}_input", power_scale=1e-6)
                         if ch:
@@ -218,23 +297,24 @@ class JetsonIna3221(_SysfsSource):
                             where = where or str(d)
         if not channels:
             return None
-        names = [c.name for c in channels]
-        total = next((n for n in names if n.upper().endswith("_IN") or "_IN_" in n.upper()
-                      or n.upper() in ("VDD_IN", "POM_5V_IN")), None)
-        src = cls(channels, total, where)
-        try:
-            src.read()
-        except (OSError, ValueError):
-            return None
-        return src
+        # One board: its input rail is the board's figure; the CPU, GPU and SoC rails are parts of it
+        # (NVIDIA: "POM_5V_IN measures the overall 5V input to the board", jetson_stats issue #51).
+        for c in channels:
+            c.group = "board"
+            c.role = "input" if c.name.upper() in ("VDD_IN", "POM_5V_IN") or c.name.upper().endswith("_IN") else "part"
+        kept, skipped = _readable(channels)
+        if not kept:
+            return None  # every channel failed every try: nothing here measures
+        return cls(kept, where, skipped)
 
 
 def _rail(name: str, power: Path, volt: Path, curr: Path, power_scale: float = 1e-3) -> _Channel | None:
     if not name or name.lower() in ("nc", "not connected"):
         return None
-    if power.is_file():
+    # exists(), not is_file(): a file the driver cannot read right now is still the rail's (it is retried)
+    if power.exists():
         return _Channel(name, power=power, power_scale=power_scale)
-    if volt.is_file() and curr.is_file():
+    if volt.exists() and curr.exists():
         return _Channel(name, volt=volt, curr=curr)
     return None
 
@@ -245,34 +325,64 @@ class Hwmon(_SysfsSource):
 
     @property
     def covers(self) -> str:
-        return ("Linux hwmon sensors, sum of " + ", ".join(f"{c.name} ({c.files()})" for c in self.channels))
+        return "Linux hwmon sensors: " + self._rails_text()
 
     @classmethod
     def find(cls, root=None) -> "Hwmon | None":
+        dirs = [(d, _text(d / "name") or d.name) for d in sorted((sysfs_root(root) / "class" / "hwmon").glob("hwmon*"))]
+        seen: dict[str, int] = {}
+        for _, chip in dirs:
+            seen[chip] = seen.get(chip, 0) + 1
         channels: list[_Channel] = []
-        for d in sorted((sysfs_root(root) / "class" / "hwmon").glob("hwmon*")):
-            chip = _text(d / "name") or d.name
-            powers = sorted(d.glob("power*_input"))
-            for p in powers:
-                idx = p.name[5:].split("_", 1)[0]
-                label = _text(d / f"power{idx}_label")
-                channels.append(_Channel(f"{chip}/{label or 'power' + idx}", power=p, power_scale=1e-6))
-            if powers:
-                continue  # a chip that reports power: its voltages and currents are the same channels
-            for c in sorted(d.glob("curr*_input")):
-                idx = c.name[4:].split("_", 1)[0]
-                v = d / f"in{idx}_input"
-                if v.is_file():
-                    label = _text(d / f"curr{idx}_label") or _text(d / f"in{idx}_label")
-                    channels.append(_Channel(f"{chip}/{label or 'in' + idx}", volt=v, curr=c))
+        skipped: list[str] = []
+        for d, chip in dirs:
+            # Two chips of one name (two INA219s) are two chips: their hwmon folder tells them apart.
+            cid = chip if seen[chip] == 1 else f"{chip}@{d.name}"
+            chans, notes = _hwmon_channels(d, chip, cid)
+            channels += chans
+            skipped += notes
         if not channels:
             return None
-        src = cls(channels, None, str(sysfs_root(root) / "class" / "hwmon"))
-        try:
-            src.read()
-        except (OSError, ValueError):
+        kept, failed = _readable(channels)
+        if not kept:
             return None
-        return src
+        return cls(kept, str(sysfs_root(root) / "class" / "hwmon"), skipped + failed)
+
+
+def _hwmon_channels(d: Path, chip: str, cid: str) -> tuple[list[_Channel], list[str]]:
+    """One hwmon chip's power channels (hwmon ABI: powerN_input µW; inN_input mV; currN_input mA)."""
+    out: list[_Channel] = []
+    powers = sorted(d.glob("power*_input"))
+    for p in powers:
+        idx = p.name[5:].split("_", 1)[0]
+        label = _text(d / f"power{idx}_label")
+        out.append(_Channel(f"{cid}/{label or 'power' + idx}", power=p, power_scale=1e-6, group=cid,
+                            role="input" if label and _INPUT_LABEL.match(label) else "part"))
+    if powers:
+        return out, []  # a chip that reports power: its voltages and currents are the same channels
+    notes = []
+    indices = _VI_CHANNELS.get(chip)
+    for c in sorted(d.glob("curr*_input")):
+        idx = c.name[4:].split("_", 1)[0]
+        label = _text(d / f"curr{idx}_label") or _text(d / f"in{idx}_label")
+        if label and label.lower() in ("nc", "not connected"):
+            continue
+        if indices is not None:
+            if not idx.isdigit() or int(idx) not in indices:
+                continue  # ina3221 curr4: the sum of the channels, not a rail
+            v = d / f"in{idx}_input"
+        else:
+            # The hwmon ABI does not tie inN to currN: pair them only by a shared label.
+            v = next((f for f in sorted(d.glob("in*_input"))
+                      if label and _text(d / f.name.replace("_input", "_label")) == label), None)
+            if v is None:
+                notes.append(f"{cid}/{c.name} (no voltage channel with its label; the hwmon ABI does not pair "
+                             f"currN with inN)")
+                continue
+        if v.exists():
+            out.append(_Channel(f"{cid}/{label or 'in' + idx}", volt=v, curr=c, group=cid,
+                                role="input" if label and _INPUT_LABEL.match(label) else "part"))
+    return out, notes
 
 
 def _text(path: Path) -> str | None:
@@ -414,8 +524,14 @@ class PowerMeter:
 
     def finish(self) -> dict:
         samples = self.sampler.stop()
-        return summarise(samples, self.idle_window, self.window, self.source.name, self.source.describe(),
-                         self.sampler.rate_hz, self.sampler.errors)
+        rec = summarise(samples, self.idle_window, self.window, self.source.name, self.source.describe(),
+                        self.sampler.rate_hz, self.sampler.errors)
+        inputs = getattr(self.source, "inputs", None)
+        if inputs is not None and rec.get("rails"):
+            # The figure is the sum of these rails; the other rails are parts of them, shown beside it.
+            rec["total_of"] = list(inputs)
+            rec["parts"] = [n for n in rec["rails"] if n not in inputs]
+        return rec
 
 
 def summarise(samples, idle_window, window, source: str, detail: str, rate_hz: float | None, errors: int = 0) -> dict:
@@ -474,129 +590,3 @@ def measuring(source: Source | None, rate_hz: float | None = None, idle_s: float
         if meter.window is None:
             meter.end()
         box.record = meter.finish()
-
-
-# --- an external USB power meter's log ----------------------------------------------------------------
-
-_TIME_COLS = {"timestamp", "time", "t", "unix", "unixtime", "epoch", "datetime", "date", "timestamps", "times",
-              "timeunix", "timestamp_s", "unix_s"}
-# normalised header -> (quantity, factor to W / V / A)
-_VALUE_COLS = {
-    "watts": ("w", 1.0), "watt": ("w", 1.0), "w": ("w", 1.0), "power": ("w", 1.0), "powerw": ("w", 1.0),
-    "p": ("w", 1.0), "mw": ("w", 1e-3), "powermw": ("w", 1e-3), "milliwatts": ("w", 1e-3),
-    "volts": ("v", 1.0), "volt": ("v", 1.0), "v": ("v", 1.0), "voltage": ("v", 1.0), "voltagev": ("v", 1.0),
-    "vbus": ("v", 1.0), "mv": ("v", 1e-3), "voltagemv": ("v", 1e-3),
-    "amps": ("a", 1.0), "amp": ("a", 1.0), "a": ("a", 1.0), "current": ("a", 1.0), "currenta": ("a", 1.0),
-    "i": ("a", 1.0), "ibus": ("a", 1.0), "ma": ("a", 1e-3), "currentma": ("a", 1e-3), "milliamps": ("a", 1e-3),
-}
-_LOG_FIX = ("write a CSV with a header: a timestamp column (Unix seconds or ISO 8601) and watts, "
-            "or volts and amps, e.g. 'timestamp,watts'")
-
-
-def _norm(header: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", header.strip().lower())
-
-
-def _parse_time(text: str) -> float:
-    text = text.strip()
-    try:
-        t = float(text)
-    except ValueError:
-        d = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        return d.timestamp()  # a naive time is this machine's local time, as a meter on it logs
-    return t / 1000.0 if t > 1e11 else t  # Unix milliseconds
-
-
-def read_power_log(path) -> list[tuple[float, float]]:
-    """A USB meter's CSV -> [(Unix time s, watts)], sorted; one-line UsageError for anything unreadable."""
-    path = Path(path)
-    where = str(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except IsADirectoryError:
-        raise UsageError("the power log is a folder", where, "give the meter's CSV file") from None
-    except FileNotFoundError:
-        raise UsageError("the power log does not exist", where,
-                         "record the meter's CSV while the command runs and give its path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the power log: {type(exc).__name__}", where, _LOG_FIX) from None
-    lines = [ln for ln in text.splitlines()]
-    first = next((i for i, ln in enumerate(lines) if ln.strip() and not ln.lstrip().startswith("#")), None)
-    if first is None:
-        raise UsageError("the power log is empty", where, _LOG_FIX)
-    try:
-        dialect = csv.Sniffer().sniff(lines[first], delimiters=",;\t")
-    except csv.Error:
-        dialect = csv.excel
-    rows = csv.reader(lines[first:], dialect)
-    header = [_norm(h) for h in next(rows)]
-    tcol = next((i for i, h in enumerate(header) if h in _TIME_COLS), None)
-    if tcol is None:
-        raise UsageError(f"the power log's header has no timestamp column (columns: {', '.join(header) or 'none'})",
-                         f"{where}:{first + 1}", _LOG_FIX)
-    cols = {}
-    for i, h in enumerate(header):
-        if h in _VALUE_COLS and _VALUE_COLS[h][0] not in cols:
-            cols[_VALUE_COLS[h][0]] = (i, _VALUE_COLS[h][1])
-    if "w" not in cols and not ("v" in cols and "a" in cols):
-        raise UsageError("the power log has neither a watts column nor volts and amps columns "
-                         f"(columns: {', '.join(header)})", f"{where}:{first + 1}", _LOG_FIX)
-    out: list[tuple[float, float]] = []
-    for n, row in enumerate(rows, start=first + 2):
-        if not row or all(not c.strip() for c in row) or row[0].lstrip().startswith("#"):
-            continue
-        try:
-            t = _parse_time(row[tcol])
-            if "w" in cols:
-                i, f = cols["w"]
-                w = float(row[i]) * f
-            else:
-                (iv, fv), (ia, fa) = cols["v"], cols["a"]
-                w = float(row[iv]) * fv * float(row[ia]) * fa
-        except (ValueError, IndexError):
-            raise UsageError(f"cannot read the power log's line {n}: '{','.join(row)[:80]}'", f"{where}:{n}",
-                             _LOG_FIX) from None
-        if not (math.isfinite(t) and math.isfinite(w)) or w < 0:
-            raise UsageError(f"the power log's line {n} has an impossible value: '{','.join(row)[:80]}'",
-                             f"{where}:{n}", "give finite, non-negative readings")
-        if out and t < out[-1][0]:
-            raise UsageError(f"the power log's timestamps go backwards at line {n}", f"{where}:{n}",
-                             "give the meter's log in the order it was recorded")
-        out.append((t, w))
-    if len(out) < 2:
-        raise UsageError(f"the power log has {len(out)} reading(s)", where, "record at least two readings")
-    return out
-
-
-def check_power_log(path) -> Path:
-    """Before any work: the log may still be being written, but it must not be a folder or unreadable."""
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError("the power log is a folder", str(p), "give the meter's CSV file")
-    if p.exists() and not os.access(p, os.R_OK):
-        raise UsageError("the power log is not readable", str(p), "check its permissions")
-    return p
-
-
-def log_record(path, window: tuple[float, float], idle_window: tuple[float, float] | None = None) -> dict:
-    """The measured record of ``window`` (and its idle) from a USB meter's log; UsageError if not covered."""
-    readings = read_power_log(path)
-    samples = [(t, w, {}) for t, w in readings]
-    first, last = readings[0][0], readings[-1][0]
-    if first > window[0] or last < window[1]:
-        raise UsageError(f"the power log covers {_clock(first)} to {_clock(last)} but the run's measured window was "
-                         f"{_clock(window[0])} to {_clock(window[1])}", str(path),
-                         "keep the meter logging from before the command starts until it ends, and check that "
-                         "the meter's clock and this machine's agree")
-    if idle_window and (first > idle_window[0] or last < idle_window[1]):
-        idle_window = None
-    intervals = [b[0] - a[0] for a, b in zip(readings, readings[1:])]
-    rate = 1.0 / sorted(intervals)[len(intervals) // 2] if intervals and sorted(intervals)[len(intervals) // 2] > 0 \
-        else None
-    rec = summarise(samples, idle_window, window, "power-log",
-                    f"external power meter log {Path(path).name} ({len(readings)} readings)", rate)
-    return rec
-
-
-def _clock(t: float) -> str:
-    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]

@@ -62,6 +62,10 @@ class ProfileResult(Result):
     host_energy: dict | None
     figures: list[dict]
     notes: list[str] = field(default_factory=list)
+    # Whether the host was quiet while the figures were timed (energy.reliability), with or without a device;
+    # its reasons, as the human output's warning lines, in ``warnings``.
+    reliability: dict | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def checks(self) -> list[str]:
         """Budgets the run did not meet (memory fit, energy budget)."""
@@ -278,6 +282,11 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
         else:
             energy_d = {"device": prof.name, "available": False,
                         "note": f"no energy estimate: {lat['note']}"}
+    if energy_d is not None and energy_d.get("reliability") is not None:
+        host_quiet = energy_d["reliability"]
+    else:
+        host_quiet = energy.reliability(best["latency"]["spread_p99_p50"], best.get("loadavg"), host.cores_usable)
+    warnings = [f"the latency and energy figures are unreliable: {reason}" for reason in host_quiet["reasons"]]
     host_energy = _host_energy(configs)
     if prof is not None and host.matches(prof) and energy_d is not None and host_energy.get("available"):
         # On the device itself RAPL measures what the model only estimates; it covers the CPU package,
@@ -291,7 +300,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
         input_shape=list(input_shape_full), batch=batch, warmup=warmup, runs=runs,
         host=_host_summary(host), device=_device_summary(prof) if prof is not None else None,
         prediction=prediction_d, configs=configs, best=best_summary, verdict=verdict, energy=energy_d,
-        host_energy=host_energy, figures=[], notes=notes)
+        host_energy=host_energy, figures=[], notes=notes, reliability=host_quiet, warnings=warnings)
     result.figures = collect_figures(result)
     return result
 
@@ -565,4 +574,8 @@ def collect_figures(r: ProfileResult) -> list[dict]:
     for h in (r.host_energy or {}).get("board", []):
         figs.append(figure(f"board energy per inference ({h['meter']}), {h['threads']} thread(s)", h["total_mj"], "mJ",
                            "measured", h["source"]))
+    if r.reliability is not None:  # the timing behind latency and energy: was the host quiet?
+        for f in figs:
+            if "latency" in f["name"] or "energy" in f["name"] or "battery" in f["name"]:
+                f["reliable"] = r.reliability["reliable"]
     return figs

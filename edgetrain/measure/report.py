@@ -99,7 +99,9 @@ def text_summary(d: dict) -> list[str]:
                          f"{_fmt(lat['p50_ms'])} ms [{lat['provenance']}: {lat['source']}]")
         else:
             lines.append(f"latency    on {d['device']['name']}: {lat.get('note')}")
-    lines.extend(energy_lines(d.get("energy") or {}))
+    # The profile's warnings (the busy host) are a field of its result, printed once below, with or without
+    # a device; energy_lines prints the energy's own only for results without them (export --device).
+    lines.extend(energy_lines(d.get("energy") or {}, warn="warnings" not in d))
     he = d.get("host_energy") or {}
     for h in he.get("configs", []):
         lines.append(f"host       RAPL {_fmt(h['total_mj'])} mJ per inference at {h['threads']} thread(s) [measured, host]")
@@ -108,6 +110,8 @@ def text_summary(d: dict) -> list[str]:
                      f"{h['samples']} samples [measured, this machine]")
     for note in d.get("notes", []):
         lines.append(f"note       {note}")
+    for warning in d.get("warnings", []):
+        lines.append(f"warning    {warning}")
     return lines
 
 
@@ -127,7 +131,7 @@ def _per_inference_lines(pi: dict) -> list[str]:
     return [text]
 
 
-def energy_lines(e: dict) -> list[str]:
+def energy_lines(e: dict, warn: bool = True) -> list[str]:
     """The energy-budget report's terminal lines (profile's, and export --device's)."""
     lines: list[str] = []
     if e.get("per_inference"):
@@ -137,7 +141,7 @@ def energy_lines(e: dict) -> list[str]:
             lines.append(f"energy     modelled for comparison: {_fmt(m['total_mj'])} mJ per inference "
                          f"(p50 latency x {_fmt(m['power_w'])} W)")
         rel = e.get("reliability") or {}
-        if rel.get("reasons"):
+        if rel.get("reasons") and warn:
             lines.append("warning    the latency and energy estimates are unreliable: " + "; ".join(rel["reasons"]))
     elif e.get("note"):
         lines.append(f"energy     {e['note']}")
@@ -543,6 +547,8 @@ def render_html(d: dict) -> str:
     parts.append("<p class='src'>measured: timed or read on this machine; estimated: a measurement here scaled or "
                  "carried over to the device; modelled: computed from a model and cited figures; emulated: "
                  "measured under emulation, not indicative of the device.</p>")
+    if d.get("warnings"):
+        parts.append("<h2>Warnings</h2><ul>" + "".join(f"<li class='bad'>{e(w)}</li>" for w in d["warnings"]) + "</ul>")
     if d.get("notes"):
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{e(n)}</li>" for n in d["notes"]) + "</ul>")
     parts.append("</body></html>\n")

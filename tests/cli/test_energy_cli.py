@@ -135,7 +135,7 @@ def test_a_power_log_that_cannot_measure_the_run_is_a_usage_error(cli, onnx_file
         meter_log(log, 1_600_000_000.0, 1_600_000_100.0)
         frag = "the power log covers"
     elif case == "bad line":
-        log.write_text("timestamp,watts\n1,2\n2,x\n")
+        log.write_text("timestamp,watts\n1700000001,2\n1700000002,x\n")
         frag = "line 3"
     else:
         frag = "does not exist"
@@ -168,3 +168,56 @@ def test_finetune_without_a_sensor_is_modelled_at_its_busy_cores(cli, digits_npz
     assert e["provenance"] == "modelled" and e["threads"] == 1
     assert e["power_w"] == pytest.approx(2.7 + (6.4 - 2.7) / 4)  # 1 of the Pi 4's 4 cores busy
     assert e["joules"] == pytest.approx(e["power_w"] * e["seconds"])
+
+
+FIXTURE_LOGS = __import__("pathlib").Path(__file__).parents[1] / "fixtures" / "power" / "logs"
+
+
+@pytest.mark.parametrize("command", ["finetune", "profile"])
+def test_a_log_in_a_format_edgetrain_cannot_read_is_refused_before_any_work(cli, onnx_file, tmp_path, command):
+    """A Joulescope statistics record in its 'relative' time format (tests/fixtures/power/SOURCES.md): refused
+    in one line before the fine-tune trains or the profile runs, not after."""
+    log = FIXTURE_LOGS / "joulescope-statistics-relative.csv"
+    out = tmp_path / "o"
+    args = (["finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", out, "--epochs", "50"]
+            if command == "finetune" else ["profile", onnx_file, *FAST])
+    t0 = time.monotonic()
+    res = cli(*args, "--power-log", log, env=no_sensor_env(tmp_path), cwd=tmp_path)
+    elapsed = time.monotonic() - t0
+    assert_user_error(res, 2, "count from the start of its recording", "joulescope-statistics-relative.csv:2",
+                      "time format to UTC")
+    assert elapsed < 30, f"refused after {elapsed:.0f} s: the work ran first"
+    assert not out.exists()  # no OUTDIR half made
+
+
+def test_a_unitless_power_column_is_refused_before_finetune_trains(cli, tmp_path):
+    log = tmp_path / "ina219.csv"  # an INA219 library's names (mW): written here, see test_power_fixtures
+    log.write_text("timestamp,current,power\n1764756000.0,812.5,4143.8\n")
+    res = cli("finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", tmp_path / "o",
+              "--power-log", log, env=no_sensor_env(tmp_path), cwd=tmp_path)
+    assert_user_error(res, 2, "the power log's column 'power' has no unit", "ina219.csv:1", "'power (mW)'")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("device", [None, "rpi4b-4gb"])
+def test_profile_json_says_whether_the_host_was_quiet_and_where_every_energy_figure_comes_from(cli, onnx_file,
+                                                                                                tmp_path, device):
+    """The busy-host warning is a field of the JSON result (with or without a device), the same lines the human
+    output prints; every energy figure carries its provenance and whether its timing is to be trusted."""
+    more = ["--device", device, "--rate", "720/h", "--battery-wh", "10"] if device else []
+    res = cli("profile", onnx_file, *more, "--threads", "1", "--json", "-", *FAST, env=no_sensor_env(tmp_path))
+    assert res.code == 0, res.err
+    d = res.json()
+    rel = d["reliability"]
+    assert isinstance(rel["reliable"], bool) and rel["reliable"] == (not rel["reasons"])
+    assert d["warnings"] == [f"the latency and energy figures are unreliable: {r}" for r in rel["reasons"]]
+    energy_figs = [f for f in d["figures"] if "energy" in f["name"] or "battery" in f["name"]]
+    assert all(f["provenance"] in ("measured", "estimated", "modelled") and f["reliable"] == rel["reliable"]
+               for f in energy_figs)
+    if device:
+        assert len(energy_figs) >= 4 and d["energy"]["reliability"] == rel
+        pi = d["energy"]["per_inference"]
+        assert pi["provenance"] == "modelled"
+        assert pi["spread"]["p10"]["provenance"] == pi["spread"]["p90"]["provenance"] == "modelled"
+        assert d["energy"]["daily"]["provenance"] == "modelled"
+    assert d["host_energy"]["provenance"] == "measured"

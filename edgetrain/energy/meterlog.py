@@ -1,0 +1,346 @@
+"""An external power meter's log: read as the meter (or its logging program) writes it.
+
+A log is a text table: a header line naming the columns, then one reading per line, separated by commas,
+semicolons, tabs or blanks. What each column holds comes from its header and nothing else:
+
+- a time column (``timestamp``, ``time``, ``date``, ...): Unix seconds (or milliseconds), ISO 8601 in
+  either form (``2026-12-03 10:00:00.5``, ``20261203T100000.5Z``), or the time of day alone
+  (``10:00:00.5``, placed on the day of the run). A time counted from the start of the recording (the
+  PPK2's ``Timestamp(ms)``, the Joulescope's "relative" time format) cannot be placed against the
+  run's clock: refused, saying what to change.
+- power, or voltage and current, each with its unit in the header: ``Power (W)``, ``current_A``,
+  ``Current(uA)``, ``mW``... A power, voltage or current column whose header names no unit is refused:
+  an INA219 library's ``current`` is mA where a meter's is A, and guessing wrong is a 1000x error.
+  The one exception is a format whose writer fixes the units: the Joulescope UI's statistics record
+  (``#time,current,voltage,power,charge,energy``, SI units, written by
+  ``joulescope_ui/widgets/statistics_record/statistics_record.py``).
+
+Meters stamp readings in bursts (FNIRSI's logger stamps each 4-sample USB packet from the time it
+arrived, so consecutive packets overlap by a few milliseconds): a step back shorter than
+``BACKSTEP_PERIODS`` sampling periods is that jitter, and the readings are put in time order; a longer
+step back (two recordings appended, a clock change) is refused.
+
+``check_power_log`` runs before any work: a log that already exists must be readable in full now (a meter
+still appending is fine: an empty file, or a last line without its newline that does not read yet, is not
+an error), so a bad log costs seconds, not a fine-tune.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from ..errors import UsageError
+from . import sensors
+
+# A step back in time shorter than this many median sampling periods is the meter's packet jitter.
+BACKSTEP_PERIODS = 10
+
+_LOG_FIX = ("give the meter's log with a header line: a time column (Unix seconds, ISO 8601 or time of day) and "
+            "power, or voltage and current, each with its unit, e.g. 'timestamp,power (W)'")
+_UNIT_FIX = "name the unit in the log's header, e.g. '{q} ({milli})' or '{q}_{unit}'"
+_EXAMPLE_UNITS = {"power": ("mW", "W"), "voltage": ("mV", "V"), "current": ("mA", "A")}
+
+# unit (lower case, as written in a header) -> (quantity, factor to W / V / A)
+_UNITS = {
+    "w": ("power", 1.0), "mw": ("power", 1e-3), "uw": ("power", 1e-6), "µw": ("power", 1e-6), "kw": ("power", 1e3),
+    "watt": ("power", 1.0), "watts": ("power", 1.0), "milliwatts": ("power", 1e-3),
+    "v": ("voltage", 1.0), "mv": ("voltage", 1e-3), "uv": ("voltage", 1e-6), "µv": ("voltage", 1e-6),
+    "volt": ("voltage", 1.0), "volts": ("voltage", 1.0), "millivolts": ("voltage", 1e-3),
+    "a": ("current", 1.0), "ma": ("current", 1e-3), "ua": ("current", 1e-6), "µa": ("current", 1e-6),
+    "na": ("current", 1e-9), "amp": ("current", 1.0), "amps": ("current", 1.0), "ampere": ("current", 1.0),
+    "amperes": ("current", 1.0), "milliamps": ("current", 1e-3), "microamps": ("current", 1e-6),
+}
+_QUANTITIES = {"power": "power", "p": "power", "watt": "power", "voltage": "voltage", "volt": "voltage",
+               "vbus": "voltage", "u": "voltage", "current": "current", "curr": "current", "intensity": "current",
+               "i": "current", "ibus": "current", "amp": "current"}
+_TIME_NAMES = {"timestamp", "time", "t", "unix", "unixtime", "epoch", "datetime", "date", "timestamps", "times",
+               "timeunix", "clock"}
+_TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+# Formats whose writer fixes the units though the header does not name them: header cells -> units.
+_KNOWN_FORMATS = {
+    ("time", "current", "voltage", "power", "charge", "energy"): ("Joulescope UI statistics record", {
+        "current": "A", "voltage": "V", "power": "W"}),
+}
+_TOD = re.compile(r"^(\d{1,2}):(\d{2}):(\d{2}(?:\.\d+)?)$")
+_ELAPSED = re.compile(r"^\d+:\d{2}:\d{2}:\d{3}$")  # HH:MM:SS:MS from the recording's start (WITRN, wtm2csv.py)
+_SPLIT_UNIT = re.compile(r"^(.*?)[\s_]*[\(\[]\s*([^\)\]]*?)\s*[\)\]]\s*$")  # 'Power (W)', 'Current(uA)', 'p[mW]'
+
+
+class Column:
+    def __init__(self, index: int, header: str, quantity: str | None, unit: str | None, factor: float | None):
+        self.index, self.header, self.quantity, self.unit, self.factor = index, header, quantity, unit, factor
+
+
+def _column(index: int, header: str, fixed_units: dict | None = None) -> Column:
+    """What a header cell names: a quantity and its unit (either may be None)."""
+    text = header.strip().lstrip("#").strip()
+    low = text.lower()
+    m = _SPLIT_UNIT.match(low)
+    if m:
+        name, unit = m.group(1).strip(), m.group(2).strip()
+    else:
+        name, unit = low, None
+        parts = re.split(r"[\s_]+", low)
+        if len(parts) > 1 and parts[-1] in _UNITS or (len(parts) > 1 and parts[-1] in _TIME_UNITS):
+            name, unit = " ".join(parts[:-1]), parts[-1]
+    key = re.sub(r"[^a-z0-9µ]", "", name)
+    if unit is None and key in _UNITS:  # the header is the unit itself: 'W', 'mA', 'volts'
+        quantity, factor = _UNITS[key]
+        return Column(index, text, quantity, key, factor)
+    if key in _TIME_NAMES:
+        return Column(index, text, "time", unit, _TIME_UNITS.get(unit or "", None))
+    quantity = _QUANTITIES.get(key)
+    if quantity is None:
+        return Column(index, text, None, unit, None)
+    if unit is None and fixed_units and quantity in fixed_units:
+        unit = fixed_units[quantity].lower()
+    if unit is None:
+        return Column(index, text, quantity, None, None)
+    unit_key = unit.replace("μ", "µ").lower()
+    if unit_key not in _UNITS or _UNITS[unit_key][0] != quantity:
+        return Column(index, text, quantity, unit, float("nan"))  # a unit we do not know for this quantity
+    return Column(index, text, quantity, unit, _UNITS[unit_key][1])
+
+
+def _split(line: str, delimiter: str | None) -> list[str]:
+    if delimiter is None:
+        return line.split()
+    return next(csv.reader([line], delimiter=delimiter))
+
+
+def _delimiter(header: str) -> str | None:
+    for d in (",", ";", "\t"):
+        if d in header:
+            return d
+    return None  # blank-separated (fnirsi_logger.py prints 'timestamp sample_in_packet voltage_V ...')
+
+
+class _Layout:
+    """The header's reading: where the time and the power (or voltage and current) are."""
+
+    def __init__(self, where: str, line_no: int, header: str):
+        self.where, self.line_no = where, line_no
+        self.delimiter = _delimiter(header)
+        cells = _split(header, self.delimiter)
+        names = tuple(re.sub(r"[^a-z]", "", c.lower()) for c in cells)  # 'Timestamp(ms)' -> 'timestampms'
+        self.format, fixed = _KNOWN_FORMATS.get(names, (None, None))
+        self.columns = [_column(i, c, fixed) for i, c in enumerate(cells)]
+        at = f"{where}:{line_no}"
+        self.time = next((c for c in self.columns if c.quantity == "time"), None)
+        if self.time is None:
+            shown = ", ".join(c.header for c in self.columns) or "none"
+            raise UsageError(f"the power log's header has no time column (columns: {shown})", at, _LOG_FIX)
+        by_q = {}
+        for c in self.columns:
+            if c.quantity in ("power", "voltage", "current") and c.quantity not in by_q:
+                by_q[c.quantity] = c
+        use = [by_q["power"]] if "power" in by_q else [by_q[q] for q in ("voltage", "current") if q in by_q]
+        if names[:2] == ("timestampms", "currentua") and "voltage" not in by_q:
+            raise UsageError("the power log is a Nordic PPK2 export: current only, with times from the start of the "
+                             "recording, so neither its power nor its place against the run can be read", at,
+                             "log the PPK2 with a program that writes clock times and the supply voltage beside the "
+                             "current (e.g. a ppk2-api-python script), or use a meter whose log has them")
+        if not use or (len(use) == 1 and use[0].quantity != "power"):
+            missing = "voltage" if "current" in by_q else "current" if "voltage" in by_q else None
+            shown = ", ".join(c.header for c in self.columns)
+            what = (f"the power log has a {use[0].quantity} column but no {missing} column (columns: {shown})"
+                    if missing else f"the power log has no power column, nor voltage and current (columns: {shown})")
+            raise UsageError(what, at, _LOG_FIX)
+        for c in use:
+            if c.factor is None:
+                raise UsageError(f"the power log's column '{c.header}' has no unit", at,
+                                 _UNIT_FIX.format(q=c.header, milli=_EXAMPLE_UNITS[c.quantity][0],
+                                                  unit=_EXAMPLE_UNITS[c.quantity][1]))
+            if math.isnan(c.factor):
+                raise UsageError(f"the power log's column '{c.header}' has a unit edgetrain does not know", at,
+                                 f"use one of W, mW, uW, V, mV, A, mA, uA in the header, e.g. '{c.quantity} (mA)'")
+        self.use = use
+
+    def watts(self, row: list[str]) -> float:
+        w = 1.0
+        for c in self.use:
+            w *= float(row[c.index]) * c.factor
+        return w
+
+
+def _seconds(text: str, col: Column) -> tuple[float, str]:
+    """(value, kind): kind 'unix' (seconds since 1970), 'day' (seconds since local midnight), 'relative'."""
+    text = text.strip()
+    if _ELAPSED.match(text):
+        h, mi, s, ms = (int(x) for x in text.split(":"))
+        return h * 3600 + mi * 60 + s + ms / 1000.0, "relative"
+    m = _TOD.match(text)
+    if m:
+        h, mi, s = int(m.group(1)), int(m.group(2)), float(m.group(3))
+        if h > 23 or mi > 59 or s >= 61:
+            raise ValueError(text)
+        return h * 3600 + mi * 60 + s, "day"
+    try:
+        t = float(text)
+    except ValueError:
+        d = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return d.timestamp(), "unix"  # a naive time is this machine's local time, as a meter on it logs
+    if col.factor is not None and col.factor != 1.0:
+        t *= col.factor
+        return t, "unix" if t > 1e8 else "relative"
+    if t > 1e11:  # Unix milliseconds
+        return t / 1000.0, "unix"
+    return t, "unix" if t > 1e8 else "relative"  # before 1973: seconds from the start of the recording
+
+
+def _lines(path: Path) -> list[str]:
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except IsADirectoryError:
+        raise UsageError("the power log is a folder", where, "give the meter's log file") from None
+    except FileNotFoundError:
+        raise UsageError("the power log does not exist", where,
+                         "record the meter's log while the command runs and give its path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the power log: {type(exc).__name__}", where, _LOG_FIX) from None
+    return text.splitlines()
+
+
+def _header_index(lines: list[str], where: str) -> int:
+    """The header: the first non-blank line that names columns. A '#' line is a comment unless it is the
+    header itself (the Joulescope UI writes '#time,current,...')."""
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            cells = _split(s, _delimiter(s))
+            if len(cells) > 1 and any(_column(j, c).quantity == "time" for j, c in enumerate(cells)):
+                return i
+            continue
+        return i
+    raise UsageError("the power log is empty", where, _LOG_FIX)
+
+
+def parse_power_log(path, near: float | None = None, partial: bool = False) -> tuple[list[tuple[float, float]], dict]:
+    """A meter's log -> ([(Unix time s, watts)] in time order, what was read); one-line UsageError otherwise.
+
+    ``near``: a Unix time on the day of the run, for logs with the time of day alone (default: the log's
+    modification time). ``partial``: the log may still be being written (fewer than two readings is fine).
+    """
+    path = Path(path)
+    where = str(path)
+    lines = _lines(path)
+    # A last line without its newline may be one the meter is writing right now (before the run, or after
+    # it while the meter keeps logging): if it does not read, it is not a reading yet, not an error.
+    cut = len(lines) if lines and not path.read_bytes().endswith(b"\n") else None
+    if partial and not any(ln.strip() for ln in lines):
+        return [], {"format": None, "columns": [], "time": None}  # created, nothing written yet
+    first = _header_index(lines, where)
+    layout = _Layout(where, first + 1, lines[first])
+    raw: list[tuple[float, float, int]] = []
+    kind = None
+    for n, line in enumerate(lines[first + 1:], start=first + 2):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        row = _split(s, layout.delimiter)
+        try:
+            t, k = _seconds(row[layout.time.index], layout.time)
+            w = layout.watts(row)
+        except (ValueError, IndexError):
+            if n == cut:
+                break
+            raise UsageError(f"cannot read the power log's line {n}: '{s[:80]}'", f"{where}:{n}", _LOG_FIX) from None
+        if kind is None:
+            kind = k
+            if k == "relative":
+                how = ("set the statistics recording's time format to UTC in the Joulescope UI"
+                       if layout.format and "Joulescope" in layout.format else
+                       "log clock times (Unix seconds or ISO 8601) rather than times from the start of the recording")
+                raise UsageError(f"the power log's times count from the start of its recording ('{row[layout.time.index]}'"
+                                 f" in column '{layout.time.header}'), so they cannot be placed against the run",
+                                 f"{where}:{n}", how)
+        elif k != kind:
+            raise UsageError(f"the power log's line {n} has a time of another kind than the lines before it",
+                             f"{where}:{n}", "give one time format throughout")
+        if not (math.isfinite(t) and math.isfinite(w)) or w < 0:
+            raise UsageError(f"the power log's line {n} has an impossible value: '{s[:80]}'", f"{where}:{n}",
+                             "give finite, non-negative readings")
+        raw.append((t, w, n))
+    if kind == "day":
+        raw = _place_on_day(raw, near if near is not None else path.stat().st_mtime)
+    readings = _in_order(raw, where)
+    if len(readings) < 2 and not partial:
+        raise UsageError(f"the power log has {len(readings)} reading(s)", where, "record at least two readings")
+    info = {"format": layout.format or "CSV with units in its header",
+            "columns": [c.header for c in layout.use], "time": {"unix": "clock", "day": "time of day"}.get(kind, kind)}
+    return readings, info
+
+
+def _place_on_day(raw, near: float):
+    """Seconds since midnight -> Unix time on the day of ``near`` (the log may run past midnight)."""
+    midnight = datetime.fromtimestamp(near).replace(hour=0, minute=0, second=0, microsecond=0)
+    out, day = [], 0
+    for i, (s, w, n) in enumerate(raw):
+        if i and s < raw[i - 1][0] - 12 * 3600:  # past midnight
+            day += 1
+        out.append(((midnight + timedelta(days=day, seconds=s)).timestamp(), w, n))
+    # A log that ended just before midnight and a run just after (or the reverse): the nearer day.
+    if out and abs(out[0][0] - near) > 12 * 3600:
+        shift = -86400.0 if out[0][0] > near else 86400.0
+        out = [(t + shift, w, n) for t, w, n in out]
+    return out
+
+
+def _in_order(raw, where: str) -> list[tuple[float, float]]:
+    steps = sorted(b[0] - a[0] for a, b in zip(raw, raw[1:]) if b[0] > a[0])
+    period = steps[len(steps) // 2] if steps else 0.0
+    for a, b in zip(raw, raw[1:]):
+        if b[0] < a[0] and a[0] - b[0] > BACKSTEP_PERIODS * period:
+            raise UsageError(f"the power log's timestamps go back {a[0] - b[0]:.3g} s at line {b[2]}",
+                             f"{where}:{b[2]}", "give one recording, in the order it was recorded")
+    return [(t, w) for t, w, _ in sorted(raw, key=lambda r: r[0])]
+
+
+def read_power_log(path, near: float | None = None) -> list[tuple[float, float]]:
+    """A meter's log -> [(Unix time s, watts)] in time order; one-line UsageError for anything unreadable."""
+    return parse_power_log(path, near)[0]
+
+
+def check_power_log(path) -> Path:
+    """Before any work: a folder or an unreadable file is refused; a log that exists already is read in
+    full now, so an unknown format or a unitless column is refused before the run, not after it."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError("the power log is a folder", str(p), "give the meter's log file")
+    if p.exists():
+        if not os.access(p, os.R_OK):
+            raise UsageError("the power log is not readable", str(p), "check its permissions")
+        parse_power_log(p, partial=True)
+    return p
+
+
+def log_record(path, window: tuple[float, float], idle_window: tuple[float, float] | None = None) -> dict:
+    """The measured record of ``window`` (and its idle) from a meter's log; UsageError if not covered."""
+    readings, info = parse_power_log(path, near=window[0])
+    samples = [(t, w, {}) for t, w in readings]
+    first, last = readings[0][0], readings[-1][0]
+    if first > window[0] or last < window[1]:
+        raise UsageError(f"the power log covers {_clock(first)} to {_clock(last)} but the run's measured window was "
+                         f"{_clock(window[0])} to {_clock(window[1])}", str(path),
+                         "keep the meter logging from before the command starts until it ends, and check that "
+                         "the meter's clock and this machine's agree")
+    if idle_window and (first > idle_window[0] or last < idle_window[1]):
+        idle_window = None
+    intervals = sorted(b[0] - a[0] for a, b in zip(readings, readings[1:]))
+    median = intervals[len(intervals) // 2] if intervals else 0.0
+    rec = sensors.summarise(samples, idle_window, window, "power-log",
+                            f"external power meter log {Path(path).name} ({len(readings)} readings; {info['format']}, "
+                            f"{' x '.join(info['columns'])}, {info['time']} times)", 1.0 / median if median > 0 else None)
+    rec["log_format"] = info
+    return rec
+
+
+def _clock(t: float) -> str:
+    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]

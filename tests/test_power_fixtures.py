@@ -1,0 +1,278 @@
+"""The energy wing's readers on the formats real boards, drivers and meters write (issue 24).
+
+Every fixture is under tests/fixtures/power, named with its public source in SOURCES.md there (what is a
+verbatim capture and what was written following the writer's code). sysfs trees are copied into tmp_path
+as the driver lays them out; a failing read is a real unreadable file, not a mock.
+"""
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from edgetrain.energy import meterlog, measured_per_inference, read_rapl, rapl_delta_j
+from edgetrain.energy.model import measured_run
+from edgetrain.energy import sensors as power
+from edgetrain.errors import UsageError
+from test_power import fake_vcgencmd
+
+FIXTURES = Path(__file__).parent / "fixtures" / "power"
+NO_VCGENCMD = "/nonexistent/vcgencmd"
+
+
+def tree(name: str, tmp_path: Path) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(FIXTURES / "sysfs" / name, dst)
+    return dst
+
+
+def log(name: str) -> Path:
+    return FIXTURES / "logs" / name
+
+
+def test_every_fixture_names_its_source():
+    sources = (FIXTURES / "SOURCES.md").read_text()
+    names = [p.name for p in (FIXTURES / "logs").iterdir()] + [p.name for p in (FIXTURES / "pmic").iterdir()]
+    names += [p.name + "/" for p in (FIXTURES / "sysfs").iterdir()]
+    assert names and all(f"`{n}`" in sources or f"`{n}`," in sources for n in names), \
+        [n for n in names if f"`{n}`" not in sources]
+
+
+# --- Raspberry Pi 5 PMIC: a capture under load (Short-bus/pilomar) -------------------------------------
+
+PMIC = (FIXTURES / "pmic" / "pi5-pmic-load.txt").read_text()
+
+
+def test_pi5_capture_pairs_rails_by_name_and_leaves_out_the_volt_only_lines():
+    rails = power.parse_pmic(PMIC)
+    assert len(rails) == 12 and "EXT5V" not in rails and "BATT" not in rails
+    assert rails["VDD_CORE"] == pytest.approx(5.03652 * 0.8936988)  # current(7) with volt(15): by name
+    assert rails["3V3_DAC"] == pytest.approx(0.00006105 * 3.299447)  # current(17) with volt(20)
+    assert sum(rails.values()) == pytest.approx(5.9216, abs=1e-4)
+
+
+def test_pi5_pmic_read_failing_once_at_detection_is_retried(tmp_path, monkeypatch):
+    """A vcgencmd that fails its first call (firmware busy), then prints the capture: still the PMIC."""
+    out = tmp_path / "pmic.txt"
+    out.write_text(PMIC)
+    flag = tmp_path / "failed-once"
+    prog = tmp_path / "bin" / "vcgencmd"
+    fake_vcgencmd(tmp_path / "bin", out)
+    body = prog.read_text().replace("sys.stdout.write(", f"import os\nif not os.path.exists({str(flag)!r}):\n"
+                                    f"    open({str(flag)!r}, 'w').close(); sys.exit(1)\nsys.stdout.write(")
+    prog.write_text(body)
+    src = power.detect(root=tmp_path / "empty-sys", vcgencmd=str(prog))
+    assert flag.exists() and isinstance(src, power.Pi5Pmic)
+    assert src.read().total_w == pytest.approx(5.9216, abs=1e-4)
+
+
+# --- Jetson INA3221: JetPack 4 (iio), 5/6 (hwmon) ------------------------------------------------------
+
+def test_jetson_nano_jp4_total_is_the_input_rail_and_the_parts_are_beside_it(tmp_path):
+    src = power.detect(root=tree("jetson-nano-jp4", tmp_path), vcgencmd=NO_VCGENCMD)
+    assert isinstance(src, power.JetsonIna3221)
+    r = src.read()
+    assert r.total_w == pytest.approx(6.6)  # POM_5V_IN (mW file), not 6.6 + 0.2 + 2.48
+    assert r.rails == pytest.approx({"POM_5V_IN": 6.6, "POM_5V_GPU": 0.2, "POM_5V_CPU": 2.48})
+    assert src.inputs == ["POM_5V_IN"]
+    assert "parts of it, shown beside it and not added: POM_5V_GPU" in src.describe()
+
+
+def test_jetson_orin_nano_jp6_skips_the_sums_and_counts_vdd_in(tmp_path):
+    root = tree("jetson-orin-nano-jp6", tmp_path)
+    src = power.detect(root=root, vcgencmd=NO_VCGENCMD)
+    assert isinstance(src, power.JetsonIna3221)
+    r = src.read()
+    assert set(r.rails) == {"VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"}  # not in7 (sum of shunt voltages), not curr4
+    assert r.total_w == pytest.approx(5.032 * 0.987)
+
+
+def test_the_generic_reader_on_a_jetson_chip_does_not_add_the_input_to_its_parts(tmp_path):
+    """The same chip seen through /sys/class/hwmon: VDD_IN is the figure there too (was 13.8 W for 5.0 W)."""
+    src = power.Hwmon.find(tree("jetson-orin-nano-jp6", tmp_path))
+    r = src.read()
+    assert r.total_w == pytest.approx(5.032 * 0.987)
+    assert src.inputs == ["ina3221/VDD_IN"]
+
+
+def _unreadable_for(path: Path, seconds: float | None) -> None:
+    """Make a sysfs file fail to read (a folder in its place), and restore it after ``seconds`` (None: never)."""
+    value = path.read_text()
+    path.unlink()
+    path.mkdir()
+
+    def restore():
+        path.rmdir()
+        path.write_text(value)
+
+    if seconds is not None:
+        timer = threading.Timer(seconds, restore)
+        timer.start()
+
+
+def test_a_jetson_read_failing_at_detection_is_retried_not_a_switch_to_the_generic_reader(tmp_path, monkeypatch):
+    monkeypatch.setattr(power, "DETECT_RETRY_S", 0.3)
+    root = tree("jetson-orin-nano-jp6", tmp_path)
+    _unreadable_for(root / "bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon3/curr1_input", 0.1)
+    t0 = time.monotonic()
+    src = power.detect(root=root, vcgencmd=NO_VCGENCMD)
+    assert time.monotonic() - t0 >= 0.3  # the first read failed and was retried
+    assert isinstance(src, power.JetsonIna3221) and not src.skipped
+    assert src.read().total_w == pytest.approx(5.032 * 0.987)
+
+
+def test_an_input_rail_that_never_reads_is_kept_not_replaced_by_its_parts(tmp_path, monkeypatch):
+    monkeypatch.setattr(power, "DETECT_RETRY_S", 0.01)
+    root = tree("jetson-orin-nano-jp6", tmp_path)
+    _unreadable_for(root / "bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon3/curr1_input", None)
+    src = power.detect(root=root, vcgencmd=NO_VCGENCMD)
+    assert isinstance(src, power.JetsonIna3221) and src.inputs == ["VDD_IN"]
+    assert "VDD_IN" in src.skipped[0] and "3 tries" in src.skipped[0]
+    with pytest.raises(OSError):
+        src.read()  # the sampler counts it as a read error; 0.55 + 1.42 W never passes for the board
+
+
+def test_jetson_agx_orin_two_chips_without_an_input_rail_sum_their_rails_and_skip_nc(tmp_path):
+    src = power.detect(root=tree("jetson-agx-orin-jp5", tmp_path), vcgencmd=NO_VCGENCMD)
+    r = src.read()
+    assert set(r.rails) == {"VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0", "VDDQ_VDD2_1V8AO"}
+    assert r.total_w == pytest.approx(19.960 * 0.640 + 19.960 * 0.120 + 5.072 * 0.512 + 5.064 * 0.208)
+
+
+# --- generic hwmon: mainline drivers ------------------------------------------------------------------
+
+def test_unlabelled_mainline_ina3221_pairs_only_its_three_channels(tmp_path):
+    """in4-in7 are shunt µV and curr4 a sum: pairing curr4 with in4 by index invented 20.7 W."""
+    src = power.detect(root=tree("ina3221-unlabelled", tmp_path), vcgencmd=NO_VCGENCMD)
+    assert isinstance(src, power.Hwmon)
+    r = src.read()
+    assert set(r.rails) == {"ina3221/in1", "ina3221/in2", "ina3221/in3"}
+    assert r.total_w == pytest.approx(4.920 * 0.446 + 3.288 * 0.008 + 3.296 * 0.009)
+
+
+def test_two_chips_of_one_name_both_count(tmp_path):
+    src = power.Hwmon.find(tree("two-ina219", tmp_path))
+    r = src.read()
+    assert r.rails == pytest.approx({"ina219@hwmon2/power1": 0.176, "ina219@hwmon3/power1": 0.176})  # µW ABI
+    assert r.total_w == pytest.approx(0.352)
+
+
+def test_a_psu_that_reports_its_total_and_its_rails_counts_the_total_once(tmp_path):
+    src = power.Hwmon.find(tree("corsair-psu", tmp_path))
+    r = src.read()
+    assert r.total_w == pytest.approx(174.0)  # not 174 + 134 + 24.5 + 11.5
+    assert src.inputs == ["corsairpsu/power total"]
+    assert r.rails["corsairpsu/power +12v"] == pytest.approx(134.0)
+
+
+def test_a_measurement_says_which_rails_make_the_figure_and_which_are_parts(tmp_path):
+    src = power.Hwmon.find(tree("corsair-psu", tmp_path))
+    with power.measuring(src, rate_hz=50, idle_s=0.1) as m:
+        time.sleep(0.3)
+    rec = m.record
+    assert rec["total_of"] == ["corsairpsu/power total"]
+    assert set(rec["parts"]) == {"corsairpsu/power +12v", "corsairpsu/power +5v", "corsairpsu/power +3.3v"}
+    assert rec["average_w"] == pytest.approx(174.0)
+    per = measured_per_inference({**rec, "inferences": 10})
+    assert per["measured_by"] == "board sensor" and per["total_of"] == rec["total_of"] and per["parts"] == rec["parts"]
+    assert per["total_mj"] == pytest.approx(rec["joules"] / 10 * 1000)  # the total alone, not the rails added
+
+
+def test_a_channel_label_pairs_voltage_and_current_where_the_index_does_not(tmp_path):
+    hw = tree("corsair-psu", tmp_path) / "class" / "hwmon" / "hwmon5"
+    for f in hw.glob("power*"):
+        f.unlink()  # a PSU without power files: curr2 '+12v' has no 'curr +12v'-labelled voltage
+    src = power.Hwmon.find(hw.parents[2])
+    assert src is None  # in1 'v_out +12v' is not paired with curr2 'curr +12v' by guesswork
+
+
+# --- RAPL ---------------------------------------------------------------------------------------------
+
+def test_rapl_psys_is_kept_apart_from_the_package_and_the_package_wraps(tmp_path):
+    root = tree("rapl-psys", tmp_path)
+    start = read_rapl(root)
+    assert list(start["domains"]) == ["intel-rapl:0"] and start["names"]["intel-rapl:0"] == "package-0"
+    assert start["platform"]["intel-rapl:1"]["name"] == "psys"
+    (root / "intel-rapl:0" / "energy_uj").write_text("1000\n")  # wrapped past max_energy_range_uj
+    (root / "intel-rapl:1" / "energy_uj").write_text("999999999\n")  # psys moved too: never added
+    assert rapl_delta_j(start, read_rapl(root)) == pytest.approx((262143999938 - 262143000000 + 1000) / 1e6)
+
+
+# --- meter logs ---------------------------------------------------------------------------------------
+
+def test_fnirsi_logger_packets_that_overlap_are_put_in_order():
+    readings, info = meterlog.parse_power_log(log("fnirsi-logger-readme.txt"))
+    times = [t for t, _ in readings]
+    assert len(readings) == 9 and times == sorted(times) and times[0] == pytest.approx(1657568326.775)
+    assert info["columns"] == ["voltage_V", "current_A"] and all(w == 0.0 for _, w in readings)  # 0 V logged
+    rec = meterlog.log_record(log("fnirsi-logger-readme.txt"), (1657568326.78, 1657568326.82))
+    assert rec["available"] and rec["joules"] == 0.0
+
+
+def test_pyummeter_export_reads_power_in_watts_from_its_header():
+    readings, info = meterlog.parse_power_log(log("pyummeter-um34c.csv"))
+    assert len(readings) == 20 and {w for _, w in readings} == {1.672} and info["columns"] == ["Power (W)"]
+    t0 = datetime(2026, 12, 3, 10, 0, 5).timestamp()  # naive dates: this machine's local time
+    assert readings[5][0] == pytest.approx(t0)
+    rec = meterlog.log_record(log("pyummeter-um34c.csv"), (t0, t0 + 10))
+    assert rec["joules"] == pytest.approx(16.72)
+    assert measured_run(rec)["measured_by"] == "meter log" and "pyummeter-um34c.csv" in rec["detail"]
+
+
+def test_joulescope_statistics_in_utc_read_in_si_units():
+    readings, info = meterlog.parse_power_log(log("joulescope-statistics-utc.csv"))
+    assert info["format"] == "Joulescope UI statistics record" and info["columns"] == ["power"]
+    assert readings[0] == (datetime(2026, 12, 3, 10, 0, 0, tzinfo=timezone.utc).timestamp(), 1.9)
+    assert readings[1][0] - readings[0][0] == pytest.approx(0.5) and len(readings) == 20
+
+
+@pytest.mark.parametrize("name,fragment,fix", [
+    ("joulescope-statistics-relative.csv", "count from the start of its recording", "time format to UTC"),
+    ("witrn-wtm2csv.csv", "count from the start of its recording", "clock times"),
+    ("ppk2-export.csv", "Nordic PPK2 export", "supply voltage"),
+])
+def test_logs_that_cannot_be_placed_against_the_run_are_refused_in_one_line(name, fragment, fix):
+    with pytest.raises(UsageError) as exc:
+        meterlog.check_power_log(log(name))
+    e = exc.value
+    assert fragment in e.what and fix in e.fix and name in e.where and "\n" not in e.line()
+
+
+def test_a_unitless_current_or_power_column_is_refused_not_guessed(tmp_path):
+    """A minimal table with an INA219 library's column names (its values are mA and mW): written here, not a
+    published log (none was found)."""
+    p = tmp_path / "ina219.csv"
+    p.write_text("timestamp,bus_voltage,current,power\n1764756000.0,5.1,812.5,4143.8\n1764756001.0,5.1,810.0,4131.0\n")
+    with pytest.raises(UsageError) as exc:
+        meterlog.check_power_log(p)
+    assert exc.value.what == "the power log's column 'power' has no unit" and "'power (mW)'" in exc.value.fix
+    p.write_text(p.read_text().replace(",power\n", ",power_mW\n"))
+    assert meterlog.read_power_log(p)[0][1] == pytest.approx(4.1438)  # mW as the header says: not 4143.8 W
+
+
+def test_time_of_day_logs_are_placed_on_the_day_of_the_run_across_midnight(tmp_path):
+    """A log with the time of day only (written here: no published one was found)."""
+    p = tmp_path / "tod.csv"
+    p.write_text("Time,Voltage (V),Current (mA)\n23:59:59.5,5.0,400\n00:00:00.5,5.0,400\n00:00:01.5,5.0,400\n")
+    near = datetime(2026, 12, 3, 23, 59, 50).timestamp()
+    readings = meterlog.read_power_log(p, near=near)
+    assert readings[0] == (pytest.approx(datetime(2026, 12, 3, 23, 59, 59, 500000).timestamp()), pytest.approx(2.0))
+    assert readings[2][0] - readings[0][0] == pytest.approx(2.0)  # past midnight, not 24 h back
+
+
+def test_a_log_still_being_written_passes_the_check_before_the_run(tmp_path):
+    """Before the run the meter may have written nothing yet, or half a line: neither is refused then."""
+    p = tmp_path / "live.txt"
+    p.write_text("")
+    assert meterlog.check_power_log(p) == p
+    text = log("fnirsi-logger-readme.txt").read_text()
+    p.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 12])  # the last line cut after 11 characters
+    assert meterlog.check_power_log(p) == p
+    assert len(meterlog.read_power_log(p)) == 8  # after the run too (the meter still logging): 8 whole lines
+    p.write_text(text.replace("1657568326.804 2 0.00000", "1657568326.804 2 0.0x000"))
+    with pytest.raises(UsageError, match="cannot read the power log's line 9"):
+        meterlog.check_power_log(p)  # a bad line inside the log is an error, before the run as after it
