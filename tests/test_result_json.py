@@ -92,6 +92,20 @@ def test_every_result_keeps_the_keys_and_kinds_it_had(results):
 def test_the_recipe_runs_cover_pass_check_failed_and_bad_input(results):
     assert [results[k]["exit_code"] for k in ("run", "run_check_failed", "run_bad_input")] == [0, 3, 2]
     assert results["run_check_failed"]["failed_step"] == "export"
+    assert results["run_check_failed"]["failed_checks"][0].startswith("step 'export' budget not met (exit 3): ONNX output")
+    assert results["run_bad_input"]["failed_checks"] == [
+        f"step 'quantize' bad input (exit 2): {results['run_bad_input']['steps'][0]['error']}"]
+    assert results["run"]["passed"] and results["run"]["failed_checks"] == []
+
+
+def test_doctor_lists_each_failed_check_and_keeps_exit_1():
+    from edgetrain.ops.doctor import FAIL, OK, Check, DoctorReport
+
+    report = DoctorReport([Check("python", OK, "3.11"), Check("onnx", FAIL, "onnx is not installed", "pip install onnx")])
+    assert not report.healthy and not report.passed and report.exit_code == 1
+    assert report.failed_checks == ["check 'onnx' failed: onnx is not installed"]
+    d = report.to_dict()
+    assert (d["healthy"], d["exit_code"], d["passed"]) == (False, 1, False) and d["failed_checks"] == report.failed_checks
     assert results["doctor"]["healthy"] is True and results["doctor"]["exit_code"] == 0
 
 
@@ -115,8 +129,8 @@ def measured_cases():
                            "failed: no" if winner != "dynamic" else None, p50_ms=0.5 if winner == "dynamic" else None)]
         chosen = next(c for c in cands if c.kind == winner)
         chosen.chosen = True
-        out[winner] = {"scheme": _measured_scheme(chosen, cands, rule, host, 1),
-                       "latency": _measured_latency(cands, 1, None, host)}
+        out[winner] = {"scheme": _measured_scheme(chosen, cands, rule, host, 1).to_dict(),
+                       "latency": _measured_latency(cands, 1, None, host).to_dict()}
     return json.loads(json.dumps(out))
 
 
