@@ -96,6 +96,8 @@ def test_the_recipe_runs_cover_pass_check_failed_and_bad_input(results):
     assert results["run_bad_input"]["failed_checks"] == [
         f"step 'quantize' bad input (exit 2): {results['run_bad_input']['steps'][0]['error']}"]
     assert results["run"]["passed"] and results["run"]["failed_checks"] == []
+    assert results["doctor"]["healthy"] is True and results["doctor"]["exit_code"] == 0
+    assert results["doctor"]["passed"] is True and results["doctor"]["failed_checks"] == []
 
 
 def test_doctor_lists_each_failed_check_and_keeps_exit_1():
@@ -106,7 +108,6 @@ def test_doctor_lists_each_failed_check_and_keeps_exit_1():
     assert report.failed_checks == ["check 'onnx' failed: onnx is not installed"]
     d = report.to_dict()
     assert (d["healthy"], d["exit_code"], d["passed"]) == (False, 1, False) and d["failed_checks"] == report.failed_checks
-    assert results["doctor"]["healthy"] is True and results["doctor"]["exit_code"] == 0
 
 
 def measured_cases():

@@ -12,16 +12,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import _lazy
-from ..figures import Calibration, Chance, Int8Accuracy, Int8Latency, Int8Size
 from ..convert import check_batch_sizes
 from ..errors import UsageError
+from ..figures import Calibration, Chance, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host
 from ..int8 import (DYNAMIC_OPS, Candidate, Quantizer, calibration_reader, check_not_quantized,
                     check_symbol_not_quantized, dynamic_applies, load_calibration, load_validation, measure,
                     node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names, rank_nodes, scheme_for,
-                    set_metadata, static_candidates, stride_for)
-from ..int8.scheme import SchemeRecord
+                    SchemeRecord, set_metadata, static_candidates, stride_for)
 from ..models import load_onnx, parse_model_ref
 from ..options import QuantizeOptions
 from ..results import ProgressFn, Result, stage
