@@ -48,6 +48,19 @@ class ExportAccuracy(Figure):
 
 
 @dataclass
+class TensorSpec(Figure):
+    name: str
+    shape: list[int | str | None]   # a symbolic dimension by its name ("batch"), None when unnamed
+    dtype: str
+
+
+@dataclass
+class ValidationBatch(Figure):
+    source: str                      # "random0".., or "data" (DATA's samples)
+    batch: int
+
+
+@dataclass
 class ExportResult(Result):
     path: str
     size_bytes: int
@@ -55,11 +68,11 @@ class ExportResult(Result):
     opset: int
     precision: str  # "fp32" | "fp16"
     dynamic_batch: bool
-    inputs: list[dict]
-    outputs: list[dict]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
     ops: dict[str, int]
     comparison: object  # compare.Comparison
-    validated_with: list[dict]  # what each compared batch was
+    validated_with: list[ValidationBatch]
     device: str | None
     threads: int
     seconds: dict[str, float]
@@ -125,7 +138,7 @@ def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = No
     for what, x in batches:
         expected.append(_gluon_outputs(model, x, out_names))
         actual.append(_ort_outputs(session, x, out_names, model.ref.text))
-        described.append({"source": what, "batch": int(x.shape[0])})
+        described.append(ValidationBatch(what, int(x.shape[0])))
     accuracy = _data_accuracy(samples, batches, actual, out_names, model, opts)
     comparison: Comparison = _compare(expected, actual, atol, rtol)
     comparison.batches = len(batches)
@@ -243,13 +256,12 @@ def _compare(expected: list[dict], actual: list[dict], atol: float, rtol: float)
     return compare_outputs(merge(expected), merge(actual), atol=atol, rtol=rtol)
 
 
-def _io(values) -> list[dict]:
+def _io(values) -> list[TensorSpec]:
     helper = _lazy.from_import("onnx", "helper")
 
     out = []
     for v in values:
         t = v.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
-        out.append({"name": v.name, "shape": shape,
-                    "dtype": str(np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))})
+        out.append(TensorSpec(v.name, shape, str(np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))))
     return out
