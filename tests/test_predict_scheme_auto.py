@@ -75,7 +75,7 @@ def test_auto_writes_the_fastest_candidate_and_says_which(fp32, tmp_path):
     assert res.latency.int8_p50_ms == chosen.p50_ms and "fresh processes" in res.latency.measured_on
     if chosen.name == "fp32":
         assert any("fp32 was the fastest" in n for n in res.notes)
-    assert res.node_errors and all({"node", "op", "output_sqnr_db", "lost_db"} <= set(r) for r in res.node_errors)
+    assert res.node_errors and all(r.node and r.op and r.lost_db is not None for r in res.node_errors)
 
 
 def test_candidates_over_the_budget_are_never_written(fp32, tmp_path):

@@ -93,7 +93,7 @@ def node_error_table(rows) -> list[str]:
         return []
     lines = ["node SQNR  all-int8 vs fp32, the nodes that lose most (dB; higher SQNR is better)"]
     for r in rows:
-        kept = "  kept in fp32" if r.get("kept_fp32") else ""
-        lines.append(f"           {r['node'][:44]:<44} {r['op'][:18]:<18} SQNR {r['output_sqnr_db']:6.1f}  "
-                     f"lost {r['lost_db']:5.1f}{kept}")
+        kept = "  kept in fp32" if r.kept_fp32 else ""
+        lines.append(f"           {r.node[:44]:<44} {r.op[:18]:<18} SQNR {r.output_sqnr_db:6.1f}  "
+                     f"lost {r.lost_db:5.1f}{kept}")
     return lines

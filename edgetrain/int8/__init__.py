@@ -21,7 +21,7 @@ _FACE = {  # name -> the module of this wing that defines it
     "SchemeRecord": "scheme", "scheme_for": "scheme",
     "DYNAMIC_OPS": "search", "Candidate": "search", "dynamic_applies": "search", "fastest": "search",
     "measure": "search", "static_candidates": "search",
-    "node_errors": "sensitivity", "rank_nodes": "sensitivity",
+    "NodeError": "sensitivity", "node_errors": "sensitivity", "rank_nodes": "sensitivity",
 }
 __all__ = sorted(_FACE)
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .ort import Quantizer, check_not_quantized, prepare, quantized_node_names, quiet_ort, set_metadata
     from .scheme import SchemeRecord, scheme_for
     from .search import DYNAMIC_OPS, Candidate, dynamic_applies, fastest, measure, static_candidates
-    from .sensitivity import node_errors, rank_nodes
+    from .sensitivity import NodeError, node_errors, rank_nodes
 
 
 __getattr__, __dir__ = _lazy.face(__name__, _FACE, globals())

@@ -17,10 +17,10 @@ from ..errors import UsageError
 from ..figures import Calibration, Chance, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host
-from ..int8 import (DYNAMIC_OPS, Candidate, Quantizer, calibration_reader, check_not_quantized,
-                    check_symbol_not_quantized, dynamic_applies, load_calibration, load_validation, measure,
-                    node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names, rank_nodes, scheme_for,
-                    SchemeRecord, set_metadata, static_candidates, stride_for)
+from ..int8 import (DYNAMIC_OPS, Candidate, NodeError, Quantizer, SchemeRecord, calibration_reader,
+                    check_not_quantized, check_symbol_not_quantized, dynamic_applies, load_calibration,
+                    load_validation, measure, node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names,
+                    rank_nodes, scheme_for, set_metadata, static_candidates, stride_for)
 from ..models import load_onnx, parse_model_ref
 from ..options import QuantizeOptions
 from ..results import ProgressFn, Result, stage
@@ -60,8 +60,7 @@ class QuantizeResult(Result):
     onnx_exportable: bool
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    # Per node of the all-int8 model, the nodes that lose most first: node, op, output_sqnr_db, lost_db, kept_fp32
-    node_errors: list[dict] = field(default_factory=list)
+    node_errors: list[NodeError] = field(default_factory=list)  # the nodes that lose most first
 
     def checks(self) -> list[str]:
         a = self.accuracy
@@ -355,7 +354,8 @@ def _measured_latency(cands, threads: int, pre, host) -> Int8Latency:
                           f"(the written model: {chosen.name})")
 
 
-def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds, pre, tmp: Path, notes) -> list[dict]:
+def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds, pre, tmp: Path,
+                 notes) -> list[NodeError]:
     """Per-node SQNR of the all-int8 model against fp32 (the nodes that lose most first), and which of them
     the written model keeps in fp32: why a node was kept."""
     try:
@@ -365,7 +365,7 @@ def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds,
         notes.append(f"per-node SQNR not measured: {str(exc).splitlines()[0][:150]}")
         return []
     for r in rows:
-        r["kept_fp32"] = r["node"] in kept
+        r.kept_fp32 = r.node in kept
     return rows[:NODE_ERROR_ROWS]
 
 
