@@ -9,7 +9,7 @@ messages. Models, data and devices are the references the CLI takes (``"zoo:mobi
     import edgetrain
     res = edgetrain.quantize("edgetrain.nets:pretrained_digits", calib="builtin:digits", output="m.onnx",
                              val="builtin:digits", max_drop=1.0, device="rpi4b-4gb")
-    res.passed, res.failed_checks, res.accuracy["drop"]
+    res.passed, res.failed_checks, res.accuracy.drop
 
 Progress: by default (``progress="stderr"``) long work shows the lines the command line shows, on stderr
 (rewritten in place on a terminal; elsewhere only the lines that stay, such as each epoch's); ``None`` is
