@@ -12,10 +12,15 @@ in its metadata. What trains follows ``--train-layers``:
   output layer, which must learn the new classes (TinyTL, NeurIPS 2020). Nothing is frozen whole, so every
   step runs the whole graph; what the backward pass keeps is a bit mask per ReLU/ReLU6 activation and a
   byte per max-pool output, not the activations (onnx_grad).
+- ``lite``: ``bias`` plus TinyTL's lite residual modules (lite.py), written into the graph as ordinary ONNX
+  ops: a small group convolution on a 2x-downsampled copy of each block's input, a 1x1 projection, upsampled
+  and added to the block's output. Their weights train from a zero output; every original weight is frozen.
+  The backward pass keeps the same bit masks as ``bias`` plus the modules' own (downsampled) inputs.
 - ``all``: every weight trains in NumPy (the activations a weight's gradient needs are kept).
 
 The result is OUTDIR/model.onnx: the same graph with the trained initializers (a replaced output layer
-resized), and its metadata saying the classes and preprocessing, so quantize, predict and profile take it.
+resized; with ``lite``, the modules' nodes added), and its metadata saying the classes and preprocessing,
+so quantize, predict and profile take it.
 """
 from __future__ import annotations
 
@@ -31,33 +36,11 @@ from ..errors import UsageError
 from ..fileio import atomic_write_bytes
 from ..models import load_onnx
 from . import checkpoint as ckpt
-from . import onnx_grad, store
+from . import lite, onnx_grad, store
 from .memplan import MB, Costs, plan_for
+from .onnx_layers import WEIGHTED, cut_before_layer
 from .optimizers import make_numpy_optimizer
 from .outdir import ONNX_MODEL
-
-WEIGHTED = ("Conv", "Gemm", "MatMul")
-
-
-def _cuts(graph, initializers: set) -> list[tuple[int, str]]:
-    """(node index, tensor) of each node whose single output alone carries everything later nodes need
-    from it and before it: cutting there leaves no edge (a skip connection) crossing. Constants (initializers,
-    Constant nodes) are not edges: each side has its own copy."""
-    constant = set(initializers) | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    last_use: dict[str, int] = {}
-    for j, node in enumerate(graph.node):
-        for name in node.input:
-            if name and name not in constant:
-                last_use[name] = j
-    # the furthest node that a tensor made so far (the data input first) is still used by
-    reach = max((last_use.get(i.name, -1) for i in graph.input if i.name not in constant), default=-1)
-    cuts = []
-    for i, node in enumerate(graph.node):
-        if node.op_type != "Constant" and len(node.output) == 1 and reach <= i:
-            cuts.append((i, node.output[0]))
-        for out in node.output:
-            reach = max(reach, last_use.get(out, -1))
-    return cuts
 
 
 def _weights_of(graph) -> list[str]:
@@ -67,23 +50,6 @@ def _weights_of(graph) -> list[str]:
     names = [name for node in graph.node if node.op_type in (*WEIGHTED, "BatchNormalization")
              for name in node.input[1:3] if name in inits]
     return list(dict.fromkeys(names))
-
-
-def cut_before_layer(graph, initializers: set, n: int) -> str:
-    """The tensor at which ``last:n`` cuts: right before the n-th weighted layer from the end (a layer being
-    a block no cut can enter)."""
-    cuts = _cuts(graph, initializers)
-    weighted = [j for j, node in enumerate(graph.node)
-                if node.op_type in WEIGHTED and len(node.input) > 1 and node.input[1] in initializers]
-    points: list[str] = []
-    for j in weighted:
-        before = [name for i, name in cuts if i < j]
-        if before and (not points or points[-1] != before[-1]):
-            points.append(before[-1])
-    if n > len(points):
-        raise UsageError(f"--train-layers last:{n}: the model has {len(points)} layer(s) that can train from the end",
-                         "--train-layers", f"use last:{len(points)} at most, or all")
-    return points[-n]
 
 
 class OnnxEngine:
@@ -131,6 +97,15 @@ class OnnxEngine:
             frozen = extractor.extract_model([self.proto.graph.input[0].name], [self.cut])
             self._frozen_figures(frozen)
             self.frozen_bytes = frozen.SerializeToString()
+        elif self.kind == "lite":
+            self.proto, extra, blocks = lite.insert(self.proto, job.seed)
+            if not blocks:
+                raise UsageError("--train-layers lite: the model has no block a lite residual module fits "
+                                 "(a 4-D block input of at least 2x2 before the classifier)", job.model,
+                                 "use --train-layers bias")
+            self.grad = onnx_grad.GradGraph(self.proto, "bias+head", output=logits, extra=extra)
+            added = sum(int(self.grad.params[n].size) for n in extra)
+            job.notes.append(f"lite: {len(blocks)} residual modules added ({added} weights, starting at zero output)")
         else:
             mode = "bias+head" if self.kind == "bias" else _weights_of(self.proto.graph)
             self.grad = onnx_grad.GradGraph(self.proto, mode, output=logits)

@@ -578,6 +578,51 @@ class _Dropout(_Identity):
             self.refuse("training_mode is true (only inference: identity)")
 
 
+class _Expand(_Op):
+    """Broadcast to a constant shape (the lite residual's nearest upsampling is Reshape -> Expand -> Reshape):
+    the gradient is summed back over the broadcast axes, nothing kept."""
+
+    constant_inputs = (1,)
+
+    def forward(self, xs):
+        x, shape = xs
+        return np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(int(d) for d in shape))).copy(), \
+            {"shape": x.shape}
+
+    def backward(self, dy, saved, consts):
+        return [_unbroadcast(dy, saved["shape"]), None]
+
+
+class _Slice(_Op):
+    """A window of a tensor (constant starts/ends/axes, step 1): the gradient is zero outside it."""
+
+    constant_inputs = (1, 2, 3, 4)
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        get = lambda i: consts[node.input[i]].astype(np.int64) if len(node.input) > i and node.input[i] else None  # noqa: E731
+        self.starts, self.ends, self.axes, steps = get(1), get(2), get(3), get(4)
+        if steps is not None and np.any(steps != 1):
+            self.refuse(f"steps {steps.tolist()} (only 1)")
+
+    def _window(self, shape):
+        axes = range(len(self.starts)) if self.axes is None else self.axes
+        window = [slice(None)] * len(shape)
+        for axis, start, end in zip(axes, self.starts, self.ends):
+            axis = int(axis) % len(shape)
+            window[axis] = slice(*slice(int(start), int(end)).indices(shape[axis])[:2])
+        return tuple(window)
+
+    def forward(self, xs):
+        x = xs[0]
+        return x[self._window(x.shape)], {"shape": x.shape}
+
+    def backward(self, dy, saved, consts):
+        dx = np.zeros(saved["shape"], dy.dtype)
+        dx[self._window(saved["shape"])] = dy
+        return [dx] + [None] * (len(self.need) - 1)
+
+
 class _Gemm(_Op):
     attrs = {"alpha": None, "beta": None, "transA": (0, 1), "transB": (0, 1)}
     differentiable = (0, 1, 2)
@@ -652,7 +697,7 @@ class _Softmax(_Op):
 OPS = {"Conv": _Conv, "BatchNormalization": _BatchNorm, "Relu": _Relu, "Clip": _Clip, "Add": _Add, "Mul": _Mul,
        "GlobalAveragePool": _GlobalAveragePool, "AveragePool": _AveragePool, "MaxPool": _MaxPool,
        "Flatten": _Flatten, "Reshape": _Reshape, "Identity": _Identity, "Dropout": _Dropout, "Gemm": _Gemm,
-       "MatMul": _MatMul, "Softmax": _Softmax}
+       "MatMul": _MatMul, "Softmax": _Softmax, "Expand": _Expand, "Slice": _Slice}
 
 
 # ------------------------------------------------------------------------------------------------ the graph
@@ -695,9 +740,10 @@ class GradGraph:
     bias of the last Gemm or Conv; ``"bias+head"``) or an iterable of initializer names. ``params`` holds
     every initializer (cast to ``dtype`` if float); update the trainable ones there, forward reads them.
     ``output`` defaults to the graph's output (see :func:`logits_name` for the logits before a Softmax).
+    ``extra`` names initializers that train on top of a mode (the lite residual modules' weights).
     """
 
-    def __init__(self, model, trainable="bias", *, output: str | None = None, dtype=np.float32):
+    def __init__(self, model, trainable="bias", *, output: str | None = None, dtype=np.float32, extra=()):
         model = load_model(model)
         self.dtype = np.dtype(dtype)
         self._check_opset(model)
@@ -712,6 +758,8 @@ class GradGraph:
         self._constants: dict = {}
         self.nodes = self._compile(_needed(list(graph.node), self.output))
         self.trainable = self._select(trainable)
+        if extra:
+            self.trainable = tuple(dict.fromkeys(self.trainable + self._select(list(extra))))
         self._plan()
 
     # -- loading
