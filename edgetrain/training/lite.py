@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _lazy
-from .onnx_layers import WEIGHTED, cuts, layer_points
+from .onnx_layers import WEIGHTED, cuts, layer_points, shapes_of
 
 GROUPS = 2
 KERNEL = 3
@@ -55,17 +55,6 @@ class Block:
     out_shape: tuple
 
 
-def _shapes(proto) -> dict[str, tuple]:
-    """(C, H, W, ...) of every tensor whose shape inference knows every dimension but the batch."""
-    inferred = _lazy.onnx().shape_inference.infer_shapes(proto)
-    found = {}
-    for v in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
-        dims = [d.dim_value for d in v.type.tensor_type.shape.dim][1:]
-        if dims and all(d > 0 for d in dims):
-            found[v.name] = tuple(dims)
-    return found
-
-
 def _full_conv(node, inits: dict) -> bool:
     """A k x k convolution (k > 1) that mixes channels (not depthwise)."""
     if node.op_type != "Conv" or node.input[1] not in inits:
@@ -79,7 +68,10 @@ def find_blocks(proto) -> list[Block]:
     """The blocks that get a lite module, in graph order (see the module's doc)."""
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}
-    shapes = _shapes(proto)
+    return _blocks(graph, inits, shapes_of(proto))
+
+
+def _blocks(graph, inits: dict, shapes: dict) -> list[Block]:
     four_d = lambda name: len(shapes.get(name, ())) == 3  # noqa: E731
     points = layer_points(graph, set(inits))
     all_cuts = cuts(graph, set(inits))
@@ -135,15 +127,13 @@ def _prefix(names: set) -> str:
 
 
 def insert(proto, seed: int = 0):
-    """A copy of ``proto`` with a lite module on each block; returns (model, the new weights' names, the
-    blocks). The new 3x3 weights are He-initialised from ``seed``; the 1x1 projections are zero, so the
-    model computes what ``proto`` did."""
+    """``proto`` with a lite module on each block, changed in place (a copy of its weights would be most of
+    its bytes); returns (proto, the new weights' names, the blocks). The new 3x3 weights are He-initialised
+    from ``seed``; the 1x1 projections are zero, so the model computes what it did."""
     onnx = _lazy.onnx()
     helper, numpy_helper = onnx.helper, _lazy.from_import("onnx", "numpy_helper")
-    model = type(proto)()
-    model.CopyFrom(proto)
-    graph = model.graph
-    blocks = [b for b in find_blocks(model) if all(_stride(i, o) for i, o in zip(b.in_shape[1:], b.out_shape[1:]))]
+    graph = proto.graph
+    blocks = [b for b in find_blocks(proto) if all(_stride(i, o) for i, o in zip(b.in_shape[1:], b.out_shape[1:]))]
     names = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output} | \
         {n.name for n in graph.node} | {i.name for i in graph.input}
     base = _prefix(names)
@@ -188,17 +178,15 @@ def insert(proto, seed: int = 0):
         renames[b.end] = f"{p}out"
     nodes = list(after.get(-1, []))
     for j, node in enumerate(graph.node):
-        nodes.append(node)
-        nodes.extend(after.get(j, []))
-    mine = {id(n) for group in after.values() for n in group}
-    for node in nodes:
-        if id(node) in mine:
-            continue
-        for i, name in enumerate(node.input):
+        copy = type(node)()
+        copy.CopyFrom(node)
+        for i, name in enumerate(copy.input):
             if name in renames:
-                node.input[i] = renames[name]
+                copy.input[i] = renames[name]
+        nodes.append(copy)
+        nodes.extend(after.get(j, []))
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(inits)
     del graph.value_info[:]
-    return model, weights, blocks
+    return proto, weights, blocks

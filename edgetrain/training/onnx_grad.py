@@ -93,6 +93,8 @@ class Tape:
         self.saved: dict[int, dict] = {}
         self.activation_bytes = 0   # every value the forward produced: what storing activations would cost
         self.tape_bytes = 0         # what the forward kept, as it ended (backward then releases it node by node)
+        self.largest_bytes = 0      # the largest single value the forward produced
+        self.peak_bytes = 0         # the most held at once (live values + the tape), forward or backward
         self.labels: dict[int, tuple] = {}
 
     @property
@@ -852,17 +854,22 @@ class GradGraph:
         x = np.asarray(x, self.dtype)
         tape = Tape(x.shape[0])
         env, left = {self.input: x}, dict(self._uses)
+        live = kept = 0   # bytes of the values alive in env and of the tape (the memory planner's figures)
         for index, (node, op) in enumerate(self.nodes):
             ins = [None if not n else env[n] if n in env else self._const(n) for n in node.input]
             y, saved = op.forward(ins)
             tape.activation_bytes += y.nbytes
+            tape.largest_bytes = max(tape.largest_bytes, y.nbytes)
             if any(op.need):
                 tape.saved[index], tape.labels[index] = saved, (op.label, op.op)
+                kept += sum(v.nbytes for v in saved.values() if hasattr(v, "nbytes"))
             env[node.output[0]] = y
+            live += y.nbytes
+            tape.peak_bytes = max(tape.peak_bytes, live + kept)
             for n in node.input:
                 left[n] -= 1
-                if not left[n] and n != self.output:
-                    env.pop(n, None)
+                if not left[n] and n != self.output and n in env:
+                    live -= env.pop(n).nbytes
         tape.tape_bytes = tape.nbytes
         return env[self.output], tape
 
@@ -871,6 +878,7 @@ class GradGraph:
         node's record is dropped once its backward ran, so memory falls as the pass proceeds)."""
         trainable = set(self.trainable)
         grads, found = {self.output: np.asarray(dout, self.dtype)}, {}
+        kept = tape.nbytes
         for index in sorted(tape.saved, reverse=True):
             node, op = self.nodes[index]
             saved = tape.saved.pop(index)
@@ -878,7 +886,11 @@ class GradGraph:
             if dy is None:
                 continue
             consts = [self._const(n) if c else None for n, c in zip(node.input, op.is_const)]
-            for name, need, g in zip(node.input, op.need, op.backward(dy, saved, consts)):
+            out = op.backward(dy, saved, consts)
+            held = sum(g.nbytes for g in grads.values()) + sum(g.nbytes for g in out if g is not None)
+            tape.peak_bytes = max(tape.peak_bytes, kept + held + dy.nbytes)
+            kept -= sum(v.nbytes for v in saved.values() if hasattr(v, "nbytes"))
+            for name, need, g in zip(node.input, op.need, out):
                 if need and g is not None:
                     into = found if name in trainable else grads
                     into[name] = g if name not in into else into[name] + g
