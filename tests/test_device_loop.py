@@ -230,3 +230,31 @@ def test_the_lite_model_written_computes_what_numpy_trained(host_export, device_
     theirs = session.run(None, {session.get_inputs()[0].name: x})[0]
     ours = GradGraph(proto, "bias").forward(x)[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layers", ["head", "lite"])
+def test_an_output_layer_that_is_a_1x1_conv_is_resized_and_trains(layers, host_export, device_env, tmp_path):
+    """The Gluon zoo's MobileNetV2 classifies with a 1x1 Conv on pooled features, then a Flatten: the ONNX engine
+    resizes it to the data's classes like a Gemm (5 outputs in the file, 10 classes in the data)."""
+    import onnx
+
+    from onnx_models import Builder
+
+    b = Builder((1, 1, 16, 16), seed=12)
+    x = b.relu(b.bn(b.conv(b.input, 8, 3, stride=2)))
+    x = b.relu(b.bn(b.conv(x, 16, 3)))
+    proto = onnx.load_from_string(b.model(b.flatten(b.conv(b.gap(x), 5, 1))))
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    shipped = {p.key: p.value for p in onnx.load(str(host_export / "digits5.onnx")).metadata_props}
+    onnx.helper.set_model_props(proto, {k: v for k, v in shipped.items() if k != "edgetrain.source_model"})
+    onnx.save(proto, str(tmp_path / "convhead.onnx"))
+    out = tmp_path / "run"
+    ft = run_edgetrain("finetune", tmp_path / "convhead.onnx", "--data", host_export / "train.npz", "--val",
+                       host_export / "val.npz", "-o", out, "--train-layers", layers, "--epochs", "3", "--json", "-",
+                       "--allow-chance", env=device_env)
+    assert ft.code == 0, ft.err
+    assert ft.json()["replaced_head"] and ft.json()["classes"] == [str(i) for i in range(10)]
+    pred = run_edgetrain("predict", out / "model.onnx", host_export / "val.npz", "--json", "-", env=device_env)
+    assert pred.code == 0, pred.err
+    assert abs(pred.json()["accuracy"]["top1"] / 100 - ft.json()["final_accuracy"]) <= 1 / 200 + 1e-9
