@@ -244,6 +244,9 @@ def test_lite_modules_start_as_nothing_then_numpy_equals_onnx_runtime(build):
     model = build()
     x = _data(shape=onnx_shape(model))
     fresh, names, blocks = _lit(model, live=False)
+    pools = [n for n in onnx.load_from_string(fresh).graph.node if n.op_type == "AveragePool"]
+    # each module reads its block's input as the model computes it: with the module before it added
+    assert [n.input[0] for n in pools] == [blocks[0].start] + [f"lite{k}/out" for k in range(len(blocks) - 1)]
     # the model is unchanged at step 0: bit for bit in NumPy (+ 0.0), to rounding in ONNX Runtime (which fuses
     # the Add into the convolution before it)
     assert np.array_equal(GradGraph(fresh, "bias").forward(x)[0], GradGraph(model, "bias").forward(x)[0])

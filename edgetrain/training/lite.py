@@ -156,7 +156,9 @@ def insert(proto, seed: int = 0):
                   f"{p}up_merge": np.asarray([0, co, 2 * math.ceil(ho / 2), 2 * math.ceil(wo / 2)], np.int64)}
         inits += [numpy_helper.from_array(v, n) for n, v in arrays.items()]
         weights += [f"{p}conv1_weight", f"{p}conv2_weight"]
-        pool = helper.make_node("AveragePool", [b.start], [f"{p}pool"], name=f"{p}pool", kernel_shape=[2, 2],
+        # the block's input as the model now computes it: with the module before it added, as in TinyTL
+        pool = helper.make_node("AveragePool", [renames.get(b.start, b.start)], [f"{p}pool"], name=f"{p}pool",
+                                kernel_shape=[2, 2],
                                 strides=[2, 2], pads=[0, 0, h % 2, w % 2])
         after.setdefault(producer.get(b.start, -1), []).append(pool)
         tail = [helper.make_node("Conv", [f"{p}pool", f"{p}conv1_weight", f"{p}conv1_bias"], [f"{p}conv1"],
