@@ -24,11 +24,12 @@ inside it (an inverted residual's linear bottleneck: MobileNetV2's expand -> dep
 block, with or without its skip connection). So MobileNetV2 gets one module per inverted residual block,
 as in TinyTL, plus one for the stem convolution; a plain CNN one per convolution stage. A block ends at the
 last tensor before the classifier that still has rows and columns (a global pool and the output layer get
-none), and a
-block whose input is smaller than 2 x 2 gets none.
+none), and a block whose input is smaller than 2 x 2 gets none. Each module pools its block's input as the
+model computes it, the module before it added (TinyTL's chaining).
 
 The module's own inputs are what its weights' gradients need, and they are small: the pooled copy (a
-quarter of the block input) and the 3x3 convolution's output at that resolution.
+quarter of the block input) and the 3x3 convolution's output at that resolution. On MobileNetV2-1.0 at
+160x160 they take the tape from 0.40 to 1.36 MiB per sample (the float activations: 38 MiB).
 """
 from __future__ import annotations
 
