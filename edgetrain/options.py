@@ -357,9 +357,9 @@ def _shape(value):
 
 @dataclass(frozen=True)
 class TrainLayers:
-    """Parsed ``--train-layers``: 'head' (= last:1), 'last:N' or 'all'."""
+    """Parsed ``--train-layers``: 'head' (= last:1), 'last:N', 'bias', 'lite' or 'all'."""
 
-    kind: str  # "last" | "bias" | "all"
+    kind: str  # "last" | "bias" | "lite" | "all"
     n: int = 1
 
     @property
@@ -371,12 +371,13 @@ def parse_train_layers(text: str) -> TrainLayers:
     raw = str(text).strip().lower()
     if raw == "head":
         return TrainLayers("last", 1)
-    if raw in ("all", "bias"):
+    if raw in ("all", "bias", "lite"):
         return TrainLayers(raw)
     m = re.fullmatch(r"last:(-?\d+)", raw)
     if not m:
         raise UsageError(f"cannot read --train-layers '{text}'", "--train-layers",
-                         "use head, last:N (N trainable layers from the end), bias (every bias, from an ONNX file) or all")
+                         "use head, last:N (N trainable layers from the end), bias (every bias, from an ONNX file), "
+                         "lite (bias and lite residual modules, from an ONNX file) or all")
     n = int(m.group(1))
     if n < 1:
         raise UsageError(f"--train-layers {text} trains nothing", "--train-layers",
@@ -546,9 +547,10 @@ class FinetuneOptions(ModelOptions):
     lr: Positive = opt(None, metavar="LR",
                        help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, else 0.003 / 0.05).")
     optimizer: Literal["sgd", "adam"] = opt("adam", help="Optimizer.")
-    train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|all",
+    train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|lite|all",
                                     help="What trains: the output layer, the last N trainable layers/blocks, "
-                                         "or everything.")
+                                         "every bias (bias), every bias and a lite residual module per block "
+                                         "(lite; both from an ONNX file), or everything.")
     memory_budget: MemoryMB = opt(None, metavar="SIZE",
                                   help="Peak RSS bound for the whole process, e.g. 512MB; a bare number is MB "
                                        "(default: the device's).")

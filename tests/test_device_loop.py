@@ -9,6 +9,7 @@ package that raises ImportError, ahead of any real one on PYTHONPATH. CI also ru
 environment where mxnet was never installed (the ``device`` stage)."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ import edgetrain
 
 from clitools import assert_user_error, run_edgetrain
 
-LAYERS = ("head", "last:2", "bias", "all")
+LAYERS = ("head", "last:2", "bias", "lite", "all")
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +106,11 @@ def test_the_shipped_onnx_base_is_the_export_of_the_shipped_gluon_base(tmp_path)
     assert meta(shipped) == meta(fresh)
 
 
-def test_a_gluon_model_cannot_train_biases_without_its_onnx_file(tmp_path):
+@pytest.mark.parametrize("layers", ["bias", "lite"])
+def test_a_gluon_model_cannot_train_biases_without_its_onnx_file(layers, tmp_path):
     res = run_edgetrain("finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o",
-                        tmp_path / "out", "--train-layers", "bias")
-    assert_user_error(res, 2, "--train-layers bias trains from an ONNX file", "edgetrain export")
+                        tmp_path / "out", "--train-layers", layers)
+    assert_user_error(res, 2, f"--train-layers {layers} trains from an ONNX file", "edgetrain export")
     assert not (tmp_path / "out").exists()
 
 
@@ -131,16 +133,17 @@ def test_last_n_beyond_the_models_layers_is_refused_in_one_line(host_export, dev
     assert not (tmp_path / "out").exists()
 
 
-def test_a_budget_the_plan_cannot_meet_is_refused_before_training(host_export, device_env, tmp_path):
+@pytest.mark.parametrize("layers", ["bias", "lite"])
+def test_a_budget_the_plan_cannot_meet_is_refused_before_training(layers, host_export, device_env, tmp_path):
     res = run_edgetrain("finetune", host_export / "digits5.onnx", "--data", host_export / "train.npz", "-o",
-                        tmp_path / "out", "--train-layers", "bias", "--memory-budget", "20MB", env=device_env)
+                        tmp_path / "out", "--train-layers", layers, "--memory-budget", "20MB", env=device_env)
     assert_user_error(res, 2, "memory budget 20 MB is too small")
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("layers,kill", [("head", "features:2"), ("bias", "step:7")])
+@pytest.mark.parametrize("layers,kill", [("head", "features:2"), ("bias", "step:7"), ("lite", "step:7")])
 def test_a_power_cut_on_the_device_resumes_to_the_same_weights(layers, kill, host_export, device_env, tmp_path):
-    """kill -9 during the feature pass (head) or mid-epoch (bias), then --resume: the weights written are
+    """kill -9 during the feature pass (head) or mid-epoch (bias, lite), then --resume: the weights written are
     bit for bit those of a run that was never cut (the whole class, every phase and mode: test_finetune_resume)."""
     import onnx
     from onnx import numpy_helper
@@ -197,3 +200,61 @@ def test_a_diverging_run_on_the_device_fails_and_writes_no_model(layers, host_ex
                         tmp_path / "run", "--train-layers", layers, "--lr", "1e30", "--epochs", "2", env=device_env)
     assert_user_error(res, 1, "training diverged", "no model was written")
     assert not (tmp_path / "run" / "model.onnx").exists()
+
+
+def test_the_lite_model_written_computes_what_numpy_trained(host_export, device_env, tmp_path):
+    """The lite modules are in the file as ordinary ONNX ops, trained (no longer zero), and ONNX Runtime computes
+    from it the logits the NumPy engine computes from the same graph; the run's held-out accuracy is predict's."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from edgetrain.data import load_data
+    from edgetrain.models import load_onnx
+    from edgetrain.training.onnx_grad import GradGraph
+
+    out = tmp_path / "run"
+    ft = run_edgetrain("finetune", host_export / "digits5.onnx", "--data", host_export / "train.npz", "--val",
+                       host_export / "val.npz", "-o", out, "--train-layers", "lite", "--epochs", "3", "--json", "-",
+                       env=device_env)
+    assert ft.code == 0, ft.err
+    proto = onnx.load(str(out / "model.onnx"))
+    lite_ops = {n.op_type for n in proto.graph.node if n.name.startswith("lite")}
+    assert lite_ops == {"AveragePool", "Conv", "Relu", "Reshape", "Expand", "Add"}, lite_ops
+    projections = [numpy_helper.to_array(t) for t in proto.graph.initializer
+                   if t.name.startswith("lite") and t.name.endswith("conv2_weight")]
+    assert len(projections) == 3 and all(np.abs(w).max() > 0 for w in projections)
+    assert json.loads({p.key: p.value for p in proto.metadata_props}["edgetrain.class_names"]) == [str(i) for i in range(10)]
+    x, _ = load_data(str(host_export / "val.npz"), load_onnx(str(out / "model.onnx")).preprocess).arrays(200)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    theirs = session.run(None, {session.get_inputs()[0].name: x})[0]
+    ours = GradGraph(proto, "bias").forward(x)[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layers", ["head", "lite"])
+def test_an_output_layer_that_is_a_1x1_conv_is_resized_and_trains(layers, host_export, device_env, tmp_path):
+    """The Gluon zoo's MobileNetV2 classifies with a 1x1 Conv on pooled features, then a Flatten: the ONNX engine
+    resizes it to the data's classes like a Gemm (5 outputs in the file, 10 classes in the data)."""
+    import onnx
+
+    from onnx_models import Builder
+
+    b = Builder((1, 1, 16, 16), seed=12)
+    x = b.relu(b.bn(b.conv(b.input, 8, 3, stride=2)))
+    x = b.relu(b.bn(b.conv(x, 16, 3)))
+    proto = onnx.load_from_string(b.model(b.flatten(b.conv(b.gap(x), 5, 1))))
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    shipped = {p.key: p.value for p in onnx.load(str(host_export / "digits5.onnx")).metadata_props}
+    onnx.helper.set_model_props(proto, {k: v for k, v in shipped.items() if k != "edgetrain.source_model"})
+    onnx.save(proto, str(tmp_path / "convhead.onnx"))
+    out = tmp_path / "run"
+    ft = run_edgetrain("finetune", tmp_path / "convhead.onnx", "--data", host_export / "train.npz", "--val",
+                       host_export / "val.npz", "-o", out, "--train-layers", layers, "--epochs", "3", "--json", "-",
+                       "--allow-chance", env=device_env)
+    assert ft.code == 0, ft.err
+    assert ft.json()["replaced_head"] and ft.json()["classes"] == [str(i) for i in range(10)]
+    pred = run_edgetrain("predict", out / "model.onnx", host_export / "val.npz", "--json", "-", env=device_env)
+    assert pred.code == 0, pred.err
+    assert abs(pred.json()["accuracy"]["top1"] / 100 - ft.json()["final_accuracy"]) <= 1 / 200 + 1e-9

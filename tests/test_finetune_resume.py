@@ -25,10 +25,11 @@ LAYERS = ("head", "last:2", "all")  # head and last:2 train in NumPy, all in MXN
 # last:2 of a model whose trained part NumPy cannot run (LayerNorm): the tail trains in MXNet, the frozen
 # part in ONNX Runtime (conftest.mxnet_tail_prefix); each engine resumes what it wrote
 # an ONNX file (the device's engine: NumPy from the file, no mxnet), every --train-layers choice it takes
-ONNX_LAYERS = ("head", "last:2", "bias", "all")
+ONNX_LAYERS = ("head", "last:2", "bias", "lite", "all")
 CASES = ([(m, layers) for m in MODELS for layers in LAYERS] + [("mxnet-tail", "last:2")]
          + [("onnx", layers) for layers in ONNX_LAYERS])
-NO_FEATURE_PASS = {("replaced-head", "all"), ("kept-head", "all"), ("onnx", "bias"), ("onnx", "all")}
+NO_FEATURE_PASS = {("replaced-head", "all"), ("kept-head", "all"), ("onnx", "bias"), ("onnx", "lite"),
+                   ("onnx", "all")}
 # 240 training rows / batch 16 = 15 steps per epoch; the feature pass writes 10 batches of 32 rows
 KILLS = {"feature pass": "features:3", "mid-epoch": "step:20", "between epochs": "epoch:1",
          "saving the first checkpoint": "save:1", "saving a later checkpoint": "save:2"}

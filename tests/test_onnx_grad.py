@@ -4,13 +4,15 @@ one-line refusal of what it cannot differentiate."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
+from edgetrain.training import lite
 from edgetrain.training.onnx_grad import (OPS, GradGraph, Unsupported, logits_name, softmax_cross_entropy)
 from onnx_models import Builder, inverted_residual, mobilenet_v2
 
@@ -61,7 +63,20 @@ CASES = {
     "gemm_gemm": lambda b, x: b.gemm(b.relu(b.gemm(b.flatten(x), 6)), 3),
     "matmul_add": lambda b, x: b.add(b.matmul(b.flatten(x), 3), b.small("mm_bias", (3,))),
     "softmax": lambda b, x: b.unary("Softmax", _head(b, x), axis=1),
+    "expand_upsample": lambda b, x: _head(b, _upsample(b, x)),
+    "slice_crop": lambda b, x: _head(b, b.node("Slice", [x, b.init("sl_starts", np.asarray([1, -6], np.int64)),
+                                                        b.init("sl_ends", np.asarray([6, 99], np.int64)),
+                                                        b.init("sl_axes", np.asarray([2, -1], np.int64))],
+                                                   (2, 4, 5, 6))),
 }
+
+
+def _upsample(b: Builder, x: str) -> str:
+    """The lite residual's 2x nearest upsampling: Reshape -> Expand -> Reshape."""
+    n, c, h, w = b.shapes[x]
+    x = b.reshape(x, (0, c, h, 1, w, 1))
+    x = b.node("Expand", [x, b.init("up_expand", np.asarray([1, 1, 1, 2, 1, 2], np.int64))], (n, c, h, 2, w, 2))
+    return b.reshape(x, (0, c, 2 * h, 2 * w))
 
 
 @pytest.fixture(params=sorted(CASES))
@@ -94,8 +109,8 @@ def _differentiable_initializers(model: bytes) -> list:
             if n in inits and i in OPS[node.op_type].differentiable]
 
 
-def _finite_difference_check(model: bytes, trainable, rng, shape=SHAPE, per_param=4):
-    graph = GradGraph(model, trainable, dtype=np.float64)
+def _finite_difference_check(model: bytes, trainable, rng, shape=SHAPE, per_param=4, extra=()):
+    graph = GradGraph(model, trainable, dtype=np.float64, extra=extra)
     x = _data(shape=shape).astype(np.float64)
     out, tape = graph.forward(x)
     weights = rng.standard_normal(out.shape)   # L = sum(out * weights), so dL/dout = weights
@@ -175,6 +190,119 @@ def test_mobilenet_v2_bias_tape_is_about_a_hundredth_of_its_activations():
     assert len(graph.trainable) == 52 + 1   # every BatchNorm shift and the Gemm bias
     _, tape = graph.forward(_data(shape=(2, 3, 64, 64)))
     assert tape.bytes_per_sample < tape.activation_bytes / tape.batch / 50
+
+
+# ------------------------------------------------------------------------------ lite residual modules
+def _lite_stack(shape=(2, 3, 9, 9)):
+    """A plain conv stage, an inverted residual with its skip and one without (stride 2), odd sizes (9 -> 5 -> 3):
+    three blocks, two of whose modules crop their upsampled output."""
+    b = Builder(shape, seed=8)
+    x = b.relu(b.bn(b.conv(b.input, 6, 3, stride=2)))
+    x = inverted_residual(b, x, 6, 1, 2)
+    x = inverted_residual(b, x, 8, 2, 2)
+    return b.model(b.gemm(b.flatten(b.gap(x)), 3))
+
+
+def _lit(model: bytes, live: bool = True):
+    """The model with its lite modules (onnx bytes, their weights' names, the blocks); ``live``: every module
+    weight and bias random, as after training (inserted, the projections are zero and the modules add nothing)."""
+    proto, names, blocks = lite.insert(onnx.load_from_string(model), seed=3)
+    if live:
+        rng = np.random.default_rng(9)
+        for t in proto.graph.initializer:
+            if t.name.startswith("lite") and t.name.endswith(("_weight", "_bias")):
+                value = numpy_helper.to_array(t)
+                t.CopyFrom(numpy_helper.from_array(value + 0.3 * rng.standard_normal(value.shape).astype(np.float32),
+                                                   t.name))
+    return proto.SerializeToString(), names, blocks
+
+
+def _producers(model) -> dict:
+    return {o: n.op_type for n in model.graph.node for o in n.output}
+
+
+def test_lite_blocks_of_mobilenet_v2_are_its_stem_and_inverted_residuals():
+    model = onnx.load_from_string(mobilenet_v2((1, 3, 64, 64)))
+    blocks = lite.find_blocks(model)
+    ops = [_producers(model)[b.end] for b in blocks]
+    # the stem's ReLU6, then each block's narrow output: its projection's BatchNorm, or the Add of its skip
+    assert ops[0] == "Clip" and set(ops[1:]) == {"BatchNormalization", "Add"} and ops.count("Add") == 10, ops
+    assert [b.out_shape[0] for b in blocks] == [32, 16, 24, 24, 32, 32, 32, 64, 64, 64, 64, 96, 96, 96, 160, 160, 160, 320]
+    assert blocks[0].start == "data" and all(a.end == b.start for a, b in zip(blocks, blocks[1:]))
+
+
+def test_lite_blocks_of_a_plain_cnn_are_its_convolution_stages():
+    import edgetrain
+
+    model = onnx.load(str(Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx"))
+    assert [(b.start, b.end) for b in lite.find_blocks(model)] == [
+        ("data", "digits_pool0_fwd"), ("digits_pool0_fwd", "digits_pool1_fwd"), ("digits_pool1_fwd", "digits_relu2_fwd")]
+
+
+@pytest.mark.parametrize("build", [_lite_stack, lambda: mobilenet_v2((2, 3, 40, 40))], ids=["stack", "mobilenet_v2"])
+def test_lite_modules_start_as_nothing_then_numpy_equals_onnx_runtime(build):
+    model = build()
+    x = _data(shape=onnx_shape(model))
+    fresh, names, blocks = _lit(model, live=False)
+    pools = [n for n in onnx.load_from_string(fresh).graph.node if n.op_type == "AveragePool"]
+    # each module reads its block's input as the model computes it: with the module before it added
+    assert [n.input[0] for n in pools] == [blocks[0].start] + [f"lite{k}/out" for k in range(len(blocks) - 1)]
+    # the model is unchanged at step 0: bit for bit in NumPy (+ 0.0), to rounding in ONNX Runtime (which fuses
+    # the Add into the convolution before it)
+    assert np.array_equal(GradGraph(fresh, "bias").forward(x)[0], GradGraph(model, "bias").forward(x)[0])
+    np.testing.assert_allclose(_ort(fresh, x), _ort(model, x), rtol=1e-5, atol=1e-5)
+    assert blocks and len(names) == 2 * len(blocks)
+    live, names, _ = _lit(model)
+    graph = GradGraph(live, "bias+head", extra=names)
+    ours, want = graph.forward(x)[0], _ort(live, x)
+    assert np.abs(want - _ort(model, x)).max() > 0.1   # the modules now change the output
+    np.testing.assert_allclose(ours, want, rtol=1e-4, atol=1e-4)
+
+
+def onnx_shape(model: bytes) -> tuple:
+    return tuple(d.dim_value for d in onnx.load_from_string(model).graph.input[0].type.tensor_type.shape.dim)
+
+
+def test_lite_gradients_equal_finite_differences():
+    model, names, blocks = _lit(_lite_stack())
+    assert [b.out_shape[1:] for b in blocks] == [(5, 5), (5, 5), (3, 3)]   # odd: each module crops (Slice)
+    graph = _finite_difference_check(model, "bias+head", np.random.default_rng(10), (2, 3, 9, 9), per_param=3,
+                                     extra=names)
+    assert set(names) <= set(graph.trainable)
+
+
+def test_lite_tape_keeps_masks_and_only_the_modules_small_inputs():
+    model, names, blocks = _lit(mobilenet_v2((2, 3, 64, 64)))
+    graph = GradGraph(model, "bias+head", extra=names)
+    out, tape = graph.forward(_data(shape=(2, 3, 64, 64)))
+    floats = [k for k in tape.kept() if k.dtype == "float32"]
+    assert {k.op for k in floats} == {"Conv", "Gemm"}
+    lite_floats = [k for k in floats if k.op == "Conv"]
+    assert all(k.node.startswith("lite") and k.node.endswith(("/conv1", "/conv2")) for k in lite_floats)
+    # each module keeps its pooled input (a quarter of the block input) and its 3x3 convolution's output
+    pooled = {k.node.split("/")[0]: k.shape for k in lite_floats if k.node.endswith("/conv1")}
+    for i, b in enumerate(blocks):
+        c, h, w = b.in_shape
+        assert pooled[f"lite{i}"] == (2, c, -(-h // 2), -(-w // 2))
+    assert {k.kind for k in tape.kept() if k.dtype != "float32"} <= {"mask"}
+    bias_tape = GradGraph(mobilenet_v2((2, 3, 64, 64)), "bias+head").forward(_data(shape=(2, 3, 64, 64)))[1]
+    assert tape.bytes_per_sample < tape.activation_bytes / tape.batch / 8, (tape.bytes_per_sample, tape.activation_bytes)
+    assert tape.bytes_per_sample > bias_tape.bytes_per_sample
+
+
+def test_lite_training_lowers_the_loss():
+    model, names, _ = _lit(_lite_stack(), live=False)
+    graph = GradGraph(model, "bias+head", extra=names)
+    x, labels = _data(11, (2, 3, 9, 9)), np.asarray([0, 2])
+    losses = []
+    for _ in range(30):
+        out, tape = graph.forward(x)
+        loss, _, dlogits = softmax_cross_entropy(out, labels)
+        for name, g in graph.backward(tape, dlogits / len(labels)).items():
+            graph.params[name] -= 0.1 * g
+        losses.append(loss)
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert all(np.abs(graph.params[n]).max() > 0 for n in names if n.endswith("conv2_weight"))
 
 
 def _with_node(model: bytes, node, output_shape) -> bytes:

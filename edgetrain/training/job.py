@@ -149,8 +149,8 @@ def engine_for(model: str, layers: TrainLayers):
         from .engine_onnx import OnnxEngine  # only an ONNX file's run loads the gradient code (~40 ms)
 
         return OnnxEngine
-    if layers.kind == "bias":
-        raise UsageError("--train-layers bias trains from an ONNX file", "--train-layers",
+    if layers.kind in ("bias", "lite"):
+        raise UsageError(f"--train-layers {layers.kind} trains from an ONNX file", "--train-layers",
                          "export the model first (edgetrain export MODEL model.onnx) and fine-tune model.onnx")
     return NumpyEngine if layers.kind == "last" else MXNetEngine
 
