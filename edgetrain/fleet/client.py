@@ -121,12 +121,23 @@ def _journal(folder: Path, line: str) -> None:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path):
+def _locked(folder: Path, seconds: float | None = None):
+    """Hold this device's lock (released by the kernel when a holder dies); yields False when ``seconds``
+    passed without it."""
     import fcntl
 
     with open(folder / LOCK, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)  # released by the kernel when a holder dies
-        yield
+        end = None if seconds is None else time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | (fcntl.LOCK_NB if end is not None else 0))
+                break
+            except BlockingIOError:
+                if time.monotonic() > end:
+                    yield False
+                    return
+                time.sleep(0.2)
+        yield True
 
 
 def settle(folder: Path, accepted: int, round_no: int | None = None, digest: str | None = None) -> dict | None:
@@ -265,8 +276,11 @@ def finished(join_path: str, summary: dict) -> None:
     """The coordinator's goodbye: settle the last staged round, then tell `fleet join` the run is over."""
     join = load_join(join_path)
     folder = Path(join["state"])
-    with _locked(folder):
-        settle(folder, int(summary.get("accepted", -1)))
+    # a round still training here when the run ended was not aggregated: its stage is dropped at the next
+    # instruction; don't wait for it
+    with _locked(folder, 5.0) as mine:
+        if mine:
+            settle(folder, int(summary.get("accepted", -1)))
     atomic_write_text(folder / DONE, json.dumps(summary), "fleet state")
 
 

@@ -185,7 +185,8 @@ def run(grid, spec_path: str) -> None:
             + ("" if record["updated"] else " (no update accepted: not a completed round)"))
     state["finished"] = _now()
     write_state(rundir, state)
-    _goodbye(grid, roster, state, GOODBYE_SECONDS)
+    # a device still finishing the last round (timed out) takes the goodbye after it: wait up to a round
+    _goodbye(grid, roster, state, max(GOODBYE_SECONDS, timeout))
 
 
 def _hold(round_no: int, phase: str, rundir: Path) -> None:
@@ -211,11 +212,12 @@ def _error_reason(error) -> str:
     text = (error.reason or "").strip()
     if error.code in _FLOWER_ERRORS:
         return _FLOWER_ERRORS[error.code]
+    import re
+
+    raised = re.fullmatch(r"<class '[\w.]+'>:<'(.*)'>", text, flags=re.S)  # how Flower wraps the exception
+    text = raised.group(1) if raised else text
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    line = lines[-1] if lines else f"error code {error.code}"
-    for prefix in ("RuntimeError: ", "Exception: "):
-        line = line.removeprefix(prefix)
-    return line[:400]
+    return (lines[-1] if lines else f"error code {error.code}")[:400]
 
 
 def exchange(grid, messages: list, deadline: float, poll: float = 1.0) -> list:

@@ -245,7 +245,7 @@ def _run_flower(rundir: Path, opts: FleetServeOptions, tls, progress) -> None:
                            + f", held-out top-1 {r['accuracy']:.4f}, {r['bytes_up']} bytes up")
             if state.get("finished"):  # the devices are being told; let that finish (flwr run exits)
                 try:
-                    run.wait(timeout=coord.GOODBYE_SECONDS + 10)
+                    run.wait(timeout=max(coord.GOODBYE_SECONDS, opts.round_timeout) + 10)
                 except subprocess.TimeoutExpired:
                     pass
                 break
