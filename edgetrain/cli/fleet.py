@@ -44,7 +44,8 @@ def join(address, json_path, **values):
     """Join the coordinator at ADDRESS (HOST:PORT) as one device, training on DATA, until the run ends.
 
     The data stays here; only the update of the trainable part goes up. Exit 2 when this device's model
-    does not fit the fleet's (another model or class list).
+    does not fit the fleet's (another model or class list, or no --model for a model that is not built in);
+    exit 1 when none of the rounds it was asked for reached the global model (the coordinator's reason).
     """
     opts = parse(FleetJoinOptions, values)
     setup(opts)

@@ -1,13 +1,19 @@
 """The coordinator's rounds (runs inside Flower's ServerApp process).
 
-Each round: wait for ``min_clients`` devices, send the global trainable part (float32: the output
-layer, or with ``--train-layers last:N`` every array of the tail) to a fraction of them, wait at most
-``round_timeout`` seconds, decode every update that came back (refusing one whose arrays do not fit
-the global model), average the updates weighted by each device's sample count, add
-the average to the global weights and check them on the held-out data. A round with fewer than
-``min_updates`` usable updates leaves the global weights unchanged. After each round the global
-weights and the round's record are written atomically to RUNDIR, so a coordinator killed and started
-again with ``--resume`` continues after the last completed round.
+Each round: find who is there (every new Flower node is asked once for its name and device key: a device
+keeps its key across rejoins, when its node id changes), send the global trainable part (float32: the
+output layer, or with ``--train-layers last:N`` every array of the tail) to a fraction of the devices,
+each message telling that device the last round of it the coordinator aggregated (``accepted``: what lets
+a device commit its staged state exactly once, see client.py), collect replies until ``round_timeout``
+(a hard deadline: each reply is pulled on its own and the round closes on time, whatever Flower is still
+retrying), decode every update (refusing one whose arrays do not fit the global model), average the
+updates weighted by each device's sample count in a fixed order (by name: the same updates give the same
+arrays bit for bit), add the average to the global weights and check them on the held-out data. Each
+device asked is recorded once, by its name: a participant, refused, failed (with its reason) or timed out.
+A round with fewer than ``min_updates`` usable updates leaves the global weights unchanged and is not a
+completed round. After each round the global weights, then the round's state (its record, and which
+device's update is in those weights) are written atomically to RUNDIR, so a coordinator killed and
+started again with ``--resume`` continues after the last saved round, asking for the unsaved one again.
 """
 from __future__ import annotations
 
@@ -94,7 +100,8 @@ def run(grid, spec_path: str) -> None:
                else {k: np.zeros_like(v) for k, v in arrays.items() if k not in evaluator.statistics})
     roster = _Roster(grid, log)
     timeout = float(spec["round_timeout"])
-    log(f"resuming after round {state['completed']}" if state["completed"] else "starting")
+    log(f"resuming after round {state['completed']}" if state["completed"] else
+        "starting" + (" (again: no round was saved before)" if (rundir / "coordinator-rounds.log").exists() else ""))
     for round_no in range(state["completed"] + 1, spec["rounds"] + 1):
         present = roster.wait(spec["min_clients"], spec["join_timeout"])
         t0 = time.monotonic()
