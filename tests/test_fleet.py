@@ -267,27 +267,34 @@ def test_a_coordinator_killed_and_restarted_resumes_after_the_last_completed_rou
 
 
 @pytest.mark.slow
-def test_a_device_with_another_model_shape_is_refused_on_both_sides(fleet, tmp_path, shares):
+def test_a_device_with_a_class_the_fleet_lacks_is_refused_and_one_with_some_of_its_classes_takes_part(
+        fleet, tmp_path, shares):
+    """The coordinator's class list is the fleet's: a device holding digits 0-4 only (five class names)
+    trains with the others; a device with a class the fleet does not have stops with one line (exit 2) and
+    is listed once, by name, under `refused`."""
     from edgetrain.fleet.demo import _digits
 
     x, y = _digits()
-    five = tmp_path / "five.npz"
     keep = np.flatnonzero(y < 5)[:80]
-    np.savez(five, data=(x[keep] * 255).round().astype(np.uint8), label=y[keep],
-             class_names=np.array([str(d) for d in range(5)]))
+    for name, names in (("five", [str(d) for d in range(5)]), ("odd", ["0", "1", "2", "3", "x"])):
+        np.savez(tmp_path / f"{name}.npz", data=(x[keep] * 255).round().astype(np.uint8), label=y[keep],
+                 class_names=np.array(names))
     run = tmp_path / "run"
-    fleet.serve(run, "--rounds", 1, "--min-clients", 2, "--round-timeout", 90)
+    fleet.serve(run, "--rounds", 1, "--min-clients", 3, "--round-timeout", 90)
     fleet.join("good", shares["devices"][0])
-    fleet.join("odd", five)
+    fleet.join("five", tmp_path / "five.npz")
+    fleet.join("odd", tmp_path / "odd.npz")
     code, _, err = fleet.wait("odd")
     line = _only_error_line(err)
-    assert code == 2 and "model mismatch" in line and "10 there but 5 here" in line, err
+    assert code == 2 and "model mismatch" in line and "class 'x' is not among the fleet's 10 classes" in line, err
     code, _, err = fleet.wait("serve")
     assert code == 0, err
     r = report(run)["rounds"][0]
-    assert [p["client"] for p in r["participants"]] == ["good"]
-    assert len(r["refused"]) == 1 and "model mismatch" in r["refused"][0]["reason"]
-    assert "refused" in (run / "coordinator-rounds.log").read_text()
+    assert [p["client"] for p in r["participants"]] == ["five", "good"]
+    assert [x["client"] for x in r["refused"]] == ["odd"] and "class 'x'" in r["refused"][0]["reason"]
+    assert not r["failed"] and not r["timed_out"]
+    assert "odd refused" in (run / "coordinator-rounds.log").read_text()
+    assert fleet.wait("five", timeout=60)[0] == 0
 
 
 @pytest.mark.slow

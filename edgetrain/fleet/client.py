@@ -42,7 +42,7 @@ from ..errors import EdgetrainError, UsageError
 from ..fileio import atomic_write_bytes, atomic_write_text
 from .codec import Encoded, encode_update, update_bytes
 from .hooks import delay
-from .local import LocalSpec, ShapeMismatch, train_round
+from .local import LocalSpec, ShapeMismatch, class_view, train_round
 
 STATE = "state.npz"  # the committed round state (one file: it changes all at once or not at all)
 STAGED = "staged.npz"  # a round trained and sent, not yet proved aggregated
@@ -224,7 +224,9 @@ def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple
     try:
         threads = runtime.apply_threads(join.get("threads"), strict=False)
         device = load_device(join["device"]) if join.get("device") else None
-        spec = LocalSpec(model=model_for(join, str(config["model"])), data=join["data"], workdir=str(folder / "work"),
+        classes = [str(c) for c in config.get("classes") or []]
+        data = class_view(join["data"], classes, folder / "work")
+        spec = LocalSpec(model=model_for(join, str(config["model"])), data=data, workdir=str(folder / "work"),
                          epochs=int(config["epochs"]), batch_size=int(config["batch_size"]),
                          lr=float(config["lr"]) if float(config["lr"]) > 0 else None, optimizer=str(config["optimizer"]),
                          seed=int(config["seed"]), threads=threads, budget_mb=join.get("memory_budget"),

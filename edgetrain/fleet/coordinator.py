@@ -111,7 +111,8 @@ def run(grid, spec_path: str) -> None:
         down = wire.weights_record({**arrays, **({CONTROL + k: v for k, v in control.items()} if scaffold else {})})
         config = {"round": round_no, "codec": spec["codec"], "model": spec["model"],
                   "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
-                  "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers}
+                  "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers,
+                  "classes": list(evaluator.classes)}  # the fleet's: a device may hold any subset of them
         # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
         messages = [Message(content=RecordDict({"arrays": down, "config": ConfigRecord(
                         {**config, "accepted": int(devices.get(d.key, {}).get("accepted", 0))})}),
