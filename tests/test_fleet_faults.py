@@ -241,6 +241,27 @@ def test_stopping_serve_leaves_no_flower_process(fleet, tmp_path, sig):
         assert p.returncode == 128 + sig and "stopped by" in (fleet.folder / "serve.err").read_text()
 
 
+def test_a_device_killed_leaves_no_flower_process(fleet, tmp_path, shares):
+    """The same for `fleet join` (its SuperNode starts Flower's SuperExec in another session): kill -9."""
+    import psutil
+
+    def superexec():
+        for pid in marked(f"{fleet.mark}:dev:"):
+            try:
+                if "flower-superexec" in " ".join(psutil.Process(pid).cmdline()):
+                    return True
+            except psutil.Error:
+                continue
+        return False
+
+    p = fleet.join("dev", shares["devices"][0])  # no coordinator: the SuperNode waits for one
+    wait_for(superexec, RUN_TIMEOUT, "the SuperNode's SuperExec")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    # at once: Flower's SuperExec notices its SuperNode's death by itself only after about 5 s
+    wait_for(lambda: not marked(f"{fleet.mark}:dev:"), 2, "every Flower process of join to end")
+
+
 # --- a round's outcome per device, each once by name; the timeout is a hard bound -------------------
 
 @pytest.fixture(scope="module")
