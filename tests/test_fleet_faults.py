@@ -90,6 +90,9 @@ def _exactly_once(fleet: Fleet, res: dict) -> dict[str, list]:
             assert staged <= 1 + dropped, (name, r, events)  # trained twice only if the first never counted
         assert not (fleet.folder / name / "staged.npz").exists()  # the goodbye settled the last round
     assert [r["round"] for r in res["rounds"]] == list(range(1, ROUNDS + 1))
+    for r in res["rounds"]:  # a device that rejoined (a new node id, the old one still listed) is asked once
+        named = [x["client"] for k in ("participants", "refused", "failed", "timed_out") for x in r[k]]
+        assert sorted(named) == sorted(set(named)), r
     return journals
 
 
