@@ -193,8 +193,10 @@ def run(grid, spec_path: str) -> None:
             + ("" if record["updated"] else " (no update accepted: not a completed round)"))
     state["finished"] = _now()
     write_state(rundir, state)
-    # a device still finishing the last round (timed out) takes the goodbye after it: wait up to a round
-    _goodbye(grid, roster, state, max(GOODBYE_SECONDS, timeout))
+    # a device still finishing the last round (it timed out) takes the goodbye after it: then wait up to a
+    # round (a dead one ends that sooner: Flower answers for a node whose heartbeat stopped)
+    busy = bool(state["rounds"] and state["rounds"][-1].get("timed_out"))
+    _goodbye(grid, roster, state, max(GOODBYE_SECONDS, timeout) if busy else GOODBYE_SECONDS)
 
 
 def _hold(round_no: int, phase: str, rundir: Path) -> None:
