@@ -25,7 +25,8 @@ DECLARED: dict[str, str] = {
     "EDGETRAIN_SYSFS_ROOT": "the folder read as /sys by the power sensors",
     "EDGETRAIN_VCGENCMD": "the vcgencmd program the Raspberry Pi sensor runs",
     "EDGETRAIN_FLEET_TAG": "set by edgetrain on the Flower processes a fleet starts, so all of them can be ended",
-    "EDGETRAIN_FLEET_TEST_DELAY": "ROUND:SECONDS: a fleet device is that much slower in that round",
+    "EDGETRAIN_FLEET_TEST_DELAY": "ROUND:SECONDS[:PHASE]: a fleet device (training, sending) or coordinator "
+                                  "(aggregating, saving) waits that long at that phase of that round (tests)",
 }
 
 

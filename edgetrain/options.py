@@ -642,11 +642,13 @@ class FleetServeOptions(Options):
     min_clients: Annotated[int, Range(ge=1, le=100_000)] = opt(
         2, metavar="N", help="Devices to wait for before a round starts (after --join-timeout: whoever is there).")
     min_updates: Annotated[int, Range(ge=1, le=100_000)] = opt(
-        1, metavar="N", help="Updates a round needs to change the global model (fewer: the round leaves it as it was).")
+        1, metavar="N", help="Updates a round needs to change the global model (fewer: the round leaves it as it was "
+                             "and is not counted as completed).")
     fraction: Annotated[float, Range(gt=0, le=1)] = opt(1.0, metavar="F",
                                                          help="Fraction of the available devices asked each round.")
     round_timeout: Annotated[float, Range(gt=0, le=86_400)] = opt(
-        600.0, metavar="S", help="Seconds a round waits for updates; a slower device is left out of that round.")
+        600.0, metavar="S", help="Seconds a round waits for updates, a hard bound (the held-out check and the save "
+                                 "follow); a slower device is left out of that round and is told so.")
     join_timeout: Annotated[float, Range(gt=0, le=86_400)] = opt(
         300.0, metavar="S", help="Seconds to wait for --min-clients devices before a round starts with fewer.")
     codec: Literal["fp32", "int8", "2bit"] = opt(

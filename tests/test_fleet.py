@@ -5,121 +5,21 @@ environment and is SIGKILLed in the fixture's teardown; the teardown fails if on
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("flwr")
-psutil = pytest.importorskip("psutil")
 
 from clitools import assert_user_error, run_edgetrain  # noqa: E402
-
-MODEL = "edgetrain.nets:pretrained_digits"
-MARK = "EDGETRAIN_TEST_FLEET_MARK"
-RUN_TIMEOUT = 300  # seconds any one fleet run may take here before the test fails
-
-
-def _marked(prefix: str) -> list[int]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid() and (p.environ().get(MARK) or "").startswith(prefix):
-                found.append(p.pid)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def _kill(prefix: str) -> None:
-    for _ in range(5):
-        pids = _marked(prefix)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.3)
-
-
-class Fleet:
-    """Starts `edgetrain fleet ...` processes, each under a key; kills a key's whole process family."""
-
-    def __init__(self, folder: Path, cache: Path):
-        self.folder, self.cache = folder, cache
-        self.mark = f"fleet-test-{uuid.uuid4().hex[:8]}"
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.port = _free_port()
-
-    def start(self, key: str, *args, env: dict | None = None, module: str = "edgetrain") -> subprocess.Popen:
-        full = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
-        full.update({MARK: f"{self.mark}:{key}:", "EDGETRAIN_CACHE_DIR": str(self.cache), **(env or {})})
-        out = open(self.folder / f"{key}.out", "w")
-        err = open(self.folder / f"{key}.err", "w")
-        p = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], stdout=out, stderr=err, env=full,
-                             start_new_session=True)
-        self.procs[key] = p
-        return p
-
-    def serve(self, rundir, *args, key="serve", **kw):
-        return self.start(key, "fleet", "serve", MODEL, "--val", self.shares["val"], "-o", rundir, "--port", self.port,
-                          "--threads", 1, "--join-timeout", 60, *args, **kw)
-
-    def join(self, key, data, *args, **kw):
-        return self.start(key, "fleet", "join", f"127.0.0.1:{self.port}", "--data", data, "-o", self.folder / key,
-                          "--name", key, "--threads", 1, *args, **kw)
-
-    def wait(self, key: str, timeout: float = RUN_TIMEOUT) -> tuple[int, str, str]:
-        code = self.procs[key].wait(timeout=timeout)
-        return code, (self.folder / f"{key}.out").read_text(), (self.folder / f"{key}.err").read_text()
-
-    def kill(self, key: str) -> None:
-        """A power cut: the process and everything it (and Flower for it) started, SIGKILL."""
-        _kill(f"{self.mark}:{key}:")
-        self.procs[key].wait(timeout=30)
-
-    def close(self) -> list[int]:
-        """Kill whatever is still running; returns what survived the kill (must be nothing)."""
-        _kill(self.mark)
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        return _marked(self.mark)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+from fleettools import (MODEL, RUN_TIMEOUT, fleet_of, free_port, make_shares, marked, report,  # noqa: E402
+                        wait_for)
 
 
 @pytest.fixture(scope="module")
 def shares(tmp_path_factory):
-    from edgetrain.fleet.demo import split_digits
-
-    return split_digits(tmp_path_factory.mktemp("fleet-shares"), per_device=90)
+    return make_shares(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -129,24 +29,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture
 def fleet(tmp_path, shares, cache):
-    f = Fleet(tmp_path, cache)
-    f.shares = shares
-    yield f
-    left = f.close()
-    assert not left, f"processes outlived the fleet: {left}"
-
-
-def _round_in_progress(folder: Path) -> int | None:
-    """The round a device is inside (its current-round.json), or None between rounds."""
-    try:
-        return json.loads((folder / "current-round.json").read_text())["round"]
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def _report(rundir: Path) -> dict:
-    return json.loads((rundir / "fleet.json").read_text())
-
+    yield from fleet_of(tmp_path, shares, cache)
 
 def _only_error_line(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.startswith("Error:")]
@@ -162,15 +45,15 @@ def test_three_devices_train_the_global_model_round_by_round(fleet, tmp_path, sh
         fleet.join(f"device{d}", shares["devices"][d], "--device", "rpi4b-4gb", "--json", tmp_path / f"d{d}.json")
     code, _, err = fleet.wait("serve")
     assert code == 0, err
-    assert not _marked(f"{fleet.mark}:serve:")  # the coordinator stopped every Flower process it started
+    assert not marked(f"{fleet.mark}:serve:")  # the coordinator stopped every Flower process it started
     assert "listening on 127.0.0.1" in err and "no TLS, loopback only" in err  # it says where it listens
-    res = _report(run)
+    res = report(run)
     assert res == json.loads((tmp_path / "r.json").read_text())
     assert res["passed"] and res["rounds_completed"] == 2 and not res["tls"]
     n = 10 * 32 + 10
     for r in res["rounds"]:
         assert sorted(p["client"] for p in r["participants"]) == ["device0", "device1", "device2"]
-        assert r["updated"] and not r["refused"] and not r["failed"] and not r["missing"]
+        assert r["updated"] and not r["refused"] and not r["failed"] and not r["timed_out"]
         # per device: the output layer's change and its SCAFFOLD control variate's, each as int8 codes + (lo, scale)
         # per tensor; down: the global weights and control variate as float32
         assert r["bytes_up"] == 3 * 2 * (2 * 8 + n)
@@ -193,9 +76,11 @@ def test_three_devices_train_the_global_model_round_by_round(fleet, tmp_path, sh
         code, _, err = fleet.wait(f"device{d}", timeout=60)
         assert code == 0, err
         dres = json.loads((tmp_path / f"d{d}.json").read_text())
-        assert dres["rounds_trained"] == 2 and dres["last_round"] == 2
+        assert dres["rounds_trained"] == 2 and dres["last_round"] == 2 and dres["updates_accepted"] == 2
     raw = list((tmp_path / "device0").rglob("*.npz"))  # the device keeps state, never a copy of the data
-    assert {p.name for p in raw} <= {"residual.npz", "control.npz"}, raw
+    assert {p.name for p in raw} == {"state.npz"}, raw  # the last round committed by the goodbye
+    assert [d["client"] for d in res["devices"]] == ["device0", "device1", "device2"]
+    assert all(d["asked"] == d["updates"] == 2 for d in res["devices"])
 
 
 @pytest.mark.slow
@@ -209,7 +94,7 @@ def test_last2_the_devices_train_the_tail_and_only_the_tail_travels(fleet, tmp_p
         fleet.join(f"device{d}", shares["devices"][d], "--device", "rpi4b-4gb")
     code, out, err = fleet.wait("serve")
     assert code == 0, err
-    res = _report(run)
+    res = report(run)
     assert res["passed"] and res["rounds_completed"] == 2
     from edgetrain.fleet.coordinator import load_global
     from edgetrain.fleet.local import Evaluator, LocalSpec
@@ -251,10 +136,11 @@ def test_2bit_devices_keep_their_residual_between_rounds(fleet, tmp_path, shares
         fleet.join(f"device{d}", shares["devices"][d])
     code, _, err = fleet.wait("serve")
     assert code == 0, err
-    res = _report(run)
+    res = report(run)
     assert res["uplink_reduction"] >= 12
-    with np.load(tmp_path / "device0" / "residual.npz") as z:
-        residual = {k: z[k] for k in z.files}
+    from edgetrain.fleet.client import committed
+
+    residual = committed(tmp_path / "device0")[2]
     assert residual and all(np.abs(v).max() > 0 for v in residual.values())  # what 2-bit dropped, kept
 
 
@@ -302,7 +188,7 @@ def test_tls_on_loopback_with_generated_certificates(fleet, tmp_path, shares):
     code, _, err = fleet.wait("serve")
     assert code == 0, err
     assert "(TLS)" in err
-    res = _report(run)
+    res = report(run)
     assert res["tls"] and res["rounds_completed"] == 1 and len(res["rounds"][0]["participants"]) == 1
     assert fleet.wait("device0", timeout=60)[0] == 0
     # the coordinator really speaks TLS: a plain-HTTP request to its port gets no HTTP answer
@@ -321,6 +207,8 @@ def test_a_slow_device_is_left_out_and_a_killed_device_rejoins(fleet, tmp_path, 
     """Round 1: device2 takes longer than the round timeout: the round ends without it. Round 2:
     device1 loses power while training (SIGKILL to it and everything Flower started for it); the round
     completes with the others, device1 joins again, resumes from its own state and trains round 3."""
+    from edgetrain.fleet.client import committed
+
     run = tmp_path / "run"
     fleet.serve(run, "--rounds", 3, "--min-clients", 3, "--round-timeout", 25, "--codec", "2bit")
     fleet.join("device0", shares["devices"][0])
@@ -328,25 +216,29 @@ def test_a_slow_device_is_left_out_and_a_killed_device_rejoins(fleet, tmp_path, 
     fleet.join("device1", shares["devices"][1], env={"EDGETRAIN_FLEET_TEST_DELAY": "2:120"})
     fleet.join("device2", shares["devices"][2], env={"EDGETRAIN_FLEET_TEST_DELAY": "1:60"})
     state1 = tmp_path / "device1"
-    _wait_for(lambda: _round_in_progress(state1) == 2, RUN_TIMEOUT, "device1 in round 2")
-    before = json.loads((state1 / "client-state.json").read_text())
+    wait_for(lambda: (state1 / "delayed-training-2").exists(), RUN_TIMEOUT, "device1 in round 2")
+    before = committed(state1)[0]  # round 1 committed: round 2's instruction said the coordinator has it
     fleet.kill("device1")
     assert before["round"] == 1
     fleet.start("device1b", "fleet", "join", f"127.0.0.1:{fleet.port}", "--data", shares["devices"][1], "-o", state1,
                 "--name", "device1", "--threads", 1)
     code, _, err = fleet.wait("serve")
     assert code == 0, err
-    res = _report(run)
+    res = report(run)
     r1, r2, r3 = res["rounds"]
     names = lambda r: sorted(p["client"] for p in r["participants"])  # noqa: E731
-    assert "device2" not in names(r1) and len(r1["missing"]) == 1 and r1["updated"]
-    assert "device1" not in names(r2) and r2["updated"]
+    assert "device2" not in names(r1) and [x["client"] for x in r1["timed_out"]] == ["device2"] and r1["updated"]
+    assert not r1["failed"] and not r2["failed"]  # each left-out device once, by its name
+    # device1 was killed; device2 is still in its slow round 1 (a SuperNode takes one message at a time)
+    assert "device1" not in names(r2) and sorted(x["client"] for x in r2["timed_out"]) == ["device1", "device2"]
+    assert r2["updated"]
     assert "device1" in names(r3)
-    assert "no answer from device" in (run / "coordinator-rounds.log").read_text()
-    after = json.loads((state1 / "client-state.json").read_text())
+    log = (run / "coordinator-rounds.log").read_text()
+    assert "round 1: device2 timed out" in log and "round 2: device1 timed out" in log
+    after = committed(state1)[0]
     assert after["round"] == 3 and after["trained"] == before["trained"] + 1
     assert fleet.wait("device1b", timeout=60)[0] == 0
-    assert not _marked(f"{fleet.mark}:device1b:")  # a device that finished stopped its Flower processes
+    assert not marked(f"{fleet.mark}:device1b:")  # a device that finished stopped its Flower processes
 
 
 @pytest.mark.slow
@@ -356,7 +248,7 @@ def test_a_coordinator_killed_and_restarted_resumes_after_the_last_completed_rou
     fleet.join("device0", shares["devices"][0])
     fleet.join("device1", shares["devices"][1])
     state = run / "fleet-state.json"
-    _wait_for(lambda: state.exists() and json.loads(state.read_text())["completed"] >= 1, RUN_TIMEOUT, "round 1")
+    wait_for(lambda: state.exists() and json.loads(state.read_text())["completed"] >= 1, RUN_TIMEOUT, "round 1")
     fleet.kill("serve")
     first = json.loads(state.read_text())
     done = first["completed"]
@@ -368,7 +260,7 @@ def test_a_coordinator_killed_and_restarted_resumes_after_the_last_completed_rou
     fleet.serve(run, "--rounds", 3, "--min-clients", 2, "--resume", key="serve2")
     code, out, err = fleet.wait("serve2")
     assert code == 0, err
-    res = _report(run)
+    res = report(run)
     assert res["resumed_after"] == done and res["rounds_completed"] == 3
     assert [r["round"] for r in res["rounds"]] == [1, 2, 3]
     assert res["rounds"][:done] == first["rounds"]  # the completed rounds are kept, not redone
@@ -377,27 +269,34 @@ def test_a_coordinator_killed_and_restarted_resumes_after_the_last_completed_rou
 
 
 @pytest.mark.slow
-def test_a_device_with_another_model_shape_is_refused_on_both_sides(fleet, tmp_path, shares):
+def test_a_device_with_a_class_the_fleet_lacks_is_refused_and_one_with_some_of_its_classes_takes_part(
+        fleet, tmp_path, shares):
+    """The coordinator's class list is the fleet's: a device holding digits 0-4 only (five class names)
+    trains with the others; a device with a class the fleet does not have stops with one line (exit 2) and
+    is listed once, by name, under `refused`."""
     from edgetrain.fleet.demo import _digits
 
     x, y = _digits()
-    five = tmp_path / "five.npz"
     keep = np.flatnonzero(y < 5)[:80]
-    np.savez(five, data=(x[keep] * 255).round().astype(np.uint8), label=y[keep],
-             class_names=np.array([str(d) for d in range(5)]))
+    for name, names in (("five", [str(d) for d in range(5)]), ("odd", ["0", "1", "2", "3", "x"])):
+        np.savez(tmp_path / f"{name}.npz", data=(x[keep] * 255).round().astype(np.uint8), label=y[keep],
+                 class_names=np.array(names))
     run = tmp_path / "run"
-    fleet.serve(run, "--rounds", 1, "--min-clients", 2, "--round-timeout", 90)
+    fleet.serve(run, "--rounds", 1, "--min-clients", 3, "--round-timeout", 90)
     fleet.join("good", shares["devices"][0])
-    fleet.join("odd", five)
+    fleet.join("five", tmp_path / "five.npz")
+    fleet.join("odd", tmp_path / "odd.npz")
     code, _, err = fleet.wait("odd")
     line = _only_error_line(err)
-    assert code == 2 and "model mismatch" in line and "10 there but 5 here" in line, err
+    assert code == 2 and "model mismatch" in line and "class 'x' is not among the fleet's 10 classes" in line, err
     code, _, err = fleet.wait("serve")
     assert code == 0, err
-    r = _report(run)["rounds"][0]
-    assert [p["client"] for p in r["participants"]] == ["good"]
-    assert len(r["refused"]) == 1 and "model mismatch" in r["refused"][0]["reason"]
-    assert "refused" in (run / "coordinator-rounds.log").read_text()
+    r = report(run)["rounds"][0]
+    assert [p["client"] for p in r["participants"]] == ["five", "good"]
+    assert [x["client"] for x in r["refused"]] == ["odd"] and "class 'x'" in r["refused"][0]["reason"]
+    assert not r["failed"] and not r["timed_out"]
+    assert "odd refused" in (run / "coordinator-rounds.log").read_text()
+    assert fleet.wait("five", timeout=60)[0] == 0
 
 
 @pytest.mark.slow
@@ -405,10 +304,10 @@ def test_the_one_machine_demo_runs_a_whole_fleet(fleet, tmp_path):
     fleet.start("demo", tmp_path / "demo", "--rounds", 1, module="edgetrain.fleet.demo")
     code, out, err = fleet.wait("demo")
     assert code == 0, err
-    res = _report(tmp_path / "demo" / "run")
+    res = report(tmp_path / "demo" / "run")
     assert res["rounds_completed"] == 1 and len(res["rounds"][0]["participants"]) == 3
     assert "fleet-report.html" in out
-    assert not _marked(f"{fleet.mark}:demo:")  # the demo stops every process it started
+    assert not marked(f"{fleet.mark}:demo:")  # the demo stops every process it started
 
 
 # --- one-line errors before any Flower process starts ------------------------------------------------
@@ -443,7 +342,7 @@ def test_join_refuses_bad_input_in_one_line(tmp_path, shares):
 
 
 def test_join_gives_up_after_max_wait_without_a_coordinator(tmp_path, shares):
-    res = run_edgetrain("fleet", "join", f"127.0.0.1:{_free_port()}", "--data", shares["devices"][0], "-o",
+    res = run_edgetrain("fleet", "join", f"127.0.0.1:{free_port()}", "--data", shares["devices"][0], "-o",
                         tmp_path / "s", "--max-wait", "3", timeout=120)
     assert res.code == 1 and "SuperNode exited" in _only_error_line(res.err)
 

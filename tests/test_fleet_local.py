@@ -2,6 +2,8 @@
 the output layer that trains is the one the coordinator sent, and one that does not fit is refused."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -101,6 +103,61 @@ def test_a_device_whose_classes_differ_refuses_the_fleets_weights(evaluator, tmp
     import re
 
     assert re.search(r"model mismatch: 'digits_dense0_\w+' is 10(x32)? there but 5(x32)? here", exc.value.line())
+
+
+def _five(tmp_path, names):
+    from edgetrain.fleet.demo import _digits
+
+    x, y = _digits()
+    keep = np.flatnonzero(y >= 5)[:100]
+    path = tmp_path / "subset.npz"
+    np.savez(path, data=(x[keep] * 255).round().astype(np.uint8), label=y[keep] - 5, class_names=np.array(names))
+    return path, y[keep]
+
+
+def test_a_device_with_some_of_the_fleets_classes_trains_on_them_by_name(evaluator, tmp_path):
+    """Digits 5-9 only, labelled 0-4 with their names: seen through the fleet's class list they are labels 5-9
+    of ten classes, so the device trains the fleet's output layer (and the images are copied, not decoded)."""
+    from edgetrain.data import load_data
+    from edgetrain.fleet.local import class_view
+
+    path, truth = _five(tmp_path, [str(d) for d in range(5, 10)])
+    view = class_view(str(path), evaluator.classes, tmp_path / "work")
+    assert view != str(path)
+    with np.load(view) as z, np.load(path) as raw:
+        assert list(z["class_names"]) == evaluator.classes == [str(d) for d in range(10)]
+        assert np.array_equal(z["label"], truth) and np.array_equal(z["data"], raw["data"])
+    assert class_view(str(path), evaluator.classes, tmp_path / "work") == view  # made once
+    ds = load_data(view, evaluator.job.pre)
+    assert ds.class_names == evaluator.classes
+    new, _ = train_round(LocalSpec(model=MODEL, data=view, workdir=str(tmp_path), threads=1), evaluator.initial, 1)
+    assert {k: v.shape for k, v in new.items()} == {k: v.shape for k, v in evaluator.initial.items()}
+
+
+def test_a_class_the_fleet_does_not_have_is_refused_in_words(evaluator, tmp_path):
+    from edgetrain.fleet.local import class_view
+
+    path, _ = _five(tmp_path, ["5", "6", "7", "8", "cat"])
+    with pytest.raises(ShapeMismatch, match="class 'cat' is not among the fleet's 10 classes"):
+        class_view(str(path), evaluator.classes, tmp_path / "work")
+    folder = tmp_path / "images"
+    (folder / "7").mkdir(parents=True)
+    (folder / "dog").mkdir()
+    with pytest.raises(ShapeMismatch, match="class 'dog' is not among the fleet's"):
+        class_view(str(folder), evaluator.classes, tmp_path / "work")
+
+
+def test_an_image_folder_with_some_classes_is_seen_with_all_of_them(tmp_path):
+    from edgetrain.fleet.local import class_view
+
+    folder = tmp_path / "images"
+    for c in ("cat", "owl"):
+        (folder / c).mkdir(parents=True)
+        (folder / c / "a.png").write_bytes(b"")
+    view = Path(class_view(str(folder), ["cat", "dog", "owl"], tmp_path / "work"))
+    assert sorted(p.name for p in view.iterdir()) == ["cat", "dog", "owl"]
+    assert (view / "cat").resolve() == (folder / "cat").resolve() and not list((view / "dog").iterdir())
+    assert class_view(str(folder), ["cat", "owl"], tmp_path / "work") == str(folder)  # already the fleet's
 
 
 @pytest.mark.parametrize("codec", ["fp32", "int8", "2bit"])

@@ -44,7 +44,8 @@ def join(address, json_path, **values):
     """Join the coordinator at ADDRESS (HOST:PORT) as one device, training on DATA, until the run ends.
 
     The data stays here; only the update of the trainable part goes up. Exit 2 when this device's model
-    does not fit the fleet's (another model or class list).
+    does not fit the fleet's (another model or class list, or no --model for a model that is not built in);
+    exit 1 when none of the rounds it was asked for reached the global model (the coordinator's reason).
     """
     opts = parse(FleetJoinOptions, values)
     setup(opts)
@@ -57,6 +58,9 @@ def _serve_summary(json_path, res) -> None:
         say(json_path, f"note      {note}")
     say(json_path, f"rounds    {res.rounds_completed} of {res.rounds_requested} (codec {res.codec}"
                    + (f", resumed after round {res.resumed_after}" if res.resumed_after else "") + ")")
+    if res.rounds_without_update:
+        say(json_path, f"stale     round(s) {', '.join(map(str, res.rounds_without_update))}: no update accepted, "
+                       "global weights unchanged")
     if res.final_accuracy is not None:
         say(json_path, f"accuracy  held-out top-1 {res.initial_accuracy:.4f} -> {res.final_accuracy:.4f}")
     red = f" ({res.uplink_reduction:.2f}x fewer than float32)" if res.uplink_reduction else ""

@@ -38,6 +38,9 @@ def _train(msg: Message, context: Context) -> Message:
 
 @client_app.query()
 def _query(msg: Message, context: Context) -> Message:
-    summary = dict(msg.content["config"])
-    _client.finished(str(context.node_config["edgetrain"]), summary)
+    config = dict(msg.content["config"])
+    join = str(context.node_config["edgetrain"])
+    if config.get("hello"):  # the coordinator asks who this node is (its name and device key)
+        return Message(content=RecordDict({"config": ConfigRecord(_client.identity(join))}), reply_to=msg)
+    _client.finished(join, config)
     return Message(content=RecordDict({"config": ConfigRecord({"ok": True})}), reply_to=msg)

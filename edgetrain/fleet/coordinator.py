@@ -1,13 +1,19 @@
 """The coordinator's rounds (runs inside Flower's ServerApp process).
 
-Each round: wait for ``min_clients`` devices, send the global trainable part (float32: the output
-layer, or with ``--train-layers last:N`` every array of the tail) to a fraction of them, wait at most
-``round_timeout`` seconds, decode every update that came back (refusing one whose arrays do not fit
-the global model), average the updates weighted by each device's sample count, add
-the average to the global weights and check them on the held-out data. A round with fewer than
-``min_updates`` usable updates leaves the global weights unchanged. After each round the global
-weights and the round's record are written atomically to RUNDIR, so a coordinator killed and started
-again with ``--resume`` continues after the last completed round.
+Each round: find who is there (every new Flower node is asked once for its name and device key: a device
+keeps its key across rejoins, when its node id changes), send the global trainable part (float32: the
+output layer, or with ``--train-layers last:N`` every array of the tail) to a fraction of the devices,
+each message telling that device the last round of it the coordinator aggregated (``accepted``: what lets
+a device commit its staged state exactly once, see client.py), collect replies until ``round_timeout``
+(a hard deadline: each reply is pulled on its own and the round closes on time, whatever Flower is still
+retrying), decode every update (refusing one whose arrays do not fit the global model), average the
+updates weighted by each device's sample count in a fixed order (by name: the same updates give the same
+arrays bit for bit), add the average to the global weights and check them on the held-out data. Each
+device asked is recorded once, by its name: a participant, refused, failed (with its reason) or timed out.
+A round with fewer than ``min_updates`` usable updates leaves the global weights unchanged and is not a
+completed round. After each round the global weights, then the round's state (its record, and which
+device's update is in those weights) are written atomically to RUNDIR, so a coordinator killed and
+started again with ``--resume`` continues after the last saved round, asking for the unsaved one again.
 """
 from __future__ import annotations
 
@@ -82,6 +88,7 @@ def run(grid, spec_path: str) -> None:
     rundir = Path(spec["rundir"])
     log = _Log(rundir / "coordinator-rounds.log")
     state = read_state(rundir)
+    devices = state.setdefault("devices", {})  # device key -> name, accepted (its last round aggregated), ...
     train_layers = spec.get("train_layers", "head")
     evaluator = Evaluator(LocalSpec(model=spec["model"], data=spec["val"], workdir=str(rundir / "work"),
                                     threads=spec.get("threads"), seed=spec["seed"], params=spec.get("params"),
@@ -91,65 +98,83 @@ def run(grid, spec_path: str) -> None:
     # a control variate per array a gradient trains; BatchNorm's running statistics are only averaged
     control = (load_global(rundir, state["completed"], CONTROL_PREFIX) if scaffold and state["completed"]
                else {k: np.zeros_like(v) for k, v in arrays.items() if k not in evaluator.statistics})
-    log(f"resuming after round {state['completed']}" if state["completed"] else "starting")
+    roster = _Roster(grid, log)
+    timeout = float(spec["round_timeout"])
+    log(f"resuming after round {state['completed']}" if state["completed"] else
+        "starting" + (" (again: no round was saved before)" if (rundir / "coordinator-rounds.log").exists() else ""))
     for round_no in range(state["completed"] + 1, spec["rounds"] + 1):
+        present = roster.wait(spec["min_clients"], spec["join_timeout"])
         t0 = time.monotonic()
         record = {"round": round_no, "started": _now(), "codec": spec["codec"], "participants": [], "refused": [],
-                  "failed": [], "missing": []}
-        nodes = _wait_for_nodes(grid, spec["min_clients"], spec["join_timeout"])
-        record["available"] = len(nodes)
-        chosen = nodes[: max(spec["min_updates"], int(round(len(nodes) * spec["fraction"])))]
+                  "failed": [], "timed_out": [], "available": len(present)}
+        chosen = present[: max(spec["min_updates"], int(round(len(present) * spec["fraction"])))]
         down = wire.weights_record({**arrays, **({CONTROL + k: v for k, v in control.items()} if scaffold else {})})
-        config = ConfigRecord({"round": round_no, "codec": spec["codec"], "model": spec["model"],
-                               "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
-                               "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers})
-        messages = [Message(content=RecordDict({"arrays": down, "config": config}), message_type="train",
-                            dst_node_id=node) for node in chosen]
-        log(f"round {round_no}: sent to {len(chosen)} of {len(nodes)} devices")
-        replies = list(grid.send_and_receive(messages, timeout=spec["round_timeout"]))
+        config = {"round": round_no, "codec": spec["codec"], "model": spec["model"],
+                  "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
+                  "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers,
+                  "classes": list(evaluator.classes)}  # the fleet's: a device may hold any subset of them
+        # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
+        messages = [Message(content=RecordDict({"arrays": down, "config": ConfigRecord(
+                        {**config, "accepted": int(devices.get(d.key, {}).get("accepted", 0))})}),
+                            message_type="train", dst_node_id=d.node, ttl=timeout) for d in chosen]
+        log(f"round {round_no}: sent to {len(chosen)} of {len(present)} devices ({', '.join(d.name for d in chosen)})")
+        replies = exchange(grid, messages, t0 + timeout)
+        waited = time.monotonic() - t0
         record["bytes_down"] = wire.record_bytes(down) * len(chosen)
-        answered = set()
         deltas = []
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            answered.add(node)
+        for d, reply in zip(chosen, replies):
+            who = {"client": d.name, "device_id": d.key, "node_id": d.node}
+            if reply is None:
+                record["timed_out"].append(who)
+                log(f"round {round_no}: {d.name} timed out: no answer when the round closed after {waited:.1f}s "
+                    f"(--round-timeout {timeout:g})")
+                continue
             if reply.has_error():
-                reason = reply.error.reason or f"error code {reply.error.code}"
+                reason = _error_reason(reply.error)
                 kind = "refused" if "model mismatch" in reason else "failed"
-                record[kind].append({"node_id": node, "reason": reason[-400:]})
-                last_line = reason.strip().splitlines()[-1][:300] if reason.strip() else reason
-                log(f"round {round_no}: device {node} {kind}: {last_line}")
+                record[kind].append({**who, "reason": reason})
+                log(f"round {round_no}: {d.name} {kind}: {reason}")
                 continue
             metrics = dict(reply.content["metrics"])
             facts = dict(reply.content["facts"])
             try:
                 update = wire.from_record(reply.content["update"])
                 expected = {**arrays, **({CONTROL + k: arrays[k] for k in control} if scaffold else {})}
-                delta = decode_update(update, expected, f"{facts.get('name')} (node {node})")
+                delta = decode_update(update, expected, d.name)
             except (EdgetrainError, ValueError) as exc:
                 reason = exc.line() if isinstance(exc, EdgetrainError) else str(exc)
-                record["refused"].append({"node_id": node, "client": facts.get("name"), "reason": reason})
-                log(f"round {round_no}: refused the update of {facts.get('name')}: {reason}")
+                record["refused"].append({**who, "reason": reason})
+                log(f"round {round_no}: refused the update of {d.name}: {reason}")
                 continue
-            deltas.append((delta, int(metrics.get("num-examples", 1))))
-            record["participants"].append({"client": facts.get("name"), "node_id": node, "device": facts.get("device"),
+            deltas.append((d, delta, int(metrics.get("num-examples", 1))))
+            record["participants"].append({**who, "device": facts.get("device"),
                                            "energy_provenance": facts.get("energy"),
                                            **{k.replace("-", "_"): v for k, v in metrics.items()}})
-        record["missing"] = [n for n in chosen if n not in answered]
-        for n in record["missing"]:
-            log(f"round {round_no}: no answer from device {n} within {spec['round_timeout']:g}s (round timeout)")
         record["updates"] = len(deltas)
         record["updated"] = len(deltas) >= spec["min_updates"]
+        _hold(round_no, "aggregating", rundir)
         if record["updated"]:
-            avg = average(deltas)
+            # in a fixed order (by name, then key): the same updates give the same global arrays, bit for bit
+            deltas.sort(key=lambda x: (x[0].name, x[0].key))
+            avg = average([(delta, n) for _, delta, n in deltas])
             arrays = {k: (arrays[k] + avg[k]).astype(np.float32) for k in arrays}
             if scaffold:  # c += (|S| / N) * mean(delta c_i): a device that did not report keeps its share
                 share = len(deltas) / max(record["available"], len(deltas))
-                control = {k: (control[k] + share * np.mean([d[CONTROL + k] for d, _ in deltas], axis=0))
+                control = {k: (control[k] + share * np.mean([d[CONTROL + k] for _, d, _ in deltas], axis=0))
                            .astype(np.float32) for k in control}
         else:
             log(f"round {round_no}: {len(deltas)} usable update(s), fewer than --min-updates {spec['min_updates']}: "
-                "global weights unchanged")
+                "no update accepted, global weights unchanged")
+        accepted = {d.key for d, _, _ in deltas} if record["updated"] else set()
+        for d in chosen:
+            entry = devices.setdefault(d.key, {"name": d.name, "accepted": 0, "updates": 0, "asked": 0})
+            entry["name"] = d.name
+            entry["asked"] += 1
+            if d.key in accepted:
+                entry.update(accepted=round_no, updates=entry["updates"] + 1)
+                entry.pop("reason", None)
+            else:
+                entry["reason"] = _outcome(record, d.key) or "not enough updates this round (--min-updates)"
         record["bytes_up"] = sum(p["bytes_up"] for p in record["participants"])
         record["bytes_up_fp32"] = sum(p["bytes_up_fp32"] for p in record["participants"])
         record["accuracy"] = evaluator.top1(arrays)
@@ -157,39 +182,162 @@ def run(grid, spec_path: str) -> None:
         if scaffold:
             save_global(rundir, round_no, control, CONTROL_PREFIX)
         save_global(rundir, round_no, arrays)
+        _hold(round_no, "saving", rundir)
         state["rounds"].append(record)
         state["completed"] = round_no
-        write_state(rundir, state)  # after the weights: the state never names weights not on disk
-        log(f"round {round_no}: {len(deltas)} update(s), held-out top-1 {record['accuracy']:.4f}, "
-            f"{record['bytes_up']} bytes up, {record['seconds']:.1f}s")
+        # after the weights: the state never names weights not on disk; and a device's `accepted` becomes
+        # true here, with the weights that hold its update (never before: a device commits on its word)
+        write_state(rundir, state)
+        log(f"round {round_no}: {len(deltas)} update(s) accepted, held-out top-1 {record['accuracy']:.4f}, "
+            f"{record['bytes_up']} bytes up, {record['seconds']:.1f}s"
+            + ("" if record["updated"] else " (no update accepted: not a completed round)"))
     state["finished"] = _now()
     write_state(rundir, state)
-    _goodbye(grid, state, GOODBYE_SECONDS)
+    # a device still finishing the last round (it timed out) takes the goodbye after it: then wait up to a
+    # round (a dead one ends that sooner: Flower answers for a node whose heartbeat stopped)
+    busy = bool(state["rounds"] and state["rounds"][-1].get("timed_out"))
+    _goodbye(grid, roster, state, max(GOODBYE_SECONDS, timeout) if busy else GOODBYE_SECONDS)
 
 
-def _wait_for_nodes(grid, want: int, seconds: float) -> list[int]:
-    """``want`` devices, or after ``seconds`` whoever is there (at least one)."""
-    end = time.monotonic() + seconds
-    while True:
-        nodes = sorted(grid.get_node_ids())
-        if len(nodes) >= want or nodes and time.monotonic() > end:
-            return nodes
-        if time.monotonic() > end + seconds:
-            raise RuntimeError(f"no device joined within {2 * seconds:.0f}s")
-        time.sleep(0.5)
+def _hold(round_no: int, phase: str, rundir: Path) -> None:
+    from .hooks import delay
+
+    delay(round_no, phase, rundir)
 
 
-def _goodbye(grid, state: dict, timeout: float) -> None:
-    """Tell every device the run is over (their `fleet join` then exits 0)."""
+def _outcome(record: dict, key: str) -> str | None:
+    for kind in ("refused", "failed", "timed_out"):
+        for x in record[kind]:
+            if x["device_id"] == key:
+                return x.get("reason") or f"no answer within the round ({kind.replace('_', ' ')})"
+    return None
+
+
+_FLOWER_ERRORS = {3: "the instruction expired before the device took it", 4: "its reply expired on the way",
+                  5: "the device went offline (no heartbeat)", 8: "the device's ClientApp crashed"}
+
+
+def _error_reason(error) -> str:
+    """One line for an error reply: the device's own last line (its exception), or what Flower says."""
+    text = (error.reason or "").strip()
+    if error.code in _FLOWER_ERRORS:
+        return _FLOWER_ERRORS[error.code]
+    import re
+
+    raised = re.fullmatch(r"<class '[\w.]+'>:<'(.*)'>", text, flags=re.S)  # how Flower wraps the exception
+    text = raised.group(1) if raised else text
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return (lines[-1] if lines else f"error code {error.code}")[:400]
+
+
+def exchange(grid, messages: list, deadline: float, poll: float = 1.0) -> list:
+    """Send ``messages`` and collect their replies until ``deadline`` (time.monotonic()): the replies in the
+    messages' order, None where none came. A hard bound: Flower's own send_and_receive pulls every reply
+    in one call that waits (up to hours) for a half-uploaded one; here each message is pulled by its own
+    thread, and at the deadline the round goes on without the threads still waiting."""
+    import threading
+
+    results: list = [None] * len(messages)
+    ids: list = []
+    stop = threading.Event()
+
+    def push():
+        ids.extend(grid.push_messages(messages))
+
+    def pull(i: int, mid: str):
+        while not stop.is_set() and time.monotonic() < deadline:
+            got = list(grid.pull_messages([mid]))
+            if got:
+                results[i] = got[0]
+                return
+            stop.wait(poll)
+
+    pusher = threading.Thread(target=push, daemon=True)
+    pusher.start()
+    pusher.join(max(0.0, deadline - time.monotonic()))
+    if pusher.is_alive() or not ids:
+        return list(results)
+    threads = [threading.Thread(target=pull, args=(i, mid), daemon=True) for i, mid in enumerate(ids) if mid]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(max(0.0, deadline - time.monotonic()))
+    stop.set()
+    return list(results)  # a copy: a reply pulled after the deadline is not this round's
+
+
+class _Device:
+    __slots__ = ("node", "key", "name", "seen")
+
+    def __init__(self, node: int, key: str, name: str, seen: float):
+        self.node, self.key, self.name, self.seen = node, key, name, seen
+
+
+class _Roster:
+    """Who is there, by device: Flower's node ids, each asked once who it is (a ``hello`` query: its name
+    and device key). A device that rejoins gets a new node id while Flower still lists the old one for a
+    while; the newest node of a key stands for the device, so each device is asked once per round."""
+
+    HELLO_SECONDS = 20.0
+    SILENT_RETRY = 60.0  # a node that did not say who it is is asked again after this long
+
+    def __init__(self, grid, log):
+        self.grid, self.log = grid, log
+        self.known: dict[int, _Device] = {}
+        self.silent: dict[int, float] = {}
+
+    def identify(self, seconds: float) -> list[_Device]:
+        from flwr.app import ConfigRecord, Message, RecordDict
+
+        nodes = sorted(self.grid.get_node_ids())
+        now = time.monotonic()
+        ask = [n for n in nodes if n not in self.known and now - self.silent.get(n, -1e9) > self.SILENT_RETRY]
+        if ask:
+            hello = [Message(content=RecordDict({"config": ConfigRecord({"hello": True})}), message_type="query",
+                             dst_node_id=n, ttl=seconds) for n in ask]
+            for n, reply in zip(ask, exchange(self.grid, hello, time.monotonic() + seconds)):
+                if reply is not None and not reply.has_error():
+                    c = dict(reply.content["config"])
+                    self.known[n] = _Device(n, str(c["key"]), str(c["name"]), time.monotonic())
+                    self.silent.pop(n, None)
+                else:
+                    self.silent[n] = time.monotonic()
+        newest: dict[str, _Device] = {}
+        for n in nodes:
+            d = self.known.get(n)
+            if d is not None and (d.key not in newest or d.seen > newest[d.key].seen):
+                newest[d.key] = d
+        return sorted(newest.values(), key=lambda d: (d.name, d.key))
+
+    def wait(self, want: int, seconds: float) -> list[_Device]:
+        """``want`` devices, or after ``seconds`` whoever is there (at least one)."""
+        end = time.monotonic() + seconds
+        while True:
+            present = self.identify(min(self.HELLO_SECONDS, seconds))
+            if len(present) >= want or present and time.monotonic() > end:
+                return present
+            if time.monotonic() > end + seconds:
+                raise RuntimeError(f"no device joined within {2 * seconds:.0f}s")
+            time.sleep(0.5)
+
+
+def _goodbye(grid, roster: _Roster, state: dict, timeout: float) -> None:
+    """Tell every device the run is over, and what became of its updates (their `fleet join` then exits:
+    0, or 1 when none of its updates was aggregated, with the reason)."""
     from flwr.app import ConfigRecord, Message, RecordDict
 
     last = state["rounds"][-1] if state["rounds"] else {}
-    done = ConfigRecord({"finished": True, "rounds": int(state["completed"]),
-                         "accuracy": float(last.get("accuracy") or 0.0)})
-    messages = [Message(content=RecordDict({"config": done}), message_type="query", dst_node_id=n)
-                for n in grid.get_node_ids()]
+    devices = state.get("devices", {})
+    messages = []
+    for d in roster.identify(min(roster.HELLO_SECONDS, timeout)):
+        mine = devices.get(d.key, {})
+        messages.append(Message(content=RecordDict({"config": ConfigRecord({
+            "finished": True, "rounds": int(state["completed"]), "accuracy": float(last.get("accuracy") or 0.0),
+            "accepted": int(mine.get("accepted", 0)), "updates": int(mine.get("updates", 0)),
+            "asked": int(mine.get("asked", 0)), "reason": str(mine.get("reason", ""))})}),
+            message_type="query", dst_node_id=d.node, ttl=timeout))
     if messages:
-        list(grid.send_and_receive(messages, timeout=timeout))
+        exchange(grid, messages, time.monotonic() + timeout)
 
 
 class _Log:

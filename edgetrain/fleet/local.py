@@ -27,7 +27,8 @@ from .. import runtime
 from ..options import FinetuneOptions, parse_train_layers
 from ..training import FinetuneJob, ShapeMismatch, check_shapes
 
-__all__ = ["Evaluator", "LocalSpec", "ShapeMismatch", "check_shapes", "displacement_per_gradient", "train_round"]
+__all__ = ["Evaluator", "LocalSpec", "ShapeMismatch", "check_shapes", "class_view", "displacement_per_gradient",
+           "train_round"]
 
 
 def displacement_per_gradient(steps: int, lr: float, momentum: float) -> float:
@@ -82,6 +83,106 @@ def train_round(spec: LocalSpec, global_arrays: dict[str, np.ndarray], round_no:
         return job.trainable_arrays(), result
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
+
+
+def class_view(data: str, classes: list[str] | None, workdir: Path) -> str:
+    """DATA as the fleet sees it: the coordinator's class list is the fleet's, and a device may hold any
+    subset of it. When this device's classes are not already the fleet's list (same names, same order),
+    it trains on a view with the fleet's classes in the fleet's order: for an image folder, a folder of
+    symbolic links (an empty folder for a class it lacks); for an .npz, a copy whose labels are renumbered
+    by class name (the images are copied inside the zip, never loaded here). The view is remade only when
+    DATA or the list changes. A class the fleet does not have is refused (``ShapeMismatch``): its samples
+    would train the wrong output."""
+    import hashlib
+    import json
+    import os
+    import zipfile
+
+    from ..data import BUILTIN_PREFIX
+
+    if not classes or data.startswith(BUILTIN_PREFIX):
+        return data
+    src = Path(data)
+    fix = "a device's classes must be among the fleet's (the coordinator's --val classes)"
+    if src.is_dir():
+        mine = sorted(p.name for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if mine == list(classes):
+            return data
+        stray = [c for c in mine if c not in classes]
+        if stray:
+            raise ShapeMismatch(f"model mismatch: class '{stray[0]}' is not among the fleet's {len(classes)} classes",
+                                data, fix)
+        if sorted(classes) != list(classes):
+            raise ShapeMismatch("model mismatch: the fleet's classes are not in name order, which an image folder "
+                                "cannot express", data, "give this device its data as an .npz with class_names")
+        view = Path(workdir) / "fleet-classes"
+        want = {c: (str((src / c).resolve()) if c in mine else None) for c in classes}
+        have = ({p.name: (os.readlink(p) if p.is_symlink() else None) for p in view.iterdir()}
+                if view.is_dir() else None)
+        if have != want:  # kept as it is otherwise: the engine's caches see the same folder every round
+            shutil.rmtree(view, ignore_errors=True)
+            view.mkdir(parents=True)
+            for c, target in want.items():
+                if target:
+                    os.symlink(target, view / c)
+                else:
+                    (view / c).mkdir()
+        return str(view)
+    if src.suffix != ".npz" or not src.is_file():
+        return data  # the engine says what is wrong with it
+    with zipfile.ZipFile(src) as zf:
+        members = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
+        if "label" not in members:
+            return data
+        with zf.open(members["label"]) as fh:
+            version = np.lib.format.read_magic(fh)
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = read_header(fh)
+            if len(shape) != 1 or dtype.kind not in "iu" or shape[0] > 100_000_000:
+                return data  # not plain class indices: the engine refuses it in its own words
+        with zf.open(members["label"]) as fh:
+            label = np.lib.format.read_array(fh, allow_pickle=False)
+        if label.size and int(label.min()) < 0:
+            return data
+        names = None
+        if "class_names" in members:
+            with zf.open(members["class_names"]) as fh:
+                names = [str(n) for n in np.lib.format.read_array(fh, allow_pickle=False).tolist()]
+    top = int(label.max()) if label.size else -1
+    if names is None:  # plain class indices: taken as indices into the fleet's list
+        if top >= len(classes):
+            raise ShapeMismatch(f"model mismatch: label {top} but the fleet has {len(classes)} classes", data, fix)
+        if top + 1 == len(classes):
+            return data
+        names = list(classes[: top + 1])
+    if names == list(classes):
+        return data
+    stray = [n for n in names if n not in classes]
+    if stray:
+        raise ShapeMismatch(f"model mismatch: class '{stray[0]}' is not among the fleet's {len(classes)} classes",
+                            data, fix)
+    st = src.stat()
+    key = hashlib.sha256(json.dumps([str(src.resolve()), st.st_size, st.st_mtime_ns, list(classes)]).encode())
+    view = Path(workdir) / f"fleet-classes-{key.hexdigest()[:16]}.npz"
+    if view.exists():
+        return str(view)
+    for old in Path(workdir).glob("fleet-classes-*.npz"):
+        old.unlink()
+    index = np.array([classes.index(n) for n in names], np.int64)
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    tmp = view.with_suffix(".tmp")
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zout:
+        for name in zin.namelist():
+            if name in (members.get("label"), members.get("class_names")):
+                continue
+            with zin.open(name) as a, zout.open(name, "w", force_zip64=True) as b:
+                shutil.copyfileobj(a, b, 1 << 20)
+        for name, arr in (("label.npy", index[label]), ("class_names.npy", np.array(list(classes)))):
+            with zout.open(name, "w") as b:
+                np.lib.format.write_array(b, arr, allow_pickle=False)
+    os.replace(tmp, view)
+    return str(view)
 
 
 class Evaluator:

@@ -1,9 +1,12 @@
 """Flower's processes (SuperLink, SuperNode, ``flwr run``), started and stopped as one unit.
 
 Flower starts helpers in new sessions (SuperExec, then a ServerApp or ClientApp process per run or
-message), so a process-group kill does not reach them. Every process edgetrain starts here carries an
-environment tag (``EDGETRAIN_FLEET_TAG``) that Flower's own children inherit; ``kill_tagged`` ends every
-process with that tag, whoever started it. Direct children also die with us (PR_SET_PDEATHSIG).
+message), so a process-group kill does not reach them, and PR_SET_PDEATHSIG (which our direct children
+get) is not inherited by theirs. Every process edgetrain starts here carries an environment tag
+(``EDGETRAIN_FLEET_TAG``) that Flower's own children inherit; ``kill_tagged`` ends every process with that
+tag, whoever started it. That covers a stop we see (an exception, SIGINT, SIGTERM); for one we cannot see
+(SIGKILL), ``Watchdog`` is a small process in its own session holding the read end of a pipe whose write end
+only we hold: when we die, however, the pipe closes and it kills the tag's processes at once.
 """
 from __future__ import annotations
 
@@ -133,3 +136,45 @@ def stop_signals(handler) -> dict:
         except ValueError:  # not the main thread
             pass
     return old
+
+
+_WATCHDOG = """
+import os, signal, sys, time
+import psutil
+tag, me = sys.argv[1], os.getpid()
+sys.stdin.buffer.read()  # returns when the edgetrain process that started us has exited, however it died
+for _ in range(5):
+    pids = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != me and p.environ().get("EDGETRAIN_FLEET_TAG") == tag:
+                pids.append(p.pid)
+        except (psutil.Error, OSError):
+            pass
+    if not pids:
+        break
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.2)
+"""
+
+
+class Watchdog:
+    """Kills every process carrying ``tag`` as soon as this process exits, even by SIGKILL (see above)."""
+
+    def __init__(self, tag: str):
+        env = {k: v for k, v in os.environ.items() if k != TAG}
+        self.proc = subprocess.Popen([sys.executable, "-I", "-c", _WATCHDOG, tag], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
+
+    def close(self) -> None:
+        """We are done (our own cleanup ran): let it check once more and exit."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass

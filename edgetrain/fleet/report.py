@@ -25,7 +25,7 @@ class FleetResult(Result):
     aggregate: str
     train_layers: str
     rounds_requested: int
-    rounds_completed: int
+    rounds_completed: int  # rounds that aggregated an update (a round without one is run, not completed)
     initial_accuracy: float | None
     final_accuracy: float | None
     bytes_up: int
@@ -35,6 +35,9 @@ class FleetResult(Result):
     resumed_after: int = 0
     report: str | None = None
     notes: list[str] = field(default_factory=list)
+    rounds_run: int = 0
+    rounds_without_update: list[int] = field(default_factory=list)
+    devices: list[dict] = field(default_factory=list)  # per device (by its name): rounds asked, updates aggregated
 
     @property
     def uplink_reduction(self) -> float | None:
@@ -47,10 +50,9 @@ class FleetResult(Result):
 
     def checks(self) -> list[str]:
         if self.rounds_completed < self.rounds_requested:
-            return [f"only {self.rounds_completed} of {self.rounds_requested} rounds completed"]
-        stale = [r["round"] for r in self.rounds if not r.get("updated")]
-        if stale and len(stale) == len(self.rounds):
-            return ["no round received enough updates to change the global model (--min-updates)"]
+            stale = (f"; round(s) {', '.join(map(str, self.rounds_without_update))} aggregated no update "
+                     "(--min-updates)") if self.rounds_without_update else ""
+            return [f"only {self.rounds_completed} of {self.rounds_requested} rounds completed{stale}"]
         return []
 
 
@@ -59,9 +61,11 @@ class JoinResult(Result):
     name: str
     state: str
     address: str
-    rounds_trained: int
+    rounds_trained: int  # rounds of this device the coordinator aggregated (its committed state), in all runs
     last_round: int
     final_accuracy: float | None
+    rounds_asked: int = 0  # this run: rounds the coordinator asked this device for an update
+    updates_accepted: int = 0  # this run: of those, rounds whose update the coordinator aggregated
     notes: list[str] = field(default_factory=list)
 
 
@@ -88,7 +92,7 @@ def round_rows(doc: dict) -> list[dict]:
         joules = [p["joules"] for p in parts if p.get("joules")]
         rows.append({
             "round": r["round"], "accuracy": r.get("accuracy"), "updates": r.get("updates", len(parts)),
-            "asked": len(parts) + len(r.get("refused", [])) + len(r.get("failed", [])) + len(r.get("missing", [])),
+            "asked": len(parts) + sum(len(r.get(k, [])) for k in ("refused", "failed", "timed_out", "missing")),
             "bytes_up": r.get("bytes_up", 0), "bytes_down": r.get("bytes_down", 0), "seconds": r.get("seconds", 0.0),
             "peak_rss_mb": max((p.get("peak_rss_mb") or 0.0 for p in parts), default=0.0),
             "joules": sum(joules) if joules else None,
@@ -97,6 +101,8 @@ def round_rows(doc: dict) -> list[dict]:
                          "joules": p.get("joules"), "energy": p.get("energy_provenance") or ""} for p in parts],
             "left_out": [f"{k}: {x.get('client') or x.get('node_id')}: {str(x.get('reason', ''))[-160:]}"
                          for k in ("refused", "failed") for x in r.get(k, [])]
+                        + [f"timed out: {x.get('client')}: no answer within the round" for x in r.get("timed_out", [])]
+                        # fleet.json written before devices were named: node ids
                         + [f"no answer within the round timeout: node {n}" for n in r.get("missing", [])]})
     return rows
 

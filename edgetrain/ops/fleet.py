@@ -168,9 +168,14 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
 
 def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_after: int, notes) -> FleetResult:
     rounds = state["rounds"]
+    updated = [r for r in rounds if r.get("updated")]
+    devices = [{"client": d["name"], "device_id": key, "asked": d.get("asked", 0), "updates": d.get("updates", 0),
+                "last_accepted_round": d.get("accepted", 0), **({"reason": d["reason"]} if d.get("reason") else {})}
+               for key, d in sorted(state.get("devices", {}).items(), key=lambda kv: (kv[1]["name"], kv[0]))]
     res = FleetResult(rundir=str(rundir), model=state["model"], address=address, tls=tls, codec=opts.codec,
                       aggregate=opts.aggregate, train_layers=opts.train_layers,
-                      rounds_requested=opts.rounds, rounds_completed=int(state["completed"]),
+                      rounds_requested=opts.rounds, rounds_completed=len(updated), rounds_run=int(state["completed"]),
+                      rounds_without_update=[r["round"] for r in rounds if not r.get("updated")], devices=devices,
                       initial_accuracy=state.get("initial_accuracy"),
                       final_accuracy=rounds[-1]["accuracy"] if rounds else state.get("initial_accuracy"),
                       bytes_up=sum(r["bytes_up"] for r in rounds), bytes_up_fp32=sum(r["bytes_up_fp32"] for r in rounds),
@@ -215,6 +220,7 @@ def _run_flower(rundir: Path, opts: FleetServeOptions, tls, progress) -> None:
         raise KeyboardInterrupt
 
     old = procs.stop_signals(on_signal)
+    watchdog = procs.Watchdog(tag)
     try:
         link = procs.spawn(argv, env, logs / "superlink.log")
         started.append(link)
@@ -231,12 +237,15 @@ def _run_flower(rundir: Path, opts: FleetServeOptions, tls, progress) -> None:
                 seen = state.get("completed", 0)
                 if state.get("rounds"):
                     r = state["rounds"][-1]
+                    left = {k: len(r.get(k, [])) for k in ("timed_out", "failed", "refused") if r.get(k)}
                     report(progress, "round", seen, opts.rounds, final=True,
-                           message=f"round {r['round']}: {r['updates']} update(s), held-out top-1 {r['accuracy']:.4f}, "
-                                   f"{r['bytes_up']} bytes up")
+                           message=f"round {r['round']}: " + (f"{r['updates']} update(s)" if r.get("updated") else
+                                                              "no update accepted (global weights unchanged)")
+                           + "".join(f", {n} {k.replace('_', ' ')}" for k, n in left.items())
+                           + f", held-out top-1 {r['accuracy']:.4f}, {r['bytes_up']} bytes up")
             if state.get("finished"):  # the devices are being told; let that finish (flwr run exits)
                 try:
-                    run.wait(timeout=coord.GOODBYE_SECONDS + 10)
+                    run.wait(timeout=max(coord.GOODBYE_SECONDS, opts.round_timeout) + 10)
                 except subprocess.TimeoutExpired:
                     pass
                 break
@@ -261,6 +270,7 @@ def _run_flower(rundir: Path, opts: FleetServeOptions, tls, progress) -> None:
         raise exc from None
     finally:
         procs.kill_tagged(tag, started)
+        watchdog.close()
         for s, h in old.items():
             signal.signal(s, h)
 
@@ -290,6 +300,7 @@ def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = Non
     if state.exists() and not state.is_dir():
         raise UsageError("the state folder is a file", str(state), "give a folder")
     state.mkdir(parents=True, exist_ok=True)
+    fclient.device_id(state)  # this device's key, kept across rejoins (the coordinator counts its rounds by it)
     for f in (fclient.REFUSED, fclient.DONE, fclient.CURRENT):
         (state / f).unlink(missing_ok=True)
     name = opts.name or socket.gethostname()
@@ -317,6 +328,7 @@ def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = Non
 
     old = procs.stop_signals(on_signal)
     node = None
+    watchdog = procs.Watchdog(tag)
     try:
         node = procs.spawn(argv, env, log)
         report(progress, "join", final=True, message=f"{name}: joined {address}" + (" (TLS)" if ca else " (no TLS)"))
@@ -324,8 +336,9 @@ def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = Non
             if (state / fclient.REFUSED).exists():
                 time.sleep(REFUSE_GRACE)  # the SuperNode is still sending the refusal to the coordinator
                 doc = json.loads((state / fclient.REFUSED).read_text())
-                raise UsageError(f"refused by this device in round {doc['round']}: {doc['error']}", str(state),
-                                 "join with the model and class list the coordinator trains")
+                raise UsageError(f"round {doc['round']}: {doc.get('what') or doc['error']}",
+                                 doc.get("where") or str(state),
+                                 doc.get("fix") or "join with the model and class list the coordinator trains")
             if (state / fclient.DONE).exists():
                 time.sleep(DONE_GRACE)  # the SuperNode is still sending the answer to that last message
                 break
@@ -340,13 +353,16 @@ def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = Non
         raise exc from None
     finally:
         procs.kill_tagged(tag, [node] if node else [])
+        watchdog.close()
         for s, h in old.items():
             signal.signal(s, h)
     done = json.loads((state / fclient.DONE).read_text())
-    meta = json.loads((state / fclient.STATE).read_text()) if (state / fclient.STATE).exists() else {"round": 0}
-    return JoinResult(name=name, state=str(state), address=address, rounds_trained=_rounds_trained(state),
-                      last_round=int(meta.get("round", 0)), final_accuracy=done.get("accuracy"))
-
-
-def _rounds_trained(state: Path) -> int:
-    return int((json.loads((state / fclient.STATE).read_text()) if (state / fclient.STATE).exists() else {}).get("trained", 0))
+    meta = fclient.committed(state)[0]
+    asked, updates = int(done.get("asked", 0)), int(done.get("updates", 0))
+    if asked and not updates:
+        raise RunFailed(f"none of this device's {asked} round(s) reached the global model: "
+                        f"{done.get('reason') or 'no reason given'}", f"coordinator {address}",
+                        "fix the cause above on this device, then join the next run")
+    return JoinResult(name=name, state=str(state), address=address, rounds_trained=int(meta.get("trained", 0)),
+                      last_round=int(meta.get("round", 0)), final_accuracy=done.get("accuracy"),
+                      rounds_asked=asked, updates_accepted=updates)

@@ -1,0 +1,321 @@
+"""edgetrain fleet under faults: real SIGKILLs of the real processes (a device, the coordinator, both: each
+with everything Flower started for it) at each phase of a round, then the killed ones started again; the
+final global arrays (weights and SCAFFOLD control variate) must equal a fault-free run's bit for bit, every
+device's committed state must count exactly the rounds the coordinator aggregated from it, and no round
+may be trained twice (a replayed round answers with the staged reply: the devices' journals say which).
+
+The phases are reached with the test hook EDGETRAIN_FLEET_TEST_DELAY=ROUND:SECONDS:PHASE, which makes the
+process wait there and leave a marker file; the kill is a SIGKILL while it waits. A device killed before
+its update reached the coordinator cannot match the fault-free run (its update of that round is lost, on
+both sides): it is compared with the run where that device is too slow for that round (timed out)."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from fleettools import (MODEL, RUN_TIMEOUT, Fleet, final_arrays, fleet_of, make_shares, marked, report,  # noqa: E402
+                        wait_for)
+
+DEVICES = ("dev0", "dev1")
+ROUNDS = 2
+TIMEOUT = 30  # --round-timeout: a round here takes about 6 s
+CONFIG = ("--rounds", ROUNDS, "--min-clients", len(DEVICES), "--codec", "2bit", "--aggregate", "scaffold",
+          "--round-timeout", TIMEOUT)
+HOLD = "EDGETRAIN_FLEET_TEST_DELAY"
+
+
+@pytest.fixture(scope="module")
+def shares(tmp_path_factory):
+    return make_shares(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("fleet-cache")
+
+
+@pytest.fixture
+def fleet(tmp_path, shares, cache):
+    yield from fleet_of(tmp_path, shares, cache)
+
+
+def _device(fleet: Fleet, name: str, gen: int = 0, env: dict | None = None):
+    """Device ``name`` (its own state folder, whatever the generation: a restart is the same device)."""
+    return fleet.start(f"{name}-{gen}", "fleet", "join", f"127.0.0.1:{fleet.port}", "--data",
+                       fleet.shares["devices"][DEVICES.index(name)], "-o", fleet.folder / name, "--name", name,
+                       "--threads", 1, env=env)
+
+
+def _finish(fleet: Fleet, serve_key: str, device_keys) -> dict:
+    code, _, err = fleet.wait(serve_key)
+    assert code == 0, err
+    for key in device_keys:
+        code, _, err = fleet.wait(key, timeout=60)
+        assert code == 0, (key, err)
+    return report(fleet.folder / "run")
+
+
+def _journal(folder: Path) -> list[tuple[str, int]]:
+    text = (folder / "journal.log").read_text() if (folder / "journal.log").exists() else ""
+    return [(m.group(1), int(m.group(2))) for m in re.finditer(r"(staged|replayed|committed|dropped) round (\d+)", text)]
+
+
+def _exactly_once(fleet: Fleet, res: dict) -> dict[str, list]:
+    """Each device's committed state counts exactly the rounds the coordinator aggregated from it, and no
+    round was trained (staged) twice unless the first was dropped (never aggregated). Returns the journals."""
+    from edgetrain.fleet.client import committed
+
+    by_name = {d["client"]: d for d in res["devices"]}
+    journals = {}
+    for name in DEVICES:
+        events = _journal(fleet.folder / name)
+        journals[name] = events
+        meta = committed(fleet.folder / name)[0]
+        took_part = [r["round"] for r in res["rounds"] if name in [p["client"] for p in r["participants"]]]
+        assert meta.get("trained", 0) == len(took_part) == by_name[name]["updates"], (name, meta, took_part, events)
+        assert [r for e, r in events if e == "committed"] == took_part, (name, events)
+        if took_part:
+            assert meta["round"] == took_part[-1]
+        for r in {r for e, r in events if e == "staged"}:
+            staged = sum(1 for e, x in events if (e, x) == ("staged", r))
+            dropped = sum(1 for e, x in events if (e, x) == ("dropped", r))
+            assert staged <= 1 + dropped, (name, r, events)  # trained twice only if the first never counted
+        assert not (fleet.folder / name / "staged.npz").exists()  # the goodbye settled the last round
+    assert [r["round"] for r in res["rounds"]] == list(range(1, ROUNDS + 1))
+    for r in res["rounds"]:  # a device that rejoined (a new node id, the old one still listed) is asked once
+        named = [x["client"] for k in ("participants", "refused", "failed", "timed_out") for x in r[k]]
+        assert sorted(named) == sorted(set(named)), r
+    return journals
+
+
+def _equal(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    diff = {k: float(np.abs(a[k] - b[k]).max()) for k in a if not np.array_equal(a[k], b[k])}
+    assert not diff, diff
+
+
+def _fault_free(tmp_path_factory, shares, cache, name: str, env: dict | None = None) -> tuple[dict, dict]:
+    folder = tmp_path_factory.mktemp(name)
+    f = Fleet(folder, cache)
+    f.shares = shares
+    try:
+        f.serve(folder / "run", *CONFIG)
+        for d in DEVICES:
+            _device(f, d, env=(env or {}).get(d))
+        res = _finish(f, "serve", [f"{d}-0" for d in DEVICES])
+        _exactly_once(f, res)
+        return final_arrays(folder / "run"), res
+    finally:
+        assert not f.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, shares, cache):
+    """The fault-free run every kill is compared with."""
+    arrays, res = _fault_free(tmp_path_factory, shares, cache, "reference")
+    assert all(r["updates"] == len(DEVICES) for r in res["rounds"])
+    return arrays
+
+
+@pytest.fixture(scope="module")
+def without_dev1_round1(tmp_path_factory, shares, cache):
+    """The fault-free run where dev1's round-1 update never arrives (dev1 is slower than the round)."""
+    arrays, res = _fault_free(tmp_path_factory, shares, cache, "slow-dev1",
+                              {"dev1": {HOLD: f"1:{TIMEOUT + 5}:training"}})
+    r1 = res["rounds"][0]
+    assert [x["client"] for x in r1["timed_out"]] == ["dev1"] and r1["updates"] == 1
+    return arrays
+
+
+def _killed_run(fleet: Fleet, held: dict[str, str], wait: list[Path], kill: list[str]) -> tuple[dict, dict]:
+    """Start the coordinator and the devices (``held``: process -> hook value), wait for the markers,
+    SIGKILL the processes in ``kill`` (each with its whole Flower family), start them again (the
+    coordinator with --resume), run to the end. Returns (final arrays, fleet.json)."""
+    run = fleet.folder / "run"
+    fleet.serve(run, *CONFIG, env={HOLD: held["serve"]} if "serve" in held else None)
+    for d in DEVICES:
+        _device(fleet, d, env={HOLD: held[d]} if d in held else None)
+    wait_for(lambda: all(p.exists() for p in wait), RUN_TIMEOUT, f"markers {[p.name for p in wait]}")
+    for who in kill:
+        fleet.kill("serve" if who == "serve" else f"{who}-0")
+    serve_key = "serve"
+    keys = {d: f"{d}-0" for d in DEVICES}
+    for who in kill:
+        if who == "serve":
+            serve_key = "serve-1"
+            fleet.serve(run, *CONFIG, "--resume", key=serve_key)
+        else:
+            _device(fleet, who, 1)
+            keys[who] = f"{who}-1"
+    res = _finish(fleet, serve_key, keys.values())
+    if "serve" in kill:
+        assert res["resumed_after"] == 0  # every kill here is in round 1, before its state was written
+    return final_arrays(run), res
+
+
+# where each process waits (and leaves its marker) before the kill; the kills; what the result must equal
+SCENARIOS = {
+    # the coordinator dies while the devices train round 1 (they finish, stage, cannot deliver): resumed,
+    # it asks for round 1 again and gets the staged replies
+    "coordinator-while-devices-train": ({"dev0": "1:8:training", "dev1": "1:8:training"}, ["dev0", "dev1"],
+                                        ["serve"], "reference"),
+    # ... while the replies are on their way (staged, not yet returned)
+    "coordinator-while-replies-travel": ({"dev0": "1:8:sending", "dev1": "1:8:sending"}, ["dev0", "dev1"],
+                                         ["serve"], "reference"),
+    "coordinator-aggregating": ({"serve": "1:600:aggregating"}, ["run"], ["serve"], "reference"),
+    # global weights written, the round's state not: round 1 is redone from the same weights
+    "coordinator-saving": ({"serve": "1:600:saving"}, ["run"], ["serve"], "reference"),
+    # a device dies after the coordinator has its update: it commits on the next round's word
+    "device-while-coordinator-aggregates": ({"serve": "1:10:aggregating"}, ["run"], ["dev1"], "reference"),
+    # a device dies before its update left: lost on both sides, like a device too slow for the round
+    "device-training": ({"dev1": "1:600:training"}, ["dev1"], ["dev1"], "without_dev1_round1"),
+    "device-sending": ({"dev1": "1:600:sending"}, ["dev1"], ["dev1"], "without_dev1_round1"),
+    "both-while-devices-train": ({"dev0": "1:600:training", "dev1": "1:600:training"}, ["dev0", "dev1"],
+                                 ["serve", "dev0", "dev1"], "reference"),
+}
+
+
+def _marker(fleet: Fleet, held: dict, where: str) -> Path:
+    phase = held["serve" if where == "run" else where].split(":")[2]
+    return fleet.folder / where / f"delayed-{phase}-1"
+
+
+def _check(fleet, request, name: str, held, wait, kill, expected) -> dict:
+    arrays, res = _killed_run(fleet, held, [_marker(fleet, held, w) for w in wait], kill)
+    journals = _exactly_once(fleet, res)
+    _equal(arrays, request.getfixturevalue(expected))
+    return journals
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_a_kill_at_each_phase_neither_trains_twice_nor_loses_a_round(fleet, request, name):
+    journals = _check(fleet, request, name, *SCENARIOS[name])
+    if name.startswith("coordinator"):  # round 1 asked again: answered from the stage, not trained again
+        assert all(("replayed", 1) in journals[d] for d in DEVICES), journals
+
+
+def test_coordinator_and_devices_killed_while_saving_resume_to_the_fault_free_arrays(fleet, request):
+    """The promise once in the default run: coordinator and both devices SIGKILLed together while the
+    coordinator saves round 1 (weights written, state not); all started again: round 1 is redone from the
+    same weights, the devices answer it from their stage (no second training), commit it on round 2's
+    word, and the final arrays are the fault-free run's, bit for bit."""
+    journals = _check(fleet, request, "both-saving", {"serve": "1:600:saving"}, ["run"], ["serve", "dev0", "dev1"],
+                      "reference")
+    for d in DEVICES:
+        assert [e for e in journals[d] if e[1] == 1] == [("staged", 1), ("replayed", 1), ("committed", 1)], journals
+
+
+# --- stopping serve leaves no Flower process ----------------------------------------------------------
+
+def _flower_running(fleet: Fleet, key: str) -> bool:
+    import psutil
+
+    for pid in marked(f"{fleet.mark}:{key}:"):
+        try:
+            if "flwr-serverapp" in " ".join(psutil.Process(pid).cmdline()):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["SIGKILL", "SIGTERM", "SIGINT"])
+def test_stopping_serve_leaves_no_flower_process(fleet, tmp_path, sig):
+    """kill -9 included: Flower's helpers (SuperExec, the ServerApp) run in their own sessions, out of
+    reach of a process group and of PDEATHSIG; the watchdog ends them when serve dies."""
+    p = fleet.serve(tmp_path / "run", "--rounds", 1, "--min-clients", 1)
+    wait_for(lambda: _flower_running(fleet, "serve"), RUN_TIMEOUT, "the ServerApp")
+    assert len(marked(f"{fleet.mark}:serve:")) >= 5  # serve, watchdog, SuperLink, SuperExec, flwr run, ServerApp
+    os.kill(p.pid, sig)
+    p.wait(timeout=30)
+    t0 = time.monotonic()
+    wait_for(lambda: not marked(f"{fleet.mark}:serve:"), 5, "every Flower process of serve to end")
+    assert time.monotonic() - t0 < 5
+    if sig != signal.SIGKILL:
+        assert p.returncode == 128 + sig and "stopped by" in (fleet.folder / "serve.err").read_text()
+
+
+def test_a_device_killed_leaves_no_flower_process(fleet, tmp_path, shares):
+    """The same for `fleet join` (its SuperNode starts Flower's SuperExec in another session): kill -9."""
+    import psutil
+
+    def superexec():
+        for pid in marked(f"{fleet.mark}:dev:"):
+            try:
+                if "flower-superexec" in " ".join(psutil.Process(pid).cmdline()):
+                    return True
+            except psutil.Error:
+                continue
+        return False
+
+    p = fleet.join("dev", shares["devices"][0])  # no coordinator: the SuperNode waits for one
+    wait_for(superexec, RUN_TIMEOUT, "the SuperNode's SuperExec")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=30)
+    # at once: Flower's SuperExec notices its SuperNode's death by itself only after about 5 s
+    wait_for(lambda: not marked(f"{fleet.mark}:dev:"), 2, "every Flower process of join to end")
+
+
+# --- a round's outcome per device, each once by name; the timeout is a hard bound -------------------
+
+@pytest.fixture(scope="module")
+def prefix(tmp_path_factory):
+    """The fleet's model as files (not built in: a device must bring its own --model)."""
+    from edgetrain.models import load_gluon, save_prefix
+
+    folder = tmp_path_factory.mktemp("prefix")
+    save_prefix(load_gluon(MODEL), folder / "digits")
+    return str(folder / "digits")
+
+
+def test_a_round_says_who_answered_timed_out_and_failed_by_name_within_the_timeout(fleet, tmp_path, shares, prefix):
+    timeout = 20
+    run = tmp_path / "run"
+    fleet.start("serve", "fleet", "serve", prefix, "--val", shares["val"], "-o", run, "--port", fleet.port, "--threads", 1,
+                "--rounds", 1, "--min-clients", 3, "--round-timeout", timeout, "--join-timeout", 60)
+    fleet.join("good", shares["devices"][0], "--model", prefix)
+    # slower than the round, done before the goodbye's wait (a round) is over: it hears what became of it
+    fleet.join("slow", shares["devices"][1], "--model", prefix, env={HOLD: f"1:{timeout + 10}:training"})
+    fleet.join("nomodel", shares["devices"][2])  # the coordinator's model is not built in: this round fails
+    code, _, err = fleet.wait("serve")
+    assert code == 0, err
+    r = report(run)["rounds"][0]
+    assert [p["client"] for p in r["participants"]] == ["good"]
+    assert [x["client"] for x in r["timed_out"]] == ["slow"] and not r["refused"]
+    assert [x["client"] for x in r["failed"]] == ["nomodel"] and "not built in" in r["failed"][0]["reason"]
+    assert r["seconds"] <= timeout + 3, r["seconds"]  # waited the timeout, then checked and saved
+    log = (run / "coordinator-rounds.log").read_text()
+    assert re.search(r"round 1: slow timed out: no answer when the round closed after (\d+\.\d)s", log), log
+    assert "round 1: nomodel failed: " in log and not re.search(r"node \d", log), log  # names, not node ids
+    # the device that failed every round: one line, the reason, non-zero (a user's mistake here: 2)
+    code, _, err = fleet.wait("nomodel", timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.startswith("Error:")]
+    assert code == 2 and len(lines) == 1 and "not built in" in lines[0] and "--model" in lines[0], err
+    # the device whose every round timed out: exit 1, the coordinator's reason in one line
+    code, _, err = fleet.wait("slow", timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.startswith("Error:")]
+    assert code == 1 and len(lines) == 1 and "none of this device's 1 round(s)" in lines[0] and "timed out" in lines[0], err
+    assert fleet.wait("good", timeout=60)[0] == 0
+    devices = {d["client"]: d for d in report(run)["devices"]}
+    assert {k: (d["asked"], d["updates"]) for k, d in devices.items()} == {"good": (1, 1), "slow": (1, 0),
+                                                                           "nomodel": (1, 0)}
+
+
+def test_a_round_without_an_accepted_update_is_not_a_completed_round(fleet, tmp_path, shares, prefix):
+    run = tmp_path / "run"
+    fleet.start("serve", "fleet", "serve", prefix, "--val", shares["val"], "-o", run, "--port", fleet.port, "--threads", 1,
+                "--rounds", 1, "--min-clients", 1, "--round-timeout", 60, "--join-timeout", 60)
+    fleet.join("nomodel", shares["devices"][2])
+    code, out, err = fleet.wait("serve")
+    res = report(run)
+    assert code == 3 and res["rounds_completed"] == 0 and res["rounds_run"] == 1 and res["rounds_without_update"] == [1]
+    assert "round(s) 1 aggregated no update" in err and not res["rounds"][0]["updated"]
