@@ -541,7 +541,8 @@ _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
 def _wide_pixels(im, path, pre: Preprocess) -> np.ndarray:
-    """An image of mode I;16*, I or F as HxWx1 float32 in [0, 1] at the model's size (the rule above)."""
+    """An image of mode I;16*, I or F as HxWxC float32 in [0, 1] at the model's size and channels (the rule
+    above): every sample of a folder has one shape, whatever its file's kind."""
     from PIL import Image
 
     mode = im.mode
@@ -567,12 +568,12 @@ def _wide_pixels(im, path, pre: Preprocess) -> np.ndarray:
         f = f.resize((w, h), Image.BILINEAR)
     arr = np.asarray(f, dtype=np.float32) * np.float32(scale)
     np.clip(arr, 0.0, 1.0, out=arr)  # float rounding of 65535/65535
-    return arr[..., None]
+    return np.repeat(arr[..., None], pre.channels, axis=2)  # the model's channels, as for 8-bit images
 
 
 def read_image(path, pre: Preprocess) -> np.ndarray:
-    """One image at the model's size: HxWxC uint8 for 8-bit pixels (``unit_scale`` gives [0, 1]), HxWx1
-    float32 in [0, 1] for 16-bit, 32-bit integer and float images (the rule above). Image folders and
+    """One image at the model's size and channels: HxWxC uint8 for 8-bit pixels (``unit_scale`` gives
+    [0, 1]), float32 in [0, 1] for 16-bit, 32-bit integer and float images (the rule above). Image folders and
     `predict` decode the same way. A stream that passed the header check but does not decode (truncated,
     corrupt) is one line naming the file, never a traceback mid-run."""
     from PIL import Image  # lazy: a command that reads no image never loads Pillow
