@@ -331,6 +331,35 @@ def check_outputs(inputs: dict | None = None, outputs: dict | None = None, prefi
                                  f"give {oopt2} another file name")
 
 
+def check_outputs_not_files(outputs: dict | None, files, what: str = "input") -> None:
+    """Refuse, before any work, an output that is one of ``files`` (the images a DATA folder holds, or those
+    listed on standard input): compared by inode, so another spelling, a symlink or a hard link is caught.
+    Only outputs that exist as regular files can be one of them; a device (``/dev/null``) never is."""
+    import stat
+
+    idents = {}
+    for opt, ref in (outputs or {}).items():
+        if ref is None or str(ref) in ("", "-"):
+            continue
+        try:
+            st = os.stat(ref)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            idents[(st.st_dev, st.st_ino)] = (opt, str(ref))
+    if not idents:
+        return
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        hit = idents.get((st.st_dev, st.st_ino))
+        if hit:
+            opt, ref = hit
+            raise UsageError(f"{opt} would overwrite the {what} {clip(f, 120)}", ref, f"write {opt} to another file")
+
+
 # --- bounded text input -------------------------------------------------------------------------------
 
 def read_text_bounded(path: Path | str, what: str = "file", limit: int = MAX_TEXT_BYTES) -> str:
