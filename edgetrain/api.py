@@ -81,8 +81,17 @@ def _decoded(values: dict) -> dict:
     return {k: os.fsdecode(os.fspath(v)) if isinstance(v, (bytes, os.PathLike)) else v for k, v in values.items()}
 
 
-def _prepare(model: type[OptionsT], values: dict) -> OptionsT:
-    opts = model.parse({k: v for k, v in _decoded(values).items() if v is not None})
+# the options that name a file or folder (by the metavar their declaration shows in --help)
+_PATH_METAVARS = ("DATA", "FILE", "PATH", "OUTDIR", "RUNDIR", "DIR", "PEM")
+
+
+def _prepare(model: type[OptionsT], values: dict, where: str) -> OptionsT:
+    values = {k: v for k, v in _decoded(values).items() if v is not None}  # None: the option's default
+    for name, value in values.items():
+        field = model.fields.get(name)
+        if field is not None and field.metavar in _PATH_METAVARS:
+            values[name] = _path(value, name, where)
+    opts = model.parse(values)
     runtime.quiet_libraries()
     runtime.apply_threads(opts.thread_cap(), strict=False)
     return opts
@@ -92,7 +101,8 @@ def quantize(model, calib, output, *, progress: ProgressFn | str | None = STDERR
     """``edgetrain quantize``: int8 within an accuracy budget. Returns a QuantizeResult."""
     where = "edgetrain.quantize"
     model = _path(model, "model", where)
-    opts = _prepare(QuantizeOptions, dict(options, calib=_path(calib, "calib", where), output=_path(output, "output", where)))
+    opts = _prepare(QuantizeOptions, dict(options, calib=_path(calib, "calib", where),
+                                                output=_path(output, "output", where)), where)
     check_command_outputs(model, opts)
     return _quantize.quantize(model, opts, progress=_listener(progress))
 
@@ -101,7 +111,7 @@ def export(model, output, *, progress: ProgressFn | str | None = STDERR, **optio
     """``edgetrain export``: ONNX validated against the Gluon model. Returns an ExportResult."""
     where = "edgetrain.export"
     model = _path(model, "model", where)
-    opts = _prepare(ExportOptions, dict(options, output=_path(output, "output", where)))
+    opts = _prepare(ExportOptions, dict(options, output=_path(output, "output", where)), where)
     check_command_outputs(model, opts)
     return _export.export(model, opts, progress=_listener(progress))
 
@@ -110,7 +120,8 @@ def finetune(model, data, out, *, progress: ProgressFn | str | None = STDERR, **
     """``edgetrain finetune``: train on this device within its memory budget. Returns a FinetuneResult."""
     where = "edgetrain.finetune"
     model = _path(model, "model", where)
-    opts = _prepare(FinetuneOptions, dict(options, data=_path(data, "data", where), out=_path(out, "out", where)))
+    opts = _prepare(FinetuneOptions, dict(options, data=_path(data, "data", where), out=_path(out, "out", where)),
+                    where)
     check_command_outputs(model, opts)
     return _finetune.finetune(model, opts, progress=_listener(progress))
 
@@ -118,7 +129,7 @@ def finetune(model, data, out, *, progress: ProgressFn | str | None = STDERR, **
 def profile(model, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain profile``: latency, peak memory and energy. Returns a ProfileResult."""
     model = _path(model, "model", "edgetrain.profile")
-    opts = _prepare(ProfileOptions, options)
+    opts = _prepare(ProfileOptions, options, "edgetrain.profile")
     check_command_outputs(model, opts)
     return _profile.profile(model, opts, progress=_listener(progress))
 
@@ -126,7 +137,7 @@ def profile(model, *, progress: ProgressFn | str | None = STDERR, **options):
 def inspect(model, **options):
     """``edgetrain inspect``: load MODEL (and ``data``) as the other commands would and describe them."""
     model = _path(model, "model", "edgetrain.inspect")
-    opts = _prepare(InspectOptions, options)
+    opts = _prepare(InspectOptions, options, "edgetrain.inspect")
     return _inspect.inspect(model, opts.data, params=opts.params, input_shape=opts.input_shape, mean=opts.mean,
                             std=opts.std)
 
@@ -152,7 +163,7 @@ def predict(model, data, *, progress: ProgressFn | str | None = STDERR, on_rows=
     ``output``, the predictions are also written there in ``format`` (atomically), as ``-o`` does."""
     where = "edgetrain.predict"
     model, data = _path(model, "model", where), _path(data, "data", where)
-    opts = _prepare(PredictOptions, options)
+    opts = _prepare(PredictOptions, options, where)
     outputs = {"-o": opts.output}
     check_outputs({"MODEL": model, "DATA": data}, outputs)
     rows = None
