@@ -221,5 +221,9 @@ def chance_failure(check: dict, what: str) -> str | None:
     """The failed-check sentence for ``chance_check``'s result (None: not at chance, or not checked)."""
     if not check or not check.get("checked") or not check.get("at_chance") or check.get("allowed"):
         return None
+    if check["baseline"] + check["margin"] >= 100.0:  # no score on so few samples can show learning
+        return (f"{what} top-1 {check['top1']:.1f}% on {check['samples']} held-out samples cannot be told from "
+                f"chance (guessing gets {check['baseline']:.1f}%, +/- {check['margin']:.1f}: too few samples); give "
+                "more held-out samples, or pass --allow-chance")
     return (f"{what} top-1 {check['top1']:.1f}% on {check['samples']} held-out samples is at chance (guessing gets "
             f"{check['baseline']:.1f}%, +/- {check['margin']:.1f}); pass --allow-chance if that is expected")

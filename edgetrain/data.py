@@ -109,6 +109,17 @@ class Dataset:
         held_mask = np.zeros(len(self), dtype=bool)
         held_mask[held] = True
         rest = np.flatnonzero(~held_mask)
+        # one or two samples, or only one-sample classes: a part left empty would end in a division by
+        # zero once the work is done (issue 26); refused here, before any of it
+        if not held or not len(rest):
+            n, k = len(self), len(np.unique(self.labels))
+            single = " (every class has one sample)" if n == k else ""
+            if not held:
+                raise UsageError(f"holding out {fraction:.0%} of {n} sample(s) in {k} class(es) leaves none to "
+                                 f"measure accuracy on{single}", self.source,
+                                 "give held-out data with --val, or at least 2 samples in a class")
+            raise UsageError(f"holding out {fraction:.0%} of {n} sample(s) in {k} class(es) leaves none to train "
+                             f"on{single}", self.source, "give more samples, or a smaller --val-split")
         return self.subset(rng.permutation(rest)), self.subset(rng.permutation(np.flatnonzero(held_mask)))
 
     def select_classes(self, classes) -> "Dataset":
