@@ -132,6 +132,7 @@ def _commands(npz: Path):
         "finetune": (["finetune", DIGITS5, "--data", str(npz), "--epochs", "1"], {"--json": ".json"}, {"-o": "/"}),
         "devices": (["devices", "list"], {"--json": ".json"}, {}),
         "recipes": (["recipes", "list"], {"--json": ".json"}, {}),
+        "doctor": (["doctor"], {"--json": ".json"}, {}),
     }
 
 
