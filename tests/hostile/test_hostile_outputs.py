@@ -252,3 +252,20 @@ def test_api_predict_output_onto_an_image_refused(tmp_path):
         with pytest.raises(UsageError, match="would overwrite the input"):
             edgetrain.predict(ONNX, data, output=spelling, progress=None)
     assert image.read_bytes() == before
+
+
+@pytest.mark.parametrize("how", SPELLINGS)
+@pytest.mark.parametrize("command", ["serve", "join"])
+def test_fleet_json_onto_its_data_is_refused_before_any_round(cli, work, command, how):
+    """Issue 26: `fleet serve --json` onto --val and `fleet join --json` onto --data were written over them."""
+    before = _digest(work)
+    name = _alias(work / "d.npz", how, work)
+    if command == "serve":
+        res = cli("fleet", "serve", "net", "--val", "d.npz", "-o", "run", "--json", name, cwd=work, timeout=120)
+        assert_user_error(res, 2, "--json would overwrite the input --val")
+    else:
+        res = cli("fleet", "join", "127.0.0.1:9", "--data", "d.npz", "-o", "state", "--json", name, cwd=work,
+                  timeout=120)
+        assert_user_error(res, 2, "--json would overwrite the input --data")
+    assert _digest(work) == before
+    assert not (work / "run").exists() and not (work / "state").exists()
