@@ -9,7 +9,7 @@ messages. Models, data and devices are the references the CLI takes (``"zoo:mobi
     import edgetrain
     res = edgetrain.quantize("edgetrain.nets:pretrained_digits", calib="builtin:digits", output="m.onnx",
                              val="builtin:digits", max_drop=1.0, device="rpi4b-4gb")
-    res.passed, res.failed_checks, res.accuracy["drop"]
+    res.passed, res.failed_checks, res.accuracy.drop
 
 Paths (MODEL, DATA, outputs, and every option naming a file) are ``str`` or ``os.PathLike``; ``bytes`` are
 decoded as the os module does (``os.fsdecode``). Anything else (None, a number) is a UsageError naming the

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .figures import Chance
+
 
 @dataclass
 class OutputComparison:
@@ -196,34 +198,13 @@ def _json_float(v):
     return v
 
 
-# --- a model against chance ---------------------------------------------------------------------------
+# --- a model against chance: figures.Chance; these are its dict form, which the fine-tune result still holds
 
 def chance_check(top1_pct: float, labels, num_classes: int) -> dict:
-    """Is a top-1 accuracy (in %) at or near what guessing gets on these labels?
-
-    The baseline is the better of uniform guessing (100/K) and always answering the most common class;
-    "near" is within two binomial standard errors of it on this many samples (at least 2 points). A model
-    that scores there has learned nothing these samples can show: a failed check unless the user opts out.
-    """
-    labels = np.asarray(labels, dtype=np.int64).reshape(-1)
-    n = int(labels.size)
-    if n == 0 or num_classes < 2:
-        return {"checked": False}
-    counts = np.bincount(labels, minlength=num_classes)
-    baseline = 100.0 * max(1.0 / num_classes, counts.max() / n)
-    p = baseline / 100.0
-    margin = max(2.0, 200.0 * math.sqrt(p * (1 - p) / n))
-    return {"checked": True, "top1": float(top1_pct), "baseline": baseline, "margin": margin, "samples": n,
-            "at_chance": bool(top1_pct <= baseline + margin)}
+    """``figures.Chance.measure`` as a dict (its ``allowed`` False until the caller says otherwise)."""
+    return Chance.measure(top1_pct, labels, num_classes).to_dict()
 
 
-def chance_failure(check: dict, what: str) -> str | None:
-    """The failed-check sentence for ``chance_check``'s result (None: not at chance, or not checked)."""
-    if not check or not check.get("checked") or not check.get("at_chance") or check.get("allowed"):
-        return None
-    if check["baseline"] + check["margin"] >= 100.0:  # no score on so few samples can show learning
-        return (f"{what} top-1 {check['top1']:.1f}% on {check['samples']} held-out samples cannot be told from "
-                f"chance (guessing gets {check['baseline']:.1f}%, +/- {check['margin']:.1f}: too few samples); give "
-                "more held-out samples, or pass --allow-chance")
-    return (f"{what} top-1 {check['top1']:.1f}% on {check['samples']} held-out samples is at chance (guessing gets "
-            f"{check['baseline']:.1f}%, +/- {check['margin']:.1f}); pass --allow-chance if that is expected")
+def chance_failure(check: dict | None, what: str) -> str | None:
+    """The failed-check sentence for a ``chance_check`` dict (None: not at chance, not checked, or allowed)."""
+    return next(iter(Chance(**check).failures(what)), None) if check else None

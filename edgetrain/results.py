@@ -5,6 +5,10 @@ A command's result is a dataclass deriving from ``Result``. It lists the checks 
 exit code are derived from that here and nowhere else. ``to_dict`` is what ``--json`` writes and what
 ``edgetrain run`` reads back from a step: it always carries ``passed`` and ``failed_checks``.
 
+A figure nested in a result (an accuracy, a size, a latency, a scheme) is a small dataclass deriving from
+``Figure``: named, typed fields; its JSON is its fields in order, less the ``optional()`` ones that are None
+(keys a record carries only sometimes). Figures several commands share live in ``edgetrain.figures``.
+
 Progress is one event type, ``Progress``, that long work sends to a callback; ``edgetrain.cli.render``
 draws it on a terminal.
 """
@@ -39,6 +43,24 @@ class Result:
         d["passed"] = self.passed
         d["failed_checks"] = self.failed_checks
         return d
+
+
+class Figure:
+    """Mixin for a figure nested in a result (a dataclass): ``to_dict`` is its fields in order, less each
+    ``optional()`` field that is None (its key is absent, as it was in the records before they were typed)."""
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is not None or not f.metadata.get("optional"):
+                out[f.name] = _plain(value)
+        return out
+
+
+def optional(default: Any = None) -> Any:
+    """A ``Figure`` field whose key the JSON carries only when it is not None."""
+    return field(default=default, metadata={"optional": True})
 
 
 def exit_code(passed: bool) -> int:

@@ -72,7 +72,7 @@ def test_zoo_family_exports_and_validates(name, size, tmp_path):
     assert res.passed, res.comparison.summaries()
     assert res.comparison.atol == 1e-4 and res.comparison.max_abs < 1e-4
     assert 1 < res.comparison.outputs[0].expected_max_abs < 100  # a real test: logits, not 1e-20
-    assert res.outputs[0]["shape"] == ["batch", 1000] and res.inputs[0]["shape"] == ["batch", 3, size, size]
+    assert res.outputs[0].shape == ["batch", 1000] and res.inputs[0].shape == ["batch", 3, size, size]
     assert res.size_bytes == (tmp_path / "m.onnx").stat().st_size
     check_file(tmp_path / "m.onnx")
     assert [p.name for p in tmp_path.iterdir()] == [f"{name}.params", "m.onnx"]  # no temp files left
@@ -110,7 +110,7 @@ def test_class_names_are_stored(tmp_path):
 
 def test_real_samples_are_validated_too(tmp_path, digits_folder):
     res = export("edgetrain.nets:digits_cnn", tmp_path / "d.onnx", data=str(digits_folder))
-    sources = [b["source"] for b in res.validated_with]
+    sources = [b.source for b in res.validated_with]
     assert sources.count("data") == 6 and sources[:3] == ["random0", "random1", "random2"]  # 16 samples, 3 a batch
     assert res.passed and res.device is None and res.energy is None
     assert res.to_dict()["comparison"]["batches"] == 9
@@ -118,8 +118,8 @@ def test_real_samples_are_validated_too(tmp_path, digits_folder):
 
 def test_dynamic_batch_validated_at_two_sizes(tmp_path):
     res = export("edgetrain.nets:digits_cnn", tmp_path / "d.onnx", dynamic_batch=True)
-    assert res.passed and {b["batch"] for b in res.validated_with} == {1, 3}
-    assert res.inputs[0]["shape"] == ["batch", 1, 16, 16] and res.outputs[0]["shape"] == ["batch", 10]
+    assert res.passed and {b.batch for b in res.validated_with} == {1, 3}
+    assert res.inputs[0].shape == ["batch", 1, 16, 16] and res.outputs[0].shape == ["batch", 10]
     session = check_file(tmp_path / "d.onnx")
     assert session.run(None, {"data": np.zeros((5, 1, 16, 16), np.float32)})[0].shape == (5, 10)
 
@@ -192,7 +192,7 @@ def test_fp16_export_validates_at_looser_tolerance(tmp_path):
     check_file(tmp_path / "h.onnx")
     proto = onnx.load(str(tmp_path / "h.onnx"))
     assert {t.data_type for t in proto.graph.initializer} == {onnx.TensorProto.FLOAT16}
-    assert res.inputs[0]["dtype"] == "float32" and res.outputs[0]["dtype"] == "float32"
+    assert res.inputs[0].dtype == "float32" and res.outputs[0].dtype == "float32"
 
 
 @pytest.mark.parametrize("opset", [11, 14, "x"])

@@ -44,8 +44,8 @@ def test_top1_is_what_quantize_and_export_measure(models, name):
     res = edgetrain.predict(model, models / "digits5.npz", batch=7, threads=1)
     pre = load_onnx(model).preprocess
     expected = onnx_top1(model, load_data(str(models / "digits5.npz"), pre), threads=1)
-    assert res.accuracy["top1"] == pytest.approx(expected)
-    assert res.accuracy["top1"] > 90 and res.samples == 200 and len(res.predictions) == 200
+    assert res.accuracy.top1 == pytest.approx(expected)
+    assert res.accuracy.top1 > 90 and res.samples == 200 and len(res.predictions) == 200
     assert res.precision.startswith("int8") == (name == "int8.onnx")
 
 
@@ -72,7 +72,7 @@ def test_batch_size_never_changes_a_prediction(models, name, batch):
     assert [r["top"][0]["index"] for r in res.predictions] == [r["top"][0]["index"] for r in base.predictions]
     for a, b in zip(res.predictions, base.predictions):
         assert a["top"][0]["score"] == pytest.approx(b["top"][0]["score"], abs=1e-5)
-    assert res.timing["batches"] == -(-200 // batch)
+    assert res.timing.batches == -(-200 // batch)
 
 
 def test_every_form_of_data_gives_the_same_prediction_for_the_same_image(models, digits_folder, tmp_path):
@@ -105,23 +105,23 @@ def test_every_form_of_data_gives_the_same_prediction_for_the_same_image(models,
 def test_confusion_counts_every_labelled_input_once(models):
     res = edgetrain.predict(models / "int8.onnx", "builtin:digits", threads=1)
     a = res.accuracy
-    assert a["samples"] == res.samples == 1797
-    assert sum(c["count"] for c in a["confusion"]) == 1797
-    assert sum(c["samples"] for c in a["per_class"]) == 1797
+    assert a.samples == res.samples == 1797
+    assert sum(c.count for c in a.confusion) == 1797
+    assert sum(c.samples for c in a.per_class) == 1797
     correct = sum(1 for r in res.predictions if r["label"] == r["top"][0]["label"])
-    assert a["top1"] == pytest.approx(100 * correct / 1797)
-    unknown = {c["label"] for c in a["per_class"] if c["index"] is None}
+    assert a.top1 == pytest.approx(100 * correct / 1797)
+    unknown = {c.label for c in a.per_class if c.index is None}
     assert unknown == {"5", "6", "7", "8", "9"}  # classes the 5-digit model does not have count as wrong
-    assert all(c["correct"] == 0 for c in a["per_class"] if c["index"] is None)
+    assert all(c.correct == 0 for c in a.per_class if c.index is None)
     assert any("does not know" in n for n in res.notes)
 
 
 def test_throughput_and_latency_are_reported(models):
     res = edgetrain.predict(models / "fp32.onnx", models / "digits5.npz", batch=8, threads=1)
     t = res.timing
-    assert t["images_per_s"] > 0 and t["inference_images_per_s"] >= t["images_per_s"]
-    assert 0 < t["batch_p50_ms"] <= t["batch_p90_ms"] and t["batches"] == 25
-    assert 0 < t["load_s"] < t["first_result_s"] and res.threads == 1
+    assert t.images_per_s > 0 and t.inference_images_per_s >= t.images_per_s
+    assert 0 < t.batch_p50_ms <= t.batch_p90_ms and t.batches == 25
+    assert 0 < t.load_s < t.first_result_s and res.threads == 1
 
 
 def _fake_onnx(path, with_metadata: bool):

@@ -62,8 +62,8 @@ def test_fixed_batch_only_when_asked_and_predict_still_runs_it(written):
 
 def test_export_validates_both_batch_sizes_by_default(tmp_path):
     res = edgetrain.export("edgetrain.nets:digits_cnn", tmp_path / "d.onnx")
-    assert res.dynamic_batch and {b["batch"] for b in res.validated_with} == set(BATCH_SIZES)
-    assert res.inputs[0]["shape"][0] == "batch"
+    assert res.dynamic_batch and {b.batch for b in res.validated_with} == set(BATCH_SIZES)
+    assert res.inputs[0].shape[0] == "batch"
 
 
 def test_quantize_keeps_a_fixed_batch_the_user_chose(written, digits_npz, tmp_path):

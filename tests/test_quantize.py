@@ -59,11 +59,11 @@ def int8_result(trained, tmp_path_factory):
 
 def test_trained_digits_lose_at_most_one_point_in_int8(int8_result):
     a = int8_result.accuracy
-    assert a["checked"] and a["samples"] == 539           # the held-out 30%, never trained on
-    assert a["fp32_top1"] > 95.0                          # a real model, not chance
-    assert a["drop"] <= 1.0, a
+    assert a.checked and a.samples == 539                 # the held-out 30%, never trained on
+    assert a.fp32_top1 > 95.0                             # a real model, not chance
+    assert a.drop <= 1.0, a
     assert int8_result.passed and int8_result.nodes_kept_fp32 == []  # all int8, no fallback
-    assert int8_result.calibration["method"] == "minmax" and int8_result.calibration["samples"] == 300
+    assert int8_result.calibration.method == "minmax" and int8_result.calibration.samples == 300
 
 
 @pytest.mark.parametrize("device", ["rpi4b-4gb", "x86-64-generic"])
@@ -74,7 +74,7 @@ def test_each_target_scheme_also_stays_within_one_point(trained, tmp_path, devic
     res = quantize(str(trained / "digits10"), str(trained / "calib.npz"), tmp_path / "m.onnx",
                    val=str(trained / "val.npz"), max_fp32_nodes=0, device=load_device(device), threads=1,
                    latency=False)
-    assert res.scheme["target"].startswith(device) and res.accuracy["drop"] <= 1.0, (res.scheme, res.accuracy)
+    assert res.scheme.target.startswith(device) and res.accuracy.drop <= 1.0, (res.scheme, res.accuracy)
 
 
 def test_int8_file_is_smaller_and_carries_the_fp32_metadata_but_its_own_precision(int8_result, trained, tmp_path):
@@ -89,13 +89,13 @@ def test_int8_file_is_smaller_and_carries_the_fp32_metadata_but_its_own_precisio
     for key, value in fp32.metadata.items():
         assert int8.metadata[key] == (value if key != "edgetrain.precision" else "int8"), key
     record = json.loads(int8.metadata["edgetrain.quantization"])
-    assert record["scheme"] == int8_result.scheme["name"] and record["nodes_kept_fp32"] == []
+    assert record["scheme"] == int8_result.scheme.name and record["nodes_kept_fp32"] == []
     ops = {n.op_type for n in onnx.load(int8_result.output).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
-    assert int8_result.size["int8_bytes"] < int8_result.size["fp32_bytes"]
+    assert int8_result.size.int8_bytes < int8_result.size.fp32_bytes
     lat = int8_result.latency
-    assert lat["fp32_p50_ms"] > 0 and lat["int8_p50_ms"] > 0 and lat["threads"] == 1
-    assert lat["measured_on"].startswith("this host")
+    assert lat.fp32_p50_ms > 0 and lat.int8_p50_ms > 0 and lat.threads == 1
+    assert lat.measured_on.startswith("this host")
 
 
 def test_int8_runs_in_plain_onnxruntime_without_edgetrain(int8_result, trained):
@@ -159,7 +159,7 @@ def test_histogram_methods_with_an_uneven_sample_count(trained, tmp_path, method
 
     res = quantize(str(trained / "digits10"), str(trained / "calib.npz"), tmp_path / "m.onnx", method=method,
                    samples=7, threads=1, latency=False)
-    assert res.calibration["samples"] == 7 and res.accuracy == {"checked": False, "max_drop": 1.0}
+    assert res.calibration.samples == 7 and res.accuracy.to_dict() == {"checked": False, "max_drop": 1.0}
     assert any("not checked" in n for n in res.notes)
 
 
@@ -184,7 +184,7 @@ def test_mxnet_backend_writes_a_loadable_prefix(trained, tmp_path):
     res = quantize(str(trained / "digits10"), str(trained / "calib.npz"), tmp_path / "mx_int8", backend="mxnet",
                    val=str(trained / "val.npz"), samples=64, threads=1)
     assert res.backend == "mxnet" and res.onnx_exportable is False and res.passed
-    assert res.accuracy["drop"] <= 1.0
+    assert res.accuracy.drop <= 1.0
     model = load_gluon(str(tmp_path / "mx_int8"))
     assert model.num_classes == 10 and model.preprocess.input_shape == (1, 16, 16)
     with pytest.raises(UsageError, match="already quantized"):
@@ -219,4 +219,4 @@ def test_mobilenetv2_int8_file_is_at_least_3_5x_smaller(tmp_path):
 
     res = quantize("zoo:mobilenetv2_1.0", "builtin:digits", tmp_path / "mb.onnx", samples=4, input_shape=(3, 32, 32),
                    threads=1, latency=False, scheme="rule")
-    assert res.size["fp32_bytes"] > 13_000_000 and res.size["ratio"] >= 3.5, res.size
+    assert res.size.fp32_bytes > 13_000_000 and res.size.ratio >= 3.5, res.size

@@ -57,8 +57,8 @@ def prepare(work: Path) -> None:
                              scheme="rule")
     seconds = time.perf_counter() - t0
     a = res.accuracy
-    out = {"tool": "edgetrain", "fp32_top1": a["fp32_top1"], "int8_top1": a["int8_top1"], "drop": a["drop"],
-           "evaluations": 1 + len(res.steps), "samples_evaluated": (1 + len(res.steps)) * a["samples"],
+    out = {"tool": "edgetrain", "fp32_top1": a.fp32_top1, "int8_top1": a.int8_top1, "drop": a.drop,
+           "evaluations": 1 + len(res.steps), "samples_evaluated": (1 + len(res.steps)) * a.samples,
            "kept_fp32": res.nodes_kept_fp32, "seconds": seconds,
            "steps": [(s.step, len(s.kept_fp32), round(s.int8_top1, 2)) for s in res.steps], "passed": res.passed}
     (work / "edgetrain.json").write_text(json.dumps(out, indent=1))

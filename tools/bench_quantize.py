@@ -83,8 +83,8 @@ def build(model: str, size: int, workdir: Path, samples: int) -> dict[str, Path]
                    measure_latency=False)
     mxq = quantize(str(workdir / "fp32"), "builtin:digits", workdir / "mx_int8", backend="mxnet", samples=samples,
                    threads=1, input_shape=shape)
-    print(f"scheme (onnxruntime): {ort.scheme['name']} - {ort.scheme['reason']}")
-    print(f"scheme (mxnet):       {mxq.scheme['name']}")
+    print(f"scheme (onnxruntime): {ort.scheme.name} - {ort.scheme.reason}")
+    print(f"scheme (mxnet):       {mxq.scheme.name}")
     return {"ort-fp32": workdir / "fp32.onnx", "ort-int8": workdir / "int8.onnx",
             "mxnet-fp32": workdir / "fp32", "mxnet-fp32-fused": workdir / "fp32", "mxnet-int8": workdir / "mx_int8"}
 

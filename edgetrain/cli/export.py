@@ -29,12 +29,12 @@ def _render(json_path, res) -> None:
     say(json_path, f"wrote      {res.path} ({res.size_bytes:,} bytes, opset {res.opset}, {res.precision}"
                    + (", dynamic batch" if res.dynamic_batch else "") + ")")
     for i in res.inputs:
-        say(json_path, f"input      {i['name']} {shape(i['shape'])} {i['dtype']}")
+        say(json_path, f"input      {i.name} {shape(i.shape)} {i.dtype}")
     for o in res.outputs:
-        say(json_path, f"output     {o['name']} {shape(o['shape'])} {o['dtype']}")
+        say(json_path, f"output     {o.name} {shape(o.shape)} {o.dtype}")
     say(json_path, f"ops        {sum(res.ops.values())} nodes: "
                    + ", ".join(f"{k} {v}" for k, v in sorted(res.ops.items(), key=lambda kv: -kv[1])))
-    kinds = Counter(("random" if b["source"].startswith("random") else b["source"], b["batch"])
+    kinds = Counter(("random" if b.source.startswith("random") else b.source, b.batch)
                     for b in res.validated_with)
     batches = ", ".join(f"{n} {kind} x{size}" for (kind, size), n in kinds.items())
     say(json_path, f"validated  Gluon (MXNet) vs ONNX Runtime on {len(res.validated_with)} batches ({batches}), "

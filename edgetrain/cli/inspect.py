@@ -27,14 +27,14 @@ def inspect(model, json_path, **values):
 def _render(json_path, res) -> None:
     say(json_path, f"model      {res.model} ({res.kind})")
     say(json_path, f"input      {res.input_name} {'x'.join(map(str, res.input_shape))}  "
-                   f"mean {res.preprocess['mean']} std {res.preprocess['std']}")
+                   f"mean {list(res.preprocess.mean)} std {list(res.preprocess.std)}")
     say(json_path, f"outputs    {res.num_classes} classes, {res.parameters:,} parameters"
                    + ("  (random weights)" if res.random_weights else ""))
     for note in res.notes:
         say(json_path, f"note       {note}")
     if res.data:
         d = res.data
-        say(json_path, f"data       {d['source']}: {d['samples']} samples, {len(d['classes'])} classes"
-                       + (f", {d['skipped_files']} non-image files skipped" if d["skipped_files"] else ""))
-        for note in d["notes"]:
+        say(json_path, f"data       {d.source}: {d.samples} samples, {len(d.classes)} classes"
+                       + (f", {d.skipped_files} non-image files skipped" if d.skipped_files else ""))
+        for note in d.notes:
             say(json_path, f"note       {note}")

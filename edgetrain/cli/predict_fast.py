@@ -143,21 +143,20 @@ def render(opts):
         source = "standard input" if res.data == "-" else res.data
         out(f"classified {res.samples} input(s) of {source} in batches of {res.batch}, {res.threads} thread(s)"
             + (f" -> {opts.output}" if opts.output else ""))
-        out(f"speed      {t['images_per_s']:.1f} images/s end to end (inference alone "
-            f"{t['inference_images_per_s']:.1f}/s); batch p50 {t['batch_p50_ms']:.2f} ms, p90 "
-            f"{t['batch_p90_ms']:.2f} ms ({t['per_image_ms']:.2f} ms per image)")
-        out(f"start-up   model loaded in {t['load_s']:.2f} s, first result {t['first_result_s']:.2f} s after start")
+        out(f"speed      {t.images_per_s:.1f} images/s end to end (inference alone "
+            f"{t.inference_images_per_s:.1f}/s); batch p50 {t.batch_p50_ms:.2f} ms, p90 "
+            f"{t.batch_p90_ms:.2f} ms ({t.per_image_ms:.2f} ms per image)")
+        out(f"start-up   model loaded in {t.load_s:.2f} s, first result {t.first_result_s:.2f} s after start")
         a = res.accuracy
         if a:
-            topk = a["top" + str(a["k"])]
-            out(f"accuracy   top-1 {a['top1']:.2f}%  top-{a['k']} {topk:.2f}% on {a['samples']} labelled input(s)")
-            worst = sorted(a["per_class"], key=lambda c: (c["recall"], -c["samples"]))[:CONFUSION_ROWS]
-            shown = "" if len(worst) == len(a["per_class"]) else f" (the {len(worst)} with the lowest recall)"
+            out(f"accuracy   top-1 {a.top1:.2f}%  top-{a.k} {a.topk:.2f}% on {a.samples} labelled input(s)")
+            worst = sorted(a.per_class, key=lambda c: (c.recall, -c.samples))[:CONFUSION_ROWS]
+            shown = "" if len(worst) == len(a.per_class) else f" (the {len(worst)} with the lowest recall)"
             out(f"confusion  class: recall, most often mistaken for{shown}")
             for c in worst:
-                mistaken = (f"{c['most_confused_with']} ({c['confused_count']} of {c['samples']})"
-                            if c["most_confused_with"] is not None else "-")
-                out(f"           {c['label']}: {c['recall']:.1f}% of {c['samples']}, {mistaken}")
+                mistaken = (f"{c.most_confused_with} ({c.confused_count} of {c.samples})"
+                            if c.most_confused_with is not None else "-")
+                out(f"           {c.label}: {c.recall:.1f}% of {c.samples}, {mistaken}")
         for note in res.notes:
             out(f"note       {note}")
     return show

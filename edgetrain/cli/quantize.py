@@ -30,16 +30,16 @@ def _size(n: int) -> str:
 def render(json_path, res) -> None:
     s = res.scheme
     say(json_path, f"quantized  {res.model} -> {res.output} ({res.backend})")
-    say(json_path, f"scheme     {s['name']} for {s['target']}")
-    say(json_path, f"           why: {s['reason']}")
-    for line in candidate_table(s.get("candidates")):
+    say(json_path, f"scheme     {s.name} for {s.target}")
+    say(json_path, f"           why: {s.reason}")
+    for line in candidate_table(s.candidates):
         say(json_path, line)
     c = res.calibration
-    say(json_path, f"calibrated {c['method']} on {c['samples']} samples of {c['source']}")
+    say(json_path, f"calibrated {c.method} on {c.samples} samples of {c.source}")
     a = res.accuracy
-    if a.get("checked"):
-        say(json_path, f"accuracy   fp32 {a['fp32_top1']:.2f}%  int8 {a['int8_top1']:.2f}%  drop {a['drop']:+.2f} pts "
-                       f"(budget {a['max_drop']:g}) on {a['samples']} samples of {a['source']}")
+    if a.checked:
+        say(json_path, f"accuracy   fp32 {a.fp32_top1:.2f}%  int8 {a.int8_top1:.2f}%  drop {a.drop:+.2f} pts "
+                       f"(budget {a.max_drop:g}) on {a.samples} samples of {a.source}")
         for st in res.steps:
             what = "all quantized nodes int8" if st.step == 0 else f"+ {', '.join(st.added)} in fp32"
             say(json_path, f"  step {st.step:<2}  {what}: top-1 {st.int8_top1:.2f}% (drop {st.drop:+.2f})")
@@ -49,12 +49,12 @@ def render(json_path, res) -> None:
     for line in node_error_table(res.node_errors):
         say(json_path, line)
     z = res.size
-    say(json_path, f"size       {_size(z['fp32_bytes'])} -> {_size(z['int8_bytes'])} ({z['ratio']:.2f}x smaller)")
+    say(json_path, f"size       {_size(z.fp32_bytes)} -> {_size(z.int8_bytes)} ({z.ratio:.2f}x smaller)")
     if res.latency:
         lt = res.latency
-        say(json_path, f"latency    p50 fp32 {lt['fp32_p50_ms']:.3f} ms, int8 {lt['int8_p50_ms']:.3f} ms "
-                       f"({lt['speedup']:.2f}x) in {lt['runtime']}, batch {lt['batch']}, {lt['threads']} thread(s)")
-        say(json_path, f"           measured on {lt['measured_on']}")
+        say(json_path, f"latency    p50 fp32 {lt.fp32_p50_ms:.3f} ms, int8 {lt.int8_p50_ms:.3f} ms "
+                       f"({lt.speedup:.2f}x) in {lt.runtime}, batch {lt.batch}, {lt.threads} thread(s)")
+        say(json_path, f"           measured on {lt.measured_on}")
     if not res.onnx_exportable:
         say(json_path, "onnx       this model cannot be exported to ONNX (MXNet's quantized graphs have no ONNX "
                        "translation); use --backend onnxruntime for a portable int8 model")
@@ -74,16 +74,16 @@ def candidate_table(candidates) -> list[str]:
     lines = ["candidates (batch 1, each timed in fresh processes; * the one written)",
              f"             {'candidate':<38} {'p50 ms':>8} {'size':>9} {'top-1':>7} {'drop':>6}"]
     for c in candidates:
-        mark = "*" if c["chosen"] else " "
-        name = c["name"] + (" [rule]" if c["rule"] else "")
-        if c["error"]:
-            lines.append(f"           {mark} {name:<38} {c['error']}")
+        mark = "*" if c.chosen else " "
+        name = c.name + (" [rule]" if c.rule else "")
+        if c.error:
+            lines.append(f"           {mark} {name:<38} {c.error}")
             continue
-        top1 = f"{c['top1']:.2f}" if c["top1"] is not None else "-"
-        drop = f"{c['drop']:+.2f}" if c["drop"] is not None else "-"
-        over = "  over --max-drop" if c["within_budget"] is False else ""
-        p50 = f"{c['p50_ms']:.3f}" if c["p50_ms"] is not None else "-"
-        lines.append(f"           {mark} {name:<38} {p50:>8} {_size(c['size_bytes'] or 0):>9} {top1:>7} {drop:>6}{over}")
+        top1 = f"{c.top1:.2f}" if c.top1 is not None else "-"
+        drop = f"{c.drop:+.2f}" if c.drop is not None else "-"
+        over = "  over --max-drop" if c.within_budget is False else ""
+        p50 = f"{c.p50_ms:.3f}" if c.p50_ms is not None else "-"
+        lines.append(f"           {mark} {name:<38} {p50:>8} {_size(c.size_bytes or 0):>9} {top1:>7} {drop:>6}{over}")
     return lines
 
 
@@ -93,7 +93,7 @@ def node_error_table(rows) -> list[str]:
         return []
     lines = ["node SQNR  all-int8 vs fp32, the nodes that lose most (dB; higher SQNR is better)"]
     for r in rows:
-        kept = "  kept in fp32" if r.get("kept_fp32") else ""
-        lines.append(f"           {r['node'][:44]:<44} {r['op'][:18]:<18} SQNR {r['output_sqnr_db']:6.1f}  "
-                     f"lost {r['lost_db']:5.1f}{kept}")
+        kept = "  kept in fp32" if r.kept_fp32 else ""
+        lines.append(f"           {r.node[:44]:<44} {r.op[:18]:<18} SQNR {r.output_sqnr_db:6.1f}  "
+                     f"lost {r.lost_db:5.1f}{kept}")
     return lines

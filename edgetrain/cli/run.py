@@ -45,6 +45,6 @@ def _render_summary(json_path, res) -> None:
         say(json_path, f"  {label:<28} {value}")
     if res.failed_step:
         step = next(s for s in res.steps if s.name == res.failed_step)
-        say(json_path, f"step '{step.name}' {step.status} (exit {step.exit_code}): {step.error or 'see ' + step.log}")
+        say(json_path, f"step '{step.name}' {step.outcome}")
     if res.report:
         say(json_path, f"report: {res.report}")

@@ -18,10 +18,10 @@ _FACE = {  # name -> the module of this wing that defines it
     "quantize_mxnet": "mxnet",
     "Quantizer": "ort", "check_not_quantized": "ort", "prepare": "ort", "quantized_node_names": "ort",
     "quiet_ort": "ort", "set_metadata": "ort",
-    "scheme_for": "scheme",
+    "SchemeRecord": "scheme", "scheme_for": "scheme",
     "DYNAMIC_OPS": "search", "Candidate": "search", "dynamic_applies": "search", "fastest": "search",
     "measure": "search", "static_candidates": "search",
-    "node_errors": "sensitivity", "rank_nodes": "sensitivity",
+    "NodeError": "sensitivity", "node_errors": "sensitivity", "rank_nodes": "sensitivity",
 }
 __all__ = sorted(_FACE)
 
@@ -31,9 +31,9 @@ if TYPE_CHECKING:
                               stride_for)
     from .mxnet import quantize_mxnet
     from .ort import Quantizer, check_not_quantized, prepare, quantized_node_names, quiet_ort, set_metadata
-    from .scheme import scheme_for
+    from .scheme import SchemeRecord, scheme_for
     from .search import DYNAMIC_OPS, Candidate, dynamic_applies, fastest, measure, static_candidates
-    from .sensitivity import node_errors, rank_nodes
+    from .sensitivity import NodeError, node_errors, rank_nodes
 
 
 __getattr__, __dir__ = _lazy.face(__name__, _FACE, globals())

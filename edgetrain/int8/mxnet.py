@@ -15,6 +15,7 @@ from .. import _lazy
 from .accuracy import top1
 from .calibration import check_symbol_not_quantized, load_calibration, load_validation
 from ..errors import UsageError
+from ..figures import Calibration, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host
 from ..models import load_gluon, parse_model_ref
@@ -23,6 +24,7 @@ from ..preprocess import sidecar_path, sidecar_text
 from ..results import report, stage
 from ..runners import time_runs
 from ..runtime import quiet_libraries
+from .scheme import SchemeRecord
 
 CALIB_MODES = {"minmax": "naive", "entropy": "entropy"}
 BATCH = 32
@@ -65,14 +67,14 @@ def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, t
 
         return qnet(mx.nd.array(x)).asnumpy()
 
-    accuracy, within_budget, steps = {"checked": False, "max_drop": max_drop}, None, []
+    accuracy, within_budget, steps = Int8Accuracy(checked=False, max_drop=max_drop), None, []
     if val_ds is not None:
         f = top1(fp32.predict, val_ds, progress=stage(progress, "fp32 top-1"))
         q = top1(run_int8, val_ds, progress=stage(progress, "int8 top-1"))
         steps = [{"step": 0, "kept_fp32": [], "added": [], "int8_top1": q, "drop": f - q}]
         within_budget = f - q <= max_drop + 1e-9
-        accuracy = {"checked": True, "fp32_top1": f, "int8_top1": q, "drop": f - q, "max_drop": max_drop,
-                    "samples": len(val_ds), "source": val}
+        accuracy = Int8Accuracy(checked=True, fp32_top1=f, int8_top1=q, drop=f - q, max_drop=max_drop,
+                                samples=len(val_ds), source=val)
     else:
         notes.append("accuracy was not checked: pass --val DATA to measure the int8 model against fp32")
 
@@ -85,21 +87,18 @@ def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, t
     host = detect_host()
     warnings = [scheme.warning] if scheme.warning else []
     if within_budget is False:
-        warnings.append(f"int8 top-1 drop {accuracy['drop']:.2f} pts exceeds --max-drop {max_drop:g}; the mxnet "
+        warnings.append(f"int8 top-1 drop {accuracy.drop:.2f} pts exceeds --max-drop {max_drop:g}; the mxnet "
                         "backend does not search for nodes to keep in fp32 (--backend onnxruntime does)")
     notes.append("MXNet stores int8 weights as fp32 in the params file, so it is not smaller on disk")
-    mx_scheme = {"name": f"MXNet oneDNN int8 ({record['granularity']}, auto int8/uint8 activations)",
-                 "format": "mxnet-quantized-symbol", "activations": "auto", "weights": "int8",
-                 "reduce_range": False, "per_channel": per_channel, "target": scheme.target,
-                 "reason": "MXNet's own quantization; runs only in MXNet built with oneDNN (x86-64, aarch64)",
-                 "warning": scheme.warning}
+    mx_scheme = SchemeRecord(name=f"MXNet oneDNN int8 ({record['granularity']}, auto int8/uint8 activations)",
+                             format="mxnet-quantized-symbol", activations="auto", weights="int8", reduce_range=False,
+                             per_channel=per_channel, target=scheme.target, warning=scheme.warning,
+                             reason="MXNet's own quantization; runs only in MXNet built with oneDNN (x86-64, aarch64)")
     return dict(
         model=model, output=str(prefix), backend="mxnet", scheme=mx_scheme,
-        calibration={"method": method, "samples": len(calib_ds), "source": calib},
-        accuracy=accuracy, steps=steps, nodes_kept_fp32=[],
-        size={"fp32_bytes": fp32_bytes, "int8_bytes": int8_bytes, "ratio": fp32_bytes / max(int8_bytes, 1)},
-        latency={"fp32_p50_ms": f_ms, "int8_p50_ms": q_ms, "speedup": f_ms / q_ms, "threads": threads, "batch": 1,
-                 "runtime": "mxnet", "measured_on": f"this host ({host.cpu}, {host.arch})"},
+        calibration=Calibration(method, len(calib_ds), calib), accuracy=accuracy, steps=steps, nodes_kept_fp32=[],
+        size=Int8Size.of(fp32_bytes, int8_bytes),
+        latency=Int8Latency.of(f_ms, q_ms, threads, 1, "mxnet", f"this host ({host.cpu}, {host.arch})"),
         onnx_exportable=False, warnings=warnings, notes=notes)
 
 

@@ -24,6 +24,9 @@ Pure Python: it runs before any heavy library loads.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..results import Figure
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,50 @@ class Int8Scheme:
 
     def to_dict(self) -> dict:
         return {"name": self.name, **asdict(self)}
+
+
+@dataclass(kw_only=True)
+class SchemeRecord(Figure):
+    """The scheme of the model a quantize run wrote, and why: a QuantizeResult's ``scheme``. The int8
+    parameters are None when the fastest candidate was fp32 or dynamic int8; ``measured`` is None for
+    --backend mxnet (which does not measure); ``rule`` and ``candidates`` are there when it was measured."""
+
+    name: str
+    format: str                      # "QDQ", "fp32", "dynamic", "mxnet-quantized-symbol"
+    target: str
+    reason: str
+    activations: str | None = None
+    weights: str | None = None
+    reduce_range: bool | None = None
+    per_channel: bool | None = None
+    warning: str | None = None
+    measured: bool | None = None
+    rule: Int8Scheme | None = None   # what ONNX Runtime's rule would have chosen
+    candidates: list | None = None   # every candidate timed (int8.search.Candidate), the written one chosen
+
+    @classmethod
+    def of(cls, scheme: Int8Scheme, **changes) -> "SchemeRecord":
+        return cls(**{"name": scheme.name, **asdict(scheme), **changes})
+
+    def to_dict(self) -> dict:
+        # the keys in the order the records had before they were typed: the int8 parameters (and warning)
+        # only for an int8 scheme; reason after target for one, after measured for fp32 or dynamic
+        int8 = self.activations is not None
+        d: dict[str, Any] = {"name": self.name, "format": self.format}
+        if int8:
+            d.update(activations=self.activations, weights=self.weights, reduce_range=self.reduce_range,
+                     per_channel=self.per_channel)
+        d["target"] = self.target
+        if int8:
+            d.update(reason=self.reason, warning=self.warning)
+        if self.measured is not None:
+            d["measured"] = self.measured
+        d["reason"] = self.reason
+        if self.rule is not None:
+            d["rule"] = self.rule.to_dict()
+        if self.candidates is not None:
+            d["candidates"] = [c.to_dict() for c in self.candidates]
+        return d
 
 
 def choose_scheme(arch: str, isa: dict[str, bool], target: str, per_channel: bool = True) -> Int8Scheme:

@@ -7,11 +7,24 @@ graph, so a node is charged with the SQNR it *loses*: that of its worst input mi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from .. import _lazy
+from ..results import Figure
 from .ort import quiet_ort
+
+
+@dataclass
+class NodeError(Figure):
+    """One node of the all-int8 model against fp32 (a QuantizeResult's ``node_errors``)."""
+
+    node: str
+    op: str
+    output_sqnr_db: float     # its output's SQNR against fp32 (higher is better)
+    lost_db: float            # the SQNR it loses: its worst input's minus its output's
+    kept_fp32: bool = False   # the written model keeps it in fp32
 
 
 def rank_nodes(fp32_path: Path, int8_path: Path, candidates: list[str], reader: Callable[[], object],
@@ -20,13 +33,13 @@ def rank_nodes(fp32_path: Path, int8_path: Path, candidates: list[str], reader: 
 
     ``reader()`` returns a fresh CalibrationDataReader over the samples to compare on.
     """
-    rows = {r["node"]: r for r in node_errors(fp32_path, int8_path, reader, workdir)}
-    costs = [(name, rows[name]["lost_db"] if name in rows else 0.0) for name in candidates]
+    rows = {r.node: r for r in node_errors(fp32_path, int8_path, reader, workdir)}
+    costs = [(name, rows[name].lost_db if name in rows else 0.0) for name in candidates]
     costs.sort(key=lambda c: -c[1])
     return costs
 
 
-def node_errors(fp32_path: Path, int8_path: Path, reader: Callable[[], object], workdir: Path) -> list[dict]:
+def node_errors(fp32_path: Path, int8_path: Path, reader: Callable[[], object], workdir: Path) -> list[NodeError]:
     """Every fp32 node whose output the int8 model quantizes: its output's SQNR (dB) against fp32 and the
     SQNR it loses (its worst input's minus its output's), the nodes that lose most first. A node whose
     output is not quantized has nothing measurable and is not listed."""
@@ -53,7 +66,7 @@ def node_errors(fp32_path: Path, int8_path: Path, reader: Callable[[], object], 
         if not outs:
             continue
         ins = [sqnr[i] for i in node.input if i in sqnr]
-        rows.append({"node": node.name, "op": node.op_type, "output_sqnr_db": round(min(outs), 2),
-                     "lost_db": round((min(ins) if ins else best) - min(outs), 2)})
-    rows.sort(key=lambda r: -r["lost_db"])
+        rows.append(NodeError(node.name, node.op_type, round(min(outs), 2),
+                              round((min(ins) if ins else best) - min(outs), 2)))
+    rows.sort(key=lambda r: -r.lost_db)
     return rows

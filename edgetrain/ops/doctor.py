@@ -22,6 +22,7 @@ from pathlib import Path
 from .. import envvars, runtime
 from ..compat import armpl
 from ..host import detect_host, read_cpuinfo
+from ..results import EXIT_FAILED, EXIT_OK, Result
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 NOTHING = "nothing to do"
@@ -155,25 +156,30 @@ class Check:
 
 
 @dataclass
-class DoctorReport:
-    checks: list[Check]
+class DoctorReport(Result):
+    checked: list[Check]  # its JSON key is "checks" (the name ``Result.checks()`` has)
     fix_requested: bool = False
     fixed: list[dict] = field(default_factory=list)
     machine: str = field(default_factory=platform.machine)
 
+    def checks(self) -> list[str]:
+        return [f"check '{c.name}' failed: {c.message}" for c in self.checked if c.status == FAIL]
+
     @property
     def healthy(self) -> bool:
-        return all(c.status != FAIL for c in self.checks)
+        return self.passed
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.healthy else 1
+        # doctor's exit code is older than the contract's 3 for a failed check: scripts and CI read 1 as
+        # "not healthy" (`edgetrain doctor || ...`), so it stays 1
+        return EXIT_OK if self.healthy else EXIT_FAILED
 
     def check(self, name: str) -> Check | None:
-        return next((c for c in self.checks if c.name == name), None)
+        return next((c for c in self.checked if c.name == name), None)
 
     def counts(self) -> dict[str, int]:
-        return {s: sum(c.status == s for c in self.checks) for s in (OK, WARN, FAIL)}
+        return {s: sum(c.status == s for c in self.checked) for s in (OK, WARN, FAIL)}
 
     def to_dict(self) -> dict:
         return {
@@ -185,7 +191,9 @@ class DoctorReport:
             "counts": self.counts(),
             "fix_requested": self.fix_requested,
             "fixed": self.fixed,
-            "checks": [c.to_dict() for c in self.checks],
+            "checks": [c.to_dict() for c in self.checked],
+            "passed": self.passed,
+            "failed_checks": self.failed_checks,
         }
 
 
@@ -569,11 +577,11 @@ def run_checks(fix: bool = False, progress=None) -> DoctorReport:
     """
     say = progress or (lambda name: None)
     machine = platform.machine()
-    report = DoctorReport(checks=[], fix_requested=fix, machine=machine)
+    report = DoctorReport(checked=[], fix_requested=fix, machine=machine)
     say("python")
-    report.checks.append(check_python())
+    report.checked.append(check_python())
     say("numpy")
-    report.checks.append(check_numpy(probe("numpy")))
+    report.checked.append(check_numpy(probe("numpy")))
 
     libmxnet = armpl.find_libmxnet()
     if fix and not _mxnet_installed():
@@ -581,7 +589,7 @@ def run_checks(fix: bool = False, progress=None) -> DoctorReport:
         report.fixed.append(install_mxnet())
         libmxnet = armpl.find_libmxnet()
     say("system-libs")
-    report.checks.append(check_system_libs(machine, libmxnet))
+    report.checked.append(check_system_libs(machine, libmxnet))
     say("aarch64-armpl")
     armpl_check, p = check_armpl(machine, libmxnet)
     if fix and p is not None and p.fixable:
@@ -595,30 +603,30 @@ def run_checks(fix: bool = False, progress=None) -> DoctorReport:
             armpl_check, p = check_armpl(machine, libmxnet)
             if report.fixed:
                 armpl_check.message += f" (--fix linked {', '.join(link.name for link in changed)})"
-    report.checks.append(armpl_check)
+    report.checked.append(armpl_check)
 
     say("mxnet")
     mx_result = probe("mxnet")
-    report.checks += check_mxnet(mx_result, libmxnet, machine)
-    report.checks.append(check_compat(mx_result))
+    report.checked += check_mxnet(mx_result, libmxnet, machine)
+    report.checked.append(check_compat(mx_result))
     say("onnx")
-    report.checks.append(check_onnx(probe("onnx")))
+    report.checked.append(check_onnx(probe("onnx")))
     say("onnxruntime")
     ort_result = probe("onnxruntime")
-    report.checks.append(check_onnxruntime(ort_result, "error" in ort_result and _emulated()))
+    report.checked.append(check_onnxruntime(ort_result, "error" in ort_result and _emulated()))
     if "error" not in ort_result:
         say("inference")
-        report.checks.append(check_inference())
+        report.checked.append(check_inference())
     numpy_check = report.check("numpy")
     if numpy_check.status == FAIL:
         # mxnet, onnx and onnxruntime all import numpy: a broken numpy is the likely cause of their failures.
-        for c in report.checks:
+        for c in report.checked:
             if c.status == FAIL and c.name in ("mxnet-import", "mxnet-compute", "onnx", "onnxruntime"):
                 c.fix = f"fix numpy first ({numpy_check.fix}), then run edgetrain doctor again"
     say("threads")
-    report.checks.append(check_threads())
+    report.checked.append(check_threads())
     say("isa")
-    report.checks.append(check_isa(machine))
+    report.checked.append(check_isa(machine))
     return report
 
 
@@ -647,7 +655,7 @@ def render(report: DoctorReport) -> str:
     """The human report: one line per check, a fix line under each that is not ok."""
     lines = [f"edgetrain doctor: Python {platform.python_version()} on {report.machine} "
              f"({sys.executable})"]
-    for c in report.checks:
+    for c in report.checked:
         lines.append(f"  {c.status.upper():<4}  {c.name:<14} {c.message}")
         if c.status != OK:
             lines.append(f"        {'':<14} fix: {c.fix}")

@@ -16,14 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from .. import _lazy
-from ..compare import Comparison, chance_check, chance_failure, compare_outputs, merge
+from ..compare import Comparison, compare_outputs, merge
 from ..convert import BATCH_SIZES, build_onnx, writable, write_atomically
 from ..data import load_data
 from ..errors import RunFailed, UsageError
+from ..figures import Chance
 from ..measure import profile as run_profile
 from ..models import load_gluon
 from ..options import ExportOptions, ProfileOptions
-from ..results import ProgressFn, Result, report
+from ..results import Figure, ProgressFn, Result, optional, report
 from ..runners import OrtRunner
 from ..runtime import current_threads
 
@@ -34,6 +35,31 @@ DATA_SAMPLES = 16
 DYNAMIC_BATCH_SIZES = BATCH_SIZES  # a dynamic-batch export is validated at each (the policy every file follows)
 
 
+@dataclass(kw_only=True)
+class ExportAccuracy(Figure):
+    """Top-1 of the ONNX model on the --data samples, against chance; ``checked`` False (and a ``note``)
+    when the data's labels are not the model's classes."""
+
+    checked: bool | None = optional()   # present only when False
+    top1: float | None = optional()
+    samples: int | None = optional()
+    chance: Chance | None = optional()
+    note: str | None = optional()
+
+
+@dataclass
+class TensorSpec(Figure):
+    name: str
+    shape: list[int | str | None]   # a symbolic dimension by its name ("batch"), None when unnamed
+    dtype: str
+
+
+@dataclass
+class ValidationBatch(Figure):
+    source: str                      # "random0".., or "data" (DATA's samples)
+    batch: int
+
+
 @dataclass
 class ExportResult(Result):
     path: str
@@ -42,11 +68,11 @@ class ExportResult(Result):
     opset: int
     precision: str  # "fp32" | "fp16"
     dynamic_batch: bool
-    inputs: list[dict]
-    outputs: list[dict]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
     ops: dict[str, int]
     comparison: object  # compare.Comparison
-    validated_with: list[dict]  # what each compared batch was
+    validated_with: list[ValidationBatch]
     device: str | None
     threads: int
     seconds: dict[str, float]
@@ -55,10 +81,11 @@ class ExportResult(Result):
     notes: list[str] = field(default_factory=list)
     # With --device: the profile command's latency verdict and energy budget for the written file.
     energy: dict | None = None
-    accuracy: dict | None = None  # with --data: top-1 of the ONNX model on its samples, against chance
+    accuracy: ExportAccuracy | None = None  # with --data
 
     def checks(self) -> list[str]:
-        failed = [f for f in [chance_failure((self.accuracy or {}).get("chance"), "ONNX model")] if f]
+        chance = self.accuracy.chance if self.accuracy is not None else None
+        failed = chance.failures("ONNX model") if chance is not None else []
         if not self.comparison.passed:
             worst = self.comparison.failed[0] if self.comparison.failed else None
             if worst is None:
@@ -111,7 +138,7 @@ def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = No
     for what, x in batches:
         expected.append(_gluon_outputs(model, x, out_names))
         actual.append(_ort_outputs(session, x, out_names, model.ref.text))
-        described.append({"source": what, "batch": int(x.shape[0])})
+        described.append(ValidationBatch(what, int(x.shape[0])))
     accuracy = _data_accuracy(samples, batches, actual, out_names, model, opts)
     comparison: Comparison = _compare(expected, actual, atol, rtol)
     comparison.batches = len(batches)
@@ -176,7 +203,7 @@ def _real_samples(data, model):
     return x, list(ds.notes), labels
 
 
-def _data_accuracy(samples, batches, actual, out_names, model, opts) -> dict | None:
+def _data_accuracy(samples, batches, actual, out_names, model, opts) -> ExportAccuracy | None:
     """Top-1 of the ONNX model on the --data samples (their labels), checked against chance."""
     if samples is None or len(samples) < 3 or model.num_classes < 2:
         return None
@@ -185,12 +212,11 @@ def _data_accuracy(samples, batches, actual, out_names, model, opts) -> dict | N
                              for (what, x), out in zip(batches, actual) if what == "data"])
     labels = np.asarray(samples[2][: len(logits)])
     if logits.shape[1] != model.num_classes or labels.max(initial=0) >= model.num_classes:
-        return {"checked": False, "note": "the data's labels are not the model's classes"}
+        return ExportAccuracy(checked=False, note="the data's labels are not the model's classes")
     top1 = 100.0 * float(np.mean(np.argmax(logits, axis=1) == labels))
-    check = chance_check(top1, labels, model.num_classes)
     # random weights are at chance by construction: that export checks the conversion, not the model
-    return {"top1": top1, "samples": int(len(labels)),
-            "chance": {**check, "allowed": bool(opts.allow_chance or model.random_weights)}}
+    chance = Chance.measure(top1, labels, model.num_classes, allowed=bool(opts.allow_chance or model.random_weights))
+    return ExportAccuracy(top1=top1, samples=int(len(labels)), chance=chance)
 
 
 def _validation_batches(model, dynamic_batch: bool, samples) -> list[tuple[str, np.ndarray]]:
@@ -238,13 +264,12 @@ def _compare(expected: list[dict], actual: list[dict], atol: float, rtol: float)
     return compare_outputs(merge(expected), merge(actual), atol=atol, rtol=rtol)
 
 
-def _io(values) -> list[dict]:
+def _io(values) -> list[TensorSpec]:
     helper = _lazy.from_import("onnx", "helper")
 
     out = []
     for v in values:
         t = v.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
-        out.append({"name": v.name, "shape": shape,
-                    "dtype": str(np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))})
+        out.append(TensorSpec(v.name, shape, str(np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))))
     return out

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from ..data import load_data
 from ..errors import UsageError
 from ..models import load_gluon
-from ..results import Result
+from ..preprocess import Preprocess
+from ..results import Figure, Result
 
 
 @dataclass
@@ -18,10 +19,24 @@ class InspectResult(Result):
     num_classes: int
     parameters: int
     random_weights: bool
-    preprocess: dict
+    preprocess: Preprocess
     notes: list[str] = field(default_factory=list)
-    data: dict | None = None
+    data: DataSummary | None = None
 
+
+@dataclass
+class DataSummary(Figure):
+    """What ``--data`` resolved to, read with the model's preprocessing."""
+
+    source: str
+    samples: int
+    classes: list[str]
+    per_class: dict[str, int]     # samples of each class
+    skipped_files: int
+    sample_shape: list[int]
+    sample_mean: float
+    sample_std: float
+    notes: list[str]
 
 
 def inspect(model_ref: str, data_ref: str | None = None, params: str | None = None,
@@ -29,7 +44,7 @@ def inspect(model_ref: str, data_ref: str | None = None, params: str | None = No
     model = load_gluon(model_ref, params=params, input_shape=input_shape, mean=mean, std=std)
     n_params = sum(int(p.data().size) for p in model.block.collect_params().values())
     result = InspectResult(model_ref, model.ref.kind, [1, *model.preprocess.input_shape], model.preprocess.input_name,
-                           model.num_classes, n_params, model.random_weights, model.preprocess.to_dict(),
+                           model.num_classes, n_params, model.random_weights, model.preprocess,
                            list(model.notes))
     if data_ref:
         ds = load_data(data_ref, model.preprocess)
@@ -38,7 +53,6 @@ def inspect(model_ref: str, data_ref: str | None = None, params: str | None = No
                              data_ref, "fine-tune the model on this data first (edgetrain finetune)")
         sample = ds.batch([0])
         counts = {name: int((ds.labels == i).sum()) for i, name in enumerate(ds.class_names)}
-        result.data = {"source": data_ref, "samples": len(ds), "classes": ds.class_names, "per_class": counts,
-                       "skipped_files": ds.skipped, "sample_shape": list(sample.shape),
-                       "sample_mean": float(sample.mean()), "sample_std": float(sample.std()), "notes": ds.notes}
+        result.data = DataSummary(data_ref, len(ds), ds.class_names, counts, ds.skipped, list(sample.shape),
+                                  float(sample.mean()), float(sample.std()), ds.notes)
     return result

@@ -25,7 +25,7 @@ import numpy as np
 from ..data import IMAGE_SUFFIXES, load_data, read_image, to_model_input
 from ..errors import UsageError, clip
 from ..preprocess import Preprocess
-from ..results import ProgressFn, Result, report
+from ..results import Figure, ProgressFn, Result, report
 from ..runners import OrtRunner
 from ..runtime import current_threads
 
@@ -47,9 +47,55 @@ class PredictResult(Result):
     threads: int
     classes: list[str] | None      # the model's class names (None: it recorded none; indices are shown)
     predictions: list[dict]        # {input, label?, top: [{label, index, score}]}
-    accuracy: dict | None          # with labels: top1, topk, samples, per_class, confusion
-    timing: dict                   # load_s, first_s, images_per_s, batch p50/p90 ms, per_image_ms
+    accuracy: PredictAccuracy | None  # with labels
+    timing: PredictTiming
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PredictTiming(Figure):
+    load_s: float
+    first_result_s: float
+    images_per_s: float | None             # end to end: decoding and inference
+    inference_images_per_s: float | None
+    decode_s: float
+    batch_p50_ms: float
+    batch_p90_ms: float
+    batches: int
+    per_image_ms: float
+
+
+@dataclass
+class ClassRecall(Figure):
+    label: str
+    index: int | None                      # in the model's numbering (None: a class the model does not have)
+    samples: int
+    correct: int
+    recall: float                          # %
+    most_confused_with: str | None
+    confused_count: int
+
+
+@dataclass
+class Confusion(Figure):
+    label: str
+    predicted: str
+    count: int
+
+
+@dataclass
+class PredictAccuracy(Figure):
+    samples: int
+    top1: float                            # %
+    topk: float                            # % top-k; its key is "top<k>" ("top5")
+    k: int
+    per_class: list[ClassRecall]
+    confusion: list[Confusion]
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        return {"samples": d["samples"], "top1": d["top1"], f"top{self.k}": d["topk"], "k": self.k,
+                "per_class": d["per_class"], "confusion": d["confusion"]}
 
 
 @dataclass
@@ -135,12 +181,12 @@ def predict(model: str, data: str, opts: "PredictOptions", progress: ProgressFn 
     wall = time.perf_counter() - t_run
     ms = np.asarray(batch_ms)
     full = ms[:-1] if len(ms) > 1 and n % opts.batch else ms  # a short last batch is not a batch's latency
-    timing = {"load_s": round(t_load, 4), "first_result_s": round(first_s or 0.0, 4),
-              "images_per_s": n / wall if wall > 0 else None,
-              "inference_images_per_s": n / (ms.sum() / 1000.0) if ms.sum() > 0 else None,
-              "decode_s": round(decode_s, 4), "batch_p50_ms": float(np.percentile(full, 50)),
-              "batch_p90_ms": float(np.percentile(full, 90)), "batches": len(ms),
-              "per_image_ms": float(np.percentile(full, 50)) / min(opts.batch, n)}
+    timing = PredictTiming(load_s=round(t_load, 4), first_result_s=round(first_s or 0.0, 4),
+                           images_per_s=n / wall if wall > 0 else None,
+                           inference_images_per_s=n / (ms.sum() / 1000.0) if ms.sum() > 0 else None,
+                           decode_s=round(decode_s, 4), batch_p50_ms=float(np.percentile(full, 50)),
+                           batch_p90_ms=float(np.percentile(full, 90)), batches=len(ms),
+                           per_image_ms=float(np.percentile(full, 50)) / min(opts.batch, n))
     accuracy = None
     if labels is not None:
         accuracy = _accuracy(labels, confusion, top1_hits, topk_hits, k, classes)
@@ -328,7 +374,7 @@ def _model_labels(src: _Source, classes: list[str] | None, num_out: int, notes: 
     return src.labels, truth_names
 
 
-def _accuracy(labels: np.ndarray, confusion: dict, top1: int, topk: int, k: int, classes) -> dict:
+def _accuracy(labels: np.ndarray, confusion: dict, top1: int, topk: int, k: int, classes) -> PredictAccuracy:
     """``confusion`` counts (true name, true model index or -1, predicted index)."""
     n = int(len(labels))
     per_class = []
@@ -336,11 +382,8 @@ def _accuracy(labels: np.ndarray, confusion: dict, top1: int, topk: int, k: int,
         row = {p: c for (nm, t, p), c in confusion.items() if nm == name}
         total = sum(row.values())
         wrong = sorted(((c, p) for p, c in row.items() if p != truth), reverse=True)
-        per_class.append({"label": name, "index": truth if truth >= 0 else None, "samples": total,
-                          "correct": row.get(truth, 0), "recall": 100.0 * row.get(truth, 0) / total,
-                          "most_confused_with": _name(classes, wrong[0][1]) if wrong else None,
-                          "confused_count": wrong[0][0] if wrong else 0})
-    return {"samples": n, "top1": 100.0 * top1 / n, f"top{k}": 100.0 * topk / n, "k": k,
-            "per_class": per_class,
-            "confusion": [{"label": nm, "predicted": _name(classes, p), "count": c}
-                          for (nm, _t, p), c in sorted(confusion.items())]}
+        per_class.append(ClassRecall(name, truth if truth >= 0 else None, total, row.get(truth, 0),
+                                     100.0 * row.get(truth, 0) / total,
+                                     _name(classes, wrong[0][1]) if wrong else None, wrong[0][0] if wrong else 0))
+    return PredictAccuracy(n, 100.0 * top1 / n, 100.0 * topk / n, k, per_class,
+                           [Confusion(nm, _name(classes, p), c) for (nm, _t, p), c in sorted(confusion.items())])

@@ -12,15 +12,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import _lazy
-from ..compare import chance_check, chance_failure
 from ..convert import check_batch_sizes
 from ..errors import UsageError
+from ..figures import Calibration, Chance, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host
-from ..int8 import (DYNAMIC_OPS, Candidate, Quantizer, calibration_reader, check_not_quantized,
-                    check_symbol_not_quantized, dynamic_applies, load_calibration, load_validation, measure,
-                    node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names, rank_nodes, scheme_for,
-                    set_metadata, static_candidates, stride_for)
+from ..int8 import (DYNAMIC_OPS, Candidate, NodeError, Quantizer, SchemeRecord, calibration_reader,
+                    check_not_quantized, check_symbol_not_quantized, dynamic_applies, load_calibration,
+                    load_validation, measure, node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names,
+                    rank_nodes, scheme_for, set_metadata, static_candidates, stride_for)
 from ..models import load_onnx, parse_model_ref
 from ..options import QuantizeOptions
 from ..results import ProgressFn, Result, stage
@@ -50,27 +50,26 @@ class QuantizeResult(Result):
     model: str
     output: str
     backend: str
-    scheme: dict
-    calibration: dict            # method, samples, source
-    accuracy: dict               # checked, fp32_top1, int8_top1, drop, max_drop, samples, source
+    scheme: SchemeRecord
+    calibration: Calibration
+    accuracy: Int8Accuracy
     steps: list[BudgetStep]
     nodes_kept_fp32: list[str]
-    size: dict                   # fp32_bytes, int8_bytes, ratio
-    latency: dict | None         # fp32/int8 p50 ms, speedup, threads, measured_on
+    size: Int8Size
+    latency: Int8Latency | None  # None: --no-latency
     onnx_exportable: bool
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    # Per node of the all-int8 model, the nodes that lose most first: node, op, output_sqnr_db, lost_db, kept_fp32
-    node_errors: list[dict] = field(default_factory=list)
+    node_errors: list[NodeError] = field(default_factory=list)  # the nodes that lose most first
 
     def checks(self) -> list[str]:
         a = self.accuracy
         failed = []
-        if a.get("checked") and a["drop"] > a["max_drop"] + 1e-9:
-            failed.append(f"int8 top-1 drop {a['drop']:.2f} pts exceeds --max-drop {a['max_drop']:g}: the best model "
+        if a.over_budget:
+            failed.append(f"int8 top-1 drop {a.drop:.2f} pts exceeds --max-drop {a.max_drop:g}: the best model "
                           "is kept; calibrate on more representative data, allow more --max-fp32-nodes, or raise "
                           "--max-drop")
-        return failed + [f for f in [chance_failure(a.get("chance"), "int8")] if f]
+        return failed + (a.chance.failures("int8") if a.chance else [])
 
 
 def quantize(model: str, opts: QuantizeOptions, progress: ProgressFn | None = None) -> QuantizeResult:
@@ -179,7 +178,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     cap = len(quantized) // 2 if opts.max_fp32_nodes is None else min(opts.max_fp32_nodes, len(quantized))
 
     steps: list[BudgetStep] = []
-    best, accuracy, within_budget = (candidate, []), {"checked": False, "max_drop": max_drop}, None
+    best, accuracy, within_budget = (candidate, []), Int8Accuracy(checked=False, max_drop=max_drop), None
     if val_ds is not None:
         fp32_top1 = onnx_top1(onnx_model.path, val_ds, threads, stage(progress, "fp32 top-1"))
         int8_top1 = onnx_top1(candidate, val_ds, threads, stage(progress, "int8 top-1"))
@@ -196,13 +195,12 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
             best = _search(trial, [name for name, _ in ranked][:cap], steps, candidate, fp32_top1, max_drop)
         chosen = next(s for s in steps if s.kept_fp32 == best[1])
         within_budget = chosen.drop <= max_drop + 1e-9
-        accuracy = {"checked": True, "fp32_top1": fp32_top1, "int8_top1": chosen.int8_top1,
-                    "drop": chosen.drop, "max_drop": max_drop, "samples": len(val_ds), "source": val}
-        # a model at chance passes no budget worth having
-        accuracy["chance"] = {**chance_check(chosen.int8_top1, val_ds.labels, num_classes or val_ds.num_classes),
-                              # random weights are at chance by construction (that run checks the tooling)
-                              "allowed": bool(opts.allow_chance)
-                              or onnx_model.metadata.get("edgetrain.random_weights") == "true"}
+        # a model at chance passes no budget worth having; random weights are at chance by construction
+        chance = Chance.measure(chosen.int8_top1, val_ds.labels, num_classes or val_ds.num_classes,
+                                allowed=bool(opts.allow_chance)
+                                or onnx_model.metadata.get("edgetrain.random_weights") == "true")
+        accuracy = Int8Accuracy(checked=True, fp32_top1=fp32_top1, int8_top1=chosen.int8_top1, drop=chosen.drop,
+                                max_drop=max_drop, samples=len(val_ds), source=val, chance=chance)
         if within_budget is False:
             notes.append(f"searched up to {cap} of {len(quantized)} quantized nodes kept in fp32 "
                          "(--max-fp32-nodes)")
@@ -212,7 +210,6 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     best_path, kept = best
     host = detect_host()
     measured = opts.scheme == "auto" and (profile is None or host.matches(profile))
-    rule_record = scheme.to_dict()
     metadata = onnx_model.metadata
 
     def write(path: Path, name: str, kept_nodes: list[str], final: bool) -> None:
@@ -230,9 +227,8 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     if measured:
         from ..int8 import fastest
 
-        rule_top1 = accuracy.get("int8_top1")
-        search = _scheme_candidates(onnx_model, prepared, quantizer_for, scheme, best_path, kept, rule_top1,
-                                    val_ds, accuracy.get("fp32_top1"), max_drop, threads, host, tmp,
+        search = _scheme_candidates(onnx_model, prepared, quantizer_for, scheme, best_path, kept,
+                                    accuracy.int8_top1, val_ds, accuracy.fp32_top1, max_drop, threads, host, tmp,
                                     progress)
         _measure(search, pre.batch_shape(1), threads, write, kept, progress)
         chosen = fastest(search)
@@ -242,23 +238,22 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         chosen.chosen = True
         kept = kept if chosen.kind == "static" else []
         best_path = chosen.path
-        scheme_dict = _measured_scheme(chosen, search, scheme, host, threads)
+        scheme_record = _measured_scheme(chosen, search, scheme, host, threads)
         if chosen.kind == "fp32":
             notes.append("fp32 was the fastest candidate within the budget on this CPU: the fp32 model was written "
                          "(no int8 scheme ran faster here)")
-        if accuracy.get("checked") and chosen.top1 is not None:
-            accuracy = {**accuracy, "int8_top1": chosen.top1, "drop": chosen.drop}
+        if accuracy.checked and chosen.top1 is not None:
+            accuracy.int8_top1, accuracy.drop = chosen.top1, chosen.drop
             within_budget = chosen.within_budget
     else:
-        scheme_dict = {**rule_record, "measured": False}
         if opts.scheme == "auto":
             notes.append(f"the scheme was not measured: quantizing for {profile.name} on this host "
                          f"({host.cpu}, {host.arch}); ONNX Runtime's rule for its CPU was used (run quantize on "
                          "the device to choose by measurement)")
         else:
             notes.append("the scheme was not measured (--scheme rule): ONNX Runtime's rule for the CPU was used")
-        scheme_dict["reason"] = rule_record["reason"] + " (rule; not measured)"
-    write(best_path, scheme_dict["name"], kept, final=True)
+        scheme_record = SchemeRecord.of(scheme, measured=False, reason=scheme.reason + " (rule; not measured)")
+    write(best_path, scheme_record.name, kept, final=True)
     written = tmp / "staged.onnx"  # the bytes -o got: read back from here, as -o may be a device or a FIFO
     batch = check_batch_sizes(written, pre, threads, str(output), rtol=INT8_BATCH_RTOL)
     notes.append("the model takes any batch size (checked at batch " + " and ".join(map(str, batch["checked_sizes"]))
@@ -274,13 +269,12 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     warnings = [scheme.warning] if scheme.warning and search is None else []
     if within_budget is False:
         warnings.append(f"no mix of int8 and fp32 nodes met --max-drop {max_drop:g}: kept the best "
-                        f"(drop {accuracy['drop']:.2f} pts with {len(kept)} node(s) in fp32)")
+                        f"(drop {accuracy.drop:.2f} pts with {len(kept)} node(s) in fp32)")
     return QuantizeResult(
-        model=model, output=str(output), backend="onnxruntime", scheme=scheme_dict,
-        calibration={"method": method, "samples": len(calib_ds), "source": calib},
-        accuracy=accuracy, steps=steps, nodes_kept_fp32=kept,
-        size={"fp32_bytes": fp32_bytes, "int8_bytes": int8_bytes, "ratio": fp32_bytes / max(int8_bytes, 1)},
-        latency=latency, onnx_exportable=True, warnings=warnings, notes=notes, node_errors=node_errors)
+        model=model, output=str(output), backend="onnxruntime", scheme=scheme_record,
+        calibration=Calibration(method, len(calib_ds), calib), accuracy=accuracy, steps=steps,
+        nodes_kept_fp32=kept, size=Int8Size.of(fp32_bytes, int8_bytes), latency=latency, onnx_exportable=True,
+        warnings=warnings, notes=notes, node_errors=node_errors)
 
 
 def _scheme_candidates(onnx_model, prepared: Path, quantizer_for, rule, rule_path: Path, kept: list[str],
@@ -338,30 +332,31 @@ def _measure(cands, batch_shape, threads: int, write, kept: list[str], progress)
     measure(cands, batch_shape, threads, on_measured=saved, progress=stage(progress, "time candidates"))
 
 
-def _measured_scheme(chosen, cands, rule, host, threads: int) -> dict:
-    base = chosen.scheme.to_dict() if chosen.scheme is not None else {
-        "name": chosen.name, "format": "fp32" if chosen.kind == "fp32" else "dynamic"}
+def _measured_scheme(chosen, cands, rule, host, threads: int) -> SchemeRecord:
     others = sorted((c for c in cands if c.eligible and c is not chosen), key=lambda c: c.p50_ms)
     runner_up = (f"; next {others[0].name} {others[0].p50_ms:.3f} ms" if others else "")
     budget = "within the accuracy budget" if chosen.top1 is not None or chosen.kind == "fp32" else \
         "(accuracy not checked: no --val)"
-    return {**base, "name": chosen.name, "target": f"this host ({host.cpu}, {host.arch})", "measured": True,
-            "reason": f"measured: the fastest of {sum(c.eligible for c in cands)} candidates {budget}, "
-                      f"p50 {chosen.p50_ms:.3f} ms at batch 1, {threads} thread(s), each timed in fresh processes"
-                      f"{runner_up}; ONNX Runtime's rule would have chosen {rule.name}",
-            "rule": rule.to_dict(), "candidates": [c.to_dict() for c in cands]}
+    measured = dict(name=chosen.name, target=f"this host ({host.cpu}, {host.arch})", measured=True, rule=rule,
+                    candidates=list(cands),
+                    reason=f"measured: the fastest of {sum(c.eligible for c in cands)} candidates {budget}, "
+                           f"p50 {chosen.p50_ms:.3f} ms at batch 1, {threads} thread(s), each timed in fresh "
+                           f"processes{runner_up}; ONNX Runtime's rule would have chosen {rule.name}")
+    if chosen.scheme is not None:
+        return SchemeRecord.of(chosen.scheme, **measured)
+    return SchemeRecord(format="fp32" if chosen.kind == "fp32" else "dynamic", **measured)
 
 
-def _measured_latency(cands, threads: int, pre, host) -> dict:
+def _measured_latency(cands, threads: int, pre, host) -> Int8Latency:
     fp32 = next(c for c in cands if c.kind == "fp32")
     chosen = next(c for c in cands if c.chosen)
-    return {"fp32_p50_ms": fp32.p50_ms, "int8_p50_ms": chosen.p50_ms, "speedup": fp32.p50_ms / chosen.p50_ms,
-            "threads": threads, "batch": 1, "runtime": "onnxruntime",
-            "measured_on": f"this host ({host.cpu}, {host.arch}), each candidate in fresh processes "
-                           f"(the written model: {chosen.name})"}
+    return Int8Latency.of(fp32.p50_ms, chosen.p50_ms, threads, 1, "onnxruntime",
+                          f"this host ({host.cpu}, {host.arch}), each candidate in fresh processes "
+                          f"(the written model: {chosen.name})")
 
 
-def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds, pre, tmp: Path, notes) -> list[dict]:
+def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds, pre, tmp: Path,
+                 notes) -> list[NodeError]:
     """Per-node SQNR of the all-int8 model against fp32 (the nodes that lose most first), and which of them
     the written model keeps in fp32: why a node was kept."""
     try:
@@ -371,7 +366,7 @@ def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds,
         notes.append(f"per-node SQNR not measured: {str(exc).splitlines()[0][:150]}")
         return []
     for r in rows:
-        r["kept_fp32"] = r["node"] in kept
+        r.kept_fp32 = r.node in kept
     return rows[:NODE_ERROR_ROWS]
 
 
@@ -400,7 +395,7 @@ def _search(trial, order: list[str], steps: list[BudgetStep], first: Path, fp32_
     return best
 
 
-def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profile, progress=None) -> dict:
+def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profile, progress=None) -> Int8Latency:
     host = detect_host()
     report = progress or (lambda done, total: None)
     report(0, 2)
@@ -417,5 +412,4 @@ def _latency(fp32_path: Path, int8_path: Path, batch_shape, threads: int, profil
         where = f"this host ({host.cpu}, {host.arch}), not on {profile.name}: relative figures only"
     else:
         where = f"this host ({host.cpu}, {host.arch})"
-    return {"fp32_p50_ms": fp32.p50_ms, "int8_p50_ms": int8.p50_ms, "speedup": fp32.p50_ms / int8.p50_ms,
-            "threads": threads, "batch": batch_shape[0], "runtime": "onnxruntime", "measured_on": where}
+    return Int8Latency.of(fp32.p50_ms, int8.p50_ms, threads, batch_shape[0], "onnxruntime", where)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -32,7 +32,7 @@ from ..models import load_gluon
 from ..fleet.report import read_report as read_fleet_report
 from ..options import Options
 from ..recipes import ORIGIN_FILE, STEPS, Artifacts, LoadedRecipe, check_recipe
-from ..results import step_passed
+from ..results import Result, step_passed
 from ..run_report import write_run_report
 
 EXIT_STATUS = {0: "done", 1: "failed", 2: "bad input", 3: "budget not met"}
@@ -49,9 +49,13 @@ class StepRun:
     result: dict | None = None
     error: str | None = None
 
+    @property
+    def outcome(self) -> str:
+        return f"{self.status} (exit {self.exit_code}): {self.error or 'see ' + self.log}"
+
 
 @dataclass
-class RunResult:
+class RunResult(Result):
     recipe: str
     source: str
     rundir: str
@@ -59,11 +63,13 @@ class RunResult:
     steps: list[StepRun] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
     report: str | None = None
-    exit_code: int = 0
+    # the run's exit code is its steps': the first failing step's 1 or 2 (the run stops there), else 3 if
+    # a step's check failed, else 0; a field (set as the steps run), not derived from failed_checks
+    exit_code: int = 0  # type: ignore[assignment]
     failed_step: str | None = None
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def checks(self) -> list[str]:
+        return [f"step '{s.name}' {s.outcome}" for s in self.steps if s.exit_code]
 
 
 def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: str | None = None,
@@ -109,7 +115,7 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
         if run.exit_code not in (0, 3):
             result.exit_code = 1 if run.exit_code != 2 else 2
             result.failed_step = step.name
-            say(f"[{i}/{total}] {step.name} {run.status} (exit {run.exit_code}): {run.error or 'see ' + run.log}")
+            say(f"[{i}/{total}] {step.name} {run.outcome}")
             break
         if run.exit_code == 3:
             result.exit_code = 3

@@ -1,0 +1,111 @@
+"""Figures more than one module writes into a result: the verdict of a top-1 accuracy against chance
+(export, quantize; fine-tune still holds its dict form, ``compare.chance_check``), and what quantizing
+changed (accuracy, calibration, size, latency: the ONNX Runtime and the MXNet backends both write them).
+
+Each is a ``results.Figure``: typed fields that read as attributes, and the JSON keys they always had.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .results import Figure, optional
+
+
+@dataclass(kw_only=True)
+class Chance(Figure):
+    """Is a top-1 accuracy (in %) at or near what guessing gets on these labels? ``checked`` False: too
+    few labels or classes to tell. ``allowed``: the user accepts a model at chance (or it has random
+    weights, at chance by construction: that run checks the tooling, not the model)."""
+
+    checked: bool
+    top1: float | None = optional()
+    baseline: float | None = optional()    # % the better of uniform guessing and the commonest class gets
+    margin: float | None = optional()      # points above the baseline still counted as chance
+    samples: int | None = optional()
+    at_chance: bool | None = optional()
+    allowed: bool = False
+
+    @classmethod
+    def measure(cls, top1_pct: float, labels, num_classes: int, allowed: bool = False) -> "Chance":
+        """The baseline is the better of uniform guessing (100/K) and always answering the most common
+        class; "near" is within two binomial standard errors of it on this many samples (at least 2
+        points). A model that scores there has learned nothing these samples can show: a failed check
+        unless the user opts out."""
+        import numpy as np
+
+        labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+        n = int(labels.size)
+        if n == 0 or num_classes < 2:
+            return cls(checked=False, allowed=allowed)
+        counts = np.bincount(labels, minlength=num_classes)
+        baseline = 100.0 * max(1.0 / num_classes, counts.max() / n)
+        p = baseline / 100.0
+        margin = max(2.0, 200.0 * math.sqrt(p * (1 - p) / n))
+        return cls(checked=True, top1=float(top1_pct), baseline=baseline, margin=margin, samples=n,
+                   at_chance=bool(top1_pct <= baseline + margin), allowed=allowed)
+
+    def failures(self, what: str) -> list[str]:
+        """The failed check for ``what`` ("int8", "ONNX model"), or none: not at chance, not checked, allowed."""
+        if not self.checked or not self.at_chance or self.allowed:
+            return []
+        if self.baseline + self.margin >= 100.0:  # issue 26: no score on so few samples can show learning
+            return [f"{what} top-1 {self.top1:.1f}% on {self.samples} held-out samples cannot be told from chance "
+                    f"(guessing gets {self.baseline:.1f}%, +/- {self.margin:.1f}: too few samples); give more "
+                    "held-out samples, or pass --allow-chance"]
+        return [f"{what} top-1 {self.top1:.1f}% on {self.samples} held-out samples is at chance (guessing gets "
+                f"{self.baseline:.1f}%, +/- {self.margin:.1f}); pass --allow-chance if that is expected"]
+
+
+@dataclass(kw_only=True)
+class Int8Accuracy(Figure):
+    """Top-1 of the int8 model against fp32 on ``--val`` (``checked`` False: no --val, only the budget)."""
+
+    checked: bool
+    fp32_top1: float | None = optional()
+    int8_top1: float | None = optional()
+    drop: float | None = optional()          # points: fp32 top-1 - int8 top-1
+    max_drop: float
+    samples: int | None = optional()
+    source: str | None = optional()
+    chance: Chance | None = optional()       # the int8 model against guessing (the ONNX Runtime backend)
+
+    @property
+    def over_budget(self) -> bool:
+        return self.checked and self.drop is not None and self.drop > self.max_drop + 1e-9
+
+
+@dataclass
+class Calibration(Figure):
+    method: str
+    samples: int
+    source: str
+
+
+@dataclass
+class Int8Size(Figure):
+    fp32_bytes: int
+    int8_bytes: int
+    ratio: float
+
+    @classmethod
+    def of(cls, fp32_bytes: int, int8_bytes: int) -> "Int8Size":
+        return cls(fp32_bytes, int8_bytes, fp32_bytes / max(int8_bytes, 1))
+
+
+@dataclass
+class Int8Latency(Figure):
+    """p50 of one batch, fp32 and int8, in one runtime at one thread cap; ``measured_on`` says where."""
+
+    fp32_p50_ms: float
+    int8_p50_ms: float
+    speedup: float
+    threads: int
+    batch: int
+    runtime: str
+    measured_on: str
+
+    @classmethod
+    def of(cls, fp32_ms: float, int8_ms: float, threads: int, batch: int, runtime: str,
+           measured_on: str) -> "Int8Latency":
+        return cls(fp32_ms, int8_ms, fp32_ms / int8_ms, threads, batch, runtime, measured_on)
