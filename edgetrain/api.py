@@ -42,8 +42,8 @@ from .options import (
     ProfileOptions,
     QuantizeOptions,
 )
-from .errors import UsageError
 from .fileio import check_command_outputs, check_outputs
+from .fileio import path_arg as _path
 from .recipes import read_recipe
 from .results import Progress, ProgressFn
 
@@ -59,21 +59,6 @@ def _listener(progress) -> ProgressFn | None:
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a function taking an edgetrain.Progress, 'stderr' or None, not {progress!r}")
     return progress
-
-
-def _path(value, name: str, where: str) -> str:
-    """A path argument as the str edgetrain works with: str or os.PathLike; bytes through os.fsdecode."""
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if isinstance(value, bytes):
-        value = os.fsdecode(value)
-    if not isinstance(value, str):
-        got = "None" if value is None else f"{type(value).__name__} {value!r:.40}"
-        raise UsageError(f"{name} must be a path (str or os.PathLike), not {got}", where,
-                         "pass a str or a pathlib.Path")
-    if not value.strip():
-        raise UsageError(f"{name} is an empty path", where, "pass a file name")
-    return value
 
 
 def _decoded(values: dict) -> dict:

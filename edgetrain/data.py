@@ -221,7 +221,9 @@ def load_data(ref: str, pre: Preprocess, where: str = "--data", num_classes: int
     anything is allocated). ``max_bytes``: the memory the arrays of an .npz may take once read (default:
     half of the memory available now); checked from the file's headers before anything is read whole.
     """
-    ref = str(ref)
+    from .fileio import path_arg
+
+    ref = path_arg(ref, "data", where)
     if ref.startswith(BUILTIN_PREFIX):
         name = ref[len(BUILTIN_PREFIX):]
         if name not in BUILTINS:

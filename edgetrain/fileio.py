@@ -30,6 +30,25 @@ MAX_YAML_DEPTH = 64
 MAX_YAML_NODES = 100_000  # nodes once every alias is expanded
 
 
+def path_arg(value, name: str, where: str) -> str:
+    """A path (or MODEL/DATA reference) handed to the Python API, as the str edgetrain works with: str or
+    os.PathLike; bytes are decoded as the os module does (os.fsdecode). Anything else -- None, a number --
+    is one UsageError naming the argument, never str()'d into a file named "None" or "b'...'"."""
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
+    if not isinstance(value, str):
+        got = "None" if value is None else f"{type(value).__name__} {value!r:.40}"
+        raise UsageError(f"{name} must be a path (str or os.PathLike), not {got}", where,
+                         "pass a str or a pathlib.Path")
+    if not value.strip():
+        raise UsageError(f"{name} is an empty path", where, "pass a file name")
+    return value
+
+
 # An output that names a stream is written through, never replaced: a device (``-o /dev/null``), a FIFO,
 # or a name for an open file descriptor (``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``). A symlink to
 # a file is followed: its target is written atomically (temp file beside the target, then rename), and the

@@ -125,3 +125,57 @@ def test_predict_output_is_written_in_its_format(tmp_path):
         text = out.read_text().splitlines()
         assert len(text) == res.samples + (0 if fmt == "jsonl" else 1), fmt
         assert res.predictions[0]["input"] in text[0 if fmt == "jsonl" else 1]
+
+
+# --- the rest of the face: the ground functions __init__ names that take a path ------------------------------
+
+def _pre():
+    from edgetrain.preprocess import default_for_shape
+
+    return default_for_shape((1, 8, 8))
+
+
+FACE = {
+    "load_gluon": lambda v: edgetrain.load_gluon(v),
+    "load_onnx": lambda v: edgetrain.load_onnx(v),
+    "parse_model_ref": lambda v: edgetrain.parse_model_ref(v),
+    "load_data": lambda v: edgetrain.load_data(v, _pre()),
+    "load_device": lambda v: edgetrain.load_device(v),
+    "save_prefix": lambda v: edgetrain.save_prefix(edgetrain.load_gluon(PREFIX), v),
+}
+# the face's other names take no path: classes, results, errors, and functions of numbers or profiles
+NO_PATH = {"list_profiles", "detect_host", "compare_outputs", "energy_report", "Preprocess", "Dataset",
+           "EdgetrainError", "UsageError", "BudgetExceeded", "RunFailed", "QuantizeOptions", "ExportOptions",
+           "FinetuneOptions", "ProfileOptions", "Result", "QuantizeResult", "ExportResult", "Progress", "Comparison"}
+
+
+def test_the_face_is_covered():
+    assert set(edgetrain._API) == set(SIGNATURES) | set(FACE) | NO_PATH
+
+
+@pytest.mark.parametrize("label", ["None", "int", "float", "list", "empty"])
+@pytest.mark.parametrize("fn", list(FACE))
+def test_face_function_refuses_a_path_that_is_not_one(tmp_path, monkeypatch, fn, label):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as info:
+        FACE[fn](BAD[label])
+    line = info.value.line()
+    assert " must be a path (str or os.PathLike), not " in line or "empty" in line, line
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["bytes", "Path"])
+@pytest.mark.parametrize("fn", [f for f in FACE if f != "save_prefix"])
+def test_face_function_decodes_bytes_and_pathlike(tmp_path, fn, kind):
+    name = str(tmp_path / "missing.npz")
+    with pytest.raises(UsageError) as info:
+        FACE[fn](os.fsencode(name) if kind == "bytes" else Path(name))
+    assert "b'" not in info.value.line() and "missing.npz" in info.value.line(), info.value.line()
+
+
+def test_save_prefix_writes_under_the_decoded_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    FACE["save_prefix"](b"bytes")
+    FACE["save_prefix"](Path("path"))
+    assert sorted(os.listdir(tmp_path)) == sorted(f"{p}-{s}" for p in ("bytes", "path")
+                                                  for s in ("symbol.json", "0000.params", "edgetrain.json"))
