@@ -508,13 +508,15 @@ def _load_folder(root: Path, pre: Preprocess, where: str) -> Dataset:
         raise UsageError("image folder has no class sub-folders", str(root),
                          "put each class's images in a sub-folder named after the class")
     _check_classes(len(classes), str(root), where)
-    files, labels, skipped = [], [], 0
+    files, labels, skipped, wide = [], [], 0, set()
     for ci, name in enumerate(classes):
         for f in sorted((root / name).rglob("*")):
             if not f.is_file() or f.name.startswith("."):
                 continue
             try:
                 with _open_image(f) as im:  # reads the header only: the pixel limit holds before decode
+                    if im.mode in _SIXTEEN_BIT or im.mode in ("I", "F"):
+                        wide.add("F" if im.mode == "F" else "16-bit" if im.mode in _SIXTEEN_BIT else "I")
                     im.verify()
             except _TooLarge:
                 raise
@@ -531,6 +533,10 @@ def _load_folder(root: Path, pre: Preprocess, where: str) -> Dataset:
     notes = [f"{skipped} file(s) that are not images were skipped"] if skipped else []
     if empty:
         notes.append(f"class folder(s) with no images: {', '.join(empty)}")
+    if wide:  # the rule above, said where it applies
+        said = {"16-bit": "16-bit images as x/65535", "I": "32-bit integer images as x/65535 (0..65535 only)",
+                "F": "float images as they are (0..1 only)"}
+        notes.append("pixel scale: 8-bit images read as x/255, " + ", ".join(said[k] for k in sorted(wide)))
     if np.count_nonzero(counts) < 2:
         raise UsageError(f"only one class folder has images ({classes[int(np.argmax(counts))]})", str(root),
                          "classification needs images in at least 2 class folders")

@@ -53,6 +53,9 @@ def test_every_pixel_kind_is_read_at_its_true_scale(tmp_path, kind, channels):
     assert got.shape[:2] == (6, 8) and got.dtype != np.uint16
     assert np.abs(got - want).max() <= tol, (kid, got[..., 0], want[..., 0])
     ds = load_data(str(root), pre)  # the folder reader (finetune, quantize, export --data) sees the same
+    with Image.open(path) as im:
+        wide = im.mode.startswith("I") or im.mode == "F"
+    assert any(n.startswith("pixel scale:") for n in ds.notes) == wide, ds.notes  # the rule is said where it applies
     k = [i for i in range(len(ds)) if ds.labels[i] == 0][-1]
     raw = ds.raw_batch([k])[0]
     assert raw.shape == (6, 8, channels)
