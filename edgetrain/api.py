@@ -11,12 +11,17 @@ messages. Models, data and devices are the references the CLI takes (``"zoo:mobi
                              val="builtin:digits", max_drop=1.0, device="rpi4b-4gb")
     res.passed, res.failed_checks, res.accuracy.drop
 
+Paths (MODEL, DATA, outputs, and every option naming a file) are ``str`` or ``os.PathLike``; ``bytes`` are
+decoded as the os module does (``os.fsdecode``). Anything else (None, a number) is a UsageError naming the
+argument, never a file named ``None``. No output may be an input (the CLI's guard, before any work).
+
 Progress: by default (``progress="stderr"``) long work shows the lines the command line shows, on stderr
 (rewritten in place on a terminal; elsewhere only the lines that stay, such as each epoch's); ``None`` is
 silent; any other value is a function called with each ``edgetrain.Progress`` event.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TypeVar
 
@@ -37,6 +42,8 @@ from .options import (
     ProfileOptions,
     QuantizeOptions,
 )
+from .fileio import check_command_outputs, check_outputs
+from .fileio import path_arg as _path
 from .recipes import read_recipe
 from .results import Progress, ProgressFn
 
@@ -54,8 +61,22 @@ def _listener(progress) -> ProgressFn | None:
     return progress
 
 
-def _prepare(model: type[OptionsT], values: dict) -> OptionsT:
-    opts = model.parse({k: v for k, v in values.items() if v is not None})
+def _decoded(values: dict) -> dict:
+    """Options as the CLI would get them: a path given as bytes or os.PathLike becomes its str."""
+    return {k: os.fsdecode(os.fspath(v)) if isinstance(v, (bytes, os.PathLike)) else v for k, v in values.items()}
+
+
+# the options that name a file or folder (by the metavar their declaration shows in --help)
+_PATH_METAVARS = ("DATA", "FILE", "PATH", "OUTDIR", "RUNDIR", "DIR", "PEM")
+
+
+def _prepare(model: type[OptionsT], values: dict, where: str) -> OptionsT:
+    values = {k: v for k, v in _decoded(values).items() if v is not None}  # None: the option's default
+    for name, value in values.items():
+        field = model.fields.get(name)
+        if field is not None and field.metavar in _PATH_METAVARS:
+            values[name] = _path(value, name, where)
+    opts = model.parse(values)
     runtime.quiet_libraries()
     runtime.apply_threads(opts.thread_cap(), strict=False)
     return opts
@@ -63,31 +84,46 @@ def _prepare(model: type[OptionsT], values: dict) -> OptionsT:
 
 def quantize(model, calib, output, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain quantize``: int8 within an accuracy budget. Returns a QuantizeResult."""
-    return _quantize.quantize(str(model), _prepare(QuantizeOptions, dict(options, calib=str(calib), output=str(output))),
-                              progress=_listener(progress))
+    where = "edgetrain.quantize"
+    model = _path(model, "model", where)
+    opts = _prepare(QuantizeOptions, dict(options, calib=_path(calib, "calib", where),
+                                                output=_path(output, "output", where)), where)
+    check_command_outputs(model, opts)
+    return _quantize.quantize(model, opts, progress=_listener(progress))
 
 
 def export(model, output, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain export``: ONNX validated against the Gluon model. Returns an ExportResult."""
-    return _export.export(str(model), _prepare(ExportOptions, dict(options, output=str(output))),
-                          progress=_listener(progress))
+    where = "edgetrain.export"
+    model = _path(model, "model", where)
+    opts = _prepare(ExportOptions, dict(options, output=_path(output, "output", where)), where)
+    check_command_outputs(model, opts)
+    return _export.export(model, opts, progress=_listener(progress))
 
 
 def finetune(model, data, out, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain finetune``: train on this device within its memory budget. Returns a FinetuneResult."""
-    return _finetune.finetune(str(model), _prepare(FinetuneOptions, dict(options, data=str(data), out=str(out))),
-                              progress=_listener(progress))
+    where = "edgetrain.finetune"
+    model = _path(model, "model", where)
+    opts = _prepare(FinetuneOptions, dict(options, data=_path(data, "data", where), out=_path(out, "out", where)),
+                    where)
+    check_command_outputs(model, opts)
+    return _finetune.finetune(model, opts, progress=_listener(progress))
 
 
 def profile(model, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain profile``: latency, peak memory and energy. Returns a ProfileResult."""
-    return _profile.profile(str(model), _prepare(ProfileOptions, options), progress=_listener(progress))
+    model = _path(model, "model", "edgetrain.profile")
+    opts = _prepare(ProfileOptions, options, "edgetrain.profile")
+    check_command_outputs(model, opts)
+    return _profile.profile(model, opts, progress=_listener(progress))
 
 
 def inspect(model, **options):
     """``edgetrain inspect``: load MODEL (and ``data``) as the other commands would and describe them."""
-    opts = _prepare(InspectOptions, options)
-    return _inspect.inspect(str(model), opts.data, params=opts.params, input_shape=opts.input_shape, mean=opts.mean,
+    model = _path(model, "model", "edgetrain.inspect")
+    opts = _prepare(InspectOptions, options, "edgetrain.inspect")
+    return _inspect.inspect(model, opts.data, params=opts.params, input_shape=opts.input_shape, mean=opts.mean,
                             std=opts.std)
 
 
@@ -95,10 +131,12 @@ def run(recipe: str | Path | None = None, *, rundir: str | Path | None = None, d
         threads: int | None = None, resume: bool = False, progress: ProgressFn | str | None = STDERR):
     """``edgetrain run``: a recipe's steps into one run folder (``resume=True`` continues ``rundir``). Each
     line of the steps' progress reaches ``progress`` as a Progress of stage ``run`` with that ``message``."""
+    recipe = _path(recipe, "recipe", "edgetrain.run") if recipe is not None else None
+    rundir = _path(rundir, "rundir", "edgetrain.run") if rundir is not None else None
     runtime.quiet_libraries()
     runtime.apply_threads(threads, strict=False)
     listener = _listener(progress)
-    loaded = read_recipe(str(recipe) if recipe else None, rundir if resume else None)
+    loaded = read_recipe(recipe, rundir if resume else None)
     return run_recipe(loaded, rundir=rundir, device=device, threads=threads, resume=resume,
                       progress=(lambda message: listener(Progress("run", message=message, final=True)))
                       if listener else None)
@@ -106,6 +144,30 @@ def run(recipe: str | Path | None = None, *, rundir: str | Path | None = None, d
 
 def predict(model, data, *, progress: ProgressFn | str | None = STDERR, on_rows=None, **options):
     """``edgetrain predict``: classify DATA with an ONNX model written by edgetrain (no mxnet loaded).
-    Returns a PredictResult; ``on_rows(rows)`` receives each batch's predictions as they are made."""
-    return _predict.predict(str(model), str(data), _prepare(PredictOptions, options), progress=_listener(progress),
-                            on_rows=on_rows)
+    Returns a PredictResult; ``on_rows(rows)`` receives each batch's predictions as they are made; with
+    ``output``, the predictions are also written there in ``format`` (atomically), as ``-o`` does."""
+    where = "edgetrain.predict"
+    model, data = _path(model, "model", where), _path(data, "data", where)
+    opts = _prepare(PredictOptions, options, where)
+    outputs = {"-o": opts.output}
+    check_outputs({"MODEL": model, "DATA": data}, outputs)
+    rows = None
+    if opts.output is not None:
+        from .cli.predict_fast import Rows
+        from .fileio import check_output_path
+
+        check_output_path(Path(opts.output), "-o")
+        rows = Rows(opts.format, to_stdout=False)
+
+    def each(batch_rows):
+        if rows is not None:
+            rows.add(batch_rows)
+        if on_rows is not None:
+            on_rows(batch_rows)
+
+    res = _predict.predict(model, data, opts, progress=_listener(progress), on_rows=each, outputs=outputs)
+    if rows is not None:
+        from .fileio import atomic_write_text
+
+        atomic_write_text(Path(opts.output), rows.text(), what="-o")
+    return res

@@ -109,6 +109,17 @@ class Dataset:
         held_mask = np.zeros(len(self), dtype=bool)
         held_mask[held] = True
         rest = np.flatnonzero(~held_mask)
+        # one or two samples, or only one-sample classes: a part left empty would end in a division by
+        # zero once the work is done (issue 26); refused here, before any of it
+        if not held or not len(rest):
+            n, k = len(self), len(np.unique(self.labels))
+            single = " (every class has one sample)" if n == k else ""
+            if not held:
+                raise UsageError(f"holding out {fraction:.0%} of {n} sample(s) in {k} class(es) leaves none to "
+                                 f"measure accuracy on{single}", self.source,
+                                 "give held-out data with --val, or at least 2 samples in a class")
+            raise UsageError(f"holding out {fraction:.0%} of {n} sample(s) in {k} class(es) leaves none to train "
+                             f"on{single}", self.source, "give more samples, or a smaller --val-split")
         return self.subset(rng.permutation(rest)), self.subset(rng.permutation(np.flatnonzero(held_mask)))
 
     def select_classes(self, classes) -> "Dataset":
@@ -210,7 +221,9 @@ def load_data(ref: str, pre: Preprocess, where: str = "--data", num_classes: int
     anything is allocated). ``max_bytes``: the memory the arrays of an .npz may take once read (default:
     half of the memory available now); checked from the file's headers before anything is read whole.
     """
-    ref = str(ref)
+    from .fileio import path_arg
+
+    ref = path_arg(ref, "data", where)
     if ref.startswith(BUILTIN_PREFIX):
         name = ref[len(BUILTIN_PREFIX):]
         if name not in BUILTINS:
@@ -495,13 +508,15 @@ def _load_folder(root: Path, pre: Preprocess, where: str) -> Dataset:
         raise UsageError("image folder has no class sub-folders", str(root),
                          "put each class's images in a sub-folder named after the class")
     _check_classes(len(classes), str(root), where)
-    files, labels, skipped = [], [], 0
+    files, labels, skipped, wide = [], [], 0, set()
     for ci, name in enumerate(classes):
         for f in sorted((root / name).rglob("*")):
             if not f.is_file() or f.name.startswith("."):
                 continue
             try:
                 with _open_image(f) as im:  # reads the header only: the pixel limit holds before decode
+                    if im.mode in _SIXTEEN_BIT or im.mode in ("I", "F"):
+                        wide.add("F" if im.mode == "F" else "16-bit" if im.mode in _SIXTEEN_BIT else "I")
                     im.verify()
             except _TooLarge:
                 raise
@@ -518,6 +533,10 @@ def _load_folder(root: Path, pre: Preprocess, where: str) -> Dataset:
     notes = [f"{skipped} file(s) that are not images were skipped"] if skipped else []
     if empty:
         notes.append(f"class folder(s) with no images: {', '.join(empty)}")
+    if wide:  # the rule above, said where it applies
+        said = {"16-bit": "16-bit images as x/65535", "I": "32-bit integer images as x/65535 (0..65535 only)",
+                "F": "float images as they are (0..1 only)"}
+        notes.append("pixel scale: 8-bit images read as x/255, " + ", ".join(said[k] for k in sorted(wide)))
     if np.count_nonzero(counts) < 2:
         raise UsageError(f"only one class folder has images ({classes[int(np.argmax(counts))]})", str(root),
                          "classification needs images in at least 2 class folders")
@@ -531,14 +550,57 @@ def _load_folder(root: Path, pre: Preprocess, where: str) -> Dataset:
 DRAFT_GAP = 2  # a JPEG is decoded at no less than twice the model's input size (then resized)
 
 
+# Pixel scale of an image file, by documented rule (README, DATA; issue 26): 8-bit modes (1, L, P, PA, LA,
+# RGB, RGBA, CMYK, YCbCr, LAB, HSV...) are converted by Pillow to L or RGB and read as x/255; 16-bit modes
+# (I;16*: 16-bit PNG, TIFF) as x/65535; 32-bit integer images (mode I: a PGM/PPM over 8 bits, which Pillow
+# scales to 0..65535 from its maxval, or an int32 TIFF) as x/65535, refused if a value lies outside 0..65535;
+# float images (mode F: float32 TIFF) as they are, refused unless every value is finite and within 0..1.
+# Pillow's own convert('L') clips the first three to white and reads the last as black.
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _wide_pixels(im, path, pre: Preprocess) -> np.ndarray:
+    """An image of mode I;16*, I or F as HxWxC float32 in [0, 1] at the model's size and channels (the rule
+    above): every sample of a folder has one shape, whatever its file's kind."""
+    from PIL import Image
+
+    mode = im.mode
+    lo, hi = im.getextrema()
+    if mode == "F":
+        arr = np.asarray(im, dtype=np.float32)
+        if not np.isfinite(arr).all():
+            raise UsageError("float image has NaN or infinite pixels", str(path), "repair or remove the file")
+        if lo < 0 or hi > 1:
+            raise UsageError(f"float image has pixels in {lo:g}..{hi:g}; edgetrain reads float images as 0..1",
+                             str(path), "scale it to 0..1, or save it as an 8- or 16-bit image")
+        scale = 1.0
+    elif mode in _SIXTEEN_BIT or im.format in ("PPM", "PGM"):
+        scale = 1.0 / 65535.0
+    else:
+        if lo < 0 or hi > 65535:
+            raise UsageError(f"32-bit integer image has pixels in {lo}..{hi}; edgetrain reads integer images over "
+                             "8 bits as 16-bit (0..65535)", str(path), "save it as an 8- or 16-bit image")
+        scale = 1.0 / 65535.0
+    f = im if mode == "F" else im.convert("F")
+    h, w = pre.hw
+    if f.size != (w, h):
+        f = f.resize((w, h), Image.BILINEAR)
+    arr = np.asarray(f, dtype=np.float32) * np.float32(scale)
+    np.clip(arr, 0.0, 1.0, out=arr)  # float rounding of 65535/65535
+    return np.repeat(arr[..., None], pre.channels, axis=2)  # the model's channels, as for 8-bit images
+
+
 def read_image(path, pre: Preprocess) -> np.ndarray:
-    """One image as HxWxC uint8 (8-bit pixels: ``unit_scale`` gives [0, 1]) at the model's size (image
-    folders and `predict` decode the same way). A stream that passed the header check but does not decode
-    (truncated, corrupt) is one line naming the file, never a traceback mid-run."""
+    """One image at the model's size and channels: HxWxC uint8 for 8-bit pixels (``unit_scale`` gives
+    [0, 1]), float32 in [0, 1] for 16-bit, 32-bit integer and float images (the rule above). Image folders and
+    `predict` decode the same way. A stream that passed the header check but does not decode (truncated,
+    corrupt) is one line naming the file, never a traceback mid-run."""
     from PIL import Image  # lazy: a command that reads no image never loads Pillow
 
     try:
         with _open_image(path) as im:
+            if im.mode in _SIXTEEN_BIT or im.mode in ("I", "F"):
+                return _wide_pixels(im, path, pre)
             mode = "L" if pre.channels == 1 else "RGB"
             h, w = pre.hw
             if im.format == "JPEG":
@@ -546,7 +608,14 @@ def read_image(path, pre: Preprocess) -> np.ndarray:
                 # Pillow's thumbnail does with its default reducing_gap): a 1024px photo for a 160px model
                 # decodes at 256px, several times faster, and the resize below gives nearly the same pixels
                 im.draft(mode, (w * DRAFT_GAP, h * DRAFT_GAP))
-            im = im.convert(mode)
+            try:
+                im = im.convert(mode)
+            except ValueError:  # a colour space Pillow converts only to RGB (LAB)
+                try:
+                    im = im.convert("RGB").convert(mode)
+                except ValueError:
+                    raise UsageError(f"image mode {im.mode} cannot be converted to {mode} by Pillow", str(path),
+                                     "save it as an 8-bit grayscale or RGB image (PNG or JPEG)") from None
             if im.size != (w, h):
                 im = im.resize((w, h), Image.BILINEAR)
             arr = np.asarray(im)

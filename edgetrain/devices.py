@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 from .config import DeviceProfile, load_yaml, validate
-from .fileio import parse_yaml
+from .fileio import parse_yaml, path_arg
 from .errors import UsageError
 from .host import HostInfo
 
@@ -53,7 +53,9 @@ def _looks_like_path(text: str) -> bool:
 
 def load_device(name_or_path: str) -> DeviceProfile:
     """A bundled profile by name, or a user's profile YAML by path."""
-    text = str(name_or_path).strip()
+    if not isinstance(name_or_path, str):  # a name is a str; a path may be os.PathLike or bytes
+        name_or_path = path_arg(name_or_path, "device", "edgetrain.load_device")
+    text = name_or_path.strip()
     if not text:
         raise UsageError("empty device name", "--device", f"use one of: {', '.join(bundled_names())}")
     files = _bundled_files()

@@ -49,6 +49,10 @@ class Chance(Figure):
         """The failed check for ``what`` ("int8", "ONNX model"), or none: not at chance, not checked, allowed."""
         if not self.checked or not self.at_chance or self.allowed:
             return []
+        if self.baseline + self.margin >= 100.0:  # issue 26: no score on so few samples can show learning
+            return [f"{what} top-1 {self.top1:.1f}% on {self.samples} held-out samples cannot be told from chance "
+                    f"(guessing gets {self.baseline:.1f}%, +/- {self.margin:.1f}: too few samples); give more "
+                    "held-out samples, or pass --allow-chance"]
         return [f"{what} top-1 {self.top1:.1f}% on {self.samples} held-out samples is at chance (guessing gets "
                 f"{self.baseline:.1f}%, +/- {self.margin:.1f}); pass --allow-chance if that is expected"]
 

@@ -30,34 +30,109 @@ MAX_YAML_DEPTH = 64
 MAX_YAML_NODES = 100_000  # nodes once every alias is expanded
 
 
+def path_arg(value, name: str, where: str) -> str:
+    """A path (or MODEL/DATA reference) handed to the Python API, as the str edgetrain works with: str or
+    os.PathLike; bytes are decoded as the os module does (os.fsdecode). Anything else -- None, a number --
+    is one UsageError naming the argument, never str()'d into a file named "None" or "b'...'"."""
+    if isinstance(value, str) and value.strip():
+        return value
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
+    if not isinstance(value, str):
+        got = "None" if value is None else f"{type(value).__name__} {value!r:.40}"
+        raise UsageError(f"{name} must be a path (str or os.PathLike), not {got}", where,
+                         "pass a str or a pathlib.Path")
+    if not value.strip():
+        raise UsageError(f"{name} is an empty path", where, "pass a file name")
+    return value
+
+
+# An output that names a stream is written through, never replaced: a device (``-o /dev/null``), a FIFO,
+# or a name for an open file descriptor (``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``). A symlink to
+# a file is followed: its target is written atomically (temp file beside the target, then rename), and the
+# link stays a link. A socket is refused.
+_FD_LINK = re.compile(r"^/(?:proc/[^/]+/fd|dev/fd)/\d+$|^/dev/std(?:out|err)$")
+STREAM, FILE = "stream", "file"
+
+
+def output_target(path: Path | str, what: str = "output") -> tuple[str, Path]:
+    """(STREAM, path): write through ``path`` in place, appending when it names an open descriptor's
+    regular file; (FILE, target): replace ``target`` atomically (``path`` itself, or where its symlinks lead)."""
+    import stat
+
+    path = Path(path)
+    hop, through_fd = os.path.abspath(path), False
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        if _FD_LINK.match(hop):
+            through_fd = True
+        if not os.path.islink(hop):
+            break
+        hop = os.path.normpath(os.path.join(os.path.dirname(hop), os.readlink(hop)))
+    else:
+        raise UsageError(f"{what} is a symlink loop", str(path), "give a file name")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise UsageError(f"cannot write the {what}: {exc.strerror}", str(path), "choose another location") from None
+    if st is not None:
+        if stat.S_ISSOCK(st.st_mode):
+            raise UsageError(f"{what} is a socket", str(path), "give a file name, a FIFO or a device")
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+            return STREAM, path
+        if through_fd and stat.S_ISREG(st.st_mode):
+            return STREAM, path
+    elif through_fd:
+        raise UsageError(f"{what} names a file descriptor that is not open", str(path), "give a file name")
+    if os.path.islink(path):
+        return FILE, Path(os.path.realpath(path))
+    return FILE, path
+
+
 def check_output_path(path: Path, what: str = "output") -> Path:
-    """Fail early, before any work, if ``path`` cannot be written as a file."""
+    """Fail early, before any work, if ``path`` cannot be written as a file (or written through, when it
+    names a device, a FIFO or an open descriptor)."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{what} path is a directory", str(path), "give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
+    kind, target = output_target(path, what)
+    if kind == STREAM:
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"{what} is not writable", str(path), "choose another location")
+        return path
+    if target.is_dir():
+        raise UsageError(f"{what} path is a symlink to a directory", str(path), "give a file name")
+    parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"{what} folder does not exist", str(parent), "create it first")
     if not os.access(parent, os.W_OK):
         raise UsageError(f"{what} folder is not writable", str(parent), "choose another location")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise UsageError(f"{what} file is not writable", str(path), "choose another location")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise UsageError(f"{what} file is not writable", str(target), "choose another location")
     return path
 
 
 @contextlib.contextmanager
 def atomic_path(path: Path, what: str = "output"):
-    """Yield a temp path beside ``path``; on success it is fsynced and renamed onto ``path``.
+    """Yield a temp path; on success it is fsynced and renamed onto ``path`` (the temp file beside it).
 
-    A full disk (or quota) while writing becomes a one-line UsageError naming the output; the temp
-    file is removed and ``path`` keeps its old content.
+    A symlink is followed: its target is replaced and the link kept. A device, FIFO or open descriptor
+    (``/dev/null``, ``/dev/stdout``) is written through once the work is done: the temp file is then in
+    $TMPDIR and copied into it. A full disk (or quota) while writing becomes a one-line UsageError naming
+    the output; the temp file is removed and ``path`` keeps its old content.
     """
     import tempfile  # here: `edgetrain predict` without -o or --json starts without it
 
     path = check_output_path(Path(path), what)
-    clean_stale_temps(path.parent)
+    kind, target = output_target(path, what)
+    folder = target.parent if kind == FILE else None
+    clean_stale_temps(folder)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{TEMP_TAG}-{os.getpid()}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{TEMP_TAG}-{os.getpid()}.", suffix=".tmp",
+                                   dir=folder)
     except OSError as exc:
         raise _disk_error(exc, path, what) from None
     os.close(fd)
@@ -66,17 +141,46 @@ def atomic_path(path: Path, what: str = "output"):
     try:
         try:
             yield tmp_path
-            with open(tmp_path, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp_path, path)
+            if kind == STREAM:
+                _write_through(tmp_path, path)
+            else:
+                with open(tmp_path, "rb+") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(tmp_path, target)
         except OSError as exc:
             if exc.errno in _DISK_ERRNOS:
                 raise _disk_error(exc, path, what) from None
+            if exc.errno == errno.EPIPE:
+                raise UsageError(f"the reader of the {what} closed it before it was written", str(path),
+                                 "keep the reading end open until edgetrain exits") from None
             raise
-        fsync_dir(path.parent)
+        if kind == FILE:
+            fsync_dir(target.parent)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _write_through(src: Path, dst: Path) -> None:
+    """Copy ``src`` into the stream ``dst`` (a device, a FIFO: opening blocks until it has a reader; an open
+    descriptor's file: appended, as the descriptor's own writes would be)."""
+    import stat
+
+    flags = os.O_WRONLY
+    if stat.S_ISREG(os.stat(dst).st_mode):
+        flags |= os.O_APPEND
+    fd = os.open(dst, flags)
+    try:
+        with open(src, "rb") as fh:
+            while True:
+                chunk = fh.read(1 << 20)
+                if not chunk:
+                    break
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -207,6 +311,15 @@ def _same(a: Path, b: Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+def _is_char_device(path: Path) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def check_outputs(inputs: dict | None = None, outputs: dict | None = None, prefix_outputs=()) -> None:
     """Refuse, before any work, an output that is the same file as an input or as another output.
 
@@ -232,9 +345,38 @@ def check_outputs(inputs: dict | None = None, outputs: dict | None = None, prefi
                 raise UsageError(f"{oopt} would overwrite the input {iopt}{also}", str(opath),
                                  f"write {oopt} to another file")
         for oopt2, opath2 in outs[i + 1:]:
-            if oopt2 != oopt and _same(opath, opath2):
+            if oopt2 != oopt and _same(opath, opath2) and not _is_char_device(opath):  # -o /dev/null --json /dev/null
                 raise UsageError(f"{oopt} and {oopt2} name the same file", str(opath),
                                  f"give {oopt2} another file name")
+
+
+def check_outputs_not_files(outputs: dict | None, files, what: str = "input") -> None:
+    """Refuse, before any work, an output that is one of ``files`` (the images a DATA folder holds, or those
+    listed on standard input): compared by inode, so another spelling, a symlink or a hard link is caught.
+    Only outputs that exist as regular files can be one of them; a device (``/dev/null``) never is."""
+    import stat
+
+    idents = {}
+    for opt, ref in (outputs or {}).items():
+        if ref is None or str(ref) in ("", "-"):
+            continue
+        try:
+            st = os.stat(ref)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            idents[(st.st_dev, st.st_ino)] = (opt, str(ref))
+    if not idents:
+        return
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        hit = idents.get((st.st_dev, st.st_ino))
+        if hit:
+            opt, ref = hit
+            raise UsageError(f"{opt} would overwrite the {what} {clip(f, 120)}", ref, f"write {opt} to another file")
 
 
 # --- bounded text input -------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import numpy as np
 
 from . import _lazy, envvars
 from .errors import UsageError, clip
-from .fileio import atomic_path, check_output_path, disk_full_error, file_digest, is_disk_full, temp_dir
+from .fileio import (atomic_path, check_output_path, disk_full_error, file_digest, is_disk_full, path_arg,
+                     temp_dir)
 from .preprocess import Preprocess, default_for_shape, parse_norm, read_sidecar, sidecar_path, sidecar_text
 
 ZOO_PREFIX = "zoo:"
@@ -78,7 +79,7 @@ def glob_escape(name: str) -> str:
 
 def parse_model_ref(text: str, accept_onnx: bool = False, where: str = "MODEL") -> ModelRef:
     """Classify a MODEL reference and check its files exist; nothing heavy is imported."""
-    text = str(text)
+    text = path_arg(text, "model", "edgetrain.parse_model_ref")
     if text.startswith(ZOO_PREFIX):
         name = text[len(ZOO_PREFIX):]
         pretrained = name.endswith(PRETRAINED_SUFFIX)
@@ -127,7 +128,7 @@ def load_gluon(text: str, params: str | None = None, input_shape: tuple[int, int
     ``mean``/``std`` (one value per channel, or a comma-separated string) override the recorded or
     default normalisation; a PREFIX with no edgetrain record needs ``input_shape``.
     """
-    model = load_gluon_unrun(text, params, input_shape, mean, std)
+    model = load_gluon_unrun(path_arg(text, "model", "edgetrain.load_gluon"), params, input_shape, mean, std)
     if hybridize:
         model.block.hybridize()
     model.num_classes = _check_runs(model)
@@ -439,7 +440,7 @@ class _quiet_warnings:
 def save_prefix(model: GluonModel, prefix: str | Path, extra: dict | None = None) -> dict[str, Path]:
     """Write ``PREFIX-symbol.json``, ``PREFIX-0000.params`` and the preprocessing record, each atomically.
     A full disk is a one-line error and leaves the old files (if any) as they were."""
-    prefix = Path(prefix)
+    prefix = Path(path_arg(prefix, "prefix", "edgetrain.save_prefix"))
     check_output_path(Path(f"{prefix}-symbol.json"), "model")
     with temp_dir("save", dir=prefix.parent) as tmp:  # PID-named: a SIGKILLed save's is removed next time
         tmp_prefix = Path(tmp) / "model"
@@ -475,9 +476,9 @@ def load_onnx(path: str | Path) -> OnnxModel:
     """Read an ONNX file and the edgetrain preprocessing stored in its metadata_props (if any)."""
     import json
 
+    path = Path(path_arg(path, "path", "edgetrain.load_onnx"))
     onnx = _lazy.onnx()
 
-    path = Path(path)
     if not path.is_file():
         raise UsageError("ONNX file not found", str(path), "check the path")
     try:

@@ -96,7 +96,21 @@ def finish(json_path: str | None, result, render) -> None:
 
 def quiet(json_path: str | None) -> bool:
     """Human output and progress stay off stdout when JSON goes there."""
-    return json_path == "-"
+    return json_path == "-" or names_stdout(json_path)
+
+
+def names_stdout(path: str | None) -> bool:
+    """Whether ``path`` is another name for this process's standard output (``/dev/stdout``, ``/dev/fd/1``,
+    ``/proc/self/fd/1``, a symlink to one, or the file stdout is redirected to): ``--json`` there is ``-``."""
+    import os
+
+    if not path or path == "-":
+        return False
+    try:
+        named, out = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no such file; stdout closed or not a real descriptor
+        return False
+    return (named.st_dev, named.st_ino) == (out.st_dev, out.st_ino)
 
 
 def say(json_path: str | None, message: str = "", **kw) -> None:
@@ -110,7 +124,7 @@ def write_json(json_path: str | None, result) -> None:
         return
     data = result.to_dict() if hasattr(result, "to_dict") else result
     text = json.dumps(data, indent=2, sort_keys=False, default=_default) + "\n"
-    if json_path == "-":
+    if json_path == "-" or names_stdout(json_path):  # written through stdout's own descriptor, never replaced
         sys.stdout.write(text)
         sys.stdout.flush()
         return

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from ..fileio import check_outputs
 from ..ops import fleet as ops_fleet
 from ..options import FleetJoinOptions, FleetServeOptions
 from .common import finish, json_option, quiet, say, setup
@@ -31,6 +32,8 @@ def serve(model, json_path, **values):
     Listens on loopback unless --listen says otherwise. Exit 3 when fewer rounds completed than asked.
     """
     opts = parse(FleetServeOptions, values)
+    check_outputs({"MODEL": model, "--val": opts.val, "--params": opts.params, "--tls-cert": opts.tls_cert,
+                   "--tls-key": opts.tls_key, "--tls-ca": opts.tls_ca}, {"--json": json_path})
     setup(opts)
     res = ops_fleet.serve(model, opts, progress=ProgressLine(not quiet(json_path)))
     finish(json_path, res, _serve_summary)
@@ -48,6 +51,8 @@ def join(address, json_path, **values):
     exit 1 when none of the rounds it was asked for reached the global model (the coordinator's reason).
     """
     opts = parse(FleetJoinOptions, values)
+    check_outputs({"--data": opts.data, "--model": opts.model, "--params": opts.params, "--tls-ca": opts.tls_ca},
+                  {"--json": json_path})
     setup(opts)
     res = ops_fleet.join(address, opts, progress=ProgressLine(not quiet(json_path)))
     finish(json_path, res, _join_summary)

@@ -72,7 +72,7 @@ def run(model: str, data: str, json_path: str | None, opts: PredictOptions) -> N
 
     rows = Rows(opts.format, to_stdout=opts.output is None and not quiet(json_path))
     res = classify(model, data, opts, progress=ProgressLine(not quiet(json_path) and opts.output is not None),
-                   on_rows=rows.add)
+                   on_rows=rows.add, outputs={"-o": opts.output, JSON_FLAG: json_path})
     if opts.output is not None:
         from ..fileio import atomic_write_text
 

@@ -153,7 +153,7 @@ def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = No
     if samples is not None and samples[1]:
         notes.extend(samples[1])
     result = ExportResult(
-        path=str(output), size_bytes=output.stat().st_size, model=model.ref.text, opset=opset,
+        path=str(output), size_bytes=len(blob), model=model.ref.text, opset=opset,
         precision="fp16" if fp16 else "fp32", dynamic_batch=dynamic_batch,
         inputs=_io(proto.graph.input), outputs=_io(proto.graph.output),
         ops=dict(sorted(Counter(n.op_type for n in proto.graph.node).items())),
@@ -165,7 +165,15 @@ def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = No
     )
     if profile is not None and comparison.passed:
         say(f"energy budget on {profile.name}: profiling the exported file")
-        result.energy = _energy_budget(output, profile, threads, battery_wh, rate, budget_mj, say)
+        from ..fileio import STREAM, output_target, temp_dir
+
+        if output_target(output)[0] == STREAM:  # -o /dev/null or a FIFO: profile the same bytes from a file
+            with temp_dir("export") as folder:
+                (folder / "model.onnx").write_bytes(blob)
+                result.energy = _energy_budget(folder / "model.onnx", profile, threads, battery_wh, rate, budget_mj,
+                                               say)
+        else:
+            result.energy = _energy_budget(output, profile, threads, battery_wh, rate, budget_mj, say)
     return result
 
 

@@ -108,16 +108,24 @@ class _Source:
     labels: np.ndarray | None = None       # in the DATA's own numbering
     class_names: list[str] | None = None   # the DATA's classes (labelled sources)
     notes: list[str] = field(default_factory=list)
+    files: list[Path] | None = None        # the image files read (folders, one file, standard input)
 
 
 def predict(model: str, data: str, opts: "PredictOptions", progress: ProgressFn | None = None,
-            on_rows: Callable[[list[dict]], None] | None = None, stdin=None) -> PredictResult:
-    """Classify DATA with the ONNX MODEL; ``on_rows`` receives each batch's predictions as they are made."""
+            on_rows: Callable[[list[dict]], None] | None = None, stdin=None,
+            outputs: dict | None = None) -> PredictResult:
+    """Classify DATA with the ONNX MODEL; ``on_rows`` receives each batch's predictions as they are made.
+    ``outputs`` (option -> path) are refused, before any inference, if one is an image DATA names (inside
+    its folder, or listed on standard input)."""
     t0 = time.perf_counter()
     threads = opts.thread_cap() or current_threads()
     runner, pre, classes, precision, notes = _load(model, threads)
     t_load = time.perf_counter() - t0
     src = _resolve(str(data), pre, stdin if stdin is not None else sys.stdin)
+    if outputs and src.files:
+        from ..fileio import check_outputs_not_files
+
+        check_outputs_not_files(outputs, src.files, "input image")
     notes += src.notes
     n = len(src.names)
     if n == 0:
@@ -339,7 +347,7 @@ def _files(paths: list[Path], pre: Preprocess, where: str) -> _Source:
             to_model_input(read_image(paths[int(i)], pre), pre, out[k])
         return out
 
-    return _Source(where, [str(p) for p in paths], batch)
+    return _Source(where, [str(p) for p in paths], batch, files=list(paths))
 
 
 # --- labels and accuracy -----------------------------------------------------------------------------------

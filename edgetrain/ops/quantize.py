@@ -254,16 +254,17 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
             notes.append("the scheme was not measured (--scheme rule): ONNX Runtime's rule for the CPU was used")
         scheme_record = SchemeRecord.of(scheme, measured=False, reason=scheme.reason + " (rule; not measured)")
     write(best_path, scheme_record.name, kept, final=True)
-    batch = check_batch_sizes(output, pre, threads, str(output), rtol=INT8_BATCH_RTOL)
+    written = tmp / "staged.onnx"  # the bytes -o got: read back from here, as -o may be a device or a FIFO
+    batch = check_batch_sizes(written, pre, threads, str(output), rtol=INT8_BATCH_RTOL)
     notes.append("the model takes any batch size (checked at batch " + " and ".join(map(str, batch["checked_sizes"]))
                  + ")" if batch["dynamic"] else f"the model takes a fixed batch of {batch['batch']} (as its input)")
     node_errors = _node_errors(quantizer, prepared, candidate, kept, val_ds or calib_ds, pre, tmp, notes)
 
-    fp32_bytes, int8_bytes = onnx_model.path.stat().st_size, output.stat().st_size
+    fp32_bytes, int8_bytes = onnx_model.path.stat().st_size, written.stat().st_size
     if search is not None:
         latency = _measured_latency(search, threads, pre, host) if opts.latency else None
     else:
-        latency = (_latency(onnx_model.path, output, pre.batch_shape(1), threads, profile,
+        latency = (_latency(onnx_model.path, written, pre.batch_shape(1), threads, profile,
                             stage(progress, "latency")) if opts.latency else None)
     warnings = [scheme.warning] if scheme.warning and search is None else []
     if within_budget is False:

@@ -243,3 +243,129 @@ def hostile_yaml_cases():
     yield "binary", bytes(range(256)) * 8
     yield "huge-scalar", b"name: " + b"x" * (3 << 20) + b"\n"
     yield "python-tag", b"name: !!python/object/apply:os.system ['true']\n"
+
+
+# --- pixels of every bit depth and sample type ---------------------------------------------------------
+
+def _gray_palette():
+    return [v for i in range(256) for v in (i, i, i)]
+
+
+def _png16_rgb(path: Path, rgb16: np.ndarray) -> None:
+    """A 16-bit RGB PNG (colour type 2, depth 16) written with numpy and zlib: Pillow cannot write one."""
+    h, w, _ = rgb16.shape
+    rows = b"".join(b"\x00" + rgb16[y].astype(">u2").tobytes() for y in range(h))
+    ihdr = struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", zlib.compress(rows))
+                     + _png_chunk(b"IEND", b""))
+
+
+def _pgm(path: Path, values: np.ndarray, maxval: int) -> None:
+    h, w = values.shape
+    body = values.astype(">u2" if maxval > 255 else "u1").tobytes()
+    path.write_bytes(f"P5\n{w} {h}\n{maxval}\n".encode() + body)
+
+
+def _pil(mode_of, fmt, **kw):
+    """A writer saving ``mode_of(u8)`` (a Pillow image built from the 8-bit gray pixels) as ``fmt``."""
+    def write(path: Path, u8: np.ndarray) -> None:
+        mode_of(u8).save(path, fmt, **kw)
+    return write
+
+
+def _from(arr_of):
+    from PIL import Image
+
+    return lambda u8: Image.fromarray(arr_of(u8))
+
+
+def _rgb(u8):
+    from PIL import Image
+
+    return Image.fromarray(np.stack([u8] * 3, axis=-1))
+
+
+def _palette(u8, mode="P"):
+    from PIL import Image
+
+    im = Image.new("P", (u8.shape[1], u8.shape[0]))
+    im.putdata(u8.ravel().tolist())
+    im.putpalette(_gray_palette())
+    if mode == "PA":
+        return im.convert("PA")
+    return im
+
+
+def _with_alpha(u8, mode):
+    from PIL import Image
+
+    base = Image.fromarray(u8) if mode == "LA" else _rgb(u8)
+    im = base.convert(mode)
+    im.putalpha(200)
+    return im
+
+
+# (id, file suffix, writer(path, u8 gray HxW), tolerance on [0, 1], expected(u8) -> [0, 1] HxW)
+# Every kind stores the same 8-bit gray picture: a lossless kind must read back as u8 / 255 exactly (to
+# float rounding), a lossy one (JPEG) within its tolerance; 1-bit stores the picture thresholded.
+def pixel_kinds():
+    from PIL import Image
+
+    exact = 2e-6
+
+    def same(u8):
+        return u8 / 255.0
+
+    return [
+        ("png-L-8bit", ".png", _pil(_from(lambda u8: u8), "PNG"), exact, same),
+        ("png-1bit", ".png", _pil(lambda u8: Image.fromarray(u8 >= 128), "PNG"), exact,
+         lambda u8: (u8 >= 128).astype(float)),
+        ("bmp-1bit", ".bmp", _pil(lambda u8: Image.fromarray(u8 >= 128), "BMP"), exact,
+         lambda u8: (u8 >= 128).astype(float)),
+        ("png-P-palette", ".png", _pil(_palette, "PNG"), exact, same),
+        ("gif-P-palette", ".gif", _pil(_palette, "GIF"), exact, same),
+        ("tiff-PA", ".tif", _pil(lambda u8: _palette(u8, "PA"), "TIFF"), exact, same),
+        ("png-LA", ".png", _pil(lambda u8: _with_alpha(u8, "LA"), "PNG"), exact, same),
+        ("png-RGB-8bit", ".png", _pil(_rgb, "PNG"), exact, same),
+        ("png-RGBA", ".png", _pil(lambda u8: _with_alpha(u8, "RGBA"), "PNG"), exact, same),
+        ("tiff-CMYK", ".tif", _pil(lambda u8: _rgb(u8).convert("CMYK"), "TIFF"), exact, same),
+        ("jpeg-CMYK", ".jpg", _pil(lambda u8: _rgb(u8).convert("CMYK"), "JPEG", quality=100), 0.04, same),
+        ("tiff-YCbCr", ".tif", _pil(lambda u8: _rgb(u8).convert("YCbCr"), "TIFF"), 0.01, same),
+        ("jpeg-YCbCr", ".jpg", _pil(lambda u8: _rgb(u8).convert("YCbCr"), "JPEG", quality=100), 0.04, same),
+        ("tiff-LAB", ".tif", _pil(lambda u8: _rgb(u8).convert("LAB"), "TIFF"), 0.03, same),
+        ("png-I;16", ".png", _pil(_from(lambda u8: u8.astype(np.uint16) * 257), "PNG"), exact, same),
+        ("png-RGB-16bit", ".png", lambda p, u8: _png16_rgb(p, np.stack([u8.astype(np.uint16) * 257] * 3, -1)),
+         exact, same),
+        ("pgm-16bit-Pillow", ".pgm", _pil(_from(lambda u8: u8.astype(np.uint16) * 257), "PPM"), exact, same),
+        ("pgm-maxval-65535", ".pgm", lambda p, u8: _pgm(p, u8.astype(np.uint16) * 257, 65535), exact, same),
+        ("pgm-maxval-1023", ".pgm", lambda p, u8: _pgm(p, np.round(u8 / 255.0 * 1023), 1023), 1e-3,
+         lambda u8: np.round(u8 / 255.0 * 1023) / 1023),
+        ("pgm-maxval-100", ".pgm", lambda p, u8: _pgm(p, np.round(u8 / 255.0 * 100), 100), 2.5e-3,
+         lambda u8: np.round(u8 / 255.0 * 100) / 100),
+        ("tiff-I;16", ".tif", _pil(_from(lambda u8: u8.astype(np.uint16) * 257), "TIFF"), exact, same),
+        ("tiff-I-int32", ".tif", _pil(_from(lambda u8: u8.astype(np.int32) * 257), "TIFF"), exact, same),
+        ("tiff-F-float32", ".tif", _pil(_from(lambda u8: u8.astype(np.float32) / np.float32(255)), "TIFF"),
+         exact, same),
+    ]
+
+
+def refused_pixel_kinds():
+    """(id, suffix, writer(path, u8), what the one-line error says): pixels on no scale edgetrain can know."""
+    def f32(fn):
+        return _pil(_from(lambda u8: fn(u8).astype(np.float32)), "TIFF")
+
+    def i32(fn):
+        return _pil(_from(lambda u8: fn(u8).astype(np.int32)), "TIFF")
+
+    def nan(u8):
+        x = u8 / 255.0
+        x[0, 0] = np.nan
+        return x
+
+    return [
+        ("tiff-F-0..255", ".tif", f32(lambda u8: u8 * 1.0), "float image has pixels in"),
+        ("tiff-F-normalised", ".tif", f32(lambda u8: (u8 / 255.0 - 0.5) / 0.25), "float image has pixels in"),
+        ("tiff-F-nan", ".tif", f32(nan), "NaN"),
+        ("tiff-I-int32-over-16bit", ".tif", i32(lambda u8: u8.astype(np.int64) * 1000), "32-bit integer image"),
+        ("tiff-I-int32-negative", ".tif", i32(lambda u8: u8.astype(np.int64) - 128), "32-bit integer image"),
+    ]
