@@ -27,9 +27,13 @@ _LABELS = [
     ("latency_p50_ms", "latency p50 per inference", "ms"),
     ("peak_rss_mb", "peak memory (RSS)", "mb"),
     ("energy_per_inference_mj", "energy per inference", "mj"),
+    ("finetune_energy_j", "fine-tune energy", "j"),
     ("battery_life_days", "battery life", "days"),
 ]
-_PROVENANCE = {"latency_p50_ms": "latency_provenance", "energy_per_inference_mj": "energy_provenance"}
+_PROVENANCE = {"latency_p50_ms": "latency_provenance", "energy_per_inference_mj": "energy_provenance",
+               "finetune_energy_j": "finetune_energy_provenance"}
+_UNCERTAINTY = {"energy_per_inference_mj": ("energy_per_inference_uncertainty_mj", "mJ"),
+                "finetune_energy_j": ("finetune_energy_uncertainty_j", "J")}
 
 
 def _fmt(value, kind: str) -> str:
@@ -47,6 +51,8 @@ def _fmt(value, kind: str) -> str:
         return f"{value:.0f} MB"
     if kind == "mj":
         return f"{value:.3f} mJ"
+    if kind == "j":
+        return f"{value:.3g} J"
     if kind == "days":
         return f"{value:.2f} days ({value * 24:.1f} h)"
     return str(value)
@@ -59,6 +65,8 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         if summary.get(key) is None:
             continue
         text = _fmt(summary[key], kind)
+        if key in _UNCERTAINTY and summary.get(_UNCERTAINTY[key][0]) is not None:
+            text += f" ± {summary[_UNCERTAINTY[key][0]]:.2g} {_UNCERTAINTY[key][1]}"
         if key in _PROVENANCE and summary.get(_PROVENANCE[key]):
             text += f" [{summary[_PROVENANCE[key]]}]"
         if key == "battery_life_days" and summary.get("battery_wh"):

@@ -117,10 +117,18 @@ def text_summary(d: dict) -> list[str]:
 
 def _per_inference_lines(pi: dict) -> list[str]:
     above = f", {_fmt(pi['above_idle_mj'])} mJ above idle" if pi.get("above_idle_mj") is not None else ""
+    from ..energy.model import figure_text
+
+    head = figure_text(pi["total_mj"], pi, "mJ")
     if pi["provenance"] == "measured":
-        return [f"energy     {_fmt(pi['total_mj'])} mJ per inference total{above} [measured: {pi['meter']}, "
-                f"{pi['samples']} samples over {pi['inferences']} inferences, idle {_fmt(pi.get('idle_w'))} W]"]
-    text = (f"energy     {_fmt(pi['total_mj'])} mJ per inference total{above} [modelled: p50 latency x "
+        lines = [f"energy     {head} per inference total{above} [{pi['inferences']} inferences, idle "
+                 f"{_fmt(pi.get('idle_w'))} W]"]
+        cost = pi.get("sampler") or {}
+        if cost.get("core_percent") is not None:
+            lines.append(f"sampler    {cost['core_percent']:.2f}% of one core at {cost['rate_hz']:g} Hz "
+                         f"(goal under {cost['goal_core_percent']:g}%)")
+        return lines
+    text = (f"energy     {head} per inference total{above} [modelled: p50 latency x "
             f"{_fmt(pi['power_w'])} W")
     if pi.get("threads") is not None:
         text += f" at {min(pi['threads'], pi['cores'])} of {pi['cores']} cores busy"
