@@ -36,6 +36,7 @@ from .options import (
     PredictOptions,
     ProfileOptions,
     QuantizeOptions,
+    RunOptions,
 )
 from .recipes import read_recipe
 from .results import Progress, ProgressFn
@@ -92,14 +93,20 @@ def inspect(model, **options):
 
 
 def run(recipe: str | Path | None = None, *, rundir: str | Path | None = None, device=None,
-        threads: int | None = None, resume: bool = False, progress: ProgressFn | str | None = STDERR):
+        threads: int | None = None, resume: bool = False, progress: ProgressFn | str | None = STDERR,
+        country: str | None = None, grid_intensity: float | None = None):
     """``edgetrain run``: a recipe's steps into one run folder (``resume=True`` continues ``rundir``). Each
-    line of the steps' progress reaches ``progress`` as a Progress of stage ``run`` with that ``message``."""
+    line of the steps' progress reaches ``progress`` as a Progress of stage ``run`` with that ``message``.
+    ``country`` / ``grid_intensity`` price the energy of every step that reports one in grams of CO2e."""
     runtime.quiet_libraries()
     runtime.apply_threads(threads, strict=False)
     listener = _listener(progress)
     loaded = read_recipe(str(recipe) if recipe else None, rundir if resume else None)
+    opts = RunOptions.parse({k: v for k, v in {"country": country, "grid_intensity": grid_intensity}.items()
+                             if v is not None})
+    opts.carbon_grid()
     return run_recipe(loaded, rundir=rundir, device=device, threads=threads, resume=resume,
+                      carbon={"country": opts.country, "grid_intensity": opts.grid_intensity},
                       progress=(lambda message: listener(Progress("run", message=message, final=True)))
                       if listener else None)
 

@@ -28,6 +28,9 @@ _LABELS = [
     ("peak_rss_mb", "peak memory (RSS)", "mb"),
     ("energy_per_inference_mj", "energy per inference", "mj"),
     ("finetune_energy_j", "fine-tune energy", "j"),
+    ("carbon_per_inference_g", "CO2e per inference", "g"),
+    ("carbon_per_day_g", "CO2e per day", "g"),
+    ("finetune_carbon_g", "CO2e of the fine-tune", "g"),
     ("battery_life_days", "battery life", "days"),
 ]
 _PROVENANCE = {"latency_p50_ms": "latency_provenance", "energy_per_inference_mj": "energy_provenance",
@@ -53,6 +56,9 @@ def _fmt(value, kind: str) -> str:
         return f"{value:.3f} mJ"
     if kind == "j":
         return f"{value:.3g} J"
+    if kind == "g":
+        return (f"{value:.3g} g" if value >= 1 else f"{value * 1e3:.3g} mg" if value >= 1e-3
+                else f"{value * 1e6:.3g} µg")
     if kind == "days":
         return f"{value:.2f} days ({value * 24:.1f} h)"
     return str(value)
@@ -69,6 +75,8 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
             text += f" ± {summary[_UNCERTAINTY[key][0]]:.2g} {_UNCERTAINTY[key][1]}"
         if key in _PROVENANCE and summary.get(_PROVENANCE[key]):
             text += f" [{summary[_PROVENANCE[key]]}]"
+        if kind == "g" and summary.get("carbon_g_per_kwh"):
+            text += f" at {summary['carbon_g_per_kwh']:g} g/kWh"
         if key == "battery_life_days" and summary.get("battery_wh"):
             text += f" on {summary['battery_wh']:g} Wh at {summary.get('rate_per_h', 0):g} inferences/h"
         rows.append((label, text))

@@ -117,7 +117,7 @@ def text_summary(d: dict) -> list[str]:
 
 def _per_inference_lines(pi: dict) -> list[str]:
     above = f", {_fmt(pi['above_idle_mj'])} mJ above idle" if pi.get("above_idle_mj") is not None else ""
-    from ..energy.model import figure_text
+    from ..energy import figure_text
 
     head = figure_text(pi["total_mj"], pi, "mJ")
     if pi["provenance"] == "measured":
@@ -173,6 +173,14 @@ def energy_lines(e: dict, warn: bool = True) -> list[str]:
     if e.get("continuous"):
         c = e["continuous"]
         lines.append(f"battery    {c['battery_wh']:g} Wh lasts {_fmt(c['battery_hours'])} h of continuous inference")
+    if e.get("carbon"):
+        from ..energy import carbon_text
+
+        c = e["carbon"]
+        text = f"carbon     {carbon_text(c, per_inference=True)} per inference"
+        if c.get("per_day_g") is not None:
+            text += f"; {c['per_day_g']:.3g} g CO2e per day at the rate above"
+        lines.append(text)
     if e.get("budget"):
         bg = e["budget"]
         lines.append(f"budget     {_fmt(bg['energy_mj'])} mJ vs {bg['budget_mj']:g} mJ per inference: "
