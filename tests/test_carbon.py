@@ -41,8 +41,10 @@ def test_grams_on_a_known_figure():
     c = carbon.carbon_of_report(rep, de)
     assert c["per_inference_g"] == pytest.approx(0.064 / 3.6e6 * 342.06)
     assert c["per_day_g"] == pytest.approx(rep["daily"]["energy_wh_per_day"] / 1000 * 342.06)
-    assert c["per_inference_plus_minus_g"] == pytest.approx(
-        rep["per_inference"]["uncertainty"]["plus_minus_mj"] / 1000 / 3.6e6 * 342.06)
+    u = rep["per_inference"]["uncertainty"]  # modelled: an interval, carried into grams
+    assert c["per_inference_low_g"] == pytest.approx(u["low_mj"] / 1000 / 3.6e6 * 342.06)
+    assert c["per_inference_high_g"] == pytest.approx(u["high_mj"] / 1000 / 3.6e6 * 342.06)
+    assert "per_inference_plus_minus_g" not in c
     run = carbon.carbon_of_run({"joules": 7200.0, "provenance": "measured", "uncertainty": {"plus_minus_j": 36.0},
                                 "epochs": 2, "samples_trained": 100}, carbon.grid_intensity(grid_g_per_kwh=500))
     assert run["grams"] == pytest.approx(1.0) and run["plus_minus_g"] == pytest.approx(0.005)

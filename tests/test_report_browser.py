@@ -77,6 +77,12 @@ def test_the_p99_label_of_the_histogram_is_whole(profile_page):
         assert not any(c["text"].startswith("p99") for c in browser.layout(profile_page, width)["clipped_text"])
 
 
+def test_the_profile_report_gives_the_energy_its_uncertainty_and_its_grams(profile_page):
+    text = profile_page.read_text(encoding="utf-8")
+    assert " mJ +" in text and "(modelled, p10-p90 latency x the profile&#x27;s power range)" in text
+    assert "Germany 2024 grid, 342.06 g/kWh [table]" in text and "Ember yearly electricity data" in text
+
+
 def test_the_run_report_says_why_each_step_failed(run_page):
     text = run_page.read_text(encoding="utf-8")
     assert "did not pass (exit code 3): int8 top-1 dropped 2.41 points" in text

@@ -96,11 +96,16 @@ def carbon_of_report(report: dict, grid: dict | None) -> dict | None:
     if grid is None or not report.get("per_inference"):
         return None
     pi = report["per_inference"]
-    u = (pi.get("uncertainty") or {}).get("plus_minus_mj")
-    out = of_energy(pi["total_mj"] / 1000.0, grid, u / 1000.0 if u is not None else None)
-    out = {"per_inference_g": out["grams"], "per_inference_plus_minus_g": out.get("plus_minus_g"),
-           "per_inference_mg": out["grams"] * 1000.0, "g_co2e_per_kwh": grid["g_co2e_per_kwh"],
-           "energy_provenance": pi.get("provenance"), "intensity": grid, "source": out["source"]}
+    u = pi.get("uncertainty") or {}
+    g = grid["g_co2e_per_kwh"]
+    base = of_energy(pi["total_mj"] / 1000.0, grid)
+    out = {"per_inference_g": base["grams"], "per_inference_mg": base["grams"] * 1000.0, "g_co2e_per_kwh": g,
+           "energy_provenance": pi.get("provenance"), "intensity": grid, "source": base["source"]}
+    if u.get("kind") == "interval":  # modelled: the energy's interval, in grams
+        out["per_inference_low_g"] = grams(u["low_mj"] / 1000.0, g)
+        out["per_inference_high_g"] = grams(u["high_mj"] / 1000.0, g)
+    elif u.get("plus_minus_mj") is not None:
+        out["per_inference_plus_minus_g"] = grams(u["plus_minus_mj"] / 1000.0, g)
     daily = report.get("daily")
     if daily and daily.get("energy_wh_per_day") is not None:
         out["per_day_g"] = grams(daily["energy_wh_per_day"] * 3600.0, grid["g_co2e_per_kwh"])
@@ -111,20 +116,25 @@ def carbon_of_run(energy: dict | None, grid: dict | None, inferences: int | None
     """A fine-tune's carbon: the run's grams (± from its energy's), per epoch and per sample trained."""
     if grid is None or not energy or energy.get("joules") is None:
         return None
-    u = (energy.get("uncertainty") or {}).get("plus_minus_j")
-    out = of_energy(energy["joules"], grid, u, {"epoch": energy.get("epochs"), "sample": energy.get("samples_trained"),
-                                                "inference": inferences})
+    u = energy.get("uncertainty") or {}
+    interval = u.get("kind") == "interval"
+    out = of_energy(energy["joules"], grid, None if interval else u.get("plus_minus_j"),
+                    {"epoch": energy.get("epochs"), "sample": energy.get("samples_trained"), "inference": inferences})
+    if interval:
+        out["low_g"] = grams(u["low_j"], grid["g_co2e_per_kwh"])
+        out["high_g"] = grams(u["high_j"], grid["g_co2e_per_kwh"])
     out["energy_provenance"] = energy.get("provenance")
     return out
 
 
 def carbon_text(c: dict, per_inference: bool = False) -> str:
     """'0.43 g CO2e ± 0.03 g (Germany 2024 grid, 342 g/kWh [table])'."""
-    g = c["per_inference_g"] if per_inference else c["grams"]
-    pm = c.get("per_inference_plus_minus_g") if per_inference else c.get("plus_minus_g")
+    pre = "per_inference_" if per_inference else ""
+    g = c[pre + "g"] if per_inference else c["grams"]
+    pm, low, high = c.get(pre + "plus_minus_g"), c.get(pre + "low_g"), c.get(pre + "high_g")
     grid = c["intensity"]
     where = (f"{grid['country_name']} {grid['year']} grid" if grid.get("country") else "the grid you gave")
-    val = _g(g) + (f" ± {_g(pm)}" if pm is not None else "")
+    val = _g(g) + (f" ± {_g(pm)}" if pm is not None else f" ({_g(low)} to {_g(high)})" if low is not None else "")
     return f"{val} CO2e ({where}, {grid['g_co2e_per_kwh']:g} g/kWh [{grid['provenance']}])"
 
 

@@ -447,9 +447,16 @@ def render_html(d: dict) -> str:
     if v.get("latency") and v["latency"].get("mean_ms") is not None:
         cards.append(_card(f"mean latency on {dev['name']}", f"{_fmt(v['latency']['mean_ms'])} ms",
                            v["latency"]["provenance"]))
+    from ..energy import carbon_text, figure_text
+
     if en.get("per_inference"):
-        cards.append(_card("energy / inference", f"{_fmt(en['per_inference']['total_mj'])} mJ",
-                           en["per_inference"]["provenance"]))
+
+        pi = en["per_inference"]
+        cards.append(_card("energy / inference", figure_text(pi["total_mj"], pi, "mJ").split(" (")[0],
+                           pi["provenance"]))
+        if en.get("carbon"):
+            cards.append(_card("CO2e / inference", carbon_text(en["carbon"], per_inference=True).split(" CO2e")[0]
+                               + " CO2e", "modelled" if en["carbon"]["energy_provenance"] != "measured" else "measured"))
     if en.get("daily") and "battery_hours" in en["daily"]:
         cards.append(_card("battery life", f"{_fmt(en['daily']['battery_days'])} days", en["daily"]["provenance"]))
     if en.get("budget"):
@@ -512,7 +519,8 @@ def render_html(d: dict) -> str:
     parts.append("<h2>Energy</h2>")
     if en.get("per_inference"):
         pi = en["per_inference"]
-        parts.append(f"<p>Per inference: <b>{_fmt(pi['total_mj'])} mJ</b> total, {_fmt(pi.get('above_idle_mj'))} mJ "
+        parts.append(f"<p>Per inference: <b>{e(figure_text(pi['total_mj'], pi, 'mJ'))}</b> total, "
+                     f"{_fmt(pi.get('above_idle_mj'))} mJ "
                      f"above idle {_tag(pi['provenance'])}; {_fmt(en['inferences_per_wh_busy'])} inferences per Wh of "
                      f"busy time.</p><p class='src'>{e(pi['source'])}</p>")
         for key in ("per_inference", "modelled_per_inference"):
@@ -545,6 +553,11 @@ def render_html(d: dict) -> str:
             parts.append(f"<p class='src'>{e(dd['source'])}</p>")
             if dd.get("note"):
                 parts.append(f"<p class='bad'>{e(dd['note'])}</p>")
+        if en.get("carbon"):
+            c = en["carbon"]
+            day = f"; {c['per_day_g']:.3g} g CO2e per day at the rate above" if c.get("per_day_g") is not None else ""
+            parts.append(f"<p>Carbon: <b>{e(carbon_text(c, per_inference=True))}</b> per inference{e(day)}. "
+                         f"<span class='src'>{e(c['intensity']['source'])}</span></p>")
         if en.get("continuous"):
             c = en["continuous"]
             parts.append(f"<p>Battery {c['battery_wh']:g} Wh: {_fmt(c['battery_hours'])} h of continuous inference "
