@@ -207,7 +207,7 @@ def step_options(step, art: Artifacts, rundir: Path, device: str, threads, resum
         values["threads"] = threads
     given_carbon = {k: v for k, v in (carbon or {}).items() if v is not None}
     if given_carbon and "country" in kind.options.fields:
-        values.update(country=None, grid_intensity=None, **given_carbon)
+        values.update({"country": None, "grid_intensity": None, **given_carbon})
     return model, kind.options(**values)
 
 
