@@ -95,8 +95,9 @@ def measured_per_inference(rec: dict | None) -> dict | None:
     if rec.get("joules_above_idle") is not None:
         out["above_idle_mj"] = rec["joules_above_idle"] / n * 1000.0
     out["uncertainty"] = uncertainty.per_unit(rec.get("uncertainty"), n)
-    if rec.get("sampler"):
-        out["sampler"] = rec["sampler"]
+    for key in ("sampler", "calibration"):
+        if rec.get(key):
+            out[key] = rec[key]
     extra = rec.get("extra_runs") or 0
     rate = f" at {rec['rate_hz']:.3g} Hz" if rec.get("rate_hz") else ""
     idle = rec.get("idle")
@@ -140,7 +141,7 @@ def measured_run(rec: dict | None, epochs: int = 0, samples: int = 0) -> dict | 
             "samples": rec.get("samples"), "rate_hz": rec.get("rate_hz"), "meter": rec.get("source"),
             "instrument": rec.get("instrument") or rec.get("source"), "provenance": "measured",
             "measured_by": _instrument(rec), **_parts(rec),
-            "uncertainty": rec.get("uncertainty"), **({"sampler": rec["sampler"]} if rec.get("sampler") else {}),
+            "uncertainty": rec.get("uncertainty"), **{k: rec[k] for k in ("sampler", "calibration") if rec.get(k)},
             "source": (f"measured by {rec['source']}: {rec.get('detail', '')}; {rec.get('samples')} samples{rate} over "
                        f"{rec['window']['seconds']:.3g} s"
                        + (f"; idle {idle['average_w']:.3g} W from {idle['samples']} samples just before" if idle else ""))}

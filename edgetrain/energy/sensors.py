@@ -489,7 +489,9 @@ def detect(root=None, vcgencmd: str | None = None) -> Source | None:
     """The board's power source, or None where nothing on this machine measures power."""
     if envvars.get("EDGETRAIN_POWER") == "off":
         return None
-    return Pi5Pmic.find(vcgencmd) or JetsonIna3221.find(root) or Hwmon.find(root)
+    from .calibration import apply  # the calibration a user named, if any (EDGETRAIN_POWER_CALIBRATION)
+
+    return apply(Pi5Pmic.find(vcgencmd) or JetsonIna3221.find(root) or Hwmon.find(root))
 
 
 # --- sampling and integration -------------------------------------------------------------------------
@@ -640,6 +642,15 @@ class PowerMeter:
                         self.sampler.rate_hz, self.sampler.errors, resolution=res)
         rec["sampler"] = self.sampler.cost()
         rec["instrument"] = self.source.label()
+        if hasattr(self.source, "record"):  # read through a calibration: say so, and add the fit's error
+            cal = rec["calibration"] = self.source.record()
+            u = rec.get("uncertainty")
+            if u is not None:
+                extra = u["seconds"] * cal["standard_error_w"]
+                u["components"]["calibration_j"] = extra
+                u["plus_minus_j"] = math.sqrt(u["plus_minus_j"] ** 2 + extra ** 2)
+                u["relative"] = u["plus_minus_j"] / rec["joules"] if rec.get("joules") else None
+                u["source"] += f"; calibration: T x residual/sqrt(points) = {extra:.3g} J"
         inputs = getattr(self.source, "inputs", None)
         if inputs is not None and rec.get("rails"):
             # The figure is the sum of these rails; the other rails are parts of them, shown beside it.
