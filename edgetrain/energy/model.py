@@ -393,7 +393,12 @@ def rapl_per_inference(rapl: dict, runs: int, idle_w: float | None = None) -> di
     out = {"total_mj": joules * 1000.0, "average_power_w": rapl["joules"] / rapl["seconds"] if rapl["seconds"] else None,
            "provenance": "measured", "measured_by": "RAPL counter",
            "source": f"RAPL package energy ({', '.join(rapl['domains'])}) over {runs} timed runs on this host; "
-                     "host CPU package only, not the target device"}
+                     "host CPU package only, not the target device",
+           # the counter's step (the CPU's energy status unit) is not exposed by powercap, and RAPL itself is a
+           # model of the package inside the CPU: its error is not quantified here, and it says so
+           "uncertainty": {"kind": "not quantified", "plus_minus_mj": None,
+                           "notes": ["RAPL's energy status unit is not exposed by powercap and RAPL is the CPU's own "
+                                     "model of its package energy, not a meter: no uncertainty is given"]}}
     return out
 
 
