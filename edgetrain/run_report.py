@@ -154,7 +154,7 @@ table{border-collapse:collapse;margin:1rem 0}th,td{padding:.3rem .8rem;border-bo
 tr.done td:nth-child(2){color:#060}tr.failed td:nth-child(2),tr.budget td:nth-child(2),.bad{color:#a00}
 table.fleet td{vertical-align:top;font-size:.9rem}
 pre{background:#f6f6f6;padding:.5rem;overflow:auto;font-size:.8rem}
-table{display:block;max-width:100%;overflow-x:auto}td.why{max-width:28rem;overflow-wrap:anywhere}
+table{display:block;max-width:100%;overflow-x:auto}td.why{min-width:12rem;max-width:28rem;overflow-wrap:break-word}
 code{overflow-wrap:anywhere}
 @media (max-width:600px){body{margin:1rem auto;padding:0 .6rem}th,td{padding:.25rem .4rem}}"""
 
