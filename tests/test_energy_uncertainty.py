@@ -90,6 +90,7 @@ def test_the_sampler_reports_its_own_cpu_cost(tmp_path):
     assert 0 < cost["cpu_s"] < cost["wall_s"] and cost["core_percent"] == pytest.approx(
         100 * cost["cpu_s"] / cost["wall_s"])
     assert rec["uncertainty"]["samples"] >= 10
+    assert not any(c.__dict__.get("_fds") for c in src.channels)  # finish() let go of the sensor files
 
 
 def test_modelled_figures_carry_the_timing_spread_and_the_profiles_power_range():

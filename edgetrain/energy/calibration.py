@@ -109,6 +109,9 @@ class Calibrated(sensors.Source):
     def label(self) -> str:
         return self.source.label() + " calibrated"
 
+    def close(self) -> None:
+        self.source.close()
+
     def resolution(self):
         q, how = self.source.resolution()
         return (None if q is None else abs(self.cal["gain"]) * q), how

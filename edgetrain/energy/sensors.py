@@ -96,6 +96,9 @@ class Source:
     def label(self) -> str:
         return self.name
 
+    def close(self) -> None:
+        """Let go of what reading holds open (a sysfs source's descriptors); a later read opens them again."""
+
     def resolution(self) -> tuple[float | None, str]:
         """(the step of the total's reading in watts, or None where not known; where it comes from)."""
         return None, "not published for this source"
@@ -306,6 +309,10 @@ class _SysfsSource(Source):
     def read(self) -> Reading:
         rails = {c.name: c.watts() for c in self.channels}
         return Reading(sum(rails[n] for n in self.inputs), rails)
+
+    def close(self) -> None:
+        for c in self.channels:
+            c.close()
 
     def label(self) -> str:
         """The source and its chips, for a one-line figure ('hwmon ina3221')."""
@@ -637,6 +644,7 @@ class PowerMeter:
 
     def finish(self) -> dict:
         samples = self.sampler.stop()
+        self.source.close()  # the descriptors the sampler kept open
         res = self.source.resolution()
         rec = summarise(samples, self.idle_window, self.window, self.source.name, self.source.describe(),
                         self.sampler.rate_hz, self.sampler.errors, resolution=res)
