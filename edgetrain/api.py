@@ -41,6 +41,7 @@ from .options import (
     PredictOptions,
     ProfileOptions,
     QuantizeOptions,
+    RunOptions,
 )
 from .fileio import check_command_outputs, check_outputs
 from .fileio import path_arg as _path
@@ -128,16 +129,22 @@ def inspect(model, **options):
 
 
 def run(recipe: str | Path | None = None, *, rundir: str | Path | None = None, device=None,
-        threads: int | None = None, resume: bool = False, progress: ProgressFn | str | None = STDERR):
+        threads: int | None = None, resume: bool = False, progress: ProgressFn | str | None = STDERR,
+        country: str | None = None, grid_intensity: float | None = None):
     """``edgetrain run``: a recipe's steps into one run folder (``resume=True`` continues ``rundir``). Each
-    line of the steps' progress reaches ``progress`` as a Progress of stage ``run`` with that ``message``."""
+    line of the steps' progress reaches ``progress`` as a Progress of stage ``run`` with that ``message``.
+    ``country`` / ``grid_intensity`` price the energy of every step that reports one in grams of CO2e."""
     recipe = _path(recipe, "recipe", "edgetrain.run") if recipe is not None else None
     rundir = _path(rundir, "rundir", "edgetrain.run") if rundir is not None else None
     runtime.quiet_libraries()
     runtime.apply_threads(threads, strict=False)
     listener = _listener(progress)
     loaded = read_recipe(recipe, rundir if resume else None)
+    opts = RunOptions.parse({k: v for k, v in {"country": country, "grid_intensity": grid_intensity}.items()
+                             if v is not None})
+    opts.carbon_grid()
     return run_recipe(loaded, rundir=rundir, device=device, threads=threads, resume=resume,
+                      carbon={"country": opts.country, "grid_intensity": opts.grid_intensity},
                       progress=(lambda message: listener(Progress("run", message=message, final=True)))
                       if listener else None)
 

@@ -431,6 +431,19 @@ ThreadList = Annotated[Optional[list[int]], Parse(parse_threads)]
 Opset = Annotated[int, Then(_opset)]
 Threads = Annotated[Optional[int], Range(ge=1, le=MAX_THREADS)]
 Positive = Annotated[Optional[float], Range(gt=0)]
+
+
+def _country(value: str) -> str:
+    from .energy import country_row  # the table is read only when a country is given
+
+    row = country_row(value)
+    if row is None:
+        raise ValueError("the bundled grid-intensity table has no such country; give an ISO 3166 code listed in "
+                         "grid_intensity.csv (e.g. DE or DEU), or the grid's own figure with --grid-intensity G_PER_KWH")
+    return row["iso3"]
+
+
+Country = Annotated[Optional[str], Parse(_country)]
 NonNegative = Annotated[Optional[float], Range(ge=0)]
 
 
@@ -478,6 +491,22 @@ class EnergyOptions(Options):
                               help="Energy budget per inference in millijoules; over budget exits 3 (report kept).")
 
 
+class CarbonOptions(Options):
+    country: Country = opt(None, metavar="CODE",
+                           help="Where the device draws its power (ISO 3166 code, e.g. DE or DEU): grams of CO2e from "
+                                "that country's grid intensity in the bundled Ember table.")
+    grid_intensity: Positive = opt(None, metavar="G_PER_KWH",
+                                   help="Your grid's carbon intensity in g CO2e per kWh, instead of --country.")
+
+    def carbon_grid(self) -> dict | None:
+        """The grid intensity the grams use (with its provenance), or None when neither was given."""
+        if self.country is None and self.grid_intensity is None:
+            return None
+        from .energy import grid_intensity
+
+        return grid_intensity(self.country, self.grid_intensity)
+
+
 # --- the commands ----------------------------------------------------------------------------------------
 
 class ModelOptions(ModelFields, DeviceOptions):
@@ -517,7 +546,7 @@ class QuantizeOptions(ModelOptions):
                                          "the data can show).")
 
 
-class ExportOptions(ModelOptions, EnergyOptions):
+class ExportOptions(ModelOptions, EnergyOptions, CarbonOptions):
     output: str = opt(metavar="FILE", short="-o", recipe=False,
                       help="Where to write the ONNX model (written atomically; kept even if validation fails).")
     opset: Opset = opt(DEFAULT_OPSET, metavar="N",
@@ -533,7 +562,7 @@ class ExportOptions(ModelOptions, EnergyOptions):
                                          "the data can show).")
 
 
-class FinetuneOptions(ModelOptions):
+class FinetuneOptions(ModelOptions, CarbonOptions):
     data: str = opt(metavar="DATA", recipe=False, help="Training data (classes come from it).")
     out: str = opt(metavar="OUTDIR", short="-o", recipe=False,
                    help="Folder for the model (OUTDIR/model), metrics.json and the checkpoint.")
@@ -571,7 +600,7 @@ class FinetuneOptions(ModelOptions):
         return float(prof.memory_budget_mb) if prof is not None else None
 
 
-class ProfileOptions(ModelOptions, EnergyOptions):
+class ProfileOptions(ModelOptions, EnergyOptions, CarbonOptions):
     threads: ThreadList = opt(None, metavar="N[,N...]",  # type: ignore[assignment]  # a sweep, not one cap
                               help="Thread counts to sweep, e.g. 1,2,4; one fresh process each (default: the device's).")
     runtime: Optional[Literal["onnxruntime", "mxnet"]] = opt(
@@ -594,7 +623,7 @@ class ProfileOptions(ModelOptions, EnergyOptions):
         return prof.default_threads if self.threads is None and prof is not None else None
 
 
-class RunOptions(Options):
+class RunOptions(CarbonOptions):
     output: Optional[str] = opt(None, short="-o", metavar="RUNDIR",
                                 help="Run folder, new or empty (default: ./edgetrain-run-NAME, or NAME-2, -3... if taken).")
     device: Optional[str] = opt(None, metavar="NAME", help="Run for this device instead of the recipe's.")

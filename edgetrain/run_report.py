@@ -27,9 +27,16 @@ _LABELS = [
     ("latency_p50_ms", "latency p50 per inference", "ms"),
     ("peak_rss_mb", "peak memory (RSS)", "mb"),
     ("energy_per_inference_mj", "energy per inference", "mj"),
+    ("finetune_energy_j", "fine-tune energy", "j"),
+    ("carbon_per_inference_g", "CO2e per inference", "g"),
+    ("carbon_per_day_g", "CO2e per day", "g"),
+    ("finetune_carbon_g", "CO2e of the fine-tune", "g"),
     ("battery_life_days", "battery life", "days"),
 ]
-_PROVENANCE = {"latency_p50_ms": "latency_provenance", "energy_per_inference_mj": "energy_provenance"}
+_PROVENANCE = {"latency_p50_ms": "latency_provenance", "energy_per_inference_mj": "energy_provenance",
+               "finetune_energy_j": "finetune_energy_provenance"}
+_UNCERTAINTY = {"energy_per_inference_mj": ("energy_per_inference_uncertainty_mj", "mJ"),
+                "finetune_energy_j": ("finetune_energy_uncertainty_j", "J")}
 
 
 def _fmt(value, kind: str) -> str:
@@ -47,6 +54,11 @@ def _fmt(value, kind: str) -> str:
         return f"{value:.0f} MB"
     if kind == "mj":
         return f"{value:.3f} mJ"
+    if kind == "j":
+        return f"{value:.3g} J"
+    if kind == "g":
+        return (f"{value:.3g} g" if value >= 1 else f"{value * 1e3:.3g} mg" if value >= 1e-3
+                else f"{value * 1e6:.3g} µg")
     if kind == "days":
         return f"{value:.2f} days ({value * 24:.1f} h)"
     return str(value)
@@ -59,8 +71,12 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         if summary.get(key) is None:
             continue
         text = _fmt(summary[key], kind)
+        if key in _UNCERTAINTY and summary.get(_UNCERTAINTY[key][0]) is not None:
+            text += f" ± {summary[_UNCERTAINTY[key][0]]:.2g} {_UNCERTAINTY[key][1]}"
         if key in _PROVENANCE and summary.get(_PROVENANCE[key]):
             text += f" [{summary[_PROVENANCE[key]]}]"
+        if kind == "g" and summary.get("carbon_g_per_kwh"):
+            text += f" at {summary['carbon_g_per_kwh']:g} g/kWh"
         if key == "battery_life_days" and summary.get("battery_wh"):
             text += f" on {summary['battery_wh']:g} Wh at {summary.get('rate_per_h', 0):g} inferences/h"
         rows.append((label, text))
@@ -137,13 +153,34 @@ STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem aut
 table{border-collapse:collapse;margin:1rem 0}th,td{padding:.3rem .8rem;border-bottom:1px solid #ddd;text-align:left}
 tr.done td:nth-child(2){color:#060}tr.failed td:nth-child(2),tr.budget td:nth-child(2),.bad{color:#a00}
 table.fleet td{vertical-align:top;font-size:.9rem}
-pre{background:#f6f6f6;padding:.5rem;overflow:auto;font-size:.8rem}"""
+pre{background:#f6f6f6;padding:.5rem;overflow:auto;font-size:.8rem}
+table{display:block;max-width:100%;overflow-x:auto}td.why{min-width:12rem;max-width:28rem;overflow-wrap:break-word}
+code{overflow-wrap:anywhere}
+@media (max-width:600px){body{margin:1rem auto;padding:0 .6rem}th,td{padding:.25rem .4rem}}"""
 
 
 def page(title: str, body: str) -> str:
     """A self-contained edgetrain report page."""
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>\n'
+    return (f'<!doctype html><html><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width,initial-scale=1"><title>{html.escape(title)}</title>\n'
             f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def why(step) -> str | None:
+    """Why a step did not pass, in a line: its error, else the checks it failed, else its log's last line."""
+    if not step.exit_code:
+        return None
+    if step.error:
+        return step.error
+    checks = (step.result or {}).get("failed_checks") or []
+    if checks:
+        return "; ".join(c if isinstance(c, str) else str(c.get("message") or c) for c in checks)
+    try:
+        lines = [ln.strip() for ln in Path(step.log).read_text(encoding="utf-8", errors="replace").splitlines()
+                 if ln.strip()]
+    except OSError:
+        lines = []
+    return f"its log ends: {lines[-1]}" if lines else f"exit code {step.exit_code}, no message (log {step.log})"
 
 
 def write_run_report(result, path: Path, fleets: list[dict] = ()) -> None:
@@ -163,8 +200,12 @@ def _markdown(result, fleets=()) -> str:
         lines += [f"| {label} | {value} |" for label, value in duty_cycle_rows(dc)]
         lines += ["", dc["source"]]
     lines += ["\n" + fleet_markdown_section(doc) for doc in fleets]
-    lines += ["", "| step | status | exit | seconds | log |", "|---|---|---|---|---|"]
-    lines += [f"| {s.name} | {s.status} | {s.exit_code} | {s.seconds:.1f} | {s.log} |" for s in result.steps]
+    failed = next((s for s in result.steps if s.name == result.failed_step), None)
+    if failed is not None:
+        lines += ["", f"**Step {failed.name} did not pass** (exit {failed.exit_code}): {why(failed)}"]
+    lines += ["", "| step | status | exit | seconds | why | log |", "|---|---|---|---|---|---|"]
+    lines += [f"| {s.name} | {s.status} | {s.exit_code} | {s.seconds:.1f} | {(why(s) or '').replace('|', '/')} | {s.log} |"
+              for s in result.steps]
     return "\n".join(lines) + "\n"
 
 
@@ -173,7 +214,8 @@ def _html(result, folder: Path, fleets=()) -> str:
     rows = "".join(f"<tr><th>{esc(label)}</th><td>{esc(value)}</td></tr>" for label, value in summary_rows(result.summary))
     steps = "".join(
         f"<tr class='{esc(s.status.split()[0])}'><td>{esc(s.name)}</td><td>{esc(s.status)}</td><td>{s.exit_code}</td>"
-        f"<td>{s.seconds:.1f}</td><td>{esc(_rel(s.log, folder))}</td></tr>" for s in result.steps)
+        f"<td>{s.seconds:.1f}</td><td class='why'>{esc(why(s) or '')}</td><td>{esc(_rel(s.log, folder))}</td></tr>"
+        for s in result.steps)
     profile = folder / "profile.html"
     link = "<p>Latency, memory and energy detail: <a href='profile.html'>profile.html</a></p>" if profile.exists() else ""
     notes = "".join(f"<p class='{'bad' if 'unreliable' in n else 'src'}'>{esc(n)}</p>"
@@ -182,15 +224,16 @@ def _html(result, folder: Path, fleets=()) -> str:
     duty = notes + ("<h2>Fine-tune then infer: a day on the battery</h2><table>"
             + "".join(f"<tr><th>{esc(label)}</th><td>{esc(value)}</td></tr>" for label, value in duty_cycle_rows(dc))
             + f"</table><p>{esc(dc['source'])}</p>") if dc else ""
-    failed = (f"<p class='bad'>Step <b>{esc(result.failed_step)}</b> did not pass; exit code {result.exit_code}.</p>"
-              if result.failed_step else "")
+    failed_run = next((s for s in result.steps if s.name == result.failed_step), None)
+    failed = (f"<p class='bad'>Step <b>{esc(result.failed_step)}</b> did not pass (exit code {result.exit_code})"
+              + (f": {esc(why(failed_run))}" if failed_run is not None else "") + "</p>" if result.failed_step else "")
     details = "".join(f"<details><summary>{esc(s.name)} result</summary><pre>{esc(json.dumps(s.result, indent=2))}</pre>"
                       f"</details>" for s in result.steps if s.result)
     fleet = "".join(fleet_html_section(doc) for doc in fleets)
     return page(f"edgetrain run: {result.recipe}", f"""<h1>edgetrain run: {esc(result.recipe)}</h1>
 <p>Device profile <b>{esc(result.device)}</b> · recipe {esc(result.source)} · run folder <code>{esc(result.rundir)}</code></p>
 {failed}<h2>Summary</h2><table>{rows}</table>{duty}{link}{fleet}
-<h2>Steps</h2><table><tr><th>step</th><th>status</th><th>exit</th><th>seconds</th><th>log</th></tr>{steps}</table>
+<h2>Steps</h2><table><tr><th>step</th><th>status</th><th>exit</th><th>seconds</th><th>why</th><th>log</th></tr>{steps}</table>
 <h2>Step results</h2>{details}""")
 
 

@@ -202,7 +202,7 @@ def test_the_report_lines_say_measured_or_modelled_the_spread_and_when_not_to_tr
            "joules_above_idle": 0.4, "samples": 12, "rate_hz": 10.0, "inferences": 100, "timed_runs": 100,
            "extra_runs": 0, "window": {"seconds": 0.2, "samples": 12}}
     lines = energy_lines(energy_report(0.5, pi4, measured=measured_per_inference(rec)))
-    assert "[measured: pi5-pmic, 12 samples over 100 inferences" in lines[0]
+    assert "(measured, pi5-pmic, 12 samples) per inference" in lines[0] and "[100 inferences" in lines[0]
     assert "modelled for comparison" in lines[1]
 
 

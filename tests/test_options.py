@@ -195,3 +195,28 @@ def test_a_recipe_step_runs_with_the_options_its_logged_command_line_gives(recip
         assert parse(COMMANDS[step.name], params) == opts, step.name
         assert COMMANDS[step.name].parse(json.loads(json.dumps(opts.given()))) == opts, step.name
         assert opts.device == "rpi4b-4gb" and (opts.threads in (2, [2]) or step.name == "profile")
+
+
+@pytest.mark.parametrize("recipe", ["quickstart", "pi5"])
+def test_the_runs_country_reaches_the_steps_that_price_energy_and_round_trips_their_command_line(recipe, tmp_path):
+    """`edgetrain run --country DE`: the finetune, export and profile steps get it (their logged command line
+    carries --country DEU); quantize, which reports no energy, does not."""
+    from edgetrain.cli.options import parse
+    from edgetrain.ops.run import step_options
+    from edgetrain.recipes import STEPS, Artifacts, read_recipe
+
+    art = Artifacts("edgetrain.nets:pretrained_digits", "train.npz", "val.npz", "model.onnx", "model_int8.onnx")
+    steps = [s for s in read_recipe(recipe).recipe.steps if s.name in STEPS]
+    priced = set()
+    for step in steps:
+        model, opts = step_options(step, art, tmp_path, "rpi4b-4gb", 2, resume=False,
+                                   carbon={"country": "DE", "grid_intensity": None})
+        if "country" in COMMANDS[step.name].fields:
+            assert opts.country == "DEU" and "--country" in opts.flags(), step.name
+            params = dict(_command(step.name).make_context(step.name, [model, *opts.flags()]).params)
+            params.pop("model"), params.pop("json_path")
+            assert parse(COMMANDS[step.name], params) == opts
+            priced.add(step.name)
+        else:
+            assert not hasattr(opts, "country"), step.name
+    assert priced & {"finetune", "profile", "export"}

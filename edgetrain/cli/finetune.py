@@ -43,8 +43,15 @@ def _summary(json_path, res) -> None:
     say(json_path, f"memory    peak RSS {res.peak_rss_mb:.0f} MB{budget}")
     if res.energy:
         e = res.energy
-        say(json_path, f"energy    {e['joules']:.1f} J {e['provenance']} ({e['source']}); {res.joules_per_epoch:.2f} J/epoch, "
+        from ..energy import figure_text
+
+        say(json_path, f"energy    {figure_text(e['joules'], e, 'J')}; {res.joules_per_epoch:.2f} J/epoch, "
                        f"{res.joules_per_sample * 1000:.2f} mJ/sample")
+        say(json_path, f"          {e['source']}")
+        if e.get("carbon"):
+            from ..energy import carbon_text
+
+            say(json_path, f"carbon    {carbon_text(e['carbon'])} for the run")
     else:
         say(json_path, "energy    pass --device NAME for a modelled energy figure")
 

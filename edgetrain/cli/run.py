@@ -29,8 +29,10 @@ def run(recipe, json_path, **values):
     setup(opts)
     loaded = read_recipe(recipe, opts.resume)
     show = (lambda m: None) if quiet(json_path) else (lambda m: click.echo(m, err=True))
+    opts.carbon_grid()  # both --country and --grid-intensity: refused before the first step
     res = run_recipe(loaded, rundir=opts.resume or opts.output, device=opts.device, threads=opts.threads,
-                     resume=bool(opts.resume), progress=show)
+                     resume=bool(opts.resume), progress=show, carbon={"country": opts.country,
+                                                                      "grid_intensity": opts.grid_intensity})
     write_json(json_path, res)
     if not quiet(json_path):
         _render_summary(json_path, res)

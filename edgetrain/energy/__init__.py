@@ -2,6 +2,8 @@
 figures x time, RAPL on an x86 host, the meter that wraps a run) and the board's sensors (Pi 5 PMIC,
 Jetson INA3221, hwmon) and an external meter's log (``meterlog``).
 
+``carbon``: grams of CO2e from a grid intensity (the bundled Ember table, or the user's figure).
+
 The face: what other code may use. Its names load on first use, as edgetrain's own do.
 """
 from __future__ import annotations
@@ -15,12 +17,16 @@ _FACE = {  # name -> the module of this wing that defines it
     "rapl_delta_j": "model", "rapl_per_inference": "model", "read_rapl": "model", "reliability": "model",
     "DEFAULT_IDLE_S": "sensors", "MIN_WINDOW_PERIODS": "sensors", "POWER_LOG_MIN_WINDOW_S": "sensors",
     "PowerMeter": "sensors", "check_power_log": "meterlog", "detect": "sensors", "log_record": "meterlog",
-    "parse_power_log": "meterlog", "read_power_log": "meterlog",
+    "parse_power_log": "meterlog", "read_power_log": "meterlog", "figure_text": "model",
+    "grid_intensity": "carbon", "country_row": "carbon", "carbon_of_report": "carbon", "carbon_of_run": "carbon",
+    "carbon_text": "carbon", "calibrate": "calibration",
 }
 __all__ = sorted(_FACE)
 
 if TYPE_CHECKING:
-    from .model import (EnergyMeter, energy_report, measured_per_inference, parse_rate, rapl_delta_j,
+    from .calibration import calibrate
+    from .carbon import carbon_of_report, carbon_of_run, carbon_text, country_row, grid_intensity
+    from .model import (EnergyMeter, energy_report, figure_text, measured_per_inference, parse_rate, rapl_delta_j,
                         rapl_per_inference, read_rapl, reliability)
     from .meterlog import check_power_log, log_record, parse_power_log, read_power_log
     from .sensors import DEFAULT_IDLE_S, MIN_WINDOW_PERIODS, POWER_LOG_MIN_WINDOW_S, PowerMeter, detect

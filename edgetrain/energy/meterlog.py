@@ -337,9 +337,21 @@ def log_record(path, window: tuple[float, float], idle_window: tuple[float, floa
     median = intervals[len(intervals) // 2] if intervals else 0.0
     rec = sensors.summarise(samples, idle_window, window, "power-log",
                             f"external power meter log {Path(path).name} ({len(readings)} readings; {info['format']}, "
-                            f"{' x '.join(info['columns'])}, {info['time']} times)", 1.0 / median if median > 0 else None)
+                            f"{' x '.join(info['columns'])}, {info['time']} times)", 1.0 / median if median > 0 else None,
+                            resolution=log_resolution([w for _, w in readings]))
     rec["log_format"] = info
+    rec["instrument"] = f"meter log {Path(path).name}"
     return rec
+
+
+def log_resolution(watts: list[float]) -> tuple[float | None, str]:
+    """The log's step: the smallest difference between two of its power values (a meter's display and export
+    round to a fixed step; a V x I log's products do not, and this is then a lower bound on the step)."""
+    values = sorted(set(watts))
+    steps = [b - a for a, b in zip(values, values[1:]) if b - a > 1e-12]
+    if not steps:
+        return None, "every reading in the log is the same value: its step cannot be seen"
+    return min(steps), "the smallest step between the log's power values (the meter's resolution is not in the log)"
 
 
 def _clock(t: float) -> str:

@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import meterlog, sensors
+from . import meterlog, sensors, uncertainty
 from ..errors import UsageError
 from ..host import detect_host
 
@@ -66,7 +66,10 @@ def energy_for_duration(seconds: float, profile, threads: int | None = None) -> 
     """
     watts, how = busy_power(profile, threads)
     idle = profile.power.idle_w.value
+    low_w, high_w, range_how = uncertainty.power_range(profile, threads)
     return {
+        "uncertainty": uncertainty.modelled(seconds * watts, seconds * low_w, seconds * high_w,
+                                            f"the measured {seconds:.3g} s x the power {range_how}"),
         "joules": seconds * watts,
         "joules_above_idle": seconds * (watts - idle),
         "seconds": seconds,
@@ -86,10 +89,15 @@ def measured_per_inference(rec: dict | None) -> dict | None:
     out = {"total_mj": rec["joules"] / n * 1000.0, "average_w": rec.get("average_w"), "idle_w": rec.get("idle_w"),
            "samples": rec.get("samples"), "inferences": n, "seconds": rec["window"]["seconds"],
            "rate_hz": rec.get("rate_hz"), "meter": rec.get("source"), "provenance": "measured",
+           "instrument": rec.get("instrument") or rec.get("source"),
            "measured_by": _instrument(rec), **_parts(rec),
            "rails_mj": {k: v["joules"] / n * 1000.0 for k, v in (rec.get("rails") or {}).items()}}
     if rec.get("joules_above_idle") is not None:
         out["above_idle_mj"] = rec["joules_above_idle"] / n * 1000.0
+    out["uncertainty"] = uncertainty.per_unit(rec.get("uncertainty"), n)
+    for key in ("sampler", "calibration"):
+        if rec.get(key):
+            out[key] = rec[key]
     extra = rec.get("extra_runs") or 0
     rate = f" at {rec['rate_hz']:.3g} Hz" if rec.get("rate_hz") else ""
     idle = rec.get("idle")
@@ -100,6 +108,16 @@ def measured_per_inference(rec: dict | None) -> dict | None:
                         "just before" if idle else "; no idle measurement")
                      + (f"; {rec['note']}" if rec.get("note") else ""))
     return out
+
+
+def figure_text(value: float, fig: dict, unit: str) -> str:
+    """One energy figure as a user reads it: '4.1 J ± 0.3 J (measured, hwmon ina3221, 120 samples)' or
+    '3.2 mJ +1.1/-0.4 mJ (modelled, rpi4b-4gb)'."""
+    if fig.get("provenance") == "measured":
+        detail = f"{fig.get('instrument') or fig.get('meter')}, {fig.get('samples')} samples"
+    else:
+        detail = "p10-p90 latency x the profile's power range" if unit == "mJ" else "time x the profile's power range"
+    return uncertainty.text(value, fig.get("uncertainty"), unit, fig.get("provenance", "?"), detail)
 
 
 def _instrument(rec: dict) -> str:
@@ -121,7 +139,9 @@ def measured_run(rec: dict | None, epochs: int = 0, samples: int = 0) -> dict | 
     return {"joules": rec["joules"], "joules_above_idle": rec.get("joules_above_idle"),
             "seconds": rec["window"]["seconds"], "power_w": rec.get("average_w"), "idle_w": rec.get("idle_w"),
             "samples": rec.get("samples"), "rate_hz": rec.get("rate_hz"), "meter": rec.get("source"),
-            "provenance": "measured", "measured_by": _instrument(rec), **_parts(rec),
+            "instrument": rec.get("instrument") or rec.get("source"), "provenance": "measured",
+            "measured_by": _instrument(rec), **_parts(rec),
+            "uncertainty": rec.get("uncertainty"), **{k: rec[k] for k in ("sampler", "calibration") if rec.get(k)},
             "source": (f"measured by {rec['source']}: {rec.get('detail', '')}; {rec.get('samples')} samples{rate} over "
                        f"{rec['window']['seconds']:.3g} s"
                        + (f"; idle {idle['average_w']:.3g} W from {idle['samples']} samples just before" if idle else ""))}
@@ -188,6 +208,12 @@ def energy_per_inference(latency_ms: float, profile, latency_label: str = "measu
                       f" x {profile.name} {how}; full load {load.value} W [{load.kind}: {_short(load.source)}]; "
                       f"idle {idle.value} W [{idle.kind}: {_short(idle.source)}]; the power between idle and full "
                       "load is interpolated by busy cores")}
+    low_w, high_w, range_how = uncertainty.power_range(profile, threads)
+    lo_ms, hi_ms = (p10_ms, p90_ms) if p10_ms is not None and p90_ms is not None else (latency_ms, latency_ms)
+    timing = "the p10-p90 latency" if p10_ms is not None and p90_ms is not None else "the p50 latency (no spread)"
+    u = uncertainty.modelled(latency_ms * watts / 1000.0, lo_ms * low_w / 1000.0, hi_ms * high_w / 1000.0,
+                             f"{timing} x the power {range_how}")
+    out["uncertainty"] = uncertainty.per_unit(u, 1)
     if p10_ms is not None and p90_ms is not None:
         out["spread"] = {"p10": {**mj(p10_ms), "provenance": "modelled"}, "p90": {**mj(p90_ms), "provenance": "modelled"},
                          "source": "the same power x the p10 and p90 latency: how much the figure moves run to run"}
@@ -367,7 +393,12 @@ def rapl_per_inference(rapl: dict, runs: int, idle_w: float | None = None) -> di
     out = {"total_mj": joules * 1000.0, "average_power_w": rapl["joules"] / rapl["seconds"] if rapl["seconds"] else None,
            "provenance": "measured", "measured_by": "RAPL counter",
            "source": f"RAPL package energy ({', '.join(rapl['domains'])}) over {runs} timed runs on this host; "
-                     "host CPU package only, not the target device"}
+                     "host CPU package only, not the target device",
+           # the counter's step (the CPU's energy status unit) is not exposed by powercap, and RAPL itself is a
+           # model of the package inside the CPU: its error is not quantified here, and it says so
+           "uncertainty": {"kind": "not quantified", "plus_minus_mj": None,
+                           "notes": ["RAPL's energy status unit is not exposed by powercap and RAPL is the CPU's own "
+                                     "model of its package energy, not a meter: no uncertainty is given"]}}
     return out
 
 

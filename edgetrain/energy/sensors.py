@@ -45,8 +45,10 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import os
 import re
 import shutil
+import statistics
 import subprocess
 import threading
 import time
@@ -55,12 +57,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import envvars
+from . import uncertainty
 
 ENV_SYSFS = "EDGETRAIN_SYSFS_ROOT"
 ENV_VCGENCMD = "EDGETRAIN_VCGENCMD"
 DEFAULT_RATE_HZ = 20.0  # sysfs reads cost microseconds
 PMIC_RATE_HZ = 10.0  # each read forks vcgencmd (a few ms on a Pi 5): keep its own cost small
 DEFAULT_IDLE_S = 1.0
+SAMPLER_GOAL_PCT = 1.0  # the sampling thread should cost under 1% of one core at its default rate
 # The energy window must hold this many sample periods, so the trapezoid is not mostly interpolation.
 MIN_WINDOW_PERIODS = 10
 # USB meters log at 1-10 Hz: with --power-log the window is at least this long.
@@ -88,6 +92,16 @@ class Source:
 
     def describe(self) -> str:
         return f"{self.name}: {self.covers}"
+
+    def label(self) -> str:
+        return self.name
+
+    def close(self) -> None:
+        """Let go of what reading holds open (a sysfs source's descriptors); a later read opens them again."""
+
+    def resolution(self) -> tuple[float | None, str]:
+        """(the step of the total's reading in watts, or None where not known; where it comes from)."""
+        return None, "not published for this source"
 
 
 # --- Raspberry Pi 5 PMIC ------------------------------------------------------------------------------
@@ -129,6 +143,10 @@ class Pi5Pmic(Source):
             raise OSError(f"vcgencmd pmic_read_adc failed with exit code {proc.returncode}")
         return proc.stdout
 
+    def resolution(self) -> tuple[float | None, str]:
+        return None, ("the PMIC's ADC resolution is not published; vcgencmd prints 8 decimals, finer than the "
+                      "converter")
+
     def read(self) -> Reading:
         rails = parse_pmic(self._output())
         if not rails:
@@ -169,22 +187,77 @@ def _num(path: Path) -> float:
     return float(path.read_text().strip())
 
 
+# The ADC steps of the current monitors that sit on boards (TI datasheets): shunt voltage LSB and bus voltage
+# LSB, in volts. INA3221 (SBOS576): 40 µV and 8 mV; INA219 (SBOS448): 10 µV and 4 mV; INA226 (SBOS547):
+# 2.5 µV and 1.25 mV. A current step is the shunt step over the shunt resistor, which the mainline drivers
+# expose in µΩ (ina3221: shuntN_resistor; ina2xx: shunt_resistor; Documentation/hwmon/ina3221.rst, ina2xx.rst).
+INA_ADC = {"ina3221": (40e-6, 8e-3, "TI INA3221 datasheet: shunt 40 µV, bus 8 mV"),
+           "ina219": (10e-6, 4e-3, "TI INA219 datasheet: shunt 10 µV, bus 4 mV"),
+           "ina226": (2.5e-6, 1.25e-3, "TI INA226 datasheet: shunt 2.5 µV, bus 1.25 mV")}
+
+
 class _Channel:
     """One rail: power read directly (``scale`` W per unit) or as voltage x current (mV x mA)."""
 
     def __init__(self, name: str, power: Path | None = None, volt: Path | None = None, curr: Path | None = None,
-                 power_scale: float = 1e-3, vi_scale: float = 1e-6, group: str = "", role: str = "part"):
+                 power_scale: float = 1e-3, vi_scale: float = 1e-6, group: str = "", role: str = "part",
+                 chip: str = "", shunt: Path | None = None):
         self.name, self.power, self.volt, self.curr = name, power, volt, curr
         self.power_scale, self.vi_scale = power_scale, vi_scale
         self.group, self.role = group, role  # role 'input': the group's figure; 'part': a share of it
+        self.chip, self.shunt = chip, shunt  # for the resolution: the chip's ADC steps and its shunt resistor file
+
+    def resolution(self) -> tuple[float, str]:
+        """The step of this channel's watts: the file's unit, or the chip's ADC step where coarser."""
+        if self.power is not None:
+            return self.power_scale, f"{self.power.name} in steps of {_unit(self.power_scale)}"
+        v, i = _num(self.volt) * 1e-3, _num(self.curr) * 1e-3  # mV, mA (hwmon ABI; the iio layout's units too)
+        dv, di, how = 1e-3, 1e-3, "1 mV x 1 mA file units"
+        adc = INA_ADC.get(self.chip)
+        if adc is not None:
+            ohm = _shunt_ohm(self.shunt)
+            if ohm:
+                dv, di = max(dv, adc[1]), max(di, adc[0] / ohm)
+                how = f"{adc[2]}, shunt {ohm * 1000:g} mΩ ({self.shunt.name}): {dv * 1000:g} mV, {di * 1000:.3g} mA"
+        return abs(v) * di + abs(i) * dv, f"V x I at {v:.3g} V, {i:.3g} A in steps of {how}"
 
     def watts(self) -> float:
         if self.power is not None:
-            return _num(self.power) * self.power_scale
-        return _num(self.volt) * _num(self.curr) * self.vi_scale  # mV x mA = µW
+            return self._read(self.power) * self.power_scale
+        return self._read(self.volt) * self._read(self.curr) * self.vi_scale  # mV x mA = µW
+
+    def _read(self, path: Path) -> float:
+        """The file's number, read with pread on a descriptor kept open: a sysfs attribute read at offset 0 is
+        generated afresh, and open+read+close at every sample was most of the sampler's CPU time."""
+        fds = self.__dict__.setdefault("_fds", {})
+        fd = fds.get(path)
+        if fd is None:
+            fd = fds[path] = os.open(path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, 64, 0)
+        except OSError:
+            os.close(fds.pop(path))  # the driver went away or was reloaded: open it again next time
+            raise
+        return float(data.strip())
+
+    def close(self) -> None:
+        for fd in self.__dict__.pop("_fds", {}).values():
+            os.close(fd)
 
     def files(self) -> str:
         return self.power.name if self.power is not None else f"{self.volt.name} x {self.curr.name}"
+
+
+def _unit(scale: float) -> str:
+    return {1e-6: "1 µW", 1e-3: "1 mW"}.get(scale, f"{scale:g} W")
+
+
+def _shunt_ohm(path: Path | None) -> float | None:
+    t = _text(path) if path is not None else None
+    try:
+        return float(t) * 1e-6 if t and float(t) > 0 else None  # µΩ
+    except ValueError:
+        return None
 
 
 def _readable(channels: list[_Channel], tries: int = DETECT_TRIES) -> tuple[list[_Channel], list[str]]:
@@ -236,6 +309,29 @@ class _SysfsSource(Source):
     def read(self) -> Reading:
         rails = {c.name: c.watts() for c in self.channels}
         return Reading(sum(rails[n] for n in self.inputs), rails)
+
+    def close(self) -> None:
+        for c in self.channels:
+            c.close()
+
+    def label(self) -> str:
+        """The source and its chips, for a one-line figure ('hwmon ina3221')."""
+        chips = list(dict.fromkeys(c.group.split("@")[0] for c in self.channels if c.name in self.inputs and c.group
+                                   and c.group != "board"))
+        return " ".join([self.name] + chips)
+
+    def resolution(self) -> tuple[float | None, str]:
+        """The counted rails' steps, added (each reading rounds on its own)."""
+        total, hows = 0.0, []
+        for c in self.channels:
+            if c.name in self.inputs:
+                try:
+                    q, how = c.resolution()
+                except (OSError, ValueError):
+                    return None, f"{c.name} did not read"
+                total += q
+                hows.append(f"{c.name}: {how}")
+        return total, "; ".join(hows)
 
     def _rails_text(self) -> str:
         inputs = set(self.inputs)
@@ -291,7 +387,8 @@ class JetsonIna3221(_SysfsSource):
                         if idx not in ("1", "2", "3"):
                             continue
                         ch = _rail(label.read_text().strip(), d / f"power{idx}_input", d / f"in{idx}_input",
-                                   d / f"curr{idx}_input", power_scale=1e-6)
+                                   d / f"curr{idx}_input", power_scale=1e-6, chip="ina3221",
+                                   shunt=d / f"shunt{idx}_resistor")
                         if ch:
                             channels.append(ch)
                             where = where or str(d)
@@ -308,14 +405,15 @@ class JetsonIna3221(_SysfsSource):
         return cls(kept, where, skipped)
 
 
-def _rail(name: str, power: Path, volt: Path, curr: Path, power_scale: float = 1e-3) -> _Channel | None:
+def _rail(name: str, power: Path, volt: Path, curr: Path, power_scale: float = 1e-3, chip: str = "",
+          shunt: Path | None = None) -> _Channel | None:
     if not name or name.lower() in ("nc", "not connected"):
         return None
     # exists(), not is_file(): a file the driver cannot read right now is still the rail's (it is retried)
     if power.exists():
         return _Channel(name, power=power, power_scale=power_scale)
     if volt.exists() and curr.exists():
-        return _Channel(name, volt=volt, curr=curr)
+        return _Channel(name, volt=volt, curr=curr, chip=chip, shunt=shunt)
     return None
 
 
@@ -380,8 +478,10 @@ def _hwmon_channels(d: Path, chip: str, cid: str) -> tuple[list[_Channel], list[
                              f"currN with inN)")
                 continue
         if v.exists():
+            shunt = d / (f"shunt{idx}_resistor" if chip == "ina3221" else "shunt_resistor")
             out.append(_Channel(f"{cid}/{label or 'in' + idx}", volt=v, curr=c, group=cid,
-                                role="input" if label and _INPUT_LABEL.match(label) else "part"))
+                                role="input" if label and _INPUT_LABEL.match(label) else "part", chip=chip,
+                                shunt=shunt))
     return out, notes
 
 
@@ -396,7 +496,9 @@ def detect(root=None, vcgencmd: str | None = None) -> Source | None:
     """The board's power source, or None where nothing on this machine measures power."""
     if envvars.get("EDGETRAIN_POWER") == "off":
         return None
-    return Pi5Pmic.find(vcgencmd) or JetsonIna3221.find(root) or Hwmon.find(root)
+    from .calibration import apply  # the calibration a user named, if any (EDGETRAIN_POWER_CALIBRATION)
+
+    return apply(Pi5Pmic.find(vcgencmd) or JetsonIna3221.find(root) or Hwmon.find(root))
 
 
 # --- sampling and integration -------------------------------------------------------------------------
@@ -409,6 +511,8 @@ class Sampler:
         self.rate_hz = float(rate_hz or source.rate_hz)
         self.samples: list[tuple[float, float, dict]] = []
         self.errors = 0
+        self.cpu_s = 0.0  # the sampling thread's own CPU time (time.thread_time), and the wall time it ran
+        self.wall_s = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -423,13 +527,29 @@ class Sampler:
         self.samples.append(((t0 + time.time()) / 2, r.total_w, r.rails))
 
     def _loop(self) -> None:
+        c0, w0 = time.thread_time(), time.monotonic()
         period = 1.0 / self.rate_hz
         nxt = time.monotonic() + period
-        while not self._stop.wait(max(0.0, nxt - time.monotonic())):
-            self._sample()
-            nxt += period
-            if nxt < time.monotonic():  # fell behind (a slow read): do not burst to catch up
-                nxt = time.monotonic() + period
+        try:
+            while not self._stop.wait(max(0.0, nxt - time.monotonic())):
+                self._sample()
+                nxt += period
+                if nxt < time.monotonic():  # fell behind (a slow read): do not burst to catch up
+                    nxt = time.monotonic() + period
+        finally:
+            # thread_time counts this thread only; a source that forks (vcgencmd) spends more in the child,
+            # which is not counted here and is said so in the record
+            self.cpu_s, self.wall_s = time.thread_time() - c0, time.monotonic() - w0
+
+    def cost(self) -> dict:
+        """The sampling thread's CPU time over its wall time: its share of one core."""
+        share = self.cpu_s / self.wall_s if self.wall_s > 0 else None
+        forks = isinstance(self.source, Pi5Pmic)
+        return {"cpu_s": self.cpu_s, "wall_s": self.wall_s, "rate_hz": self.rate_hz,
+                "core_percent": None if share is None else 100.0 * share, "goal_core_percent": SAMPLER_GOAL_PCT,
+                "within_goal": None if share is None else 100.0 * share <= SAMPLER_GOAL_PCT,
+                "source": ("the sampling thread's time.thread_time() over its wall time"
+                           + ("; the vcgencmd child each read forks is not counted" if forks else ""))}
 
     def start(self) -> "Sampler":
         self._sample()  # a sample at the start, so a window opened now is covered
@@ -524,8 +644,21 @@ class PowerMeter:
 
     def finish(self) -> dict:
         samples = self.sampler.stop()
+        self.source.close()  # the descriptors the sampler kept open
+        res = self.source.resolution()
         rec = summarise(samples, self.idle_window, self.window, self.source.name, self.source.describe(),
-                        self.sampler.rate_hz, self.sampler.errors)
+                        self.sampler.rate_hz, self.sampler.errors, resolution=res)
+        rec["sampler"] = self.sampler.cost()
+        rec["instrument"] = self.source.label()
+        if hasattr(self.source, "record"):  # read through a calibration: say so, and add the fit's error
+            cal = rec["calibration"] = self.source.record()
+            u = rec.get("uncertainty")
+            if u is not None:
+                extra = u["seconds"] * cal["standard_error_w"]
+                u["components"]["calibration_j"] = extra
+                u["plus_minus_j"] = math.sqrt(u["plus_minus_j"] ** 2 + extra ** 2)
+                u["relative"] = u["plus_minus_j"] / rec["joules"] if rec.get("joules") else None
+                u["source"] += f"; calibration: T x residual/sqrt(points) = {extra:.3g} J"
         inputs = getattr(self.source, "inputs", None)
         if inputs is not None and rec.get("rails"):
             # The figure is the sum of these rails; the other rails are parts of them, shown beside it.
@@ -534,8 +667,10 @@ class PowerMeter:
         return rec
 
 
-def summarise(samples, idle_window, window, source: str, detail: str, rate_hz: float | None, errors: int = 0) -> dict:
-    """A measured record from samples: the window's energy, the idle draw and the energy above it."""
+def summarise(samples, idle_window, window, source: str, detail: str, rate_hz: float | None, errors: int = 0,
+              resolution: tuple[float | None, str] = (None, "not known")) -> dict:
+    """A measured record from samples: the window's energy, the idle draw and the energy above it, and the
+    energy's uncertainty (``uncertainty.measured``: the resolution, the samples, the sampling interval)."""
     out = {"available": False, "provenance": "measured", "source": source, "detail": detail, "rate_hz": rate_hz,
            "read_errors": errors, "samples_total": len(samples)}
     work = window_energy(samples, *window) if window else None
@@ -548,6 +683,13 @@ def summarise(samples, idle_window, window, source: str, detail: str, rate_hz: f
     if work["samples"] < 2:
         out["note"] = (f"only {work['samples']} sample(s) inside the {work['seconds']:.3g} s window: the figure is "
                        "mostly interpolated between the neighbouring samples")
+    inside = [s[1] for s in samples if window[0] <= s[0] <= window[1]]
+    sd = statistics.stdev(inside) if len(inside) >= 2 else None
+    out["power_sd_w"] = sd
+    out["resolution_w"], out["resolution_source"] = resolution
+    out["uncertainty"] = uncertainty.measured(work["joules"], work["seconds"], work["samples"], sd,
+                                              1.0 / rate_hz if rate_hz else None, resolution[0], resolution[1],
+                                              source)
     idle = _idle_energy(samples, idle_window) if idle_window else None
     if idle is not None:
         out["idle"] = {"t0": idle_window[0], "t1": idle_window[1], "seconds": idle["seconds"],

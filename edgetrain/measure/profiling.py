@@ -189,6 +189,10 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
     if power_log is not None:
         power_log = energy.check_power_log(power_log)
     prof = device
+    grid = opts.carbon_grid()  # an unknown country or both figures refused now, before the work
+    if prof is None and grid is not None:
+        raise UsageError("grams of CO2e need the device's energy figures", "--country/--grid-intensity",
+                         "add --device NAME (see `edgetrain devices list`)")
     if prof is None and (battery_wh or rate_per_h or budget_mj):
         raise UsageError("the energy budget needs the device's power figures", "--device",
                          "add --device NAME (see `edgetrain devices list`)")
@@ -279,6 +283,9 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
                                             p10_ms=lat.get("p10_ms"), p90_ms=lat.get("p90_ms"), reliable=reliable,
                                             measured=measured)
             energy_d["reliability"] = reliable
+            carbon = energy.carbon_of_report(energy_d, grid)
+            if carbon is not None:
+                energy_d["carbon"] = carbon
         else:
             energy_d = {"device": prof.name, "available": False,
                         "note": f"no energy estimate: {lat['note']}"}

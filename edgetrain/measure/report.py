@@ -117,10 +117,18 @@ def text_summary(d: dict) -> list[str]:
 
 def _per_inference_lines(pi: dict) -> list[str]:
     above = f", {_fmt(pi['above_idle_mj'])} mJ above idle" if pi.get("above_idle_mj") is not None else ""
+    from ..energy import figure_text
+
+    head = figure_text(pi["total_mj"], pi, "mJ")
     if pi["provenance"] == "measured":
-        return [f"energy     {_fmt(pi['total_mj'])} mJ per inference total{above} [measured: {pi['meter']}, "
-                f"{pi['samples']} samples over {pi['inferences']} inferences, idle {_fmt(pi.get('idle_w'))} W]"]
-    text = (f"energy     {_fmt(pi['total_mj'])} mJ per inference total{above} [modelled: p50 latency x "
+        lines = [f"energy     {head} per inference total{above} [{pi['inferences']} inferences, idle "
+                 f"{_fmt(pi.get('idle_w'))} W]"]
+        cost = pi.get("sampler") or {}
+        if cost.get("core_percent") is not None:
+            lines.append(f"sampler    {cost['core_percent']:.2f}% of one core at {cost['rate_hz']:g} Hz "
+                         f"(goal under {cost['goal_core_percent']:g}%)")
+        return lines
+    text = (f"energy     {head} per inference total{above} [modelled: p50 latency x "
             f"{_fmt(pi['power_w'])} W")
     if pi.get("threads") is not None:
         text += f" at {min(pi['threads'], pi['cores'])} of {pi['cores']} cores busy"
@@ -165,6 +173,14 @@ def energy_lines(e: dict, warn: bool = True) -> list[str]:
     if e.get("continuous"):
         c = e["continuous"]
         lines.append(f"battery    {c['battery_wh']:g} Wh lasts {_fmt(c['battery_hours'])} h of continuous inference")
+    if e.get("carbon"):
+        from ..energy import carbon_text
+
+        c = e["carbon"]
+        text = f"carbon     {carbon_text(c, per_inference=True)} per inference"
+        if c.get("per_day_g") is not None:
+            text += f"; {c['per_day_g']:.3g} g CO2e per day at the rate above"
+        lines.append(text)
     if e.get("budget"):
         bg = e["budget"]
         lines.append(f"budget     {_fmt(bg['energy_mj'])} mJ vs {bg['budget_mj']:g} mJ per inference: "
@@ -175,7 +191,10 @@ def energy_lines(e: dict, warn: bool = True) -> list[str]:
 # --- SVG charts ---------------------------------------------------------------------------------------
 
 W, H = 640, 220
-PAD_L, PAD_B, PAD_T, PAD_R = 56, 34, 14, 16
+# The charts' font in user units: 11 on a wide screen; on a phone, where the 640-unit chart is scaled down to the
+# screen's width, 15 (the CSS below), so that it reads at about 9 px.
+CHART_FONT, CHART_FONT_MAX = 11, 15
+PAD_B, PAD_T, PAD_R = 34, 14, 16  # the left pad is each chart's own (_pad_left): its tick labels' width
 
 
 def _svg(body: str, height: int = H, title: str = "") -> str:
@@ -188,6 +207,12 @@ def _text(x, y, s, anchor="start", extra="") -> str:
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" {extra}>{html.escape(str(s))}</text>'
 
 
+def _text_width(s: str, font_px: float = CHART_FONT_MAX) -> float:
+    """A generous width for ``s`` in user units at the largest font the charts use (system-ui digits and
+    letters average under 0.6 em)."""
+    return 0.62 * font_px * len(s)
+
+
 def _nice_max(v: float) -> float:
     if v <= 0:
         return 1.0
@@ -198,21 +223,28 @@ def _nice_max(v: float) -> float:
     return 10 * exp
 
 
+def _pad_left(ymax: float) -> float:
+    """Room left of the plot for the rotated unit (up to x=24) and the longest tick label at the phone's font."""
+    return max(66.0, 30.0 + _text_width(max((_fmt(ymax * i / 4) for i in range(5)), key=len)))
+
+
 def _axes(ymax: float, unit: str, height: int = H) -> str:
+    PAD_L = _pad_left(ymax)  # noqa: N806 - the pad every chart reads
     out = []
     plot_h = height - PAD_B - PAD_T
     for i in range(5):
         y = height - PAD_B - plot_h * i / 4
-        out.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
+        out.append(f'<line x1="{PAD_L:.1f}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
         out.append(_text(PAD_L - 6, y + 4, _fmt(ymax * i / 4), "end"))
-    out.append(_text(12, PAD_T + plot_h / 2, unit, "middle",
-                     f'transform="rotate(-90 12 {PAD_T + plot_h / 2:.1f})"'))
+    out.append(_text(16, PAD_T + plot_h / 2, unit, "middle",
+                     f'transform="rotate(-90 16 {PAD_T + plot_h / 2:.1f})"'))
     return "".join(out)
 
 
 def latency_histogram_svg(lat: list[float], p50: float, p99: float) -> str:
     bins = _histogram(lat)
     ymax = _nice_max(max(c for _, _, c in bins))
+    PAD_L = _pad_left(ymax)  # noqa: N806
     plot_w, plot_h = W - PAD_L - PAD_R, H - PAD_B - PAD_T
     lo, hi = bins[0][0], bins[-1][1]
     span = (hi - lo) or 1.0
@@ -222,20 +254,25 @@ def latency_histogram_svg(lat: list[float], p50: float, p99: float) -> str:
         h = plot_h * c / ymax
         out.append(f'<rect x="{x(a) + 0.5:.1f}" y="{H - PAD_B - h:.1f}" width="{max(x(b) - x(a) - 1, 1):.1f}" '
                    f'height="{h:.1f}" fill="#54aeff"><title>{_fmt(a)}-{_fmt(b)} ms: {c} runs</title></rect>')
-    for v, name, colour in ((p50, "p50", "#1a7f37"), (p99, "p99", "#cf222e")):
+    for row, (v, name, colour) in enumerate(((p50, "p50", "#1a7f37"), (p99, "p99", "#cf222e"))):
         out.append(f'<line x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{PAD_T}" y2="{H - PAD_B}" stroke="{colour}" '
                    f'stroke-dasharray="4 3"/>')
-        out.append(_text(x(v) + 3, PAD_T + 10, f"{name} {_fmt(v)} ms", extra=f'fill="{colour}"'))
+        # p99 sits at the right edge (the last bin holds everything above it): its label goes to the left of the
+        # line where it would not fit on the right, one row below p50's so the two never overlap
+        label = f"{name} {_fmt(v)} ms"
+        right = x(v) + 3 + _text_width(label) <= W - 2
+        out.append(_text(x(v) + 3 if right else x(v) - 3, PAD_T + 10 + 16 * row, label, "start" if right else "end",
+                         f'fill="{colour}"'))
     for i in range(5):
         v = lo + span * i / 4
-        out.append(_text(x(v), H - PAD_B + 14, _fmt(v), "middle"))
-    out.append(_text(PAD_L + plot_w / 2, H - 4, "latency per inference (ms); the last bin holds everything above p99",
-                     "middle"))
+        out.append(_text(x(v), H - PAD_B + 14, _fmt(v), "end" if i == 4 else "start" if i == 0 else "middle"))
+    out.append(_text(PAD_L + plot_w / 2, H - 4, "latency per inference (ms); the last bin: above p99", "middle"))
     return _svg("".join(out), title="latency histogram")
 
 
 def thread_sweep_svg(configs: list[dict]) -> str:
     ymax = _nice_max(max(c["latency"]["p99_ms"] for c in configs))
+    PAD_L = _pad_left(ymax)  # noqa: N806
     plot_w, plot_h = W - PAD_L - PAD_R, H - PAD_B - PAD_T
     n = len(configs)
     slot = plot_w / n
@@ -260,7 +297,7 @@ def thread_sweep_svg(configs: list[dict]) -> str:
 
 def memory_svg(configs: list[dict], prediction: dict, verdict_memory: dict | None) -> str:
     rows = len(configs)
-    height = PAD_T + 30 * rows + 76
+    height = PAD_T + 30 * rows + 116  # the legend may take three rows at the phone's font
     top = max([c["memory"]["peak_rss_mb"] for c in configs] + [prediction["peak_rss_mb"]])
     # A 8 GB board would squash a 100 MB model to a sliver: draw the device limit only when it is near.
     off_scale = verdict_memory is not None and verdict_memory["available_mb"] > 2.5 * top
@@ -291,20 +328,25 @@ def memory_svg(configs: list[dict], prediction: dict, verdict_memory: dict | Non
     if verdict_memory and not off_scale:
         marks.append((verdict_memory["available_mb"], "device RAM - OS reserve", "#cf222e"))
     elif off_scale:
-        out.append(_text(110, PAD_T + 30 * rows + 66, f"the device leaves {verdict_memory['available_mb']} MB "
+        out.append(_text(110, PAD_T + 30 * rows + 106, f"the device leaves {verdict_memory['available_mb']} MB "
                          "(RAM - OS reserve), off this scale", "start", 'fill="#cf222e"'))
     for v, name, colour in marks:
         out.append(f'<line x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{PAD_T - 4}" y2="{PAD_T + 30 * rows}" '
                    f'stroke="{colour}" stroke-width="2" stroke-dasharray="5 3"><title>{name} {_fmt(v)} MB</title></line>')
     ly = PAD_T + 30 * rows + 30
     lx = 110
-    for _key, name, colour in parts:
-        out.append(f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{colour}"/>' + _text(lx + 14, ly + 9, name))
-        lx += 150
-    for _v, name, colour in marks:
-        out.append(f'<line x1="{lx}" x2="{lx + 12}" y1="{ly + 5}" y2="{ly + 5}" stroke="{colour}" stroke-width="2" '
-                   f'stroke-dasharray="4 2"/>' + _text(lx + 16, ly + 9, name))
-        lx += 40 + 6 * len(name)
+    # the legend: as many entries to a row as fit at the phone's font, then the next row
+    entries = [(name, f'<rect x="{{x}}" y="{{y}}" width="10" height="10" fill="{colour}"/>') for _k, name, colour in parts]
+    entries += [(name, f'<line x1="{{x}}" x2="{{x12}}" y1="{{y5}}" y2="{{y5}}" stroke="{colour}" stroke-width="2" '
+                       'stroke-dasharray="4 2"/>') for _v, name, colour in marks]
+    lx, row = 16, 0
+    for name, mark in entries:
+        width = 18 + _text_width(name) + 14
+        if lx + width > W - 4 and lx > 16:
+            lx, row = 16, row + 1
+        yy = ly + 20 * row
+        out.append(mark.format(x=lx, y=yy, x12=lx + 12, y5=yy + 5) + _text(lx + 18, yy + 9, name))
+        lx += width
     return _svg("".join(out), height, "memory breakdown")
 
 
@@ -314,6 +356,7 @@ def energy_day_svg(daily: dict) -> str:
     battery = daily.get("battery_wh")
     if battery and battery < ymax * 3:
         ymax = _nice_max(max(ymax, battery * 1.05))
+    PAD_L = _pad_left(ymax)  # noqa: N806
     plot_w, plot_h = W - PAD_L - PAD_R, H - PAD_B - PAD_T
     x = lambda hour: PAD_L + plot_w * hour / 24  # noqa: E731
     y = lambda wh: H - PAD_B - plot_h * min(wh, ymax) / ymax  # noqa: E731
@@ -326,14 +369,14 @@ def energy_day_svg(daily: dict) -> str:
     out.append(f'<line x1="{x(0):.1f}" y1="{y(0):.1f}" x2="{x(24):.1f}" y2="{y(idle + busy):.1f}" stroke="#bc4c00" '
                f'stroke-width="2"/>')
     if battery and battery <= ymax:
-        out.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y(battery):.1f}" y2="{y(battery):.1f}" stroke="#cf222e" '
+        out.append(f'<line x1="{PAD_L:.1f}" x2="{W - PAD_R}" y1="{y(battery):.1f}" y2="{y(battery):.1f}" stroke="#cf222e" '
                    f'stroke-dasharray="5 3"/>' + _text(PAD_L + 4, y(battery) - 4, f"battery {battery:g} Wh",
                                                           extra='fill="#cf222e"'))
     for hour in range(0, 25, 4):
-        out.append(_text(x(hour), H - PAD_B + 14, f"{hour:02d}:00", "middle"))
+        out.append(_text(x(hour), H - PAD_B + 14, f"{hour:02d}:00", "end" if hour == 24 else "middle"))
     out.append(_text(x(24) - 4, y(idle + busy) - 6, f"{_fmt(idle + busy)} Wh/day", "end"))
-    out.append(_text(PAD_L + plot_w / 2, H - 4, f"cumulative energy over a day at {daily['rate_per_h']:g} inferences/h "
-                                                "(grey: idle, orange: inference)", "middle"))
+    out.append(_text(PAD_L + plot_w / 2, H - 4, f"energy over a day at {daily['rate_per_h']:g}/h (grey idle, orange "
+                                                "inference)", "middle"))
     return _svg("".join(out), title="energy over a day")
 
 
@@ -348,6 +391,9 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 .tag{display:inline-block;border-radius:10px;padding:0 7px;color:#fff;font-size:11px}
 .cards{display:flex;flex-wrap:wrap;gap:10px}.card{border:1px solid #d0d7de;border-radius:6px;padding:8px 12px;min-width:170px}
 .card b{display:block;font-size:20px}.ok{color:#1a7f37}.bad{color:#cf222e}.src{color:#59636e;font-size:12px}
+svg{max-width:100%;height:auto;display:block}
+table{display:block;max-width:100%;overflow-x:auto}
+@media (max-width:600px){body{margin:12px auto;padding:0 10px}svg text{font-size:15px}.card{min-width:0;flex:1 1 140px}}
 """
 
 
@@ -380,7 +426,8 @@ def render_html(d: dict) -> str:
     en = d.get("energy") or {}
     dev = d.get("device")
     title = f"edgetrain profile: {d['model']}"
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{_CSS}</style>"
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'>"
+             f"<meta name='viewport' content='width=device-width,initial-scale=1'><title>{e(title)}</title><style>{_CSS}</style>"
              f"</head><body><h1>{e(title)}</h1>",
              f"<p class='sub'>{e(d['runtime'])}, input {'x'.join(map(str, d['input_shape']))}, batch {d['batch']}, "
              f"{d['warmup']} warm-up + {d['runs']} timed runs per configuration, each in a fresh process. Host: "
@@ -400,9 +447,16 @@ def render_html(d: dict) -> str:
     if v.get("latency") and v["latency"].get("mean_ms") is not None:
         cards.append(_card(f"mean latency on {dev['name']}", f"{_fmt(v['latency']['mean_ms'])} ms",
                            v["latency"]["provenance"]))
+    from ..energy import carbon_text, figure_text
+
     if en.get("per_inference"):
-        cards.append(_card("energy / inference", f"{_fmt(en['per_inference']['total_mj'])} mJ",
-                           en["per_inference"]["provenance"]))
+
+        pi = en["per_inference"]
+        cards.append(_card("energy / inference", figure_text(pi["total_mj"], pi, "mJ").split(" (")[0],
+                           pi["provenance"]))
+        if en.get("carbon"):
+            cards.append(_card("CO2e / inference", carbon_text(en["carbon"], per_inference=True).split(" CO2e")[0]
+                               + " CO2e", "modelled" if en["carbon"]["energy_provenance"] != "measured" else "measured"))
     if en.get("daily") and "battery_hours" in en["daily"]:
         cards.append(_card("battery life", f"{_fmt(en['daily']['battery_days'])} days", en["daily"]["provenance"]))
     if en.get("budget"):
@@ -465,7 +519,8 @@ def render_html(d: dict) -> str:
     parts.append("<h2>Energy</h2>")
     if en.get("per_inference"):
         pi = en["per_inference"]
-        parts.append(f"<p>Per inference: <b>{_fmt(pi['total_mj'])} mJ</b> total, {_fmt(pi.get('above_idle_mj'))} mJ "
+        parts.append(f"<p>Per inference: <b>{e(figure_text(pi['total_mj'], pi, 'mJ'))}</b> total, "
+                     f"{_fmt(pi.get('above_idle_mj'))} mJ "
                      f"above idle {_tag(pi['provenance'])}; {_fmt(en['inferences_per_wh_busy'])} inferences per Wh of "
                      f"busy time.</p><p class='src'>{e(pi['source'])}</p>")
         for key in ("per_inference", "modelled_per_inference"):
@@ -498,6 +553,11 @@ def render_html(d: dict) -> str:
             parts.append(f"<p class='src'>{e(dd['source'])}</p>")
             if dd.get("note"):
                 parts.append(f"<p class='bad'>{e(dd['note'])}</p>")
+        if en.get("carbon"):
+            c = en["carbon"]
+            day = f"; {c['per_day_g']:.3g} g CO2e per day at the rate above" if c.get("per_day_g") is not None else ""
+            parts.append(f"<p>Carbon: <b>{e(carbon_text(c, per_inference=True))}</b> per inference{e(day)}. "
+                         f"<span class='src'>{e(c['intensity']['source'])}</span></p>")
         if en.get("continuous"):
             c = en["continuous"]
             parts.append(f"<p>Battery {c['battery_wh']:g} Wh: {_fmt(c['battery_hours'])} h of continuous inference "

@@ -115,8 +115,9 @@ def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = No
     rtol = default_rtol if opts.rtol is None else opts.rtol
     output = writable(Path(opts.output))
     profile = opts.profile()
-    if profile is None and any(v is not None for v in (battery_wh, rate, budget_mj)):
-        raise UsageError("an energy budget needs a device", "--battery-wh/--rate/--budget-mj",
+    opts.carbon_grid()  # both --country and --grid-intensity: refused before the work
+    if profile is None and any(v is not None for v in (battery_wh, rate, budget_mj, opts.country, opts.grid_intensity)):
+        raise UsageError("an energy budget needs a device", "--battery-wh/--rate/--budget-mj/--country",
                          "add --device NAME (its power figures price the energy)")
     threads = current_threads()
 
@@ -167,23 +168,28 @@ def export(model_ref: str, opts: ExportOptions, progress: ProgressFn | None = No
         say(f"energy budget on {profile.name}: profiling the exported file")
         from ..fileio import STREAM, output_target, temp_dir
 
+        def budget(path):
+            return _energy_budget(path, profile, threads, battery_wh, rate, budget_mj, say, opts.country,
+                                  opts.grid_intensity)
+
         if output_target(output)[0] == STREAM:  # -o /dev/null or a FIFO: profile the same bytes from a file
             with temp_dir("export") as folder:
                 (folder / "model.onnx").write_bytes(blob)
-                result.energy = _energy_budget(folder / "model.onnx", profile, threads, battery_wh, rate, budget_mj,
-                                               say)
+                result.energy = budget(folder / "model.onnx")
         else:
-            result.energy = _energy_budget(output, profile, threads, battery_wh, rate, budget_mj, say)
+            result.energy = budget(output)
     return result
 
 
 ENERGY_WARMUP, ENERGY_RUNS = 5, 30
 
 
-def _energy_budget(path: Path, profile, threads: int, battery_wh, rate, budget_mj, say) -> dict:
+def _energy_budget(path: Path, profile, threads: int, battery_wh, rate, budget_mj, say, country=None,
+                   grid_intensity=None) -> dict:
     """The profile command's device verdict and energy budget for the exported file (a short run)."""
     opts = ProfileOptions(device=profile, threads=[threads], warmup=ENERGY_WARMUP, runs=ENERGY_RUNS,
-                          battery_wh=battery_wh, rate=rate, budget_mj=budget_mj)
+                          battery_wh=battery_wh, rate=rate, budget_mj=budget_mj, country=country,
+                          grid_intensity=grid_intensity)
     pr = run_profile(str(path), opts, op_profile=False, progress=say)
     return {"runs": ENERGY_RUNS, "threads": threads, "latency": pr.verdict.get("latency"),
             "memory": pr.verdict.get("memory"), "report": pr.energy, "failed_checks": pr.failed_checks}

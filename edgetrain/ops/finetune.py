@@ -19,6 +19,7 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
     if opts.val is not None and opts.val_split is not None:
         raise UsageError("--val and --val-split both given", "--val", "give held-out data or a split fraction, not both")
     layers = parse_train_layers(opts.train_layers)
+    grid = opts.carbon_grid()  # an unknown country or both figures: refused before the work
     if opts.power_log is not None:  # a log that exists is read now: an unknown format costs seconds, not a fine-tune
         from .. import energy
 
@@ -27,4 +28,9 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
     val_split = DEFAULT_VAL_SPLIT if opts.val is None and opts.val_split is None else opts.val_split
     job = FinetuneJob(model, opts, layers=layers, budget_mb=opts.budget_mb(), threads=threads, profile=opts.profile(),
                       val_split=val_split, progress=progress_events(progress), resume=opts.resume)
-    return job.run(has_checkpoint)
+    result = job.run(has_checkpoint)
+    if grid is not None and result.energy is not None:
+        from ..energy import carbon_of_run
+
+        result.energy["carbon"] = carbon_of_run(result.energy, grid)
+    return result

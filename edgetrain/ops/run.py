@@ -74,7 +74,7 @@ class RunResult(Result):
 
 def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: str | None = None,
                threads: int | None = None, resume: bool = False,
-               progress: Callable[[str], None] | None = None) -> RunResult:
+               progress: Callable[[str], None] | None = None, carbon: dict | None = None) -> RunResult:
     """Run every step of ``loaded``; stop at the first that fails. Returns the whole run's result."""
     say = progress or (lambda msg: None)
     recipe = loaded.recipe
@@ -101,7 +101,7 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
             say(f"[{i}/{total}] report: {run.result['path']}")
             continue
         kind = STEPS[step.name]
-        model, opts = step_options(step, art, rundir, device_ref, threads, resume)
+        model, opts = step_options(step, art, rundir, device_ref, threads, resume, carbon)
         argv = [step.name, model, *opts.flags(), "--json", str(json_path)]  # the same work, as typed
         # once a step runs again, every later step does too: its inputs may have changed
         if resume and not ran_again and _complete(json_path, kind.files, rundir, step.name, say):
@@ -193,15 +193,21 @@ def _split_data(loaded: LoadedRecipe, rundir: Path, model_ref: str, say) -> tupl
     return str(train_path), str(val_path)
 
 
-def step_options(step, art: Artifacts, rundir: Path, device: str, threads, resume: bool) -> tuple[str, Options]:
+def step_options(step, art: Artifacts, rundir: Path, device: str, threads, resume: bool,
+                 carbon: dict | None = None) -> tuple[str, Options]:
     """MODEL and the command's typed options for ``step``: what the recipe set (left out: the command's
-    default), what the run folder supplies, the run's device and thread cap (a profile's own sweep stays)."""
+    default), what the run folder supplies, the run's device and thread cap (a profile's own sweep stays),
+    and the run's --country / --grid-intensity for the steps that price energy in CO2e (the run's wins over
+    a step's own)."""
     kind, given = STEPS[step.name], step.options
     model, values = kind.inputs(art, rundir, given, resume)
     values.update({name: getattr(given, name) for name in kind.options.fields
                    if name in type(given).model_fields and getattr(given, name) is not None}, device=device)
     if threads and values.get("threads") is None:
         values["threads"] = threads
+    given_carbon = {k: v for k, v in (carbon or {}).items() if v is not None}
+    if given_carbon and "country" in kind.options.fields:
+        values.update({"country": None, "grid_intensity": None, **given_carbon})
     return model, kind.options(**values)
 
 
@@ -310,6 +316,16 @@ def summarize(result: RunResult) -> dict:
         "peak_rss_mb": _dig(p, "verdict", "memory", "peak_rss_mb") or _dig(p, "best", "peak_rss_mb"),
         "energy_per_inference_mj": _dig(p, "energy", "per_inference", "total_mj"),
         "energy_provenance": _dig(p, "energy", "per_inference", "provenance"),
+        "energy_per_inference_uncertainty_mj": _dig(p, "energy", "per_inference", "uncertainty", "plus_minus_mj"),
+        "finetune_energy_j": _dig(f, "energy", "joules"),
+        "finetune_energy_uncertainty_j": _dig(f, "energy", "uncertainty", "plus_minus_j"),
+        "finetune_energy_provenance": _dig(f, "energy", "provenance"),
+        "carbon_per_inference_g": _dig(p, "energy", "carbon", "per_inference_g"),
+        "carbon_per_day_g": _dig(p, "energy", "carbon", "per_day_g"),
+        "finetune_carbon_g": _dig(f, "energy", "carbon", "grams"),
+        "carbon_g_per_kwh": _dig(p, "energy", "carbon", "g_co2e_per_kwh") or _dig(f, "energy", "carbon", "g_co2e_per_kwh"),
+        "carbon_intensity_source": (_dig(p, "energy", "carbon", "intensity", "source")
+                                    or _dig(f, "energy", "carbon", "intensity", "source")),
         "battery_life_days": _dig(p, "energy", "daily", "battery_days"),
         "battery_wh": _dig(p, "energy", "daily", "battery_wh"),
         "rate_per_h": _dig(p, "energy", "daily", "rate_per_h"),

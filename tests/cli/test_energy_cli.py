@@ -64,7 +64,7 @@ def test_profile_on_the_device_measures_with_its_hwmon_sensor(cli, onnx_file, th
     # human output says so too
     human = cli("profile", onnx_file, "--device", this_host, *FAST, env=sensor_env(root))
     assert human.code == 0, human.err
-    assert "[measured: hwmon" in human.out and "modelled for comparison" in human.out
+    assert "(measured, hwmon ina219, " in human.out and "modelled for comparison" in human.out
 
 
 def test_profile_elsewhere_keeps_the_model_and_reports_this_machines_sensor(cli, onnx_file, tmp_path):
@@ -221,3 +221,55 @@ def test_profile_json_says_whether_the_host_was_quiet_and_where_every_energy_fig
         assert pi["spread"]["p10"]["provenance"] == pi["spread"]["p90"]["provenance"] == "modelled"
         assert d["energy"]["daily"]["provenance"] == "modelled"
     assert d["host_energy"]["provenance"] == "measured"
+
+
+# --- uncertainty and carbon (issue 24, items 4 and 6) ------------------------------------------------------
+
+DE_2024 = 342.06  # edgetrain/energy/grid_intensity.csv, Ember
+
+
+def test_profile_gives_the_measured_figure_its_uncertainty_and_its_grams(cli, onnx_file, this_host, tmp_path):
+    root = hwmon_tree(tmp_path / "sys", 3_500_000)
+    res = cli("profile", onnx_file, "--device", this_host, "--country", "DE", "--rate", "720/h", "--json", "-", *FAST,
+              env=sensor_env(root))
+    assert res.code == 0, res.err
+    e = res.json()["energy"]
+    pi = e["per_inference"]
+    u = pi["uncertainty"]
+    assert u["kind"] == "standard (1 sigma)" and u["resolution_w"] == pytest.approx(1e-6)  # power1_input: µW
+    assert u["plus_minus_mj"] > 0 and u["samples"] == pi["samples"]
+    assert pi["sampler"]["core_percent"] is not None and pi["sampler"]["rate_hz"] == 20.0
+    c = e["carbon"]
+    assert c["per_inference_g"] == pytest.approx(pi["total_mj"] / 1000 / 3.6e6 * DE_2024)
+    assert c["per_day_g"] == pytest.approx(e["daily"]["energy_wh_per_day"] / 1000 * DE_2024)
+    assert c["intensity"]["country"] == "DEU" and c["intensity"]["year"] == 2024 and "Ember" in c["intensity"]["source"]
+    human = cli("profile", onnx_file, "--device", this_host, "--country", "deu", *FAST, env=sensor_env(root))
+    assert human.code == 0, human.err
+    line = next(ln for ln in human.out.splitlines() if ln.startswith("energy "))
+    assert " mJ ± " in line and "(measured, hwmon ina219, " in line
+    assert any(ln.startswith("carbon ") and "Germany 2024 grid, 342.06 g/kWh [table]" in ln and "per inference" in ln
+               for ln in human.out.splitlines())
+    assert any(ln.startswith("sampler ") and "% of one core at 20 Hz" in ln for ln in human.out.splitlines())
+
+
+def test_finetune_modelled_carries_its_power_range_and_the_grams_of_a_given_intensity(cli, digits_npz, tmp_path):
+    res = cli("finetune", "edgetrain.nets:pretrained_digits", "--data", digits_npz, "-o", tmp_path / "o",
+              "--epochs", "1", "--device", "rpi4b-4gb", "--threads", "1", "--grid-intensity", "500", "--json", "-",
+              env=no_sensor_env(tmp_path), cwd=tmp_path)
+    assert res.code == 0, res.err
+    e = res.json()["energy"]
+    u = e["uncertainty"]
+    assert e["provenance"] == "modelled"
+    assert u["low_j"] == pytest.approx(e["seconds"] * (2.7 + (6.4 - 2.7) / 4))  # the line at 1 of 4 cores
+    assert u["high_j"] == pytest.approx(e["seconds"] * 6.4)  # full load
+    assert e["carbon"]["grams"] == pytest.approx(e["joules"] / 3.6e6 * 500)
+    assert e["carbon"]["intensity"]["provenance"] == "given"
+
+
+@pytest.mark.parametrize("command", ["profile", "finetune"])
+def test_an_unknown_country_is_refused_in_one_line_before_any_work(cli, onnx_file, tmp_path, command):
+    args = (["profile", onnx_file, *FAST] if command == "profile" else
+            ["finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", tmp_path / "o"])
+    res = cli(*args, "--device", "rpi4b-4gb", "--country", "XX", env=no_sensor_env(tmp_path), cwd=tmp_path)
+    assert_user_error(res, 2, "--country", "XX", "--grid-intensity")
+    assert not (tmp_path / "o").exists()

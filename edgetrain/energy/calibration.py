@@ -1,0 +1,163 @@
+"""Calibration: a board's own sensor fitted to an external meter that logged the same stretch of time.
+
+A board sensor misses what sits before it (the Pi 5 PMIC reads the rails after the converters: the 5 V input
+and the conversion losses are not in its figure). A USB meter at the input sees them. Recorded together, the
+meter's power against the sensor's at the meter's timestamps (the sensor's samples interpolated there) gives a
+line, fitted by least squares over the overlapping samples:
+
+    meter W = gain x sensor W + offset W      (residual: the RMS of what the line does not explain)
+
+``calibrate`` records it (the sensor sampled while this process alternates idle and busy, so the fit has a
+spread of power to stand on) and writes it to a calibration file the user names; with
+``EDGETRAIN_POWER_CALIBRATION=FILE`` every later measurement by that sensor is read through the line, says
+so in its record (``calibration``) and adds the fit's standard error to its uncertainty.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .. import envvars
+from ..errors import UsageError
+from ..fileio import atomic_write_text
+from . import sensors
+
+ENV = "EDGETRAIN_POWER_CALIBRATION"
+MIN_POINTS = 10
+FORMAT = "edgetrain-power-calibration/1"
+
+
+def fit(sensor: list[tuple[float, float]], meter: list[tuple[float, float]]) -> dict:
+    """The least-squares line of the meter's watts against the sensor's, over the time both cover."""
+    if len(sensor) < 2 or len(meter) < 2:
+        raise UsageError("too few readings to fit the sensor to the meter", "calibration",
+                         "record at least a few seconds with both the sensor and the meter")
+    t0, t1 = max(sensor[0][0], meter[0][0]), min(sensor[-1][0], meter[-1][0])
+    times, watts = [t for t, _ in sensor], [w for _, w in sensor]
+    pairs = [(_at(times, watts, t), w) for t, w in meter if t0 <= t <= t1]
+    if len(pairs) < MIN_POINTS:
+        raise UsageError(f"the sensor and the meter overlap in {len(pairs)} meter readings (need {MIN_POINTS})",
+                         "calibration", "keep the meter logging for the whole calibration, its clock set to this "
+                         "machine's")
+    n = len(pairs)
+    mx, my = sum(x for x, _ in pairs) / n, sum(y for _, y in pairs) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pairs)
+    if sxx <= 0:
+        raise UsageError("the sensor read the same power throughout: a line cannot be fitted", "calibration",
+                         "calibrate while the load changes (calibrate() alternates idle and busy)")
+    gain = sum((x - mx) * (y - my) for x, y in pairs) / sxx
+    offset = my - gain * mx
+    resid = math.sqrt(sum((y - gain * x - offset) ** 2 for x, y in pairs) / max(n - 2, 1))
+    syy = sum((y - my) ** 2 for _, y in pairs)
+    return {"gain": gain, "offset_w": offset, "residual_w": resid, "points": n,
+            "r2": 1 - resid ** 2 * max(n - 2, 1) / syy if syy > 0 else None,
+            "sensor_range_w": [min(x for x, _ in pairs), max(x for x, _ in pairs)], "window": [t0, t1]}
+
+
+def _at(times: list[float], watts: list[float], t: float) -> float:
+    """The sensor's watts at ``t``, linearly between the samples either side."""
+    i = min(max(bisect.bisect_left(times, t), 1), len(times) - 1)
+    (ta, wa), (tb, wb) = (times[i - 1], watts[i - 1]), (times[i], watts[i])
+    return wa if tb == ta else wa + (wb - wa) * (t - ta) / (tb - ta)
+
+
+def save(path, line: dict, source: sensors.Source, meter_log: str) -> dict:
+    doc = {"format": FORMAT, "source": source.name, "instrument": source.label(), "meter_log": Path(meter_log).name,
+           "fitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **line,
+           "method": "least squares, meter W = gain x sensor W + offset W, over the overlapping meter readings"}
+    atomic_write_text(Path(path), json.dumps(doc, indent=2) + "\n", "calibration")
+    return doc
+
+
+def load(path) -> dict:
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the power calibration ({exc.__class__.__name__})", str(p),
+                         f"give a file written by edgetrain.energy.calibrate, or unset {ENV}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not all(
+            isinstance(doc.get(k), (int, float)) for k in ("gain", "offset_w", "residual_w", "points")):
+        raise UsageError("not an edgetrain power calibration", str(p),
+                         f"give a file written by edgetrain.energy.calibrate, or unset {ENV}")
+    return doc
+
+
+class Calibrated(sensors.Source):
+    """A source read through a calibration line: the total is the meter's figure the line predicts."""
+
+    def __init__(self, source: sensors.Source, cal: dict, path: str):
+        self.source, self.cal, self.path = source, cal, path
+        self.name, self.rate_hz = source.name, source.rate_hz
+        self.inputs = getattr(source, "inputs", None)
+
+    @property
+    def covers(self) -> str:
+        c = self.cal
+        return (f"{self.source.covers}; CALIBRATED against {c['meter_log']} ({self.path}, fitted {c['fitted_at']}): "
+                f"W = {c['gain']:.4g} x sensor + {c['offset_w']:.3g} W, residual {c['residual_w']:.3g} W over "
+                f"{c['points']} readings")
+
+    def read(self) -> sensors.Reading:
+        r = self.source.read()
+        return sensors.Reading(self.cal["gain"] * r.total_w + self.cal["offset_w"], r.rails)
+
+    def label(self) -> str:
+        return self.source.label() + " calibrated"
+
+    def close(self) -> None:
+        self.source.close()
+
+    def resolution(self):
+        q, how = self.source.resolution()
+        return (None if q is None else abs(self.cal["gain"]) * q), how
+
+    def record(self) -> dict:
+        """What a measured record says about the calibration it was read through."""
+        return {"file": self.path, **{k: self.cal[k] for k in ("gain", "offset_w", "residual_w", "points",
+                                                                "meter_log", "fitted_at")},
+                "standard_error_w": self.cal["residual_w"] / math.sqrt(max(self.cal["points"], 1))}
+
+
+def apply(source: sensors.Source | None) -> sensors.Source | None:
+    """``source`` read through the calibration ``EDGETRAIN_POWER_CALIBRATION`` names, if any."""
+    path = envvars.get(ENV)
+    if not path or source is None:
+        return source
+    cal = load(path)
+    if cal.get("source") != source.name:
+        raise UsageError(f"the power calibration is for the {cal.get('source')} sensor but this board's is "
+                         f"{source.name}", path, f"calibrate this board's sensor, or unset {ENV}")
+    return Calibrated(source, cal, path)
+
+
+def calibrate(power_log, out, seconds: float = 30.0, source: sensors.Source | None = None,
+              phase_s: float = 2.0) -> dict:
+    """Sample the board's sensor for ``seconds`` while this process alternates idle and busy ``phase_s`` each,
+    then fit it to the meter's log of the same time (``power_log``, still being written is fine) and write the
+    calibration to ``out``. Returns the calibration."""
+    from . import meterlog
+
+    src = source or sensors.detect()
+    if src is None:
+        raise UsageError("no board power sensor to calibrate", "calibrate",
+                         "run on the board (Pi 5 PMIC, Jetson INA3221, hwmon power sensor)")
+    if isinstance(src, Calibrated):
+        src = src.source
+    sampler = sensors.Sampler(src).start()
+    end = time.time() + seconds
+    while time.time() < end:
+        phase_end = min(end, time.time() + phase_s)
+        if int(time.time() / phase_s) % 2:
+            while time.time() < phase_end:  # busy: one core spinning
+                pass
+        else:
+            time.sleep(max(0.0, phase_end - time.time()))
+    samples = sampler.stop()
+    meter = meterlog.read_power_log(power_log, near=samples[0][0])
+    line = fit([(t, w) for t, w, _ in samples], meter)
+    return save(out, line, src, str(power_log))

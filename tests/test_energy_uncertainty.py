@@ -1,0 +1,106 @@
+"""Every energy figure carries its uncertainty (issue 24, item 4): measured figures from the sensor's resolution
+and the sampling, modelled ones from the timing spread and the profile's power range.
+
+The sensors are real sysfs-layout trees (tests/fixtures/power, sources in SOURCES.md) copied into tmp_path; a
+varying board is the tree's files rewritten between reads, read back by the real reader.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from edgetrain.devices import load_device
+from edgetrain.energy import measured_per_inference, sensors
+from edgetrain.energy.model import energy_for_duration, energy_report, figure_text
+
+FIXTURES = Path(__file__).parent / "fixtures" / "power" / "sysfs"
+NO_VCGENCMD = "/nonexistent/vcgencmd"
+
+
+def _ina3221(tmp_path: Path, name: str, shunt_uohm: int) -> tuple[sensors.Source, Path]:
+    root = tmp_path / name
+    shutil.copytree(FIXTURES / "ina3221-unlabelled", root)
+    chip = root / "class" / "hwmon" / "hwmon2"
+    for i in (1, 2, 3):
+        (chip / f"shunt{i}_resistor").write_text(f"{shunt_uohm}\n")
+    src = sensors.detect(root=root, vcgencmd=NO_VCGENCMD)
+    assert isinstance(src, sensors.Hwmon)
+    return src, chip
+
+
+def _record(src, chip: Path, n: int, seconds: float = 10.0, currents_ma=(446,)) -> dict:
+    """n readings of the real tree over ``seconds``, channel 1's current cycling through ``currents_ma``."""
+    samples = []
+    for i in range(n):
+        (chip / "curr1_input").write_text(f"{currents_ma[i % len(currents_ma)]}\n")
+        r = src.read()
+        samples.append((i * seconds / (n - 1), r.total_w, r.rails))
+    return sensors.summarise(samples, None, (0.0, seconds), src.name, src.describe(), (n - 1) / seconds,
+                             resolution=src.resolution())
+
+
+def test_the_uncertainty_shrinks_with_more_samples(tmp_path):
+    src, chip = _ina3221(tmp_path, "board", 100000)
+    few = _record(src, chip, 20, currents_ma=(300, 600))
+    many = _record(src, chip, 400, currents_ma=(300, 600))
+    assert few["power_sd_w"] > 0.5  # the reader saw the rewritten files: 300 and 600 mA at 4.92 V
+    u_few, u_many = few["uncertainty"], many["uncertainty"]
+    assert u_many["components"]["sampling_j"] < u_few["components"]["sampling_j"] / 3
+    assert u_many["components"]["interval_j"] < u_few["components"]["interval_j"] / 10
+    assert u_many["plus_minus_j"] < u_few["plus_minus_j"]
+    assert u_few["samples"] == 20 and u_many["samples"] == 400
+
+
+def test_the_uncertainty_grows_with_a_coarser_sensor(tmp_path):
+    """The same board behind a 10 mΩ shunt reads current in 4 mA steps (INA3221: 40 µV shunt LSB); behind 0.1 Ω
+    in the driver's 1 mA unit. A steady draw: the resolution is the whole of the uncertainty."""
+    fine_src, fine_chip = _ina3221(tmp_path, "fine", 100000)
+    coarse_src, coarse_chip = _ina3221(tmp_path, "coarse", 10000)
+    fine, coarse = _record(fine_src, fine_chip, 50), _record(coarse_src, coarse_chip, 50)
+    assert fine["joules"] == pytest.approx(coarse["joules"])
+    assert fine["power_sd_w"] == 0
+    assert coarse["resolution_w"] > 2 * fine["resolution_w"]
+    assert coarse["uncertainty"]["plus_minus_j"] > 2 * fine["uncertainty"]["plus_minus_j"] > 0
+    assert "shunt 10 mΩ" in coarse["resolution_source"] and "INA3221" in coarse["resolution_source"]
+
+
+def test_a_measured_figure_reads_with_its_uncertainty_and_what_measured_it(tmp_path):
+    src, chip = _ina3221(tmp_path, "board", 100000)
+    rec = _record(src, chip, 120, currents_ma=(400, 500))
+    rec.update(inferences=100, timed_runs=100, extra_runs=0, instrument=src.label())
+    pi = measured_per_inference(rec)
+    u = pi["uncertainty"]
+    assert u["plus_minus_mj"] == pytest.approx(rec["uncertainty"]["plus_minus_j"] / 100 * 1000)
+    text = figure_text(pi["total_mj"], pi, "mJ")
+    assert text.startswith(f"{pi['total_mj']:.3g} mJ ± ") and text.endswith("(measured, hwmon ina3221, 120 samples)")
+
+
+def test_the_sampler_reports_its_own_cpu_cost(tmp_path):
+    src, _ = _ina3221(tmp_path, "board", 100000)
+    meter = sensors.PowerMeter(src, idle_s=0).start()
+    meter.begin()
+    time.sleep(1.0)
+    meter.end()
+    rec = meter.finish()
+    cost = rec["sampler"]
+    assert cost["rate_hz"] == sensors.DEFAULT_RATE_HZ and cost["wall_s"] >= 0.9
+    assert 0 < cost["cpu_s"] < cost["wall_s"] and cost["core_percent"] == pytest.approx(
+        100 * cost["cpu_s"] / cost["wall_s"])
+    assert rec["uncertainty"]["samples"] >= 10
+    assert not any(c.__dict__.get("_fds") for c in src.channels)  # finish() let go of the sensor files
+
+
+def test_modelled_figures_carry_the_timing_spread_and_the_profiles_power_range():
+    pi4 = load_device("rpi4b-4gb")  # idle 2.7 W, load 6.4 W, both measured
+    narrow = energy_report(10.0, pi4, threads=1, p10_ms=9.9, p90_ms=10.1)["per_inference"]["uncertainty"]
+    wide = energy_report(10.0, pi4, threads=1, p10_ms=8.0, p90_ms=14.0)["per_inference"]["uncertainty"]
+    assert wide["plus_mj"] > narrow["plus_mj"] and wide["minus_mj"] > narrow["minus_mj"]
+    assert wide["high_mj"] == pytest.approx(14.0 * 6.4)  # p90 x full load
+    assert wide["low_mj"] == pytest.approx(8.0 * (2.7 + (6.4 - 2.7) / 4))  # p10 x the line at 1 of 4 cores
+    nano = load_device("jetson-nano-10w")  # 10 W is a rated budget, not a draw: down to idle
+    u = energy_for_duration(100.0, nano, threads=4)["uncertainty"]
+    assert u["low_j"] == pytest.approx(100 * 1.9) and u["high_j"] == pytest.approx(1000.0)
+    assert "rated" in u["source"]
