@@ -63,7 +63,7 @@ def test_a_fit_recovers_the_meters_line_and_is_used_afterwards_saying_so(tmp_pat
     (chip / "curr1_input").write_text("500\n")
     raw = sensors.detect(root=root, vcgencmd="/nonexistent").read().total_w
     monkeypatch.setenv(calibration.ENV, str(tmp_path / "cal.json"))
-    cal_src = sensors.detect(root=root, vcgencmd="/nonexistent")
+    cal_src = calibration.detect(root=root, vcgencmd="/nonexistent")
     assert cal_src.read().total_w == pytest.approx(cal["gain"] * raw + cal["offset_w"])
     assert "CALIBRATED against meter.csv" in cal_src.describe() and cal_src.label() == "hwmon ina3221 calibrated"
     meter = sensors.PowerMeter(cal_src, idle_s=0).start()
@@ -81,11 +81,11 @@ def test_a_calibration_for_another_sensor_or_not_a_calibration_is_refused_in_one
                      '"offset_w": 1.0, "residual_w": 0.05, "points": 40, "meter_log": "m.csv", "fitted_at": "x"}')
     monkeypatch.setenv(calibration.ENV, str(other))
     with pytest.raises(UsageError, match="for the pi5-pmic sensor but this board's is hwmon"):
-        sensors.detect(root=root, vcgencmd="/nonexistent")
+        calibration.detect(root=root, vcgencmd="/nonexistent")
     (tmp_path / "junk.json").write_text("[1, 2]")
     monkeypatch.setenv(calibration.ENV, str(tmp_path / "junk.json"))
     with pytest.raises(UsageError, match="not an edgetrain power calibration"):
-        sensors.detect(root=root, vcgencmd="/nonexistent")
+        calibration.detect(root=root, vcgencmd="/nonexistent")
 
 
 def test_a_flat_sensor_cannot_be_fitted():

@@ -135,6 +135,12 @@ def apply(source: sensors.Source | None) -> sensors.Source | None:
     return Calibrated(source, cal, path)
 
 
+def detect(root=None, vcgencmd: str | None = None) -> sensors.Source | None:
+    """The board's power source, read through the user's calibration if ``EDGETRAIN_POWER_CALIBRATION`` names
+    one: what every measurement uses (the fit itself samples the raw ``sensors.detect``)."""
+    return apply(sensors.detect(root, vcgencmd))
+
+
 def calibrate(power_log, out, seconds: float = 30.0, source: sensors.Source | None = None,
               phase_s: float = 2.0) -> dict:
     """Sample the board's sensor for ``seconds`` while this process alternates idle and busy ``phase_s`` each,

@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import meterlog, sensors, uncertainty
+from . import calibration, meterlog, sensors, uncertainty
 from ..errors import UsageError
 from ..host import detect_host
 
@@ -58,6 +58,23 @@ def busy_power(profile, threads: int | None = None) -> tuple[float, str]:
                    f"- idle) x {busy}/{cores}")
 
 
+def power_range(profile, threads: int | None) -> tuple[float, float, str]:
+    """(low W, high W, how): the power a busy run may draw, from the profile's cited figures."""
+    line, _ = busy_power(profile, threads)
+    load, idle = profile.power.load_w, profile.power.idle_w
+    high = load.value
+    low = line
+    how = (f"from the idle-to-full-load line for the busy cores ({line:.3g} W) to full load ({high:g} W, "
+           f"{load.kind})")
+    if load.kind == "rated":
+        low = idle.value
+        how = (f"from idle ({idle.value:g} W, {idle.kind}) to the rated {high:g} W budget (a cap, not a draw)")
+    elif low >= high:
+        how = (f"full load {high:g} W ({load.kind}); the profile cites one figure, not a range: its own error is not "
+               "in the interval")
+    return low, high, how
+
+
 def energy_for_duration(seconds: float, profile, threads: int | None = None) -> dict:
     """Joules spent by ``profile``'s board busy on ``threads`` cores for ``seconds``, labelled modelled.
 
@@ -66,7 +83,7 @@ def energy_for_duration(seconds: float, profile, threads: int | None = None) -> 
     """
     watts, how = busy_power(profile, threads)
     idle = profile.power.idle_w.value
-    low_w, high_w, range_how = uncertainty.power_range(profile, threads)
+    low_w, high_w, range_how = power_range(profile, threads)
     return {
         "uncertainty": uncertainty.modelled(seconds * watts, seconds * low_w, seconds * high_w,
                                             f"the measured {seconds:.3g} s x the power {range_how}"),
@@ -208,7 +225,7 @@ def energy_per_inference(latency_ms: float, profile, latency_label: str = "measu
                       f" x {profile.name} {how}; full load {load.value} W [{load.kind}: {_short(load.source)}]; "
                       f"idle {idle.value} W [{idle.kind}: {_short(idle.source)}]; the power between idle and full "
                       "load is interpolated by busy cores")}
-    low_w, high_w, range_how = uncertainty.power_range(profile, threads)
+    low_w, high_w, range_how = power_range(profile, threads)
     lo_ms, hi_ms = (p10_ms, p90_ms) if p10_ms is not None and p90_ms is not None else (latency_ms, latency_ms)
     timing = "the p10-p90 latency" if p10_ms is not None and p90_ms is not None else "the p50 latency (no spread)"
     u = uncertainty.modelled(latency_ms * watts / 1000.0, lo_ms * low_w / 1000.0, hi_ms * high_w / 1000.0,
@@ -417,7 +434,7 @@ class EnergyMeter:
     def __init__(self, profile=None, threads: int | None = None, power_log=None, source="auto"):
         self.profile, self.threads = profile, threads
         self.power_log = meterlog.check_power_log(power_log) if power_log else None
-        self.source = sensors.detect() if source == "auto" else source
+        self.source = calibration.detect() if source == "auto" else source
         self.meter = sensors.PowerMeter(self.source) if self.source is not None else None
         self.window = self.idle_window = None
         self.result: dict | None = None

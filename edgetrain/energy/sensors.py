@@ -493,12 +493,11 @@ def _text(path: Path) -> str | None:
 
 
 def detect(root=None, vcgencmd: str | None = None) -> Source | None:
-    """The board's power source, or None where nothing on this machine measures power."""
+    """The board's power source as its driver reads it (``calibration.detect`` applies a user's calibration),
+    or None where nothing on this machine measures power."""
     if envvars.get("EDGETRAIN_POWER") == "off":
         return None
-    from .calibration import apply  # the calibration a user named, if any (EDGETRAIN_POWER_CALIBRATION)
-
-    return apply(Pi5Pmic.find(vcgencmd) or JetsonIna3221.find(root) or Hwmon.find(root))
+    return Pi5Pmic.find(vcgencmd) or JetsonIna3221.find(root) or Hwmon.find(root)
 
 
 # --- sampling and integration -------------------------------------------------------------------------

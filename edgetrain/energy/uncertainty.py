@@ -61,25 +61,6 @@ def per_unit(u: dict | None, n: float, unit_scale: float = 1000.0, suffix: str =
     return out
 
 
-def power_range(profile, threads: int | None) -> tuple[float, float, str]:
-    """(low W, high W, how): the power a busy run may draw, from the profile's cited figures."""
-    from .model import busy_power
-
-    line, _ = busy_power(profile, threads)
-    load, idle = profile.power.load_w, profile.power.idle_w
-    high = load.value
-    low = line
-    how = (f"from the idle-to-full-load line for the busy cores ({line:.3g} W) to full load ({high:g} W, "
-           f"{load.kind})")
-    if load.kind == "rated":
-        low = idle.value
-        how = (f"from idle ({idle.value:g} W, {idle.kind}) to the rated {high:g} W budget (a cap, not a draw)")
-    elif low >= high:
-        how = (f"full load {high:g} W ({load.kind}); the profile cites one figure, not a range: its own error is not "
-               "in the interval")
-    return low, high, how
-
-
 def modelled(value_j: float, low_j: float, high_j: float, how: str) -> dict:
     low_j, high_j = min(low_j, value_j), max(high_j, value_j)
     return {"kind": "interval", "low_j": low_j, "high_j": high_j, "plus_j": high_j - value_j,
