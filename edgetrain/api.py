@@ -159,11 +159,12 @@ def predict(model, data, *, progress: ProgressFn | str | None = STDERR, on_rows=
     outputs = {"-o": opts.output}
     check_outputs({"MODEL": model, "DATA": data}, outputs)
     rows = None
-    if opts.output is not None:
+    target = Path(opts.output) if opts.output is not None else None
+    if target is not None:
         from .cli.predict_fast import Rows
         from .fileio import check_output_path
 
-        check_output_path(Path(opts.output), "-o")
+        check_output_path(target, "-o")
         rows = Rows(opts.format, to_stdout=False)
 
     def each(batch_rows):
@@ -173,8 +174,8 @@ def predict(model, data, *, progress: ProgressFn | str | None = STDERR, on_rows=
             on_rows(batch_rows)
 
     res = _predict.predict(model, data, opts, progress=_listener(progress), on_rows=each, outputs=outputs)
-    if rows is not None:
+    if rows is not None and target is not None:
         from .fileio import atomic_write_text
 
-        atomic_write_text(Path(opts.output), rows.text(), what="-o")
+        atomic_write_text(target, rows.text(), what="-o")
     return res
