@@ -138,37 +138,14 @@ def stop_signals(handler) -> dict:
     return old
 
 
-_WATCHDOG = """
-import os, signal, sys, time
-import psutil
-tag, me = sys.argv[1], os.getpid()
-sys.stdin.buffer.read()  # returns when the edgetrain process that started us has exited, however it died
-for _ in range(5):
-    pids = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != me and p.environ().get("EDGETRAIN_FLEET_TAG") == tag:
-                pids.append(p.pid)
-        except (psutil.Error, OSError):
-            pass
-    if not pids:
-        break
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    time.sleep(0.2)
-"""
-
-
 class Watchdog:
-    """Kills every process carrying ``tag`` as soon as this process exits, even by SIGKILL (see above)."""
+    """Kills every process carrying ``tag`` as soon as this process exits, even by SIGKILL (see above; the
+    process is edgetrain/fleet/watchdog.py)."""
 
     def __init__(self, tag: str):
         env = {k: v for k, v in os.environ.items() if k != TAG}
-        self.proc = subprocess.Popen([sys.executable, "-I", "-c", _WATCHDOG, tag], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-I", "-m", "edgetrain.fleet.watchdog", tag],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                                      start_new_session=True)
 
     def close(self) -> None:
