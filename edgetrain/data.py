@@ -280,7 +280,7 @@ def _load_npz(path: Path, pre: Preprocess, where: str, num_classes: int | None =
             raise UsageError(f".npz has no '{sorted(missing)[0]}' array (has: {', '.join(sorted(members)) or 'none'})",
                              src, "save it with np.savez(path, data=images, label=labels)")
         # Shapes and dtypes from the npy headers: sizes are checked before anything is read whole.
-        heads = {k: _npy_header(zf, members[k], src) for k in ("data", "label", "class_names", "scale")
+        heads = {k: npy_header(zf, members[k], src) for k in ("data", "label", "class_names", "scale")
                  if k in members}
         budget = max_bytes if max_bytes is not None else default_read_budget()
         need = sum(nbytes for _shape, _dtype, nbytes in heads.values())
@@ -377,7 +377,7 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:,.0f} MB" if n >= 2**20 else f"{n / 1024:,.1f} kB"
 
 
-def _npy_header(zf: zipfile.ZipFile, member: str, src: str) -> tuple[tuple, np.dtype, int]:
+def npy_header(zf: zipfile.ZipFile, member: str, src: str) -> tuple[tuple, np.dtype, int]:
     """(shape, dtype, bytes once read) of one .npy member, from its header alone; object arrays refused."""
     import zipfile
 

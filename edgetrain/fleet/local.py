@@ -98,20 +98,23 @@ def class_view(data: str, classes: list[str] | None, workdir: Path) -> str:
     import os
     import zipfile
 
-    from ..data import BUILTIN_PREFIX
+    from ..data import BUILTIN_PREFIX, npy_header
 
     if not classes or data.startswith(BUILTIN_PREFIX):
         return data
     src = Path(data)
     fix = "a device's classes must be among the fleet's (the coordinator's --val classes)"
+
+    def refuse_strays(names: list[str]) -> None:
+        stray = [n for n in names if n not in classes]
+        if stray:
+            raise ShapeMismatch(f"model mismatch: class '{stray[0]}' is not among the fleet's {len(classes)} classes",
+                                data, fix)
     if src.is_dir():
         mine = sorted(p.name for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
         if mine == list(classes):
             return data
-        stray = [c for c in mine if c not in classes]
-        if stray:
-            raise ShapeMismatch(f"model mismatch: class '{stray[0]}' is not among the fleet's {len(classes)} classes",
-                                data, fix)
+        refuse_strays(mine)
         if sorted(classes) != list(classes):
             raise ShapeMismatch("model mismatch: the fleet's classes are not in name order, which an image folder "
                                 "cannot express", data, "give this device its data as an .npz with class_names")
@@ -134,13 +137,9 @@ def class_view(data: str, classes: list[str] | None, workdir: Path) -> str:
         members = {n[:-4]: n for n in zf.namelist() if n.endswith(".npy")}
         if "label" not in members:
             return data
-        with zf.open(members["label"]) as fh:
-            version = np.lib.format.read_magic(fh)
-            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                           else np.lib.format.read_array_header_2_0)
-            shape, _, dtype = read_header(fh)
-            if len(shape) != 1 or dtype.kind not in "iu" or shape[0] > 100_000_000:
-                return data  # not plain class indices: the engine refuses it in its own words
+        shape, dtype, _ = npy_header(zf, members["label"], data)
+        if len(shape) != 1 or dtype.kind not in "iu" or shape[0] > 100_000_000:
+            return data  # not plain class indices: the engine refuses it in its own words
         with zf.open(members["label"]) as fh:
             label = np.lib.format.read_array(fh, allow_pickle=False)
         if label.size and int(label.min()) < 0:
@@ -158,10 +157,7 @@ def class_view(data: str, classes: list[str] | None, workdir: Path) -> str:
         names = list(classes[: top + 1])
     if names == list(classes):
         return data
-    stray = [n for n in names if n not in classes]
-    if stray:
-        raise ShapeMismatch(f"model mismatch: class '{stray[0]}' is not among the fleet's {len(classes)} classes",
-                            data, fix)
+    refuse_strays(names)
     st = src.stat()
     key = hashlib.sha256(json.dumps([str(src.resolve()), st.st_size, st.st_mtime_ns, list(classes)]).encode())
     view = Path(workdir) / f"fleet-classes-{key.hexdigest()[:16]}.npz"
