@@ -158,24 +158,8 @@ def predict(model, data, *, progress: ProgressFn | str | None = STDERR, on_rows=
     opts = _prepare(PredictOptions, options, where)
     outputs = {"-o": opts.output}
     check_outputs({"MODEL": model, "DATA": data}, outputs)
-    rows = None
-    target = Path(opts.output) if opts.output is not None else None
-    if target is not None:
-        from .cli.predict_fast import Rows
+    if opts.output is not None:
         from .fileio import check_output_path
 
-        check_output_path(target, "-o")
-        rows = Rows(opts.format, to_stdout=False)
-
-    def each(batch_rows):
-        if rows is not None:
-            rows.add(batch_rows)
-        if on_rows is not None:
-            on_rows(batch_rows)
-
-    res = _predict.predict(model, data, opts, progress=_listener(progress), on_rows=each, outputs=outputs)
-    if rows is not None and target is not None:
-        from .fileio import atomic_write_text
-
-        atomic_write_text(target, rows.text(), what="-o")
-    return res
+        check_output_path(Path(opts.output), "-o")
+    return _predict.predict(model, data, opts, progress=_listener(progress), on_rows=on_rows, outputs=outputs)

@@ -11,8 +11,6 @@ errors and then calls ``run`` here too.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 from ..errors import UsageError
 from ..options import PredictOptions
@@ -67,69 +65,14 @@ def run(model: str, data: str, json_path: str | None, opts: PredictOptions) -> N
 
     check_outputs({"MODEL": model, "DATA": data}, {"-o": opts.output, JSON_FLAG: json_path})
     setup(opts)
-    from ..ops.predict import predict as classify
+    from ..ops.predict import Rows, predict as classify
     from .render import ProgressLine
 
-    rows = Rows(opts.format, to_stdout=opts.output is None and not quiet(json_path))
+    to_stdout = opts.output is None and not quiet(json_path)
+    rows = Rows(opts.format, sink=lambda lines: echo("\n".join(lines))) if to_stdout else None
     res = classify(model, data, opts, progress=ProgressLine(not quiet(json_path) and opts.output is not None),
-                   on_rows=rows.add, outputs={"-o": opts.output, JSON_FLAG: json_path})
-    if opts.output is not None:
-        from ..fileio import atomic_write_text
-
-        atomic_write_text(Path(opts.output), rows.text(), what="-o")
+                   on_rows=rows.add if rows is not None else None, outputs={"-o": opts.output, JSON_FLAG: json_path})
     finish(json_path, res, render(opts))
-
-
-class Rows:
-    """Predictions in the chosen format: streamed to stdout as each batch is done, or kept for -o."""
-
-    def __init__(self, fmt: str, to_stdout: bool):
-        self.fmt, self.to_stdout = fmt, to_stdout
-        self.header_done = False
-        self.kept: list[str] = []
-
-    def add(self, rows: list[dict]) -> None:
-        lines = []
-        if not self.header_done and rows:
-            lines += self._header(rows[0])
-            self.header_done = True
-        lines += [self._line(r) for r in rows]
-        if self.to_stdout:
-            echo("\n".join(lines))
-        else:
-            self.kept.extend(lines)
-
-    def text(self) -> str:
-        return "".join(line + "\n" for line in self.kept)
-
-    def _header(self, row: dict) -> list[str]:
-        k = len(row["top"])
-        if self.fmt == "csv":
-            cols = ["input"] + (["label"] if "label" in row else [])
-            cols += [c for i in range(1, k + 1) for c in (f"top{i}_label", f"top{i}_score")]
-            return [_csv(cols)]
-        if self.fmt == "table":
-            return ["input" + ("\tlabel" if "label" in row else "") + "\t" + f"top-{k} (score)"]
-        return []
-
-    def _line(self, row: dict) -> str:
-        if self.fmt == "jsonl":
-            return json.dumps(row)
-        if self.fmt == "csv":
-            cols = [row["input"]] + ([row["label"]] if "label" in row else [])
-            cols += [v for t in row["top"] for v in (t["label"], f"{t['score']:.6f}")]
-            return _csv(cols)
-        top = "  ".join(f"{t['label']} {t['score']:.3f}" for t in row["top"])
-        return row["input"] + (f"\t{row['label']}" if "label" in row else "") + "\t" + top
-
-
-def _csv(cols) -> str:
-    import csv  # only for --format csv
-    import io
-
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="").writerow(cols)
-    return buf.getvalue()
 
 
 def render(opts):

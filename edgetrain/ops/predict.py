@@ -138,6 +138,7 @@ def predict(model: str, data: str, opts: "PredictOptions", progress: ProgressFn 
         notes.append(f"--top-k {opts.top_k} is more than the model's {num_out} classes: showing {num_out}")
 
     rows: list[dict] = []
+    kept = Rows(opts.format) if opts.output is not None else None  # -o: written whole once every batch is done
     batch_ms: list[float] = []
     top1_hits = topk_hits = 0
     confusion: dict[tuple[int, int], int] = {}
@@ -175,6 +176,8 @@ def predict(model: str, data: str, opts: "PredictOptions", progress: ProgressFn 
                           for c in top[j]]
             batch_rows.append(row)
         rows.extend(batch_rows)
+        if kept is not None:
+            kept.add(batch_rows)
         if on_rows is not None:
             on_rows(batch_rows)
         report(progress, "predict", int(idx[-1]) + 1, n)
@@ -187,12 +190,69 @@ def predict(model: str, data: str, opts: "PredictOptions", progress: ProgressFn 
                            decode_s=round(decode_s, 4), batch_p50_ms=float(np.percentile(full, 50)),
                            batch_p90_ms=float(np.percentile(full, 90)), batches=len(ms),
                            per_image_ms=float(np.percentile(full, 50)) / min(opts.batch, n))
+    if kept is not None:
+        from ..fileio import atomic_write_text
+
+        atomic_write_text(Path(opts.output), kept.text(), what="-o")
     accuracy = None
     if labels is not None:
         accuracy = _accuracy(labels, confusion, top1_hits, topk_hits, k, classes)
     return PredictResult(model=str(model), data=str(data), precision=precision, samples=n, top_k=k,
                          batch=opts.batch, threads=threads, classes=classes, predictions=rows, accuracy=accuracy,
                          timing=timing, notes=notes)
+
+
+class Rows:
+    """Predictions in ``--format``: each batch's lines go to ``sink`` as they are made (the CLI's stdout),
+    or are kept for ``-o``."""
+
+    def __init__(self, fmt: str, sink: Callable[[list[str]], None] | None = None):
+        self.fmt, self.sink = fmt, sink
+        self.header_done = False
+        self.kept: list[str] = []
+
+    def add(self, rows: list[dict]) -> None:
+        lines = []
+        if not self.header_done and rows:
+            lines += self._header(rows[0])
+            self.header_done = True
+        lines += [self._line(r) for r in rows]
+        if self.sink is not None:
+            self.sink(lines)
+        else:
+            self.kept.extend(lines)
+
+    def text(self) -> str:
+        return "".join(line + "\n" for line in self.kept)
+
+    def _header(self, row: dict) -> list[str]:
+        k = len(row["top"])
+        if self.fmt == "csv":
+            cols = ["input"] + (["label"] if "label" in row else [])
+            cols += [c for i in range(1, k + 1) for c in (f"top{i}_label", f"top{i}_score")]
+            return [_csv(cols)]
+        if self.fmt == "table":
+            return ["input" + ("\tlabel" if "label" in row else "") + "\t" + f"top-{k} (score)"]
+        return []
+
+    def _line(self, row: dict) -> str:
+        if self.fmt == "jsonl":
+            return json.dumps(row)
+        if self.fmt == "csv":
+            cols = [row["input"]] + ([row["label"]] if "label" in row else [])
+            cols += [v for t in row["top"] for v in (t["label"], f"{t['score']:.6f}")]
+            return _csv(cols)
+        top = "  ".join(f"{t['label']} {t['score']:.3f}" for t in row["top"])
+        return row["input"] + (f"\t{row['label']}" if "label" in row else "") + "\t" + top
+
+
+def _csv(cols) -> str:
+    import csv  # only for --format csv
+    import io
+
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow(cols)
+    return buf.getvalue()
 
 
 # --- the model ---------------------------------------------------------------------------------------------
