@@ -26,7 +26,7 @@ def finetune(model, json_path, **values):
 
 
 def _summary(json_path, res) -> None:
-    for note in res.notes:
+    for note in res.notes[res.notes_before_training:]:  # the earlier ones were progress lines, just above
         say(json_path, f"note      {note}")
     plan = res.plan
     say(json_path, f"model     {res.model}  ({len(res.classes)} classes, trained {res.train_layers}: "

@@ -19,12 +19,13 @@ Run folder::
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import child
+from .. import _lazy, child
 from ..data import load_data
 from ..errors import UsageError
 from ..fileio import atomic_path, atomic_write_text, file_digest
@@ -80,6 +81,10 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
     recipe = loaded.recipe
     profile = check_recipe(loaded, device)
     rundir = Path(rundir) if rundir else _new_rundir(recipe.name)
+    # A recipe's model is a Gluon model: a host without a loadable mxnet (before `doctor --fix`) is told so
+    # before the run folder exists, not after an empty one is left behind.
+    _lazy.mxnet()
+    made = not rundir.exists()
     _prepare_rundir(rundir, loaded, resume)
     threads = threads or recipe.threads
     result = RunResult(recipe.name, loaded.source, str(rundir), profile.name)
@@ -87,7 +92,12 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
     art = Artifacts(model=loaded.resolve(recipe.model), train=loaded.resolve(recipe.data),
                      val=loaded.resolve(recipe.val))
     if recipe.val_split:
-        art.train, art.val = _split_data(loaded, rundir, art.model, say)
+        try:
+            art.train, art.val = _split_data(loaded, rundir, art.model, say)
+        except BaseException:
+            if made and not resume:  # nothing ran yet: the folder this call made goes with it
+                shutil.rmtree(rundir, ignore_errors=True)
+            raise
 
     device_ref = loaded.device_ref(device)
     total = len(recipe.steps)

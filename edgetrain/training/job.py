@@ -32,6 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -106,6 +107,9 @@ class FinetuneResult(Result):
     threads: int = 1
     notes: list[str] = field(default_factory=list)
     chance: dict | None = None   # compare.chance_check on the held-out data
+    # how many of ``notes`` were known before training (and sent to ``progress`` then): a summary shown
+    # after the progress lines says only the rest, so no note is said twice. Not a field: not in the JSON.
+    notes_before_training: ClassVar[int] = 0
 
     def checks(self) -> list[str]:
         failed = []
@@ -172,6 +176,7 @@ class FinetuneJob:
         self.correction, self.writes_model = correction, write_model
         self.engine = engine_for(model, layers)(self)
         self.notes: list[str] = []
+        self.notes_before_training = 0
         self.stop = Stop()
         # the data, read by load_data
         self.pre = None
@@ -466,6 +471,7 @@ class FinetuneJob:
         self.advise()
         for note in self.notes:  # what is known before training is said before it (BatchNorm on micro-batches...)
             self.progress({"phase": "note", "message": note})
+        self.notes_before_training = len(self.notes)
 
         old = {}
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
@@ -579,6 +585,7 @@ class FinetuneJob:
             samples_per_s=samples / max(train_seconds + feature_seconds, 1e-9), peak_rss_mb=peak,
             budget_mb=self.budget_mb,
             plan=self.plan.to_dict(), resumed_from=self.resumed_from, threads=self.threads, notes=self.notes)
+        result.notes_before_training = self.notes_before_training
         if self.val_ds is not None and final_acc is not None:
             # a model at chance on held-out data learned nothing: a failed check (exit 3), the model is kept;
             # a base with random weights is at chance by construction (such a run checks the tooling)
