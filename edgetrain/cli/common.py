@@ -14,6 +14,11 @@ from ..errors import BudgetExceeded, EdgetrainError
 
 JSON_FLAG, JSON_DEST = "--json", "json_path"   # every command's --json PATH (the light parser reads it too)
 
+# The exit code when the reader of stdout (or stderr) went away (`edgetrain ... | head -1`), said nowhere
+# (no one is left to read it): 1, the run failed to deliver its output. Not 141 (a SIGPIPE death): click
+# already ends a command that meets EPIPE with 1, and every command must answer alike.
+CLOSED_PIPE_EXIT = 1
+
 
 def run_cli(group, argv=None) -> None:
     """Run the click group; a user's error becomes one line on stderr and its exit code."""
@@ -34,7 +39,18 @@ def run_cli(group, argv=None) -> None:
 
 def run_guarded(call) -> None:
     """Run a command's ``call()`` and exit: a user's error is one line on stderr and its exit code; an
-    interrupt is "Aborted." and 130 (as click does it); a returned int is the exit code."""
+    interrupt is "Aborted." and 130 (as click does it); a returned int is the exit code. A reader of stdout
+    or stderr that went away ends it quietly with CLOSED_PIPE_EXIT (there is no one left to tell)."""
+    try:
+        _run_and_exit(call)
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise  # a pipe of our own (a child's, a socket): a bug, with its traceback
+        _quiet_streams()
+        sys.exit(CLOSED_PIPE_EXIT)
+
+
+def _run_and_exit(call) -> None:
     try:
         rc = call()
     except (KeyboardInterrupt, EOFError):  # click turns these into Abort; the light path sees them raw
@@ -47,6 +63,37 @@ def run_guarded(call) -> None:
         echo(f"Error: {exc.line()}", err=True)
         sys.exit(exc.exit_code)
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _reader_gone() -> bool:
+    """Whether the reading end of our stdout or stderr is closed (a pipe whose reader exited: poll says
+    POLLERR on its writing end)."""
+    import select
+
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            poller = select.poll()
+            poller.register(stream.fileno(), select.POLLOUT)
+            if any(ev & select.POLLERR for _, ev in poller.poll(0)):
+                return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
+
+
+def _quiet_streams() -> None:
+    """Point stdout and stderr at /dev/null, so that nothing buffered for the gone reader (flushed at exit)
+    prints "Exception ignored ... BrokenPipeError". Whatever was being written has been abandoned by the
+    exception (each output file's temp removed as it unwound); only the gone reader misses the rest."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+    os.close(devnull)
 
 
 def json_option(f):

@@ -110,3 +110,114 @@ def test_finetune_says_each_note_once(tmp_path, case):
     assert notes, res.out + res.err
     repeated = {n for n in notes if notes.count(n) > 1}
     assert not repeated, repeated
+
+
+# --- 1. stdout (or stderr) whose reader has gone -------------------------------------------------------
+
+# Every command, each as cheap as it can be, writing to stdout (its human output, its rows, or --json -).
+# "{out}" is a fresh output folder; the slow ones load mxnet or measure.
+STDOUT_CASES = {
+    "help": (["--help"], False),
+    "version": (["--version"], False),
+    "predict-rows": (["predict", ONNX, "{images}"], False),
+    "predict-json": (["predict", ONNX, "{images}", "--json", "-"], False),
+    "predict-csv-and-file": (["predict", ONNX, "{images}", "--format", "csv", "--json", "{out}/p.json"], False),
+    "inspect": (["inspect", PREFIX], False),
+    "inspect-json": (["inspect", PREFIX, "--json", "-"], False),
+    "devices-list": (["devices", "list"], False),
+    "devices-show-json": (["devices", "show", "rpi5-8gb", "--json", "-"], False),
+    "recipes-list": (["recipes", "list"], False),
+    "recipes-show": (["recipes", "show", "quickstart"], False),
+    "user-error": (["predict", "{out}/missing.onnx", "{images}"], False),
+    "inspect-prefix": (["inspect", PREFIX, "--data", "builtin:digits"], True),
+    "export": (["export", PREFIX, "-o", "{out}/m.onnx"], True),
+    "export-json": (["export", PREFIX, "-o", "{out}/m.onnx", "--json", "-"], True),
+    "quantize": (["quantize", ONNX, "--data", "builtin:digits", "-o", "{out}/q.onnx"], True),
+    "profile-json": (["profile", ONNX, "--runs", "3", "--json", "-"], True),
+    "finetune": (["finetune", PREFIX, "--data", "builtin:digits", "--epochs", "1", "-o", "{out}/ft"], True),
+    "doctor": (["doctor"], True),
+}
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    """An image folder of 600 digits: predict's rows are more than a pipe's buffer holds."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (root / str(c)).mkdir()
+        for i in range(300):
+            Image.fromarray((rng.random((8, 8)) * 255).astype("uint8")).save(root / str(c) / f"{i:03d}.png")
+    return root
+
+
+def _closed_pipe_run(argv, env, stream: str, timeout=600):
+    """Run edgetrain with ``stream`` (stdout or stderr) a pipe whose reader has already gone."""
+    import subprocess
+
+    from hostile import faults
+
+    env, mark = faults.marked_env(env)
+    r, w = os.pipe()
+    os.close(r)
+    other = subprocess.PIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "edgetrain", *argv], env=env, timeout=timeout,
+                              stdout=w if stream == "stdout" else other, stderr=w if stream == "stderr" else other)
+    finally:
+        os.close(w)
+    assert faults.processes_with(mark) == [], "a process outlived the command"
+    return proc
+
+
+def _assert_closed_pipe_promise(proc, out: Path, stream: str):
+    said = (proc.stderr if stream == "stdout" else proc.stdout) or b""
+    assert proc.returncode in (0, 1, 2, 3), proc.returncode
+    assert b"Traceback" not in said and b"BrokenPipe" not in said and b"Exception ignored" not in said, said
+    if stream == "stdout" and proc.returncode not in (0, 2):
+        assert proc.returncode == 1  # the reader left: 1, and nothing said (it could only be said to stderr)
+    leftovers = [p.name for p in out.rglob("*") if "edgetrain-tmp" in p.name or p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def _case(case, images, out):
+    argv, slow = STDOUT_CASES[case]
+    return [a.format(images=images, out=out) for a in argv], slow
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+@pytest.mark.parametrize("case", [c for c, (_, slow) in STDOUT_CASES.items() if not slow])
+def test_a_gone_reader_ends_every_command_quietly(tmp_path, images, case, stream):
+    out = tmp_path / "out"
+    out.mkdir()
+    argv, _ = _case(case, images, out)
+    proc = _closed_pipe_run(argv, {}, stream)
+    _assert_closed_pipe_promise(proc, out, stream)
+    if stream == "stdout" and case not in ("user-error",):
+        assert proc.returncode == 1  # everything here writes to stdout, which had no reader
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+@pytest.mark.parametrize("case", [c for c, (_, slow) in STDOUT_CASES.items() if slow])
+def test_a_gone_reader_ends_every_long_command_quietly(tmp_path, images, case, stream):
+    out = tmp_path / "out"
+    out.mkdir()
+    argv, _ = _case(case, images, out)
+    proc = _closed_pipe_run(argv, {}, stream)
+    _assert_closed_pipe_promise(proc, out, stream)
+
+
+def test_head_one_of_predicts_rows_is_quiet(images):
+    """`edgetrain predict MODEL DATA | head -1`: the reader takes one line and leaves mid-stream."""
+    import subprocess
+
+    proc = subprocess.run(f"{sys.executable} -m edgetrain predict {ONNX} {images} | head -1; "
+                          "echo \"rc=${PIPESTATUS[0]}\" >&2", shell=True, executable="/bin/bash",
+                          capture_output=True, text=True, timeout=300)
+    assert proc.stdout.count("\n") == 1
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] in ("rc=0", "rc=1")
