@@ -18,7 +18,7 @@ import re
 import time
 from pathlib import Path
 
-from .errors import UsageError, clip
+from .errors import EdgetrainError, RunFailed, UsageError, clip
 
 # Temp names carry the writer's PID: .NAME.edgetrain-tmp-PID.XXXXXXXX.tmp beside an output,
 # [.]edgetrain-tmp-WHAT-PID-XXXXXXXX folders. Only names of exactly this form are ever cleaned.
@@ -161,6 +161,20 @@ def atomic_path(path: Path, what: str = "output"):
             tmp_path.unlink()
 
 
+def write_npz(fh, arrays: dict) -> None:
+    """``np.savez(fh, **arrays)`` that leaves nothing behind when a write fails (a full disk, ulimit -f):
+    numpy's own leaves its ZipFile open, and when that is collected after the file was closed it prints
+    "Exception ignored ... ValueError: seek of closed file". Here the archive is closed either way."""
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+
+
 def _write_through(src: Path, dst: Path) -> None:
     """Copy ``src`` into the stream ``dst`` (a device, a FIFO: opening blocks until it has a reader; an open
     descriptor's file: appended, as the descriptor's own writes would be)."""
@@ -187,6 +201,9 @@ _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def _disk_error(exc: OSError, path: Path, what: str) -> UsageError:
+    if exc.errno == errno.EFBIG:  # RLIMIT_FSIZE (Python ignores SIGXFSZ: the write fails with EFBIG instead)
+        return UsageError(f"the file size limit (ulimit -f) stopped the writing of the {what} (File too large)",
+                          str(path), "raise the limit (ulimit -f unlimited) or write it elsewhere")
     if exc.errno in _DISK_ERRNOS:
         return UsageError(f"no space left to write the {what} ({os.strerror(exc.errno)})", str(path),
                           "free some space or write it elsewhere")
@@ -277,8 +294,38 @@ def temp_dir(what: str, dir: Path | str | None = None):  # noqa: A002 - tempfile
         raise _disk_error(exc, Path(dir or tempfile.gettempdir()), "temporary files") from None
     try:
         yield Path(path)
+    except EdgetrainError:
+        raise
+    except Exception as exc:
+        # A full scratch file system fails in whoever writes there: an OSError, or a library's own error
+        # (ONNX Runtime's "Protobuf serialization failed"). Either is the disk's, said in one line.
+        if is_disk_full(exc) or _nearly_full(path):
+            raise _scratch_error(exc, Path(path), user_folder=dir is not None) from None
+        raise
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _nearly_full(folder, slack: int = 1 << 20) -> bool:
+    import shutil
+
+    try:
+        return shutil.disk_usage(folder).free < slack
+    except OSError:
+        return False
+
+
+def _scratch_error(exc: BaseException, folder: Path, user_folder: bool) -> EdgetrainError:
+    """No room for temporary files: beside the user's output (their folder: exit 2), or in TMPDIR (exit 1)."""
+    reason = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else "No space left on device"
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        return UsageError(f"the file size limit (ulimit -f) stopped the writing of temporary files ({reason})",
+                          str(folder.parent), "raise the limit (ulimit -f unlimited)")
+    if user_folder:
+        return UsageError(f"no space left for temporary files ({reason})", str(folder.parent),
+                          "free some space there or write the output elsewhere")
+    return RunFailed(f"no space left for temporary files ({reason})", f"TMPDIR {folder.parent}",
+                     "free some space there, or point TMPDIR at a folder with room")
 
 
 # --- outputs never overwrite inputs -------------------------------------------------------------------

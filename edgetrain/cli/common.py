@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from .. import envvars, runtime
-from ..errors import BudgetExceeded, EdgetrainError
+from ..errors import BudgetExceeded, EdgetrainError, UsageError
 
 JSON_FLAG, JSON_DEST = "--json", "json_path"   # every command's --json PATH (the light parser reads it too)
 
@@ -33,8 +33,28 @@ def run_cli(group, argv=None) -> None:
         except click.ClickException as exc:
             exc.show()
             sys.exit(exc.exit_code)
+        except OSError as exc:  # click's own output (--help, --version, click.echo): as write_stream says it
+            if isinstance(exc, BrokenPipeError) or not _raised_in_click_echo(exc):
+                raise
+            stream = sys.stderr if _failed_stream_is_stderr(exc) else sys.stdout
+            raise _stream_error(exc, stream) from None
 
     run_guarded(call)
+
+
+def _raised_in_click_echo(exc: BaseException) -> bool:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and frames[-1].name == "echo" and frames[-1].filename.endswith(("click/utils.py",
+                                                                                         "click\\utils.py"))
+
+
+def _failed_stream_is_stderr(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_locals.get("file") is sys.stderr
 
 
 def run_guarded(call) -> None:
@@ -60,7 +80,10 @@ def _run_and_exit(call) -> None:
     except EdgetrainError as exc:
         if envvars.get("EDGETRAIN_DEBUG") == "1":
             raise
-        echo(f"Error: {exc.line()}", err=True)
+        try:
+            echo(f"Error: {exc.line()}", err=True)
+        except EdgetrainError:  # stderr itself cannot take it (2>/dev/full): the exit code still says it
+            pass
         sys.exit(exc.exit_code)
     sys.exit(rc if isinstance(rc, int) else 0)
 
@@ -107,8 +130,51 @@ def echo(message: str = "", err: bool = False, nl: bool = True) -> None:
     """One line to stdout (or stderr), flushed: what click.echo does for plain text, without click."""
     stream = sys.stderr if err else sys.stdout
     if stream is not None:
-        stream.write(message + "\n" if nl else message)
+        write_stream(stream, message + "\n" if nl else message)
+
+
+def write_stream(stream, text: str) -> None:
+    """Write and flush ``text`` to a standard stream. A stream that cannot take it (``> /dev/full``, a full
+    disk or ``ulimit -f`` under a redirect) is one UsageError naming it (the user chose where it goes: exit
+    2); the stream then points at /dev/null, so that what it still buffers cannot fail again at exit. A gone
+    reader (BrokenPipeError) is run_guarded's to end quietly."""
+    try:
+        stream.write(text)
         stream.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise _stream_error(exc, stream) from None
+
+
+def _stream_error(exc: OSError, stream) -> UsageError:
+    name = "stderr" if stream is sys.stderr else "stdout"
+    where = _stream_target(stream, name)
+    _to_devnull(stream)
+    return UsageError(f"cannot write to {name} ({exc.strerror or exc})", where,
+                      "send it somewhere with room (or use --json PATH / -o PATH)")
+
+
+def _stream_target(stream, name: str) -> str:
+    import os
+
+    try:
+        return f"{name} is {os.readlink(f'/proc/self/fd/{stream.fileno()}')}"
+    except (OSError, ValueError, AttributeError):
+        return name
+
+
+def _to_devnull(stream) -> None:
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def setup(opts) -> int | None:
@@ -172,8 +238,7 @@ def write_json(json_path: str | None, result) -> None:
     data = result.to_dict() if hasattr(result, "to_dict") else result
     text = json.dumps(data, indent=2, sort_keys=False, default=_default) + "\n"
     if json_path == "-" or names_stdout(json_path):  # written through stdout's own descriptor, never replaced
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        write_stream(sys.stdout, text)
         return
 
     from ..fileio import atomic_write_text

@@ -49,11 +49,11 @@ class ProgressLine:
         return "  ".join(parts) + (f"  {ev.message}" if ev.message else "")
 
     def _line(self, text: str, final: bool = False) -> None:
+        from .common import write_stream
+
         if self.live:
-            self.stream.write("\r" + text.ljust(self.width))
+            line = "\r" + text.ljust(self.width) + ("\n" if final else "")
             self.width = 0 if final else len(text)
-            if final:
-                self.stream.write("\n")
         else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+            line = text + "\n"
+        write_stream(self.stream, line)

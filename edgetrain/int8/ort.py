@@ -126,14 +126,33 @@ def quantized_node_names(int8_path: Path, candidates: list[str]) -> list[str]:
 
 class quiet_ort:
     """ORT's quantizer print()s its calibration stages to stdout (which may carry our --json) and logs
-    advice through the root logger; keep both off the user's terminal."""
+    advice through the root logger; keep both off the user's terminal. Its errors are held until the work
+    ends: said then if it went on regardless, dropped if it failed (the failure is said in one line; a full
+    TMPDIR made quant_pre_process log a whole traceback before the save that failed)."""
 
     def __enter__(self):
-        self.level = logging.getLogger().level
-        logging.getLogger().setLevel(logging.ERROR)
+        root = logging.getLogger()
+        self.level = root.level
+        root.setLevel(logging.ERROR)
+        self.held = _Held()
+        root.addHandler(self.held)
         self.redirect = contextlib.redirect_stdout(io.StringIO())
         self.redirect.__enter__()
 
-    def __exit__(self, *exc):
-        self.redirect.__exit__(*exc)
-        logging.getLogger().setLevel(self.level)
+    def __exit__(self, exc_type, *rest):
+        self.redirect.__exit__(exc_type, *rest)
+        root = logging.getLogger()
+        root.removeHandler(self.held)
+        root.setLevel(self.level)
+        if exc_type is None:
+            for record in self.held.records:
+                logging.getLogger(record.name).handle(record)
+
+
+class _Held(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)

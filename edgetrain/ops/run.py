@@ -28,7 +28,7 @@ from typing import Callable
 from .. import _lazy, child
 from ..data import load_data
 from ..errors import UsageError
-from ..fileio import atomic_path, atomic_write_text, file_digest
+from ..fileio import atomic_path, atomic_write_text, file_digest, write_npz
 from ..models import load_gluon
 from ..fleet.report import read_report as read_fleet_report
 from ..options import Options
@@ -198,7 +198,7 @@ def _split_data(loaded: LoadedRecipe, rundir: Path, model_ref: str, say) -> tupl
             raw = as_bytes.astype(np.uint8)
         with atomic_path(path, "run folder") as tmp:
             with open(tmp, "wb") as fh:
-                np.savez(fh, data=raw, label=part.labels, class_names=np.array(ds.class_names))
+                write_npz(fh, {"data": raw, "label": part.labels, "class_names": np.array(ds.class_names)})
     say(f"held out {len(val)} of {len(ds)} samples ({recipe.val_split:.0%}, seed {recipe.seed}) for validation")
     return str(train_path), str(val_path)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import envvars
 from ..errors import UsageError
-from ..fileio import atomic_path
+from ..fileio import atomic_path, write_npz
 
 FORMAT = "edgetrain-checkpoint/2"  # /2: the checksum covers the JSON record too
 KILL_ENV = "EDGETRAIN_TEST_KILL_AT"  # test hook, see kill_point
@@ -86,7 +86,7 @@ def save(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     payload = {"meta": np.frombuffer(json.dumps(record).encode("utf-8"), dtype=np.uint8), **arrays}
     with atomic_path(Path(path), "checkpoint") as tmp:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **payload)
+            write_npz(fh, payload)
         kill_point("save")
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from .. import _lazy, envvars, procmem, runtime
 from ..data import load_data
 from ..errors import EdgetrainError
-from ..fileio import atomic_path, atomic_write_bytes, atomic_write_text
+from ..fileio import atomic_path, atomic_write_bytes, atomic_write_text, write_npz
 from ..models import load_gluon
 from ..options import parse_train_layers
 from . import store
@@ -83,7 +83,7 @@ def prepare(spec: dict, out: Path) -> None:
         del blob
         with atomic_path(out / store.REFERENCE_FILE, "reference outputs") as tmp:
             with open(tmp, "wb") as fh:
-                np.savez(fh, x=x, want=want)
+                write_npz(fh, {"x": x, "want": want})
         prep["frozen_sha256"] = store.file_sha(out / store.FROZEN_ONNX)
     prep["peak_rss_mb"] = procmem.peak_rss_mb() or 0.0
     atomic_write_text(out / "prep.json", json.dumps(prep), "template")

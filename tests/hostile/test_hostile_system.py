@@ -129,10 +129,10 @@ STDOUT_CASES = {
     "recipes-list": (["recipes", "list"], False),
     "recipes-show": (["recipes", "show", "quickstart"], False),
     "user-error": (["predict", "{out}/missing.onnx", "{images}"], False),
-    "inspect-prefix": (["inspect", PREFIX, "--data", "builtin:digits"], True),
+    "inspect-prefix-data": (["inspect", PREFIX, "--data", "{images}"], True),
     "export": (["export", PREFIX, "-o", "{out}/m.onnx"], True),
     "export-json": (["export", PREFIX, "-o", "{out}/m.onnx", "--json", "-"], True),
-    "quantize": (["quantize", ONNX, "--data", "builtin:digits", "-o", "{out}/q.onnx"], True),
+    "quantize": (["quantize", ONNX, "--calib", "builtin:digits", "-o", "{out}/q.onnx"], True),
     "profile-json": (["profile", ONNX, "--runs", "3", "--json", "-"], True),
     "finetune": (["finetune", PREFIX, "--data", "builtin:digits", "--epochs", "1", "-o", "{out}/ft"], True),
     "doctor": (["doctor"], True),
@@ -221,3 +221,128 @@ def test_head_one_of_predicts_rows_is_quiet(images):
     assert proc.stdout.count("\n") == 1
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] in ("rc=0", "rc=1")
+
+
+# --- 2. a stream or an output that cannot take what is written: /dev/full, ulimit -f, a full TMPDIR ------
+
+def _run(argv, env=None, preexec=None, stdout=None, timeout=600):
+    import subprocess
+
+    from clitools import CliResult
+    from hostile import faults
+
+    env, mark = faults.marked_env(env)
+    proc = subprocess.run([sys.executable, "-m", "edgetrain", *map(str, argv)], env=env, timeout=timeout,
+                          stdout=stdout if stdout is not None else subprocess.PIPE, stderr=subprocess.PIPE,
+                          preexec_fn=preexec)
+    assert faults.processes_with(mark) == [], "a process outlived the command"
+    decode = lambda b: (b or b"").decode("utf-8", "replace")  # noqa: E731
+    return CliResult(proc.returncode, decode(proc.stdout), decode(proc.stderr))
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return [p.name for p in folder.rglob("*") if "edgetrain-tmp" in p.name or p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("case", [c for c, (_, slow) in STDOUT_CASES.items() if not slow])
+def test_stdout_on_dev_full_is_one_line(tmp_path, images, case):
+    out = tmp_path / "out"
+    out.mkdir()
+    argv, _ = _case(case, images, out)
+    with open("/dev/full", "wb") as full:
+        res = _run(argv, stdout=full)
+    if case == "user-error":
+        assert_user_error(res, 2, "missing.onnx")
+    else:
+        assert_user_error(res, 2, "cannot write to stdout", "/dev/full")
+    assert _leftovers(out) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c, (_, slow) in STDOUT_CASES.items() if slow])
+def test_stdout_on_dev_full_is_one_line_for_long_commands(tmp_path, images, case):
+    out = tmp_path / "out"
+    out.mkdir()
+    argv, _ = _case(case, images, out)
+    with open("/dev/full", "wb") as full:
+        res = _run(argv, stdout=full)
+    assert_user_error(res, 2, "cannot write to stdout", "/dev/full")
+    assert _leftovers(out) == []
+
+
+# Every output option of every command, given /dev/full (a device: written through, and it is full).
+FULL_OUTPUTS = {
+    "predict-o": ["predict", ONNX, "{images}", "-o", "/dev/full"],
+    "predict-json": ["predict", ONNX, "{images}", "--json", "/dev/full"],
+    "inspect-json": ["inspect", PREFIX, "--json", "/dev/full"],
+    "devices-show-json": ["devices", "show", "rpi5-8gb", "--json", "/dev/full"],
+    "export-o": ["export", PREFIX, "-o", "/dev/full"],
+    "quantize-o": ["quantize", ONNX, "--calib", "builtin:digits", "-o", "/dev/full"],
+    "profile-json": ["profile", ONNX, "--runs", "3", "--json", "/dev/full"],
+}
+LONG = ("export-o", "quantize-o", "profile-json")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.slow] if c in LONG else [])
+                                  for c in sorted(FULL_OUTPUTS)])
+def test_an_output_on_dev_full_is_one_line(tmp_path, images, case):
+    res = _run([a.format(images=images) for a in FULL_OUTPUTS[case]], timeout=600)
+    assert_user_error(res, 2, "/dev/full")
+
+
+# Every writer of a model, a table or a JSON under a file size limit (ulimit -f): Python ignores SIGXFSZ,
+# so each write past the limit fails with EFBIG, in edgetrain and in its children alike.
+FSIZE_CASES = {
+    "predict-o": ["predict", ONNX, "{images}", "-o", "{out}/rows.tsv"],
+    "predict-json": ["predict", ONNX, "{images}", "--json", "{out}/r.json"],
+    "export": ["export", PREFIX, "-o", "{out}/m.onnx"],
+    "quantize": ["quantize", ONNX, "--calib", "builtin:digits", "-o", "{out}/q.onnx"],
+    "quantize-gluon": ["quantize", PREFIX, "--calib", "builtin:digits", "-o", "{out}/q.onnx"],
+    "finetune": ["finetune", PREFIX, "--data", "builtin:digits", "--epochs", "1", "-o", "{out}/ft"],
+}
+
+
+def _fsize_limit(nbytes: int):
+    import resource
+
+    def preexec():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return preexec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(FSIZE_CASES))
+def test_a_file_size_limit_is_one_line_and_nothing_half_written(tmp_path, images, case):
+    out = tmp_path / "out"
+    out.mkdir()
+    res = _run([a.format(images=images, out=out) for a in FSIZE_CASES[case]], preexec=_fsize_limit(8192))
+    assert_user_error(res, 2, "ulimit -f")
+    assert _leftovers(out) == []
+    for f in out.rglob("*"):  # whatever is there is whole: under the limit, and nothing of ours is cut at it
+        assert not f.is_file() or f.stat().st_size < 8192, f
+
+
+SCRATCH_CASES = {
+    "quantize": ["quantize", ONNX, "--calib", "builtin:digits", "-o", "{out}/q.onnx"],
+    "quantize-gluon": ["quantize", PREFIX, "--calib", "builtin:digits", "-o", "{out}/q.onnx"],
+    "export": ["export", PREFIX, "-o", "{out}/m.onnx"],
+    "profile": ["profile", ONNX, "--runs", "3"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(SCRATCH_CASES))
+def test_a_full_tmpdir_is_one_line_naming_it(tmp_path, images, case):
+    """TMPDIR on a 64 KiB file system: room for tempfile's probe, not for a model. Either the run fits, or
+    one line naming TMPDIR, exit 1; nothing is left in TMPDIR or beside the output."""
+    from hostile import faults
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with faults.tiny_disk("64k") as disk:
+        res = _run([a.format(images=images, out=out) for a in SCRATCH_CASES[case]], env={"TMPDIR": str(disk)})
+        if res.code != 0:
+            assert_user_error(res, 1, "no space left for temporary files", "TMPDIR")
+            assert list(out.iterdir()) == []
+        assert list(disk.iterdir()) == []
+    assert _leftovers(out) == []
