@@ -10,9 +10,20 @@ from __future__ import annotations
 MAX_WHAT, MAX_WHERE, MAX_FIX = 400, 200, 300
 
 
+def printable(text: str) -> str:
+    """``text`` with a file name's undecodable bytes (surrogates) as ``\\xNN`` escapes: an error line prints
+    in any locale and shows the byte the name holds."""
+    if not any("\ud800" <= c <= "\udfff" for c in text):
+        return text
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate no file name holds (from JSON, say): its escape
+        return text.encode("utf-8", "backslashreplace").decode("ascii")
+
+
 def clip(text, limit: int = 200) -> str:
     """``text`` on one line and at most ``limit`` characters (the middle elided: both ends are telling)."""
-    text = " ".join(str(text).split())
+    text = " ".join(printable(str(text)).split())
     if len(text) <= limit:
         return text
     keep = max(limit - 5, 2)

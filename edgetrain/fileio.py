@@ -547,7 +547,9 @@ def atomic_write_bytes(path: Path, data: bytes, what: str = "output") -> None:
 
 
 def atomic_write_text(path: Path, text: str, what: str = "output") -> None:
-    atomic_write_bytes(path, text.encode("utf-8"), what)
+    """UTF-8; a file name's undecodable bytes (held as surrogates: a non-UTF-8 name, or any non-ASCII name
+    under an ASCII locale) are written back as the bytes they were."""
+    atomic_write_bytes(path, text.encode("utf-8", "surrogateescape"), what)
 
 
 def fsync_dir(folder: Path) -> None:

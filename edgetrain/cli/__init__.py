@@ -18,6 +18,7 @@ def main(argv=None, light_predict: bool = True):
     measures what the light path saves)."""
     args = list(sys.argv[1:] if argv is None else argv)
     _early_thread_cap(args)
+    _printable_streams()
     from .common import run_cli, run_guarded
 
     if light_predict and args[:1] == ["predict"]:
@@ -30,6 +31,31 @@ def main(argv=None, light_predict: bool = True):
     from .group import cli
 
     run_cli(cli, args)
+
+
+def _printable_streams() -> None:
+    """Whatever the locale (LC_ALL=C, an ASCII or a strict UTF-8 one), stdout and stderr print every name:
+    a file name's undecodable bytes (held as surrogates) go out as they came in, as `ls` prints them, and a
+    character the locale cannot encode becomes a backslash escape -- never a UnicodeEncodeError."""
+    import codecs
+
+    def names(exc):
+        if not isinstance(exc, UnicodeEncodeError):
+            raise exc
+        bad = exc.object[exc.start:exc.end]
+        if all("\udc80" <= c <= "\udcff" for c in bad):
+            return bytes(ord(c) - 0xDC00 for c in bad), exc.end
+        return codecs.backslashreplace_errors(exc)
+
+    try:
+        codecs.lookup_error("edgetrain-names")
+    except LookupError:
+        codecs.register_error("edgetrain-names", names)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="edgetrain-names")
+        except (AttributeError, ValueError, OSError):  # not a TextIOWrapper (a test's capture), or closed
+            pass
 
 
 def _early_thread_cap(args: list[str]) -> None:

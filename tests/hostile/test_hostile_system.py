@@ -346,3 +346,96 @@ def test_a_full_tmpdir_is_one_line_naming_it(tmp_path, images, case):
             assert list(out.iterdir()) == []
         assert list(disk.iterdir()) == []
     assert _leftovers(out) == []
+
+
+# --- 3. a locale that cannot encode a file name --------------------------------------------------------
+
+LOCALES = {
+    "ascii": {"LC_ALL": "C", "PYTHONUTF8": "0"},
+    "ascii-strict-io": {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "ascii:strict"},
+    "utf8-strict-io": {"LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8:strict"},
+}
+NAMES = {"latin1-bytes": b"caf\xe9", "utf8-bytes": b"caf\xc3\xa9", "invalid-utf8": b"bad\xff\xfe"}
+
+
+@pytest.fixture(scope="module")
+def named_data(tmp_path_factory):
+    """Image folders whose class folder and image file names hold each kind of non-ASCII name."""
+    import numpy as np
+    from PIL import Image
+
+    made = {}
+    for kind, name in NAMES.items():
+        root = os.fsencode(tmp_path_factory.mktemp(f"names-{kind}"))
+        for cls in (name, b"plain"):
+            os.makedirs(os.path.join(root, cls))
+            for i in range(4):
+                pix = (np.random.default_rng(i).random((8, 8)) * 255).astype("uint8")
+                Image.fromarray(pix).save(os.path.join(root, cls, name + b"%d.png" % i))
+        made[kind] = root
+    return made
+
+
+def _env_argv(argv):
+    return [a if isinstance(a, bytes) else str(a) for a in argv]
+
+
+def _run_bytes(argv, env, timeout=600):
+    import subprocess
+
+    full = {k: v for k, v in os.environ.items() if k not in ("EDGETRAIN_DEBUG", "PYTHONIOENCODING", "LANG")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-m", "edgetrain", *_env_argv(argv)], env=full, capture_output=True,
+                          timeout=timeout)
+
+
+LOCALE_CASES = {
+    "predict-rows": lambda d, o: ["predict", ONNX, d],
+    "predict-o": lambda d, o: ["predict", ONNX, d, "-o", os.path.join(o, b"rows.tsv")],
+    "predict-json": lambda d, o: ["predict", ONNX, d, "--json", os.path.join(o, b"r.json")],
+    "predict-missing": lambda d, o: ["predict", ONNX, os.path.join(d, b"missing")],
+    "inspect-data": lambda d, o: ["inspect", PREFIX, "--data", d],
+}
+LONG_LOCALE_CASES = {
+    "finetune": lambda d, o: ["finetune", PREFIX, "--data", d, "--epochs", "1", "--allow-chance",
+                              "-o", os.path.join(o, b"ft")],
+    "quantize": lambda d, o: ["quantize", ONNX, "--calib", d, "--allow-chance", "-o", os.path.join(o, b"q.onnx")],
+    "export": lambda d, o: ["export", PREFIX, "--data", d, "--allow-chance", "-o", os.path.join(o, b"m.onnx")],
+}
+
+
+def _check_locale_run(proc, case, data, name):
+    said = proc.stdout + proc.stderr
+    assert b"Traceback" not in said and b"UnicodeEncodeError" not in said, said.decode("utf-8", "replace")
+    if case == "predict-missing":
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith(b"Error:")]
+        assert proc.returncode == 2 and len(errors) == 1, said
+    else:
+        assert proc.returncode in (0, 3), said.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("kind", sorted(NAMES))
+@pytest.mark.parametrize("locale_", [pytest.param(n, marks=[] if n == "ascii" else [pytest.mark.slow])
+                                     for n in sorted(LOCALES)])
+@pytest.mark.parametrize("case", sorted(LOCALE_CASES))
+def test_a_name_the_locale_cannot_encode_prints(tmp_path, named_data, case, locale_, kind):
+    out = os.fsencode(tmp_path)
+    data = named_data[kind]
+    proc = _run_bytes(LOCALE_CASES[case](data, out), LOCALES[locale_])
+    _check_locale_run(proc, case, data, NAMES[kind])
+    if case == "predict-rows":  # the name goes out as the bytes it is, as `ls` prints it
+        assert NAMES[kind] + b"0.png" in proc.stdout
+    if case == "predict-o":
+        assert NAMES[kind] + b"0.png" in (tmp_path / "rows.tsv").read_bytes()
+    if case == "predict-json":  # valid JSON, its names escaped
+        import json
+
+        assert json.loads((tmp_path / "r.json").read_text("utf-8"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(NAMES))
+@pytest.mark.parametrize("case", sorted(LONG_LOCALE_CASES))
+def test_a_name_the_locale_cannot_encode_prints_in_long_commands(tmp_path, named_data, case, kind):
+    proc = _run_bytes(LONG_LOCALE_CASES[case](named_data[kind], os.fsencode(tmp_path)), LOCALES["ascii"])
+    _check_locale_run(proc, case, named_data[kind], NAMES[kind])
