@@ -14,6 +14,7 @@ top-k accuracy and a confusion summary, and the throughput and per-batch latency
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,11 @@ if TYPE_CHECKING:
     from ..options import PredictOptions
 
 STDIN = "-"
-MAX_PATH_LINES = 10_000_000  # a stream of paths longer than this is not a list of images
+# Standard input is read to its end before the first image: an endless stream (`yes PATH`, /dev/zero) must
+# end in one line, not in a hang or a MemoryError. A million paths is more than one run should take; a
+# line longer than PATH_MAX (4096 bytes on Linux) is not a path.
+MAX_PATH_LINES = 1_000_000
+MAX_PATH_LINE_BYTES = 4096
 
 
 @dataclass
@@ -363,18 +368,40 @@ def _resolve(data: str, pre: Preprocess, stdin) -> _Source:
 
 def _stdin_paths(stdin) -> list[Path]:
     paths = []
-    for k, line in enumerate(stdin):
+    for k, text in enumerate(_lines(stdin)):
         if k >= MAX_PATH_LINES:
             raise UsageError(f"more than {MAX_PATH_LINES:,} lines on standard input", "DATA -",
-                             "give one image path per line")
-        text = line.strip()
+                             "give one image path per line, at most that many in one run (split the list)")
+        text = text.strip()
         if not text:
             continue
         p = Path(text)
-        if not p.is_file():
+        try:
+            found = p.is_file()
+        except (OSError, ValueError) as exc:  # a name over NAME_MAX, a NUL byte
+            raise UsageError(f"not a usable path: {getattr(exc, 'strerror', None) or exc}", clip(repr(text)[1:-1], 200),
+                             "give one existing image path per line") from None
+        if not found:
             raise UsageError("image file not found", clip(text, 200), "give one existing image path per line")
         paths.append(p)
     return paths
+
+
+def _lines(stdin):
+    """The lines of ``stdin``, each read with a bound (a stream with no newline is refused at PATH_MAX, not
+    held in memory); from its bytes when it has them, so a path that is not valid in the locale's encoding
+    is still the file it names."""
+    raw = getattr(stdin, "buffer", None)
+    read = raw.readline if raw is not None else stdin.readline
+    while True:
+        line = read(MAX_PATH_LINE_BYTES + 1)
+        if not line:
+            return
+        newline = b"\n" if isinstance(line, bytes) else "\n"
+        if len(line) > MAX_PATH_LINE_BYTES and not line.endswith(newline):
+            raise UsageError(f"a line of standard input is longer than {MAX_PATH_LINE_BYTES} bytes", "DATA -",
+                             "give one image path per line")
+        yield os.fsdecode(line) if isinstance(line, bytes) else line
 
 
 def _images_in(folder: Path, recursive: bool) -> list[Path]:

@@ -439,3 +439,62 @@ def test_a_name_the_locale_cannot_encode_prints(tmp_path, named_data, case, loca
 def test_a_name_the_locale_cannot_encode_prints_in_long_commands(tmp_path, named_data, case, kind):
     proc = _run_bytes(LONG_LOCALE_CASES[case](named_data[kind], os.fsencode(tmp_path)), LOCALES["ascii"])
     _check_locale_run(proc, case, named_data[kind], NAMES[kind])
+
+
+# --- 4. standard input that never ends (predict -, the one command that reads it) ----------------------
+
+def _stream(kind: str, image: Path):
+    """A real producer process for each kind of hostile stdin, and the fragment its refusal names."""
+    import subprocess
+
+    if kind == "dev-zero":  # bytes with no newline, forever
+        return open("/dev/zero", "rb"), None, "longer than 4096 bytes"
+    argv = {"yes-a-path": ["yes", str(image)], "yes-empty-lines": ["yes", ""],
+            "random-bytes": ["head", "-c", "200000", "/dev/urandom"],
+            "nul-in-a-line": ["printf", "a\\0b\\n"],
+            "name-over-name-max": ["printf", "%s\\n", "n" * 300],
+            "path-over-path-max": ["printf", "%s\\n", "/".join(["d" * 200] * 30)]}[kind]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    fragment = {"yes-a-path": "more than 1,000,000 lines", "yes-empty-lines": "more than 1,000,000 lines",
+                "random-bytes": "", "nul-in-a-line": "", "name-over-name-max": "too long",
+                "path-over-path-max": "longer than 4096 bytes"}[kind]
+    return proc.stdout, proc, fragment
+
+
+STDIN_KINDS = ["dev-zero", "random-bytes", "nul-in-a-line", "name-over-name-max", "path-over-path-max"]
+ENDLESS_KINDS = ["yes-a-path", "yes-empty-lines"]
+
+
+@pytest.mark.parametrize("kind", STDIN_KINDS + [pytest.param(k, marks=pytest.mark.slow) for k in ENDLESS_KINDS])
+def test_an_endless_or_hostile_stdin_is_one_line_within_bounded_memory(tmp_path, images, kind):
+    import subprocess
+
+    from clitools import CliResult
+    from hostile import faults
+
+    source, producer, fragment = _stream(kind, images / "0" / "000.png")
+    env, mark = faults.marked_env()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "edgetrain", "predict", ONNX, "-"], stdin=source, env=env,
+                              capture_output=True, text=True, timeout=600, preexec_fn=faults.limit_memory(3 << 30))
+    finally:
+        source.close()
+        if producer is not None:
+            producer.kill()
+            producer.wait()
+    assert_user_error(CliResult(proc.returncode, proc.stdout, proc.stderr), 2, fragment)
+    assert "MemoryError" not in proc.stderr
+    assert faults.processes_with(mark) == []
+
+
+def test_the_api_reads_a_text_stdin_with_the_same_bounds(images):
+    """The API's ``stdin`` may be any text stream: the same line bound holds (no bytes to read)."""
+    import io
+
+    from edgetrain.ops.predict import predict as op
+    from edgetrain.options import PredictOptions
+
+    with pytest.raises(UsageError, match="longer than 4096 bytes"):
+        op(ONNX, "-", PredictOptions(threads=1), stdin=io.StringIO("x" * 10_000))
+    res = op(ONNX, "-", PredictOptions(threads=1), stdin=io.StringIO(f"{images / '0' / '000.png'}\n\n"))
+    assert res.samples == 1 and res.predictions[0]["input"].endswith("000.png")
