@@ -184,7 +184,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         int8_top1 = onnx_top1(candidate, val_ds, threads, stage(progress, "int8 top-1"))
         steps.append(BudgetStep(0, [], [], int8_top1, fp32_top1 - int8_top1))
         if fp32_top1 - int8_top1 > max_drop and cap > 0:
-            ranking_ds = val_ds.subset(range(min(RANKING_SAMPLES, len(val_ds))))
+            ranking_ds = val_ds.sample(RANKING_SAMPLES)
             ranked = rank_nodes(prepared, candidate, quantized,
                                 lambda: calibration_reader(ranking_ds, pre.input_name), tmp)
 
@@ -360,7 +360,7 @@ def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds,
     """Per-node SQNR of the all-int8 model against fp32 (the nodes that lose most first), and which of them
     the written model keeps in fp32: why a node was kept."""
     try:
-        sample = ds.subset(range(min(RANKING_SAMPLES, len(ds))))
+        sample = ds.sample(RANKING_SAMPLES)
         rows = node_errors(prepared, all_int8, lambda: calibration_reader(sample, pre.input_name), tmp)
     except Exception as exc:  # a diagnostic: its failure must not cost the user the model
         notes.append(f"per-node SQNR not measured: {str(exc).splitlines()[0][:150]}")
