@@ -468,7 +468,10 @@ class DeviceOptions(Options):
         if self.threads is not None:
             return self.threads
         prof = self.profile()
-        return prof.default_threads if prof is not None else None
+        # a default, not the user's number: fewer threads on a busy host (runtime.ThreadPolicy)
+        from . import runtime
+
+        return runtime.default_threads(prof.default_threads) if prof is not None else None
 
 
 class ModelFields(Options):
