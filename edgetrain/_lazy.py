@@ -253,7 +253,7 @@ def ort_session_options(threads: int | None = None, optimize: bool = True, *, sp
     opts.intra_op_num_threads = threads or runtime.current_threads()
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    if not spinning:
+    if not spinning or not runtime.spinning_allowed():  # a busy host: a spinning worker takes a core
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     elif stop_spinning_after_run:
         opts.add_session_config_entry("session.force_spinning_stop", "1")

@@ -58,8 +58,8 @@ class OutputComparison:
         if self.atol_scale > 1.0:
             text += f"; atol scaled x{_g(self.atol_scale)} by the output's magnitude"
         if not self.passed:
-            text += (f"; would pass with atol {_g(self.atol_needed)} (at rtol {_g(self.rtol)}) or rtol "
-                     f"{_g(self.rtol_needed)} (at atol {_g(self.atol)})")
+            text += (f"; would pass with atol {g_up(self.atol_needed)} (at rtol {_g(self.rtol)}) or rtol "
+                     f"{g_up(self.rtol_needed)} (at atol {_g(self.atol)})")
         return text
 
     def to_dict(self) -> dict:
@@ -88,6 +88,13 @@ class Comparison:
     @property
     def max_rel(self) -> float:
         return max((o.max_rel for o in self.outputs), default=0.0)
+
+    @property
+    def atol_needed(self) -> float:
+        """The smallest atol (at this rtol) under which every output passes; inf when one cannot pass at all."""
+        if any(o.error for o in self.outputs):
+            return math.inf
+        return max((o.atol_needed for o in self.outputs), default=0.0)
 
     def summaries(self) -> list[str]:
         return [o.summary() for o in self.outputs]
@@ -185,6 +192,23 @@ def _tolerance(value, what: str) -> float:
     if not math.isfinite(v) or v < 0:
         raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
     return v
+
+
+def g_up(v: float) -> str:
+    """A tolerance needed to pass, printed in 3 significant digits rounded *up*: the printed value passes
+    (rounded to nearest, "would pass with 1.23e-05" could still fail by the last digit)."""
+    if v == math.inf or v != v:
+        return "inf"
+    if v <= 0:
+        return "0"
+    text = f"{v:.3g}"
+    if float(text) > v:
+        return text
+    step = 10.0 ** (math.floor(math.log10(v)) - 2)
+    up = (math.floor(v / step) + 1) * step
+    while float(f"{up:.3g}") <= v:
+        up += step
+    return f"{up:.3g}"
 
 
 def _g(v: float) -> str:

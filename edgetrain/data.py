@@ -80,8 +80,13 @@ class Dataset:
         return np.stack([unit_scale(self._raw(int(j))) for j in src]).astype(np.float32)
 
     def arrays(self, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        n = len(self) if limit is None else min(limit, len(self))
-        return self.batch(np.arange(n)), self.labels[:n]
+        """Every sample, or a stratified ``sample(limit)`` of them: never the first ``limit`` of a sorted source."""
+        ds = self if limit is None or limit >= len(self) else self.sample(limit)
+        return ds.batch(np.arange(len(ds))), np.asarray(ds.labels)
+
+    def sample(self, n: int, seed: int = 0) -> "Dataset":
+        """Up to ``n`` samples for a check or a calibration, drawn by ``stratified`` (every class when it can)."""
+        return self.subset(stratified(self.labels, n, seed))
 
     def subset(self, idx) -> "Dataset":
         idx = np.asarray(idx, dtype=np.int64)
@@ -126,6 +131,41 @@ class Dataset:
         """Only the samples of the given class indices (names and numbering unchanged)."""
         mask = np.isin(self.labels, list(classes))
         return self.subset(np.flatnonzero(mask))
+
+
+def stratified(labels, n: int, seed: int = 0) -> np.ndarray:
+    """Indices of ``min(n, len(labels))`` samples, the one sampler of every check and calibration (issue 26: the
+    first 16 of a folder sorted by class are all one class). Deterministic for a seed. Every class is drawn
+    when ``n`` >= the number of classes, the rest in proportion to the class sizes (largest remainder);
+    ``n`` < classes draws ``n`` distinct classes, a seeded choice. Within a class the members are a seeded
+    choice; the indices come out round-robin across classes, so any prefix of them is spread too."""
+    labels = np.asarray(labels).reshape(-1)
+    total = int(labels.size)
+    n = max(0, min(int(n), total))
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    rng = np.random.RandomState(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    if n < len(classes):
+        take = np.zeros(len(classes), dtype=np.int64)
+        take[rng.choice(len(classes), n, replace=False)] = 1
+    else:
+        take = np.ones(len(classes), dtype=np.int64)
+        share = counts / total * (n - len(classes))
+        take += np.minimum(np.floor(share).astype(np.int64), counts - 1)
+        left = n - int(take.sum())
+        order = np.argsort(-(share - np.floor(share)), kind="stable")
+        while left > 0:  # largest remainder first; a class with no member left gives its turn away
+            for c in order:
+                if left and take[c] < counts[c]:
+                    take[c] += 1
+                    left -= 1
+    picked = []
+    for c, k in zip(classes, take):
+        members = np.flatnonzero(labels == c)
+        picked.append(np.sort(rng.choice(members, int(k), replace=False)) if k else members[:0])
+    rounds = [p[i] for i in range(int(take.max())) for p in picked if i < len(p)]
+    return np.asarray(rounds, dtype=np.int64)
 
 
 def unit_scale(img: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ class Chance(Figure):
     baseline: float | None = optional()    # % the better of uniform guessing and the commonest class gets
     margin: float | None = optional()      # points above the baseline still counted as chance
     samples: int | None = optional()
+    classes: int | None = optional()       # distinct classes among the labels: one class shows no learning
     at_chance: bool | None = optional()
     allowed: bool = False
 
@@ -31,7 +32,8 @@ class Chance(Figure):
         """The baseline is the better of uniform guessing (100/K) and always answering the most common
         class; "near" is within two binomial standard errors of it on this many samples (at least 2
         points). A model that scores there has learned nothing these samples can show: a failed check
-        unless the user opts out."""
+        unless the user opts out. The figures are kept to the 0.1 point they are printed with and the
+        verdict is taken on those, so what it says never contradicts what it shows (issue 26)."""
         import numpy as np
 
         labels = np.asarray(labels, dtype=np.int64).reshape(-1)
@@ -42,19 +44,30 @@ class Chance(Figure):
         baseline = 100.0 * max(1.0 / num_classes, counts.max() / n)
         p = baseline / 100.0
         margin = max(2.0, 200.0 * math.sqrt(p * (1 - p) / n))
-        return cls(checked=True, top1=float(top1_pct), baseline=baseline, margin=margin, samples=n,
-                   at_chance=bool(top1_pct <= baseline + margin), allowed=allowed)
+        top1, baseline, margin = (_tenth(v) for v in (top1_pct, baseline, margin))
+        return cls(checked=True, top1=top1, baseline=baseline, margin=margin, samples=n,
+                   classes=int(np.count_nonzero(counts)),
+                   at_chance=bool(round(top1 * 10) <= round(baseline * 10) + round(margin * 10)), allowed=allowed)
 
     def failures(self, what: str) -> list[str]:
         """The failed check for ``what`` ("int8", "ONNX model"), or none: not at chance, not checked, allowed."""
         if not self.checked or not self.at_chance or self.allowed:
             return []
+        if self.classes == 1:  # every label the same: always answering it scores 100%
+            return [f"{what} top-1 {self.top1:.1f}% on {self.samples} held-out samples cannot be told from chance: "
+                    "they are all of one class (answering it always gets 100.0%); give held-out samples of 2 or "
+                    "more classes, or pass --allow-chance"]
         if self.baseline + self.margin >= 100.0:  # issue 26: no score on so few samples can show learning
             return [f"{what} top-1 {self.top1:.1f}% on {self.samples} held-out samples cannot be told from chance "
                     f"(guessing gets {self.baseline:.1f}%, +/- {self.margin:.1f}: too few samples); give more "
                     "held-out samples, or pass --allow-chance"]
         return [f"{what} top-1 {self.top1:.1f}% on {self.samples} held-out samples is at chance (guessing gets "
                 f"{self.baseline:.1f}%, +/- {self.margin:.1f}); pass --allow-chance if that is expected"]
+
+
+def _tenth(v: float) -> float:
+    """``v`` as printed with one decimal (``f"{v:.1f}"``), the precision every chance figure is shown at."""
+    return float(f"{float(v):.1f}")
 
 
 @dataclass(kw_only=True)

@@ -200,3 +200,19 @@ def read_cpuinfo(path: str = "/proc/cpuinfo") -> dict:
     return {"flags": flags.split(), "processors": sum(1 for ln in text.splitlines() if ln.startswith("processor")),
             "model": info.get("model name") or info.get("model") or info.get("hardware"),
             **({"cpu_part": info["cpu part"]} if "cpu part" in info else {})}
+
+
+def host_load() -> float | None:
+    """The host's 1-minute load average (None where it cannot be read)."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def oversubscribed(loadavg: float | None, cores: int, threads: int = 0) -> bool:
+    """The one busy-host test: the others' average demand (the 1-minute load) plus ``threads`` more is over
+    the usable cores. With ``threads`` 0: the host was already over its cores (timings made there are
+    doubtful: energy.reliability); with a thread count: those threads would wait for cores, and a pool
+    that spins while it waits takes them from the work it waits for (runtime.thread_policy)."""
+    return loadavg is not None and cores > 0 and loadavg + threads > cores

@@ -468,7 +468,10 @@ class DeviceOptions(Options):
         if self.threads is not None:
             return self.threads
         prof = self.profile()
-        return prof.default_threads if prof is not None else None
+        # a default, not the user's number: fewer threads on a busy host (runtime.ThreadPolicy)
+        from . import runtime
+
+        return runtime.default_threads(prof.default_threads) if prof is not None else None
 
 
 class ModelFields(Options):
@@ -537,11 +540,13 @@ class QuantizeOptions(ModelOptions):
     backend: Literal["onnxruntime", "mxnet"] = opt(
         "onnxruntime", help="onnxruntime: portable QDQ .onnx; mxnet: MXNet oneDNN int8 PREFIX (not exportable to ONNX).")
     latency: bool = opt(True, flag="--latency/--no-latency", help="Time the fp32 and int8 models after quantizing.")
-    scheme: Literal["auto", "rule"] = opt(
+    scheme: Literal["auto", "int8", "qdq", "rule"] = opt(
         "auto", help="auto: where quantize runs on the device's CPU (or with no --device), time fp32, QDQ S8S8/U8S8 "
                      "per-channel/per-tensor and dynamic int8 in fresh processes and write the fastest within "
-                     "--max-drop, even fp32; rule: ONNX Runtime's per-architecture advice, not measured (always "
-                     "so when quantizing for another device).")
+                     "--max-drop, even fp32 (never when -o names an int8 file: then the fastest int8); int8: the "
+                     "fastest int8 candidate (QDQ or dynamic), never fp32; qdq: the fastest QDQ candidate; rule: "
+                     "ONNX Runtime's per-architecture advice, not measured (always so when quantizing for another "
+                     "device).")
     allow_chance: bool = opt(False, help="Accept a model at chance on the held-out data (else exit 3: it learned nothing "
                                          "the data can show).")
 

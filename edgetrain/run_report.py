@@ -194,6 +194,7 @@ def _markdown(result, fleets=()) -> str:
              "| figure | value |", "|---|---|"]
     lines += [f"| {label} | {value} |" for label, value in summary_rows(result.summary)]
     lines += [f"\n- {n}" for n in energy_notes(result.steps)]
+    lines += [f"\n- warning: {w}" for w in getattr(result, "warnings", [])]  # each once, whatever step said it
     dc = duty_cycle(result.steps)
     if dc:
         lines += ["", "## Fine-tune then infer: a day on the battery", "", "| figure | value |", "|---|---|"]
@@ -227,6 +228,7 @@ def _html(result, folder: Path, fleets=()) -> str:
     failed_run = next((s for s in result.steps if s.name == result.failed_step), None)
     failed = (f"<p class='bad'>Step <b>{esc(result.failed_step)}</b> did not pass (exit code {result.exit_code})"
               + (f": {esc(why(failed_run))}" if failed_run is not None else "") + "</p>" if result.failed_step else "")
+    failed += "".join(f"<p class='bad'>warning: {esc(w)}</p>" for w in getattr(result, "warnings", []))
     details = "".join(f"<details><summary>{esc(s.name)} result</summary><pre>{esc(json.dumps(s.result, indent=2))}</pre>"
                       f"</details>" for s in result.steps if s.result)
     fleet = "".join(fleet_html_section(doc) for doc in fleets)

@@ -41,7 +41,7 @@ def _ops(path):
     return {n.op_type for n in onnx.load(str(path)).graph.node}
 
 
-def _check_choice(res, out):
+def _check_choice(res, out, allowed=("fp32", "static", "dynamic")):
     s = res.scheme
     assert s.measured is True
     cands = s.candidates
@@ -49,9 +49,9 @@ def _check_choice(res, out):
     kinds = {(c.scheme.activations, c.scheme.per_channel) for c in cands if c.kind == "static"}
     assert kinds == {("int8", True), ("int8", False), ("uint8", True), ("uint8", False)}  # S8S8/U8S8 x pc/pt
     assert sum(c.rule for c in cands) == 1 and sum(c.chosen for c in cands) == 1
-    eligible = [c for c in cands if c.error is None and c.within_budget is not False]
+    eligible = [c for c in cands if c.error is None and c.within_budget is not False and c.kind in allowed]
     chosen = next(c for c in cands if c.chosen)
-    assert chosen in eligible and chosen.p50_ms == min(c.p50_ms for c in eligible)
+    assert (chosen in eligible and chosen.p50_ms == min(c.p50_ms for c in eligible)) or (not eligible and chosen.rule)
     for c in cands:
         if c.error is None:
             assert len(c.rounds) >= 2 and c.p50_ms == min(c.rounds) and c.size_bytes > 0
@@ -114,3 +114,46 @@ def test_a_search_stopped_midway_leaves_the_best_candidate_so_far(fp32, tmp_path
     record = json.loads(load_onnx(out).metadata["edgetrain.quantization"])
     assert record["search"].startswith("stopped before the end")
     assert OrtRunner(out, 1).infer(np.zeros((2, 1, 16, 16), np.float32)).shape == (2, 5)
+
+
+def _timing_warnings_agree(res, chosen):
+    """A busy host is said (human output and JSON) exactly when the timings' load says so; fp32 outrunning
+    the int8 written is said exactly when it did."""
+    quiet = res.scheme.host_quiet
+    assert set(quiet) >= {"reliable", "reasons", "loadavg", "cores"}
+    busy = [w for w in res.warnings if "busy host" in w]
+    assert bool(busy) == (not quiet["reliable"])
+    fp32 = next(c for c in res.scheme.candidates if c.kind == "fp32")
+    faster = [w for w in res.warnings if w.startswith("fp32 ran faster")]
+    assert bool(faster) == (chosen.kind != "fp32" and fp32.p50_ms is not None and fp32.p50_ms < chosen.p50_ms)
+
+
+@pytest.mark.parametrize("scheme,name,allowed", [
+    ("int8", "q.onnx", ("static", "dynamic")),
+    ("qdq", "q.onnx", ("static",)),
+    ("auto", "model_int8.onnx", ("static", "dynamic")),   # -o names int8: auto never writes fp32 there
+    ("auto", "q.onnx", ("fp32", "static", "dynamic")),
+])
+def test_an_insisted_scheme_is_never_fp32_and_a_busy_host_is_said(fp32, tmp_path, scheme, name, allowed):
+    out = tmp_path / name
+    res = edgetrain.quantize(fp32 / "fp32.onnx", calib=fp32 / "d5.npz", output=out, val=str(fp32 / "d5.npz"),
+                             samples=50, threads=1, scheme=scheme)
+    chosen = _check_choice(res, out, allowed)
+    assert chosen.kind in allowed and res.passed
+    if "fp32" not in allowed:
+        assert load_onnx(out).metadata["edgetrain.precision"] == "int8" and res.scheme.format != "fp32"
+    _timing_warnings_agree(res, chosen)
+    assert json.loads(json.dumps(res.to_dict()))["scheme"]["host_quiet"] == res.scheme.host_quiet
+
+
+def test_the_cli_says_a_busy_host_and_what_it_wrote(fp32, tmp_path, cli):
+    """One run, its human output and its JSON: the busy-host warning is in both or neither, and an int8 name
+    never gets fp32."""
+    res = cli("quantize", fp32 / "fp32.onnx", "--calib", fp32 / "d5.npz", "-o", tmp_path / "m_int8.onnx",
+              "--samples", "50", "--threads", "1", "--json", tmp_path / "q.json", cwd=tmp_path)
+    assert res.code == 0, res.err
+    doc = json.loads((tmp_path / "q.json").read_text())
+    assert doc["scheme"]["format"] != "fp32" and "the fp32 model was written" not in res.out + res.err
+    busy = not doc["scheme"]["host_quiet"]["reliable"]
+    assert any("busy host" in w for w in doc["warnings"]) == busy
+    assert ("busy host" in res.out + res.err) == busy

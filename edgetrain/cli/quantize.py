@@ -49,7 +49,8 @@ def render(json_path, res) -> None:
     for line in node_error_table(res.node_errors):
         say(json_path, line)
     z = res.size
-    say(json_path, f"size       {_size(z.fp32_bytes)} -> {_size(z.int8_bytes)} ({z.ratio:.2f}x smaller)")
+    written = "the fp32 model was written: " if res.scheme.format == "fp32" else ""
+    say(json_path, f"size       {written}{_size(z.fp32_bytes)} -> {_size(z.int8_bytes)} ({z.ratio:.2f}x smaller)")
     if res.latency:
         lt = res.latency
         say(json_path, f"latency    p50 fp32 {lt.fp32_p50_ms:.3f} ms, int8 {lt.int8_p50_ms:.3f} ms "

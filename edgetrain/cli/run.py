@@ -45,6 +45,8 @@ def _render_summary(json_path, res) -> None:
     say(json_path, f"recipe {res.recipe} for {res.device} -> {res.rundir}")
     for label, value in summary_rows(res.summary):
         say(json_path, f"  {label:<28} {value}")
+    for text in res.warnings:
+        say(json_path, f"  warning: {text}")
     if res.failed_step:
         step = next(s for s in res.steps if s.name == res.failed_step)
         say(json_path, f"step '{step.name}' {step.outcome}")

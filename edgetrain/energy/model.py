@@ -168,7 +168,9 @@ def reliability(spread_p99_p50: float | None, loadavg: float | None, cores: int 
                 reference_spread: float | None = None) -> dict:
     """Whether the latency behind a modelled figure was timed on a quiet host."""
     reasons = []
-    if loadavg is not None and cores and loadavg > cores:
+    from ..host import oversubscribed
+
+    if cores and oversubscribed(loadavg, cores):
         reasons.append(f"the host's 1-minute load average was {loadavg:.2f}, above its {cores} usable cores: other "
                        "work shared the CPU while the model was timed")
     if spread_p99_p50 is not None and spread_p99_p50 > UNSTEADY_SPREAD:

@@ -5,8 +5,6 @@ import json
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from .. import _lazy
 from ..data import Dataset, load_data
 from ..errors import UsageError
@@ -62,12 +60,6 @@ def stride_for(n: int, most: int = 32) -> int:
     return 1
 
 
-def pick_samples(dataset: Dataset, samples: int, seed: int = 0) -> Dataset:
-    """Up to ``samples`` samples, drawn across classes (a sorted folder would otherwise give class 0 only)."""
-    n = min(samples, len(dataset))
-    return dataset.subset(np.random.RandomState(seed).permutation(len(dataset))[:n])
-
-
 def check_symbol_not_quantized(symbol_file: Path, where: str) -> None:
     """An MXNet PREFIX written by MXNet's own quantization (e.g. `--backend mxnet`) cannot be quantized again."""
     try:
@@ -85,7 +77,7 @@ def load_calibration(calib: str, preprocess, samples: int):
     ds = load_data(calib, preprocess, where="--calib")
     if len(ds) == 0:
         raise UsageError("calibration data has no samples", calib, "give images (or an .npz) to calibrate on")
-    return ds, pick_samples(ds, samples)
+    return ds, ds.sample(samples)
 
 
 def load_validation(val: str, preprocess, num_classes: int):

@@ -70,6 +70,7 @@ class SchemeRecord(Figure):
     measured: bool | None = None
     rule: Int8Scheme | None = None   # what ONNX Runtime's rule would have chosen
     candidates: list | None = None   # every candidate timed (int8.search.Candidate), the written one chosen
+    host_quiet: dict | None = None   # energy.reliability of those timings: a busy host makes them doubtful
 
     @classmethod
     def of(cls, scheme: Int8Scheme, **changes) -> "SchemeRecord":
@@ -93,6 +94,8 @@ class SchemeRecord(Figure):
             d["rule"] = self.rule.to_dict()
         if self.candidates is not None:
             d["candidates"] = [c.to_dict() for c in self.candidates]
+        if self.host_quiet is not None:
+            d["host_quiet"] = self.host_quiet
         return d
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import _lazy
-from ..compare import Comparison, compare_outputs, merge
+from ..compare import Comparison, compare_outputs, g_up, merge
 from ..convert import BATCH_SIZES, build_onnx, writable, write_atomically
 from ..data import load_data
 from ..errors import RunFailed, UsageError
@@ -95,7 +95,8 @@ class ExportResult(Result):
             else:
                 failed.append(f"ONNX output '{worst.name}' differs from the Gluon model beyond tolerance (max abs "
                               f"{worst.max_abs:.3g}, max rel {worst.max_rel:.3g}; atol {self.comparison.atol:g}, "
-                              f"rtol {self.comparison.rtol:g}); it would pass with --atol {worst.atol_needed:.3g}")
+                              f"rtol {self.comparison.rtol:g}); it would pass with --atol "
+                              f"{g_up(self.comparison.atol_needed)}")
         return failed + list((self.energy or {}).get("failed_checks", []))
 
 

@@ -307,7 +307,9 @@ def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = Non
     data = opts.data if opts.data.startswith(BUILTIN_PREFIX) else str(Path(opts.data).resolve())
     settings = {"name": name, "data": data, "state": str(state), "device": None if device is None else
                 (str(Path(opts.device).resolve()) if Path(str(opts.device)).is_file() else str(opts.device)),
-                "threads": opts.thread_cap(), "memory_budget": opts.budget_mb(), "model": opts.model,
+                # capped here, once: every round's ClientApp process would cap it again, and warn again
+                "threads": None if opts.thread_cap() is None else runtime.cap_to_cores(opts.thread_cap()),
+                "memory_budget": opts.budget_mb(), "model": opts.model,
                 "params": str(Path(opts.params).resolve()) if opts.params else None}
     atomic_write_text(state / "join.json", json.dumps(settings, indent=2) + "\n", "fleet join")
     home = _flwr_home(state, address, ca)

@@ -184,7 +184,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         int8_top1 = onnx_top1(candidate, val_ds, threads, stage(progress, "int8 top-1"))
         steps.append(BudgetStep(0, [], [], int8_top1, fp32_top1 - int8_top1))
         if fp32_top1 - int8_top1 > max_drop and cap > 0:
-            ranking_ds = val_ds.subset(range(min(RANKING_SAMPLES, len(val_ds))))
+            ranking_ds = val_ds.sample(RANKING_SAMPLES)
             ranked = rank_nodes(prepared, candidate, quantized,
                                 lambda: calibration_reader(ranking_ds, pre.input_name), tmp)
 
@@ -209,7 +209,8 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
 
     best_path, kept = best
     host = detect_host()
-    measured = opts.scheme == "auto" and (profile is None or host.matches(profile))
+    measured = opts.scheme != "rule" and (profile is None or host.matches(profile))
+    allowed = _allowed_kinds(opts.scheme, output)
     metadata = onnx_model.metadata
 
     def write(path: Path, name: str, kept_nodes: list[str], final: bool) -> None:
@@ -230,15 +231,20 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         search = _scheme_candidates(onnx_model, prepared, quantizer_for, scheme, best_path, kept,
                                     accuracy.int8_top1, val_ds, accuracy.fp32_top1, max_drop, threads, host, tmp,
                                     progress)
-        _measure(search, pre.batch_shape(1), threads, write, kept, progress)
-        chosen = fastest(search)
-        if chosen is None:  # every candidate failed to run: the rule's model is still good
+        loads = [_loadavg()]
+        _measure(search, pre.batch_shape(1), threads, write, kept, progress, allowed)
+        loads.append(_loadavg())
+        chosen = fastest([c for c in search if c.kind in allowed])
+        if chosen is None:  # every candidate allowed failed to run: the rule's model (int8) is still good
             chosen = next(c for c in search if c.rule)
             notes.append("no candidate could be timed; the rule's scheme was written")
+        host_quiet = _host_quiet(loads, host)
+        warnings_timed = _timing_warnings(search, chosen, host_quiet, opts.scheme, output)
         chosen.chosen = True
         kept = kept if chosen.kind == "static" else []
         best_path = chosen.path
         scheme_record = _measured_scheme(chosen, search, scheme, host, threads)
+        scheme_record.host_quiet = host_quiet
         if chosen.kind == "fp32":
             notes.append("fp32 was the fastest candidate within the budget on this CPU: the fp32 model was written "
                          "(no int8 scheme ran faster here)")
@@ -246,7 +252,8 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
             accuracy.int8_top1, accuracy.drop = chosen.top1, chosen.drop
             within_budget = chosen.within_budget
     else:
-        if opts.scheme == "auto":
+        warnings_timed = []
+        if opts.scheme != "rule":
             notes.append(f"the scheme was not measured: quantizing for {profile.name} on this host "
                          f"({host.cpu}, {host.arch}); ONNX Runtime's rule for its CPU was used (run quantize on "
                          "the device to choose by measurement)")
@@ -266,7 +273,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     else:
         latency = (_latency(onnx_model.path, written, pre.batch_shape(1), threads, profile,
                             stage(progress, "latency")) if opts.latency else None)
-    warnings = [scheme.warning] if scheme.warning and search is None else []
+    warnings = ([scheme.warning] if scheme.warning and search is None else []) + warnings_timed
     if within_budget is False:
         warnings.append(f"no mix of int8 and fp32 nodes met --max-drop {max_drop:g}: kept the best "
                         f"(drop {accuracy.drop:.2f} pts with {len(kept)} node(s) in fp32)")
@@ -320,12 +327,63 @@ def _scheme_candidates(onnx_model, prepared: Path, quantizer_for, rule, rule_pat
     return cands
 
 
-def _measure(cands, batch_shape, threads: int, write, kept: list[str], progress) -> None:
-    """Time the candidates in fresh processes; write the best so far as soon as it is known."""
+def _allowed_kinds(scheme: str, output: Path) -> tuple[str, ...]:
+    """The candidates ``--scheme`` may write: ``int8`` and ``qdq`` insist on int8; ``auto`` may write fp32,
+    unless -o names an int8 file (issue 26: fp32 "1.00x smaller" in a file named *_int8.onnx)."""
+    if scheme == "qdq":
+        return ("static",)
+    if scheme == "int8" or (scheme == "auto" and names_int8(output)):
+        return ("static", "dynamic")
+    return ("fp32", "static", "dynamic")
+
+
+def names_int8(path: Path) -> bool:
+    """Whether a file name says int8 (``model_int8.onnx``, ``net-INT8.onnx``): what the user will take it for."""
+    return "int8" in Path(path).name.lower()
+
+
+def _loadavg() -> float | None:
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def _host_quiet(loads: list, host) -> dict:
+    """energy.reliability of the scheme timings: the 1-minute load average before and after them."""
+    from ..energy import reliability
+
+    known = [x for x in loads if x is not None]
+    return reliability(None, max(known) if known else None, host.cores_usable)
+
+
+def _timing_warnings(cands, chosen, host_quiet: dict, scheme: str, output: Path) -> list[str]:
+    """What a user must know about a choice made from timings: a busy host, and fp32 outrunning the int8
+    written because it was asked for."""
+    out = []
+    if not host_quiet["reliable"]:
+        hint = "pass --scheme int8 to insist on int8, or " if chosen.kind == "fp32" else ""
+        out.append(f"the scheme was chosen from timings on a busy host ({'; '.join(host_quiet['reasons'])}): "
+                   f"{chosen.name} may not be the fastest on a quiet one; {hint}quantize again when the host is idle")
+    fp32 = next((c for c in cands if c.kind == "fp32" and c.eligible), None)
+    if chosen.kind != "fp32" and fp32 is not None and chosen.p50_ms is not None and fp32.p50_ms < chosen.p50_ms:
+        why = ("-o names an int8 file" if scheme == "auto" else f"--scheme {scheme} asks for int8")
+        out.append(f"fp32 ran faster here ({fp32.p50_ms:.3f} ms against {chosen.p50_ms:.3f} ms for {chosen.name}); "
+                   f"the int8 model was written because {why}" +
+                   ("; name -o without 'int8' to let --scheme auto write fp32" if scheme == "auto" else ""))
+    return out
+
+
+def _measure(cands, batch_shape, threads: int, write, kept: list[str], progress,
+             allowed: tuple[str, ...] = ("fp32", "static", "dynamic")) -> None:
+    """Time the candidates in fresh processes; write the best so far (of the ``allowed`` kinds) as soon as
+    it is known."""
     best = {"p50": None}
 
     def saved(c) -> None:
-        if c.eligible and (best["p50"] is None or c.p50_ms < best["p50"]):
+        if c.kind in allowed and c.eligible and (best["p50"] is None or c.p50_ms < best["p50"]):
             best["p50"] = c.p50_ms
             write(c.path, c.name, kept if c.kind == "static" else [], final=False)
 
@@ -360,7 +418,7 @@ def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds,
     """Per-node SQNR of the all-int8 model against fp32 (the nodes that lose most first), and which of them
     the written model keeps in fp32: why a node was kept."""
     try:
-        sample = ds.subset(range(min(RANKING_SAMPLES, len(ds))))
+        sample = ds.sample(RANKING_SAMPLES)
         rows = node_errors(prepared, all_int8, lambda: calibration_reader(sample, pre.input_name), tmp)
     except Exception as exc:  # a diagnostic: its failure must not cost the user the model
         notes.append(f"per-node SQNR not measured: {str(exc).splitlines()[0][:150]}")

@@ -68,6 +68,9 @@ class RunResult(Result):
     # a step's check failed, else 0; a field (set as the steps run), not derived from failed_checks
     exit_code: int = 0  # type: ignore[assignment]
     failed_step: str | None = None
+    # each distinct "warning: ..." line the steps printed, once (a step's log keeps its own copy): the
+    # thread cap a device asks for is capped in every step, and said once for the run (issue 26)
+    warnings: list[str] = field(default_factory=list)
 
     def checks(self) -> list[str]:
         return [f"step '{s.name}' {s.outcome}" for s in self.steps if s.exit_code]
@@ -119,7 +122,7 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
             say(f"[{i}/{total}] {step.name}: already complete, skipped")
         else:
             say(f"[{i}/{total}] {step.name}: edgetrain {' '.join(argv)}")
-            run = _run_child(step.name, argv, model, opts, json_path, log_path, say)
+            run = _run_child(step.name, argv, model, opts, json_path, log_path, say, result.warnings)
             ran_again = True
         result.steps.append(run)
         if run.exit_code not in (0, 3):
@@ -222,8 +225,9 @@ def step_options(step, art: Artifacts, rundir: Path, device: str, threads, resum
 
 
 def _run_child(name: str, argv: list[str], model: str, opts: Options, json_path: Path, log_path: Path,
-               say) -> StepRun:
-    """Run one step; its output is logged in full and echoed line by line as progress."""
+               say, warned: list[str]) -> StepRun:
+    """Run one step; its output is logged in full and echoed line by line as progress, except a warning
+    already said in this run (``warned``, the run's distinct warnings, grows here)."""
     if json_path.exists():
         json_path.unlink()  # a stale result must not pass for this run's
     spec = json_path.with_name(f"{name}.options.json")
@@ -240,6 +244,11 @@ def _run_child(name: str, argv: list[str], model: str, opts: Options, json_path:
             text = line.rstrip("\r\n")
             if text.startswith("Error:"):
                 last_error = text[len("Error:"):].strip()
+            if text.startswith("warning:"):
+                said = text[len("warning:"):].strip()
+                if said in warned:
+                    return
+                warned.append(said)
             if text.strip():
                 say(f"    {text}")
 
@@ -320,7 +329,8 @@ def summarize(result: RunResult) -> dict:
         "accuracy_drop_pts": _dig(q, "accuracy", "drop"),
         "size_fp32_bytes": _dig(q, "size", "fp32_bytes") or e.get("size_bytes"),
         "size_int8_bytes": _dig(q, "size", "int8_bytes"),
-        "export_passed": e.get("passed"),
+        # the comparison's verdict alone: a failed chance or energy check is not "ONNX differs from Gluon"
+        "export_passed": _dig(e, "comparison", "passed"),
         "latency_p50_ms": latency.get("p50_ms"),
         "latency_provenance": latency.get("provenance"),
         "peak_rss_mb": _dig(p, "verdict", "memory", "peak_rss_mb") or _dig(p, "best", "peak_rss_mb"),

@@ -169,7 +169,7 @@ class MXNetEngine:
                 return mxnet_fn, None
         session = store.ort_session(path, job.threads, job.plan.arena)
         if not reused:
-            x = job.train_ds.batch(np.arange(min(store.VALIDATE_SAMPLES, len(job.train_ds))))
+            x, _ = job.train_ds.arrays(store.VALIDATE_SAMPLES)
             want = np.concatenate([mxnet_fn(x[i:i + 1]) for i in range(len(x))])  # one sample's activations at a time
             err = store.mismatch(session.run(None, {session.get_inputs()[0].name: x})[0], want)
             if err:

@@ -63,7 +63,7 @@ def prepare(spec: dict, out: Path) -> None:
         prep["tail_refused"] = "nothing is frozen (the whole network trains)"
     else:
         ds = load_data(spec["data"], pre, max_bytes=spec.get("max_bytes"))  # the budget holds in the child too
-        x = ds.batch(np.arange(min(store.VALIDATE_SAMPLES, len(ds))))
+        x, _ = ds.arrays(store.VALIDATE_SAMPLES)
         del ds
         s = split(g, cut, pre.input_shape)  # the base model's own weights: nothing to initialise
         model.block, g.arg_params, g.aux_params = None, {}, {}  # the split parts hold their own copies
