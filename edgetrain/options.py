@@ -696,6 +696,9 @@ class FleetServeOptions(Options):
     seed: Annotated[int, Range(ge=0, le=2**31 - 1)] = opt(0, help="Seed of the new output layer and of the devices.")
     params: Optional[str] = opt(None, metavar="FILE", recipe=False,
                                 help="Weights for a zoo: or factory model (save_parameters file).")
+    export: Literal["onnx", "int8", "none"] = opt(
+        "onnx", help="The deployable global model written to RUNDIR/model at the end: onnx (the PREFIX for a Gluon "
+                     "base, and ONNX fp32), int8 (also an int8 ONNX calibrated on --val), none (the arrays only).")
     listen: str = opt("127.0.0.1", metavar="HOST",
                       help="Address to listen on. Loopback by default; give 0.0.0.0 (with TLS) to accept devices.")
     port: Annotated[int, Range(ge=1, le=65535)] = opt(9092, help="Port devices connect to (Flower's HTTP APIs).")

@@ -26,6 +26,7 @@ from ..errors import RunFailed, UsageError
 from ..fileio import atomic_write_text
 from ..fleet import client as fclient
 from ..fleet import coordinator as coord
+from ..fleet import deploy
 from ..fleet import procs
 from ..fleet.local import Evaluator, LocalSpec
 from ..fleet.report import HTML, RESULT, FleetResult, JoinResult, html_section
@@ -163,10 +164,17 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
     if state["completed"] < opts.rounds:
         _run_flower(rundir, opts, tls, progress)
     final = coord.read_state(rundir)
-    return _result(final, rundir, address, bool(tls), opts, resumed_after, notes)
+    models, failed = {}, []
+    if opts.export != "none":
+        report(progress, "export", final=True, message=f"writing the global model to {rundir / deploy.FOLDER}")
+        models, more, failed = deploy.write_models(rundir, spec, coord.load_global(rundir, final["completed"]),
+                                                   final["completed"], opts.export)
+        notes += more
+    return _result(final, rundir, address, bool(tls), opts, resumed_after, notes, models, failed)
 
 
-def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_after: int, notes) -> FleetResult:
+def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_after: int, notes, models=None,
+            failed=()) -> FleetResult:
     rounds = state["rounds"]
     updated = [r for r in rounds if r.get("updated")]
     devices = [{"client": d["name"], "device_id": key, "asked": d.get("asked", 0), "updates": d.get("updates", 0),
@@ -180,7 +188,8 @@ def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_af
                       final_accuracy=rounds[-1]["accuracy"] if rounds else state.get("initial_accuracy"),
                       bytes_up=sum(r["bytes_up"] for r in rounds), bytes_up_fp32=sum(r["bytes_up_fp32"] for r in rounds),
                       bytes_down=sum(r["bytes_down"] for r in rounds), rounds=rounds, resumed_after=resumed_after,
-                      report=str(rundir / HTML), notes=notes)
+                      report=str(rundir / HTML), notes=notes, models=dict(models or {}),
+                      model_checks=list(failed))
     atomic_write_text(rundir / HTML, page(f"edgetrain fleet: {res.model}", html_section(res)), "fleet report")
     atomic_write_text(rundir / RESULT, json.dumps(res.to_dict(), indent=2, default=str) + "\n", "fleet report")
     return res
