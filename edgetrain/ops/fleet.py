@@ -165,7 +165,9 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
         _run_flower(rundir, opts, tls, progress)
     final = coord.read_state(rundir)
     models, failed = {}, []
-    if opts.export != "none":
+    if opts.export != "none" and not any(r.get("updated") for r in final["rounds"]):
+        notes.append("no deployable model written: no round accepted an update (RUNDIR/global-0000.npz is the start)")
+    elif opts.export != "none":
         report(progress, "export", final=True, message=f"writing the global model to {rundir / deploy.FOLDER}")
         models, more, failed = deploy.write_models(rundir, spec, coord.load_global(rundir, final["completed"]),
                                                    final["completed"], opts.export)
@@ -314,9 +316,12 @@ def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = Non
         (state / f).unlink(missing_ok=True)
     name = opts.name or socket.gethostname()
     data = opts.data if opts.data.startswith(BUILTIN_PREFIX) else str(Path(opts.data).resolve())
+    model = opts.model
+    if model and (Path(model).is_file() or Path(f"{model}-symbol.json").is_file()):
+        model = str(Path(model).resolve())  # the ClientApp runs in Flower's working folder, not this one
     settings = {"name": name, "data": data, "state": str(state), "device": None if device is None else
                 (str(Path(opts.device).resolve()) if Path(str(opts.device)).is_file() else str(opts.device)),
-                "threads": opts.thread_cap(), "memory_budget": opts.budget_mb(), "model": opts.model,
+                "threads": opts.thread_cap(), "memory_budget": opts.budget_mb(), "model": model,
                 "params": str(Path(opts.params).resolve()) if opts.params else None}
     atomic_write_text(state / "join.json", json.dumps(settings, indent=2) + "\n", "fleet join")
     home = _flwr_home(state, address, ca)
