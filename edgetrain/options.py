@@ -695,12 +695,18 @@ class FleetServeOptions(Options):
     batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(32, help="Effective batch size on the devices.")
     lr: Positive = opt(None, metavar="LR", help="Devices' learning rate (default: the fine-tuning engine's).")
     optimizer: Literal["sgd", "adam"] = opt("sgd", help="Devices' optimizer (its state starts afresh each round).")
-    train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|all",
+    train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|lite|all",
                                     help="What the devices train and send: the output layer, the last N trainable "
-                                         "layers/blocks (with their BatchNorm statistics), or everything.")
+                                         "layers/blocks (with their BatchNorm statistics), every bias and BatchNorm "
+                                         "shift with the output layer (bias), those and TinyTL's lite residual "
+                                         "modules (lite), or everything. bias and lite train from an .onnx MODEL "
+                                         "(each device gives its own --model FILE.onnx; no mxnet needed).")
     seed: Annotated[int, Range(ge=0, le=2**31 - 1)] = opt(0, help="Seed of the new output layer and of the devices.")
     params: Optional[str] = opt(None, metavar="FILE", recipe=False,
                                 help="Weights for a zoo: or factory model (save_parameters file).")
+    export: Literal["onnx", "int8", "none"] = opt(
+        "onnx", help="The deployable global model written to RUNDIR/model at the end: onnx (the PREFIX for a Gluon "
+                     "base, and ONNX fp32), int8 (also an int8 ONNX calibrated on --val), none (the arrays only).")
     listen: str = opt("127.0.0.1", metavar="HOST",
                       help="Address to listen on. Loopback by default; give 0.0.0.0 (with TLS) to accept devices.")
     port: Annotated[int, Range(ge=1, le=65535)] = opt(9092, help="Port devices connect to (Flower's HTTP APIs).")

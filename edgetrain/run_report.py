@@ -155,8 +155,8 @@ tr.done td:nth-child(2){color:#060}tr.failed td:nth-child(2),tr.budget td:nth-ch
 table.fleet td{vertical-align:top;font-size:.9rem}
 pre{background:#f6f6f6;padding:.5rem;overflow:auto;font-size:.8rem}
 table{display:block;max-width:100%;overflow-x:auto}td.why{min-width:12rem;max-width:28rem;overflow-wrap:break-word}
-code{overflow-wrap:anywhere}
-@media (max-width:600px){body{margin:1rem auto;padding:0 .6rem}th,td{padding:.25rem .4rem}}"""
+code,h1,h2{overflow-wrap:anywhere}svg{max-width:100%;height:auto;display:block}
+@media (max-width:600px){body{margin:1rem auto;padding:0 .6rem}th,td{padding:.25rem .4rem}svg text{font-size:15px}}"""
 
 
 def page(title: str, body: str) -> str:

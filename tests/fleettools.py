@@ -54,6 +54,8 @@ class Fleet:
         self.mark = f"fleet-test-{uuid.uuid4().hex[:8]}"
         self.procs: dict[str, subprocess.Popen] = {}
         self.port = free_port()
+        self.model = MODEL  # what serve coordinates
+        self.join_args: tuple = ()  # given to every device (e.g. its own --model)
 
     def start(self, key: str, *args, env: dict | None = None, module: str = "edgetrain") -> subprocess.Popen:
         full = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
@@ -66,12 +68,12 @@ class Fleet:
         return p
 
     def serve(self, rundir, *args, key="serve", **kw):
-        return self.start(key, "fleet", "serve", MODEL, "--val", self.shares["val"], "-o", rundir, "--port", self.port,
+        return self.start(key, "fleet", "serve", self.model, "--val", self.shares["val"], "-o", rundir, "--port", self.port,
                           "--threads", 1, "--join-timeout", 60, *args, **kw)
 
     def join(self, key, data, *args, **kw):
         return self.start(key, "fleet", "join", f"127.0.0.1:{self.port}", "--data", data, "-o", self.folder / key,
-                          "--name", key, "--threads", 1, *args, **kw)
+                          "--name", key, "--threads", 1, *self.join_args, *args, **kw)
 
     def wait(self, key: str, timeout: float = RUN_TIMEOUT) -> tuple[int, str, str]:
         code = self.procs[key].wait(timeout=timeout)

@@ -51,7 +51,7 @@ def _device(fleet: Fleet, name: str, gen: int = 0, env: dict | None = None):
     """Device ``name`` (its own state folder, whatever the generation: a restart is the same device)."""
     return fleet.start(f"{name}-{gen}", "fleet", "join", f"127.0.0.1:{fleet.port}", "--data",
                        fleet.shares["devices"][DEVICES.index(name)], "-o", fleet.folder / name, "--name", name,
-                       "--threads", 1, env=env)
+                       "--threads", 1, *fleet.join_args, env=env)
 
 
 def _finish(fleet: Fleet, serve_key: str, device_keys) -> dict:
@@ -102,12 +102,13 @@ def _equal(a: dict, b: dict) -> None:
     assert not diff, diff
 
 
-def _fault_free(tmp_path_factory, shares, cache, name: str, env: dict | None = None) -> tuple[dict, dict]:
+def _fault_free(tmp_path_factory, shares, cache, name: str, env: dict | None = None, mode=None) -> tuple[dict, dict]:
     folder = tmp_path_factory.mktemp(name)
     f = Fleet(folder, cache)
     f.shares = shares
+    extra = _mode(f, mode) if mode else ()
     try:
-        f.serve(folder / "run", *CONFIG)
+        f.serve(folder / "run", *CONFIG, *extra)
         for d in DEVICES:
             _device(f, d, env=(env or {}).get(d))
         res = _finish(f, "serve", [f"{d}-0" for d in DEVICES])
@@ -135,12 +136,12 @@ def without_dev1_round1(tmp_path_factory, shares, cache):
     return arrays
 
 
-def _killed_run(fleet: Fleet, held: dict[str, str], wait: list[Path], kill: list[str]) -> tuple[dict, dict]:
+def _killed_run(fleet: Fleet, held: dict[str, str], wait: list[Path], kill: list[str], extra=()) -> tuple[dict, dict]:
     """Start the coordinator and the devices (``held``: process -> hook value), wait for the markers,
     SIGKILL the processes in ``kill`` (each with its whole Flower family), start them again (the
     coordinator with --resume), run to the end. Returns (final arrays, fleet.json)."""
     run = fleet.folder / "run"
-    fleet.serve(run, *CONFIG, env={HOLD: held["serve"]} if "serve" in held else None)
+    fleet.serve(run, *CONFIG, *extra, env={HOLD: held["serve"]} if "serve" in held else None)
     for d in DEVICES:
         _device(fleet, d, env={HOLD: held[d]} if d in held else None)
     wait_for(lambda: all(p.exists() for p in wait), RUN_TIMEOUT, f"markers {[p.name for p in wait]}")
@@ -151,7 +152,7 @@ def _killed_run(fleet: Fleet, held: dict[str, str], wait: list[Path], kill: list
     for who in kill:
         if who == "serve":
             serve_key = "serve-1"
-            fleet.serve(run, *CONFIG, "--resume", key=serve_key)
+            fleet.serve(run, *CONFIG, *extra, "--resume", key=serve_key)
         else:
             _device(fleet, who, 1)
             keys[who] = f"{who}-1"
@@ -319,3 +320,33 @@ def test_a_round_without_an_accepted_update_is_not_a_completed_round(fleet, tmp_
     res = report(run)
     assert code == 3 and res["rounds_completed"] == 0 and res["rounds_run"] == 1 and res["rounds_without_update"] == [1]
     assert "round(s) 1 aggregated no update" in err and not res["rounds"][0]["updated"]
+
+
+# --- bias and lite (issue 23, item 5): the same promise for a fleet of an .onnx base -------------------
+
+def _mode(fleet: Fleet, layers: str) -> tuple:
+    """A fleet of the shipped ONNX base (the digits model's export) training ``layers``; every device brings
+    the file (--model). Returns serve's extra arguments."""
+    import edgetrain
+
+    base = str(Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx")
+    fleet.model, fleet.join_args = base, ("--model", base)
+    return ("--train-layers", layers)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layers", ["bias", "lite"])
+def test_bias_and_lite_fleets_killed_while_saving_resume_to_the_fault_free_arrays(fleet, tmp_path_factory, shares,
+                                                                                 cache, layers):
+    """Coordinator and both devices SIGKILLed while the coordinator saves round 1, all started again: the
+    devices answer round 1 from their stage, and the final arrays (biases, BatchNorm shifts, the lite
+    modules, the output layer and their control variates) are the fault-free run's, bit for bit."""
+    expected, _ = _fault_free(tmp_path_factory, shares, cache, f"reference-{layers}", mode=layers)
+    held = {"serve": "1:600:saving"}
+    extra = _mode(fleet, layers)
+    arrays, res = _killed_run(fleet, held, [_marker(fleet, held, "run")], ["serve", "dev0", "dev1"], extra)
+    journals = _exactly_once(fleet, res)
+    _equal(arrays, expected)
+    assert any(k.startswith("global/lite") for k in arrays) == (layers == "lite")
+    for d in DEVICES:
+        assert [e for e in journals[d] if e[1] == 1] == [("staged", 1), ("replayed", 1), ("committed", 1)], journals

@@ -12,6 +12,9 @@ and an int8 run in which device 1 is SIGKILLed (with every process it started) d
 joined again; and an int8 run with --train-layers last:2 (the last conv layer, its BatchNorm and the
 output layer travel), beside local-only and centralised fine-tunes of the same layers. Uplink bytes are
 the update payloads the devices sent (Flower's Array data). Needs the fleet extra (flwr) in this Python.
+
+Scale (``--only scale``): 30 simulated devices in one process (tools/fleet_sim.py), non-IID, 20% of them
+dropping out each round, accuracy, bytes and wall time per round.
 """
 from __future__ import annotations
 
@@ -127,13 +130,36 @@ def local(work: Path, data: str, val: str, epochs: int, threads: int = 1, train_
     return ev.top1(arrays)
 
 
+def scale(work: Path, n: int, rounds: int, drop: float, epochs: int) -> dict:
+    """Issue 25 item 5: ``n`` simulated devices (tools/fleet_sim.py: the coordinator's and the ClientApp's own
+    code in one process; Flower's simulation engine needs Ray, not installed), non-IID (three digits each),
+    ``drop`` of them dropping out each round (seeded), int8 updates with SCAFFOLD."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import fleet_sim
+
+    r = fleet_sim.run(work / f"scale-{n}", MODEL, n, rounds, drop_fraction=drop, epochs=epochs)
+    print(f"scale: {n} simulated devices (3 of the ten digits each), {int(round(drop * n))} dropping out each round "
+          f"(seeded), int8 + scaffold, {rounds} rounds; held-out top-1 before: {r['initial_accuracy']:.4f}", flush=True)
+    print("| round | devices answered | dropped out | held-out top-1 | bytes up | bytes down | wall s |", flush=True)
+    print("|---|---|---|---|---|---|---|", flush=True)
+    for x in r["rounds"]:
+        print(f"| {x['round']} | {x['updates']} | {len(x['failed']) + len(x['timed_out'])} | {x['accuracy']:.4f} | "
+              f"{x['bytes_up']:,} | {x['bytes_down']:,} | {x['seconds']:.1f} |", flush=True)
+    print(f"scale: {r['wall_seconds']:.0f}s in all (with the devices' hello and goodbye)", flush=True)
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--epochs", type=int, default=1, help="local epochs per round")
     ap.add_argument("--kill-rounds", type=int, default=5, help="rounds of the fault run and its fault-free twin")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: local,fp32,int8,2bit,kill,last2")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: local,fp32,int8,2bit,kill,last2,scale")
+    ap.add_argument("--only", default="", help="comma list of the parts to run (default: all)")
+    ap.add_argument("--scale-devices", type=int, default=30, help="simulated devices of the scale part")
+    ap.add_argument("--scale-rounds", type=int, default=5, help="rounds of the scale part")
+    ap.add_argument("--scale-drop", type=float, default=0.2, help="fraction of devices dropping out each round")
     a = ap.parse_args()
     from edgetrain.fleet.demo import SHARES, split_digits
 
@@ -142,6 +168,8 @@ def main() -> None:
     os.environ.setdefault("EDGETRAIN_CACHE_DIR", str(work / "cache"))
     data = split_digits(work / "data")
     skip = set(filter(None, a.skip.split(",")))
+    if a.only:
+        skip = {"local", "fp32", "int8", "2bit", "kill", "last2", "scale"} - set(a.only.split(","))
     total = a.rounds * a.epochs
     out = {"rounds": a.rounds, "local_epochs_per_round": a.epochs, "shares": SHARES}
     print(f"# edgetrain fleet bench: {MODEL}, 3 devices {SHARES}, {a.rounds} rounds x {a.epochs} local epochs; "
@@ -179,6 +207,8 @@ def main() -> None:
               f"(per round: {', '.join(format(x['accuracy'], '.3f') for x in r['rounds'])}); uplink {r['bytes_up']} B "
               f"({r['bytes_up_fp32']} B as fp32, {r['uplink_reduction']:.2f}x fewer); downlink {r['bytes_down']} B; "
               f"{r['wall_seconds']:.0f}s", flush=True)
+    if "scale" not in skip:
+        out["scale"] = scale(work, a.scale_devices, a.scale_rounds, a.scale_drop, a.epochs)
     (work / "bench.json").write_text(json.dumps(out, indent=2, default=str))
     if "local" not in skip and "int8" not in skip and "fp32" not in skip:
         best = max(out["local_only"])

@@ -198,3 +198,13 @@ class Evaluator:
 
     def top1(self, arrays: dict[str, np.ndarray]) -> float:
         return self.job.evaluate(arrays)
+
+    def write_model(self, arrays: dict[str, np.ndarray], folder: Path, extra: dict) -> Path:
+        """The base model with ``arrays`` as its trainable part, written into ``folder`` as ``edgetrain finetune``
+        writes its model (the engine's: a PREFIX for a Gluon base, an .onnx file for an ONNX base), with the
+        fleet's class names and preprocessing; returns its path."""
+        engine = self.job.engine
+        engine.start_from(arrays)
+        path = engine.model_path(Path(folder))
+        engine.write_model(path, self.job.pre, extra)
+        return path

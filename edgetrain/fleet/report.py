@@ -38,6 +38,8 @@ class FleetResult(Result):
     rounds_run: int = 0
     rounds_without_update: list[int] = field(default_factory=list)
     devices: list[dict] = field(default_factory=list)  # per device (by its name): rounds asked, updates aggregated
+    models: dict = field(default_factory=dict)  # the deployable global model (RUNDIR/model): prefix, onnx, int8
+    model_checks: list[str] = field(default_factory=list)  # of the deployable model (export, int8 budget)
 
     @property
     def uplink_reduction(self) -> float | None:
@@ -52,8 +54,9 @@ class FleetResult(Result):
         if self.rounds_completed < self.rounds_requested:
             stale = (f"; round(s) {', '.join(map(str, self.rounds_without_update))} aggregated no update "
                      "(--min-updates)") if self.rounds_without_update else ""
-            return [f"only {self.rounds_completed} of {self.rounds_requested} rounds completed{stale}"]
-        return []
+            return [f"only {self.rounds_completed} of {self.rounds_requested} rounds completed{stale}"
+                    ] + self.model_checks
+        return list(self.model_checks)
 
 
 @dataclass
@@ -92,6 +95,7 @@ def round_rows(doc: dict) -> list[dict]:
         joules = [p["joules"] for p in parts if p.get("joules")]
         rows.append({
             "round": r["round"], "accuracy": r.get("accuracy"), "updates": r.get("updates", len(parts)),
+            "updated": bool(r.get("updated", True)),
             "asked": len(parts) + sum(len(r.get(k, [])) for k in ("refused", "failed", "timed_out", "missing")),
             "bytes_up": r.get("bytes_up", 0), "bytes_down": r.get("bytes_down", 0), "seconds": r.get("seconds", 0.0),
             "peak_rss_mb": max((p.get("peak_rss_mb") or 0.0 for p in parts), default=0.0),
@@ -123,6 +127,37 @@ def _device_line(d: dict) -> str:
     return line + (f", {d['joules']:.2f} J {d['energy']}".rstrip() if d.get("joules") else "")
 
 
+def accuracy_svg(doc: dict) -> str:
+    """Held-out top-1 per round as an inline SVG line chart (the profile report's chart frame): round 0 is the
+    starting model; a round that accepted no update is an open grey circle, labelled as such."""
+    from ..measure.report import H, PAD_B, PAD_R, PAD_T, W, _axes, _pad_left, _svg, _text
+
+    points = [(0, doc.get("initial_accuracy"), True)] + [(r["round"], r.get("accuracy"), bool(r.get("updated", True)))
+                                                         for r in doc["rounds"]]
+    points = [(n, 100.0 * a, ok) for n, a, ok in points if a is not None]
+    ymax = 100.0
+    pad_l = _pad_left(ymax)
+    plot_w, plot_h = W - pad_l - PAD_R - 8, H - PAD_B - PAD_T
+    last = max((n for n, _, _ in points), default=1) or 1
+    x = lambda n: pad_l + 8 + plot_w * n / last  # noqa: E731
+    y = lambda v: H - PAD_B - plot_h * v / ymax  # noqa: E731
+    out = [_axes(ymax, "top-1 %")]
+    if points:
+        out.append('<polyline fill="none" stroke="#0969da" stroke-width="2" points="'
+                   + " ".join(f"{x(n):.1f},{y(v):.1f}" for n, v, _ in points) + '"/>')
+    for n, v, ok in points:
+        what = "starting model" if n == 0 else f"round {n}" + ("" if ok else ": no update accepted")
+        style = 'fill="#0969da"' if ok else 'fill="#fff" stroke="#8c959f" stroke-width="2"'
+        out.append(f'<circle cx="{x(n):.1f}" cy="{y(v):.1f}" r="4" {style}><title>{what}: {v:.2f}%</title></circle>')
+    ticks = sorted({round(last * i / min(last, 5)) for i in range(min(last, 5) + 1)})
+    for i, n in enumerate(ticks):
+        out.append(_text(x(n), H - PAD_B + 14, str(n), "end" if i == len(ticks) - 1 and i else "middle"))
+    stale = [n for n, _, ok in points if not ok]
+    caption = "round (0: the start)" + ("; open circle: no update accepted" if stale else "")
+    out.append(_text(pad_l + plot_w / 2, H - 4, caption, "middle"))
+    return _svg("".join(out), title="held-out top-1 per round")
+
+
 def html_section(doc: dict | FleetResult) -> str:
     """The fleet's section of an HTML report: one row per round, one line per device."""
     doc = doc.to_dict() if isinstance(doc, FleetResult) else doc
@@ -130,17 +165,28 @@ def html_section(doc: dict | FleetResult) -> str:
     rows = []
     for r in round_rows(doc):
         energy = f"{r['joules']:.2f}" if r["joules"] is not None else "-"
-        rows.append(f"<tr><td>{r['round']}</td><td>{r['accuracy']:.4f}</td><td>{r['updates']} of {r['asked']}</td>"
+        updates = f"{r['updates']} of {r['asked']}" + ("" if r["updated"] else " (no update accepted: not completed)")
+        rows.append(f"<tr><td>{r['round']}</td><td>{r['accuracy']:.4f}</td><td>{e(updates)}</td>"
                     f"<td>{r['bytes_up']}</td><td>{r['bytes_down']}</td><td>{r['seconds']:.1f}</td>"
                     f"<td>{r['peak_rss_mb']:.0f}</td><td>{energy}</td>"
                     f"<td>{'<br>'.join(e(_device_line(d)) for d in r['devices'])}</td>"
                     f"<td>{'<br>'.join(e(x) for x in r['left_out'])}</td></tr>")
     return (f"<section id='fleet'><h2>Fleet: {e(str(doc['model']))}</h2><p>{e(_headline(doc))}.</p>"
-            f"<p>Run folder <code>{e(str(doc.get('rundir')))}</code></p>"
+            f"<p>Run folder <code>{e(str(doc.get('rundir')))}</code></p>{_models_html(doc)}"
+            f"<h3>Held-out top-1 per round</h3>{accuracy_svg(doc)}"
             "<table class='fleet'><tr><th>round</th><th>held-out top-1</th><th>updates</th><th>bytes up</th>"
             "<th>bytes down</th><th>seconds</th><th>peak RSS (MB, max)</th><th>energy (J, all devices)</th>"
             "<th>devices (time, peak RSS, bytes up, energy)</th><th>left out</th></tr>"
             + "".join(rows) + "</table></section>")
+
+
+def _models_html(doc: dict) -> str:
+    models = doc.get("models") or {}
+    if not models:
+        return ""
+    names = {"prefix": "PREFIX (Gluon)", "onnx": "ONNX fp32", "int8": "ONNX int8"}
+    items = "".join(f"<li>{names.get(k, k)}: <code>{html.escape(str(v))}</code></li>" for k, v in models.items())
+    return f"<p>The global model, to deploy (<code>edgetrain predict</code>, <code>edgetrain profile</code>):</p><ul>{items}</ul>"
 
 
 def markdown_section(doc: dict | FleetResult) -> str:
@@ -151,7 +197,8 @@ def markdown_section(doc: dict | FleetResult) -> str:
              "devices | left out |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in round_rows(doc):
         energy = f"{r['joules']:.2f}" if r["joules"] is not None else "-"
-        cells = [str(r["round"]), f"{r['accuracy']:.4f}", f"{r['updates']} of {r['asked']}", str(r["bytes_up"]),
+        updates = f"{r['updates']} of {r['asked']}" + ("" if r["updated"] else " (no update accepted: not completed)")
+        cells = [str(r["round"]), f"{r['accuracy']:.4f}", updates, str(r["bytes_up"]),
                  str(r["bytes_down"]), f"{r['seconds']:.1f}", f"{r['peak_rss_mb']:.0f}", energy,
                  "<br>".join(_device_line(d) for d in r["devices"]), "<br>".join(r["left_out"])]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")

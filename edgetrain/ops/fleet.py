@@ -26,6 +26,7 @@ from ..errors import RunFailed, UsageError
 from ..fileio import atomic_write_text
 from ..fleet import client as fclient
 from ..fleet import coordinator as coord
+from ..fleet import deploy
 from ..fleet import procs
 from ..fleet.local import Evaluator, LocalSpec
 from ..fleet.report import HTML, RESULT, FleetResult, JoinResult, html_section
@@ -163,10 +164,19 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
     if state["completed"] < opts.rounds:
         _run_flower(rundir, opts, tls, progress)
     final = coord.read_state(rundir)
-    return _result(final, rundir, address, bool(tls), opts, resumed_after, notes)
+    models, failed = {}, []
+    if opts.export != "none" and not any(r.get("updated") for r in final["rounds"]):
+        notes.append("no deployable model written: no round accepted an update (RUNDIR/global-0000.npz is the start)")
+    elif opts.export != "none":
+        report(progress, "export", final=True, message=f"writing the global model to {rundir / deploy.FOLDER}")
+        models, more, failed = deploy.write_models(rundir, spec, coord.load_global(rundir, final["completed"]),
+                                                   final["completed"], opts.export)
+        notes += more
+    return _result(final, rundir, address, bool(tls), opts, resumed_after, notes, models, failed)
 
 
-def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_after: int, notes) -> FleetResult:
+def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_after: int, notes, models=None,
+            failed=()) -> FleetResult:
     rounds = state["rounds"]
     updated = [r for r in rounds if r.get("updated")]
     devices = [{"client": d["name"], "device_id": key, "asked": d.get("asked", 0), "updates": d.get("updates", 0),
@@ -180,7 +190,8 @@ def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_af
                       final_accuracy=rounds[-1]["accuracy"] if rounds else state.get("initial_accuracy"),
                       bytes_up=sum(r["bytes_up"] for r in rounds), bytes_up_fp32=sum(r["bytes_up_fp32"] for r in rounds),
                       bytes_down=sum(r["bytes_down"] for r in rounds), rounds=rounds, resumed_after=resumed_after,
-                      report=str(rundir / HTML), notes=notes)
+                      report=str(rundir / HTML), notes=notes, models=dict(models or {}),
+                      model_checks=list(failed))
     atomic_write_text(rundir / HTML, page(f"edgetrain fleet: {res.model}", html_section(res)), "fleet report")
     atomic_write_text(rundir / RESULT, json.dumps(res.to_dict(), indent=2, default=str) + "\n", "fleet report")
     return res
@@ -305,11 +316,14 @@ def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = Non
         (state / f).unlink(missing_ok=True)
     name = opts.name or socket.gethostname()
     data = opts.data if opts.data.startswith(BUILTIN_PREFIX) else str(Path(opts.data).resolve())
+    model = opts.model
+    if model and (Path(model).is_file() or Path(f"{model}-symbol.json").is_file()):
+        model = str(Path(model).resolve())  # the ClientApp runs in Flower's working folder, not this one
     settings = {"name": name, "data": data, "state": str(state), "device": None if device is None else
                 (str(Path(opts.device).resolve()) if Path(str(opts.device)).is_file() else str(opts.device)),
                 # capped here, once: every round's ClientApp process would cap it again, and warn again
                 "threads": None if opts.thread_cap() is None else runtime.cap_to_cores(opts.thread_cap()),
-                "memory_budget": opts.budget_mb(), "model": opts.model,
+                "memory_budget": opts.budget_mb(), "model": model,
                 "params": str(Path(opts.params).resolve()) if opts.params else None}
     atomic_write_text(state / "join.json", json.dumps(settings, indent=2) + "\n", "fleet join")
     home = _flwr_home(state, address, ca)

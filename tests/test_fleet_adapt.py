@@ -1,0 +1,94 @@
+"""A fleet adapts with --train-layers bias and lite (issue 23, item 5): a real loopback fleet of the shipped
+ONNX base (the digits model's export, trained on digits 0-4), the coordinator and two devices as
+`edgetrain fleet` processes in which mxnet cannot be imported (a stand-in ``mxnet`` package that raises,
+ahead of the real one: the device's environment, as tests/test_device_loop.py makes it). What travels is
+the trainable arrays only; the lite modules start identical on every side (from the coordinator, at zero
+output); the global arrays move; the written model predicts what the coordinator measured."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+import edgetrain  # noqa: E402
+from clitools import assert_user_error, run_edgetrain  # noqa: E402
+from fleettools import Fleet, make_shares, report  # noqa: E402
+
+BASE = Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx"
+
+
+@pytest.fixture(scope="module")
+def shares(tmp_path_factory):
+    return make_shares(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def no_mxnet(tmp_path_factory) -> dict:
+    blocker = tmp_path_factory.mktemp("device") / "mxnet"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('No module named mxnet (this is the device)')\n")
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(blocker.parent), os.environ.get("PYTHONPATH")) if p)}
+
+
+def _arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layers", ["bias", "lite"])
+def test_a_fleet_of_an_onnx_base_adapts_with_bias_and_lite_without_mxnet(layers, shares, no_mxnet, tmp_path):
+    f = Fleet(tmp_path, tmp_path / "cache")
+    f.shares, f.model, f.join_args = shares, str(BASE), ("--model", str(BASE))
+    run = tmp_path / "run"
+    try:
+        f.serve(run, "--rounds", 2, "--min-clients", 2, "--train-layers", layers, "--export", "int8", env=no_mxnet)
+        for d in range(2):
+            f.join(f"device{d}", shares["devices"][d], env=no_mxnet)
+        code, _, err = f.wait("serve")
+        assert code == 0, err
+        for d in range(2):
+            code, _, err = f.wait(f"device{d}", timeout=60)
+            assert code == 0, err
+    finally:
+        assert not f.close()
+    res = report(run)
+    assert res["passed"] and res["rounds_completed"] == 2 and res["train_layers"] == layers
+    start, end = _arrays(run / "global-0000.npz"), _arrays(run / "global-0002.npz")
+    # what travels is the trainable part: biases and BatchNorm shifts (and the output layer, which learns the
+    # new classes); with lite, the modules' weights too; never a frozen convolution weight or a statistic
+    frozen = [k for k in start if k.endswith("_weight") and not k.startswith(("lite", "digits_dense"))]
+    assert not frozen, frozen
+    assert any(k.endswith("_beta") for k in start) and "digits_dense0_weight" in start
+    lite = [k for k in start if k.startswith("lite")]
+    assert bool(lite) == (layers == "lite")
+    for k in lite:  # each module's output projection starts at zero: the model starts as the base
+        if "conv2" in k:
+            assert not start[k].any(), k
+    moved = [k for k in start if not np.array_equal(start[k], end[k])]
+    assert set(moved) == set(start), sorted(set(start) - set(moved))
+    assert res["final_accuracy"] > res["initial_accuracy"] + 0.1, (res["initial_accuracy"], res["final_accuracy"])
+    # the deployable model is the ONNX file (a fleet of an .onnx base has no PREFIX), and predict agrees with
+    # the coordinator's held-out check, in the device's environment
+    assert set(res["models"]) == {"onnx", "int8"}
+    pred = run_edgetrain("predict", res["models"]["onnx"], shares["val"], "--json", "-", "--threads", 1, env=no_mxnet)
+    assert pred.code == 0, pred.err
+    out = json.loads(pred.out)
+    assert abs(out["accuracy"]["top1"] / 100 - res["final_accuracy"]) <= 1 / out["accuracy"]["samples"] + 1e-9
+    for kind in ("onnx", "int8"):
+        prof = run_edgetrain("profile", res["models"][kind], "--runs", 3, "--warmup", 1, "--threads", 1, "--json", "-",
+                             env=no_mxnet)
+        assert prof.code == 0, prof.err
+
+
+def test_bias_and_lite_need_an_onnx_model_said_in_one_line(shares, tmp_path):
+    for layers in ("bias", "lite"):
+        res = run_edgetrain("fleet", "serve", "edgetrain.nets:pretrained_digits", "--val", shares["val"], "-o",
+                            tmp_path / layers, "--train-layers", layers)
+        assert_user_error(res, 2, f"--train-layers {layers} trains from an ONNX file")
+        assert not (tmp_path / layers).exists()
