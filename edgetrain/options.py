@@ -657,6 +657,19 @@ class PredictOptions(DeviceOptions):
 COMMANDS["predict"] = PredictOptions
 
 
+class EnergyCalibrateOptions(Options):
+    """``edgetrain energy calibrate METER_LOG``: the board's own sensor fitted to a meter logging at the same time."""
+
+    output: Optional[str] = opt(None, metavar="FILE", short="-o", recipe=False,
+                                help="Where to write the fit (atomically). Default: the calibration later runs read, "
+                                     "$XDG_CONFIG_HOME/edgetrain/power-calibration.json (~/.config/...); another "
+                                     "FILE is used when EDGETRAIN_POWER_CALIBRATION names it.")
+    seconds: Annotated[float, Range(ge=2, le=3600)] = opt(
+        30.0, metavar="S", help="How long to sample the sensor (alternating idle and busy) while the meter logs.")
+    phase: Annotated[float, Range(gt=0, le=600)] = opt(
+        2.0, metavar="S", help="Length of each idle and each busy stretch, so the fit sees a spread of power.")
+
+
 # --- edgetrain fleet ----------------------------------------------------------------------------------
 
 class FleetServeOptions(Options):
