@@ -407,3 +407,42 @@ def test_calibrate_refuses_an_output_that_is_its_meter_log(cli, tmp_path):
     res = cli("energy", "calibrate", log, "-o", log, env=sensor_env(hwmon_tree(tmp_path / "sys", 2_000_000)))
     assert_user_error(res, 2)
     assert log.read_text().startswith("timestamp,power (W)\n")
+
+
+# --- a Nordic Power Profiler (PPK2) export: current only, timed from its recording's start ------------------
+
+def _ppk2_export(path, seconds: float, microamps: float, hz: float = 100.0):
+    """Written as pc-nrfconnect-ppk's exportChartAction.ts writes it (header, ms from the recording's start,
+    current toFixed(3), the digital channels as '--------'); the app exports every 10 µs sample, this one
+    row every 1/hz s, to keep the file small (SOURCES.md, ppk2-export.csv)."""
+    rows = [f"{i * 1000.0 / hz:g},{microamps:.3f},--------" for i in range(int(seconds * hz) + 1)]
+    path.write_text("Timestamp(ms),Current(uA),D0-D7\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_profile_reads_a_ppk2_export_given_its_voltage_and_start(cli, onnx_file, this_host, tmp_path):
+    start = time.time() - 5
+    log = _ppk2_export(tmp_path / "ppk-20261203T100000.csv", 300, microamps=606_060.0)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)) + f"{start % 1:.3f}"[1:]
+    res = cli("profile", onnx_file, "--device", this_host, "--power-log", log, "--power-log-voltage", "3.3",
+              "--power-log-start", stamp, "--json", "-", *FAST, env=no_sensor_env(tmp_path))
+    assert res.code == 0, res.err
+    pi = res.json()["energy"]["per_inference"]
+    cfg = res.json()["configs"][0]["power"]
+    assert pi["meter"] == "power-log" and pi["provenance"] == "measured"
+    assert cfg["average_w"] == pytest.approx(3.3 * 0.60606, rel=1e-6)  # V given x the export's current
+    assert cfg["log_format"]["format"] == "Nordic Power Profiler export" and cfg["log_format"]["voltage_v"] == 3.3
+
+
+@pytest.mark.parametrize("case", ["no voltage", "no start", "flag without a log", "unreadable start"])
+def test_a_ppk2_export_without_what_it_leaves_out_is_one_error_line_before_any_work(cli, onnx_file, tmp_path, case):
+    log = _ppk2_export(tmp_path / "ppk.csv", 2, microamps=1000.0)
+    args = {"no voltage": ["--power-log", log, "--power-log-start", "1796300000"],
+            "no start": ["--power-log", log, "--power-log-voltage", "3.3"],
+            "flag without a log": ["--power-log-voltage", "3.3"],
+            "unreadable start": ["--power-log", log, "--power-log-voltage", "3.3", "--power-log-start", "soon"]}[case]
+    frag = {"no voltage": "--power-log-voltage V", "no start": "--power-log-start TIME",
+            "flag without a log": "--power-log-voltage given without --power-log",
+            "unreadable start": "cannot read the time 'soon'"}[case]
+    res = cli("profile", onnx_file, *args, *FAST, env=no_sensor_env(tmp_path))
+    assert_user_error(res, 2, frag)
