@@ -334,7 +334,6 @@ def test_calibrate_recovers_the_meters_line_and_later_runs_read_through_it_sayin
     log = _um34c_log(tmp_path / "um34c.csv")
     config = tmp_path / "config"
     env = sensor_env(root, XDG_CONFIG_HOME=str(config))
-    env.pop("EDGETRAIN_POWER_CALIBRATION", None)
     board = _board_and_meter(root, log, gain, offset, seconds=7.0)
     try:
         time.sleep(0.5)  # the meter is logging before the calibration starts
