@@ -16,7 +16,9 @@ DECLARED: dict[str, str] = {
     "EDGETRAIN_MAX_IMAGE_PIXELS": "the largest image (in pixels) a data folder or predict may decode",
     "EDGETRAIN_POWER": "off: no power sensor is read (energy figures are modelled)",
     "EDGETRAIN_POWER_CALIBRATION": "a calibration file (edgetrain.energy.calibrate): the board's sensor is read "
-                                   "through its fit to a meter",
+                                   "through its fit to a meter (default: the file `edgetrain energy calibrate` writes; "
+                                   "empty: none)",
+    "XDG_CONFIG_HOME": "where `edgetrain energy calibrate` writes the calibration later runs read (default ~/.config)",
     "EDGETRAIN_PROFILE_TIMEOUT": "seconds a profile child may run before it is stopped",
     "EDGETRAIN_DOCTOR_TIMEOUT": "seconds each doctor probe may run",
     "EDGETRAIN_ALLOW_OVERSUBSCRIBE": "1: more threads than the machine's cores are allowed",

@@ -444,6 +444,27 @@ def _country(value: str) -> str:
 
 
 Country = Annotated[Optional[str], Parse(_country)]
+
+
+def _clock_time(value) -> float:
+    """Unix seconds, or an ISO 8601 time (a naive one is this machine's local time, as a meter on it logs)."""
+    from datetime import datetime
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise ValueError(f"cannot read the time {text[:40]!r}; give ISO 8601 (2026-12-03T10:00:00.5) or Unix "
+                         "seconds") from None
+
+
+ClockTime = Annotated[Optional[float], Parse(_clock_time)]
 NonNegative = Annotated[Optional[float], Range(ge=0)]
 
 
@@ -485,6 +506,28 @@ class ModelFields(Options):
                                    "else ImageNet's / 0.5 for grayscale, with a note).")
     std: Optional[str] = opt(None, metavar="S[,S,S]",
                              help="Per-channel std the pixels are divided by (default: as --mean).")
+
+
+class PowerLogOptions(Options):
+    """What a meter's log may leave out (a Nordic PPK2 export: the voltage and the clock)."""
+
+    power_log_voltage: Positive = opt(None, metavar="V", recipe=False,
+                                      help="The supply voltage of a --power-log with current only (a Nordic "
+                                           "PPK2 export: the voltage its source mode set).")
+    power_log_start: ClockTime = opt(None, metavar="TIME", recipe=False,
+                                     help="The clock time a --power-log timed from its recording's start began "
+                                          "(PPK2, Joulescope 'relative', WITRN), ISO 8601 or Unix seconds.")
+
+    def power_log_spec(self):
+        """The --power-log with what was given for it, checked now (None without one)."""
+        if getattr(self, "power_log", None) is None:
+            if self.power_log_voltage is not None or self.power_log_start is not None:
+                flag = "--power-log-voltage" if self.power_log_voltage is not None else "--power-log-start"
+                raise UsageError(f"{flag} given without --power-log", flag, "give the meter's log with --power-log FILE")
+            return None
+        from .energy import check_power_log
+
+        return check_power_log(self.power_log, self.power_log_voltage, self.power_log_start)
 
 
 class EnergyOptions(Options):
@@ -567,7 +610,7 @@ class ExportOptions(ModelOptions, EnergyOptions, CarbonOptions):
                                          "the data can show).")
 
 
-class FinetuneOptions(ModelOptions, CarbonOptions):
+class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions):
     data: str = opt(metavar="DATA", recipe=False, help="Training data (classes come from it).")
     out: str = opt(metavar="OUTDIR", short="-o", recipe=False,
                    help="Folder for the model (OUTDIR/model), metrics.json and the checkpoint.")
@@ -605,7 +648,7 @@ class FinetuneOptions(ModelOptions, CarbonOptions):
         return float(prof.memory_budget_mb) if prof is not None else None
 
 
-class ProfileOptions(ModelOptions, EnergyOptions, CarbonOptions):
+class ProfileOptions(ModelOptions, EnergyOptions, CarbonOptions, PowerLogOptions):
     threads: ThreadList = opt(None, metavar="N[,N...]",  # type: ignore[assignment]  # a sweep, not one cap
                               help="Thread counts to sweep, e.g. 1,2,4; one fresh process each (default: the device's).")
     runtime: Optional[Literal["onnxruntime", "mxnet"]] = opt(
@@ -660,6 +703,19 @@ class PredictOptions(DeviceOptions):
 
 
 COMMANDS["predict"] = PredictOptions
+
+
+class EnergyCalibrateOptions(Options):
+    """``edgetrain energy calibrate METER_LOG``: the board's own sensor fitted to a meter logging at the same time."""
+
+    output: Optional[str] = opt(None, metavar="FILE", short="-o", recipe=False,
+                                help="Where to write the fit (atomically). Default: the calibration later runs read, "
+                                     "$XDG_CONFIG_HOME/edgetrain/power-calibration.json (~/.config/...); another "
+                                     "FILE is used when EDGETRAIN_POWER_CALIBRATION names it.")
+    seconds: Annotated[float, Range(ge=2, le=3600)] = opt(
+        30.0, metavar="S", help="How long to sample the sensor (alternating idle and busy) while the meter logs.")
+    phase: Annotated[float, Range(gt=0, le=600)] = opt(
+        2.0, metavar="S", help="Length of each idle and each busy stretch, so the fit sees a spread of power.")
 
 
 # --- edgetrain fleet ----------------------------------------------------------------------------------

@@ -16,6 +16,9 @@ def _private_cache(tmp_path_factory):
     import os
 
     os.environ["EDGETRAIN_CACHE_DIR"] = str(tmp_path_factory.mktemp("edgetrain-cache"))
+    # nor the power calibration `edgetrain energy calibrate` left in ~/.config: tests that calibrate set their own
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("edgetrain-config"))
+    os.environ.pop("EDGETRAIN_POWER_CALIBRATION", None)
     yield
 
 

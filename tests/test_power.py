@@ -365,7 +365,7 @@ def test_missing_or_folder_power_log(tmp_path):
         meterlog.read_power_log(tmp_path)
     with pytest.raises(UsageError, match="is a folder"):
         meterlog.check_power_log(tmp_path)
-    assert meterlog.check_power_log(tmp_path / "later.csv") == tmp_path / "later.csv"  # may be written during the run
+    assert meterlog.check_power_log(tmp_path / "later.csv").path == tmp_path / "later.csv"  # may be written during the run
 
 
 def test_a_log_that_misses_the_run_is_refused(tmp_path):

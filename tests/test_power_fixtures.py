@@ -190,6 +190,109 @@ def test_a_channel_label_pairs_voltage_and_current_where_the_index_does_not(tmp_
     assert src is None  # in1 'v_out +12v' is not paired with curr2 'curr +12v' by guesswork
 
 
+# --- hwmon energy counters (energyN_input, µJ) ------------------------------------------------------------
+
+class _Counters:
+    """Drives a tree's energyN_input files as the driver's counters would climb at set powers: each file
+    rewritten in place every few ms (right-aligned in a fixed width, so no read sees half a value), from a
+    start value given per file. ``wrap32`` prints it as a 32-bit kernel's long does."""
+
+    def __init__(self, chip: Path, watts: dict[str, float], start: dict[str, int], wrap32: bool = False):
+        self.files = {n: open(chip / n, "r+") for n in watts}
+        self.watts, self.start, self.wrap32 = watts, start, wrap32
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._th = threading.Thread(target=self._run, daemon=True)
+
+    def _value(self, name: str, now: float) -> int:
+        v = self.start[name] + round(self.watts[name] * (now - self._t0) * 1e6)
+        if self.wrap32:
+            v %= 2 ** 32
+            v = v - 2 ** 32 if v >= 2 ** 31 else v
+        return v
+
+    def _run(self):
+        while not self._stop.is_set():
+            now = time.monotonic()
+            for n, f in self.files.items():
+                f.seek(0)
+                f.write(f"{self._value(n, now):>24d}\n")
+                f.flush()
+            time.sleep(0.002)
+
+    def __enter__(self):
+        self._run_once()
+        self._th.start()
+        return self
+
+    def _run_once(self):
+        for n, f in self.files.items():
+            f.seek(0)
+            f.write(f"{self._value(n, time.monotonic()):>24d}\n")
+            f.flush()
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._th.join()
+        for f in self.files.values():
+            f.close()
+
+
+def _measure(src, seconds=1.5):
+    with power.measuring(src, rate_hz=20, idle_s=0) as m:
+        time.sleep(seconds)
+    return m.record
+
+
+def test_amd_energy_counts_the_socket_and_shows_its_cores_beside_it(tmp_path):
+    root = tree("amd-energy", tmp_path)
+    chip = root / "class" / "hwmon" / "hwmon3"
+    watts = {"energy5_input": 42.0, **{f"energy{i}_input": 6.0 + i for i in range(1, 5)}}
+    start = {n: int((chip / n).read_text()) for n in watts}
+    with _Counters(chip, watts, start):
+        src = power.Hwmon.find(root)
+        assert src.inputs == ["amd_energy/Esocket0"]
+        rec = _measure(src)
+    # loose (the writer thread lags on a loaded host), and far from the socket + its cores (72 W)
+    assert rec["average_w"] == pytest.approx(42.0, rel=0.2)
+    assert rec["total_of"] == ["amd_energy/Esocket0"] and len(rec["parts"]) == 4
+    assert rec["rails"]["amd_energy/Ecore001"]["average_w"] == pytest.approx(8.0, rel=0.2)
+    assert "energy5_input counter" in src.describe() and rec["read_errors"] == 0
+    assert "1 µJ over" in rec["resolution_source"]
+
+
+@pytest.mark.parametrize("wrap32", [False, True], ids=["64-bit", "32-bit long printed signed"])
+def test_an_energy_counter_is_read_instead_of_the_power_file_and_its_wrap_is_unwrapped(tmp_path, wrap32):
+    root = tree("ina238-sq52206", tmp_path)
+    chip = root / "class" / "hwmon" / "hwmon1"
+    fixed_w = int((chip / "power1_input").read_text()) / 1e6  # one instant; the counter holds the rest
+    true_w = 9.0
+    # the counter crosses 2^32 µJ about 0.4 s into the measurement
+    with _Counters(chip, {"energy1_input": true_w}, {"energy1_input": 2 ** 32 - int(true_w * 0.6e6)}, wrap32):
+        src = power.Hwmon.find(root)
+        rec = _measure(src)
+    assert src.inputs == ["sq52206/energy1"] and "energy1_input counter" in src.describe()
+    # the writer thread lags the sampler by some ms, more on a loaded host (load 14 on 2 cores here): loose,
+    # where a missed wrap would be 4295 J in one sample and the power file's instant is 6.5 W off
+    assert rec["average_w"] == pytest.approx(true_w, rel=0.2) and abs(rec["average_w"] - fixed_w) > 4
+    assert rec["joules"] == pytest.approx(true_w * rec["window"]["seconds"], rel=0.2)
+    assert rec["read_errors"] == 0
+
+
+def test_an_energy_counter_that_goes_back_is_a_reset_counted_as_a_read_error_never_a_huge_power(tmp_path):
+    root = tree("ina238-sq52206", tmp_path)
+    counter = root / "class" / "hwmon" / "hwmon1" / "energy1_input"
+    counter.write_text("900000000\n")
+    src = power.Hwmon.find(root)
+    counter.write_text("905000000\n")
+    assert src.read().total_w > 0
+    counter.write_text("1000\n")  # the driver was reloaded: back to (near) zero
+    with pytest.raises(ValueError, match="reset, not wrapped"):
+        src.read()
+    time.sleep(0.05)
+    counter.write_text("51000\n")  # and the count goes on from there
+    assert 0 < src.read().total_w < 5.0
+
 # --- RAPL ---------------------------------------------------------------------------------------------
 
 def test_rapl_psys_is_kept_apart_from_the_package_and_the_package_wraps(tmp_path):
@@ -232,14 +335,37 @@ def test_joulescope_statistics_in_utc_read_in_si_units():
 
 @pytest.mark.parametrize("name,fragment,fix", [
     ("joulescope-statistics-relative.csv", "count from the start of its recording", "time format to UTC"),
-    ("witrn-wtm2csv.csv", "count from the start of its recording", "clock times"),
-    ("ppk2-export.csv", "Nordic PPK2 export", "supply voltage"),
+    ("witrn-wtm2csv.csv", "count from the start of its recording", "--power-log-start TIME"),
+    ("ppk2-export.csv", "Nordic Power Profiler (PPK2) export: current only", "--power-log-voltage V"),
 ])
 def test_logs_that_cannot_be_placed_against_the_run_are_refused_in_one_line(name, fragment, fix):
     with pytest.raises(UsageError) as exc:
         meterlog.check_power_log(log(name))
     e = exc.value
     assert fragment in e.what and fix in e.fix and name in e.where and "\n" not in e.line()
+
+
+def test_a_ppk2_export_reads_with_the_supply_voltage_and_the_recordings_start_given():
+    start = datetime(2026, 12, 3, 10, 0, 0, tzinfo=timezone.utc).timestamp()
+    ppk = meterlog.PowerLog(log("ppk2-export.csv"), voltage=3.3, start=start)
+    readings, info = meterlog.parse_power_log(ppk)
+    rows = [ln.split(",") for ln in log("ppk2-export.csv").read_text().splitlines()[1:]]
+    assert len(readings) == len(rows) == 10
+    for (t, w), (ms, ua, _) in zip(readings, rows):  # V x I, at the recording's start + its ms
+        assert t == pytest.approx(start + float(ms) / 1000) and w == pytest.approx(3.3 * float(ua) * 1e-6)
+    assert info["format"] == "Nordic Power Profiler export" and info["voltage_v"] == 3.3
+    assert "3.3 V (given)" in info["columns"]
+    # the voltage alone still leaves the log unplaced: one line naming the other flag
+    with pytest.raises(UsageError) as exc:
+        meterlog.check_power_log(log("ppk2-export.csv"), voltage=3.3)
+    assert "count from the start of its recording" in exc.value.what and "--power-log-start" in exc.value.fix
+
+
+def test_a_relative_log_is_placed_by_the_start_given(tmp_path):
+    start = 1_796_300_000.0
+    readings, info = meterlog.parse_power_log(meterlog.PowerLog(log("witrn-wtm2csv.csv"), start=start))
+    assert readings[0] == (start, pytest.approx(5.112 * 0.402)) and readings[1][0] == pytest.approx(start + 0.01)
+    assert info["time"] == "from the recording's start (given)"
 
 
 def test_a_unitless_current_or_power_column_is_refused_not_guessed(tmp_path):
@@ -268,10 +394,10 @@ def test_a_log_still_being_written_passes_the_check_before_the_run(tmp_path):
     """Before the run the meter may have written nothing yet, or half a line: neither is refused then."""
     p = tmp_path / "live.txt"
     p.write_text("")
-    assert meterlog.check_power_log(p) == p
+    assert meterlog.check_power_log(p).path == p
     text = log("fnirsi-logger-readme.txt").read_text()
     p.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 12])  # the last line cut after 11 characters
-    assert meterlog.check_power_log(p) == p
+    assert meterlog.check_power_log(p).path == p
     assert len(meterlog.read_power_log(p)) == 8  # after the run too (the meter still logging): 8 whole lines
     p.write_text(text.replace("1657568326.804 2 0.00000", "1657568326.804 2 0.0x000"))
     with pytest.raises(UsageError, match="cannot read the power log's line 9"):

@@ -9,6 +9,7 @@ COMMANDS = {
     # name: module under edgetrain.cli holding a click command of the same name
     "devices": "devices",
     "doctor": "doctor",
+    "energy": "energy",
     "export": "export",
     "finetune": "finetune",
     "fleet": "fleet",

@@ -7,10 +7,13 @@ line, fitted by least squares over the overlapping samples:
 
     meter W = gain x sensor W + offset W      (residual: the RMS of what the line does not explain)
 
-``calibrate`` records it (the sensor sampled while this process alternates idle and busy, so the fit has a
-spread of power to stand on) and writes it to a calibration file the user names; with
-``EDGETRAIN_POWER_CALIBRATION=FILE`` every later measurement by that sensor is read through the line, says
-so in its record (``calibration``) and adds the fit's standard error to its uncertainty.
+``calibrate`` (the CLI: ``edgetrain energy calibrate METER_LOG``) records it (the sensor sampled while this
+process alternates idle and busy, so the fit has a spread of power to stand on) and writes it, atomically, to
+the calibration file: ``default_path()`` ($XDG_CONFIG_HOME/edgetrain/power-calibration.json) unless the user
+names another. Every later measurement by that sensor is read through the line from the file
+``EDGETRAIN_POWER_CALIBRATION`` names (unset: the default file, if there is one; empty: none), says so in its
+record (``calibration``, and "calibrated" in the instrument a human reads) and adds the fit's standard error
+to its uncertainty.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from . import sensors
 ENV = "EDGETRAIN_POWER_CALIBRATION"
 MIN_POINTS = 10
 FORMAT = "edgetrain-power-calibration/1"
+_LOAD_FIX = (f"give a file written by `edgetrain energy calibrate`, or set {ENV}= (empty) to read the sensor "
+             "uncalibrated")
 
 
 def fit(sensor: list[tuple[float, float]], meter: list[tuple[float, float]]) -> dict:
@@ -37,6 +42,11 @@ def fit(sensor: list[tuple[float, float]], meter: list[tuple[float, float]]) -> 
         raise UsageError("too few readings to fit the sensor to the meter", "calibration",
                          "record at least a few seconds with both the sensor and the meter")
     t0, t1 = max(sensor[0][0], meter[0][0]), min(sensor[-1][0], meter[-1][0])
+    if t0 > t1:
+        raise UsageError(f"the meter's log ({_clock(meter[0][0])} to {_clock(meter[-1][0])}) and the sensor's "
+                         f"sampling ({_clock(sensor[0][0])} to {_clock(sensor[-1][0])}) do not overlap", "calibration",
+                         "give the log the meter is writing while the calibration runs, its clock set to this "
+                         "machine's")
     times, watts = [t for t, _ in sensor], [w for _, w in sensor]
     pairs = [(_at(times, watts, t), w) for t, w in meter if t0 <= t <= t1]
     if len(pairs) < MIN_POINTS:
@@ -58,6 +68,26 @@ def fit(sensor: list[tuple[float, float]], meter: list[tuple[float, float]]) -> 
             "sensor_range_w": [min(x for x, _ in pairs), max(x for x, _ in pairs)], "window": [t0, t1]}
 
 
+def _clock(t: float) -> str:
+    return datetime.fromtimestamp(t).strftime("%H:%M:%S.%f")[:-3]
+
+
+def default_path() -> Path:
+    """Where ``edgetrain energy calibrate`` writes the fit and later runs look for it."""
+    base = envvars.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "edgetrain" / "power-calibration.json"
+
+
+def in_force() -> str | None:
+    """The calibration file later measurements are read through: ``EDGETRAIN_POWER_CALIBRATION`` if set
+    (empty: none), else the default file if it exists."""
+    path = envvars.get(ENV)
+    if path is not None:
+        return path or None
+    default = default_path()
+    return str(default) if default.is_file() else None
+
+
 def _at(times: list[float], watts: list[float], t: float) -> float:
     """The sensor's watts at ``t``, linearly between the samples either side."""
     i = min(max(bisect.bisect_left(times, t), 1), len(times) - 1)
@@ -70,7 +100,7 @@ def save(path, line: dict, source: sensors.Source, meter_log: str) -> dict:
            "fitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **line,
            "method": "least squares, meter W = gain x sensor W + offset W, over the overlapping meter readings"}
     atomic_write_text(Path(path), json.dumps(doc, indent=2) + "\n", "calibration")
-    return doc
+    return {**doc, "file": str(path)}
 
 
 def load(path) -> dict:
@@ -79,11 +109,11 @@ def load(path) -> dict:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read the power calibration ({exc.__class__.__name__})", str(p),
-                         f"give a file written by edgetrain.energy.calibrate, or unset {ENV}") from None
+                         _LOAD_FIX) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not all(
             isinstance(doc.get(k), (int, float)) for k in ("gain", "offset_w", "residual_w", "points")):
         raise UsageError("not an edgetrain power calibration", str(p),
-                         f"give a file written by edgetrain.energy.calibrate, or unset {ENV}")
+                         _LOAD_FIX)
     return doc
 
 
@@ -124,14 +154,15 @@ class Calibrated(sensors.Source):
 
 
 def apply(source: sensors.Source | None) -> sensors.Source | None:
-    """``source`` read through the calibration ``EDGETRAIN_POWER_CALIBRATION`` names, if any."""
-    path = envvars.get(ENV)
-    if not path or source is None:
+    """``source`` read through the calibration in force (``in_force``), if any."""
+    path = in_force() if source is not None else None
+    if not path:
         return source
     cal = load(path)
     if cal.get("source") != source.name:
         raise UsageError(f"the power calibration is for the {cal.get('source')} sensor but this board's is "
-                         f"{source.name}", path, f"calibrate this board's sensor, or unset {ENV}")
+                         f"{source.name}", path, f"calibrate this board's sensor (`edgetrain energy calibrate`), "
+                         f"or set {ENV}= (empty) to read it uncalibrated")
     return Calibrated(source, cal, path)
 
 
@@ -141,13 +172,14 @@ def detect(root=None, vcgencmd: str | None = None) -> sensors.Source | None:
     return apply(sensors.detect(root, vcgencmd))
 
 
-def calibrate(power_log, out, seconds: float = 30.0, source: sensors.Source | None = None,
+def calibrate(power_log, out=None, seconds: float = 30.0, source: sensors.Source | None = None,
               phase_s: float = 2.0) -> dict:
     """Sample the board's sensor for ``seconds`` while this process alternates idle and busy ``phase_s`` each,
     then fit it to the meter's log of the same time (``power_log``, still being written is fine) and write the
-    calibration to ``out``. Returns the calibration."""
+    calibration to ``out`` (default: ``default_path()``, where later runs find it). Returns the calibration."""
     from . import meterlog
 
+    meterlog.check_power_log(power_log)  # an unreadable log is refused before the sampling, not after it
     src = source or sensors.detect()
     if src is None:
         raise UsageError("no board power sensor to calibrate", "calibrate",
@@ -166,4 +198,7 @@ def calibrate(power_log, out, seconds: float = 30.0, source: sensors.Source | No
     samples = sampler.stop()
     meter = meterlog.read_power_log(power_log, near=samples[0][0])
     line = fit([(t, w) for t, w, _ in samples], meter)
+    if out is None:  # where later runs read it: the file EDGETRAIN_POWER_CALIBRATION names, else the default
+        out = Path(envvars.get(ENV) or default_path())
+        out.parent.mkdir(parents=True, exist_ok=True)
     return save(out, line, src, str(power_log))

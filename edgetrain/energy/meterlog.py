@@ -6,14 +6,19 @@ semicolons, tabs or blanks. What each column holds comes from its header and not
 - a time column (``timestamp``, ``time``, ``date``, ...): Unix seconds (or milliseconds), ISO 8601 in
   either form (``2026-12-03 10:00:00.5``, ``20261203T100000.5Z``), or the time of day alone
   (``10:00:00.5``, placed on the day of the run). A time counted from the start of the recording (the
-  PPK2's ``Timestamp(ms)``, the Joulescope's "relative" time format) cannot be placed against the
-  run's clock: refused, saying what to change.
+  PPK2's ``Timestamp(ms)``, the Joulescope's "relative" time format, WITRN's ``HH:MM:SS:MS``) is placed
+  against the run's clock only with the clock time its recording started (``--power-log-start``);
+  without it, refused, saying what to pass.
 - power, or voltage and current, each with its unit in the header: ``Power (W)``, ``current_A``,
   ``Current(uA)``, ``mW``... A power, voltage or current column whose header names no unit is refused:
   an INA219 library's ``current`` is mA where a meter's is A, and guessing wrong is a 1000x error.
   The one exception is a format whose writer fixes the units: the Joulescope UI's statistics record
   (``#time,current,voltage,power,charge,energy``, SI units, written by
   ``joulescope_ui/widgets/statistics_record/statistics_record.py``).
+- current alone (the Nordic Power Profiler's export, ``Timestamp(ms),Current(uA)[,D0-D7]``, written by
+  pc-nrfconnect-ppk ``src/actions/exportChartAction.ts``): the supply voltage is not in the export (the
+  PPK2 in source mode sets it), so it is given (``--power-log-voltage V``) and power is V x the current;
+  without it, refused in one line naming that flag.
 
 Meters stamp readings in bursts (FNIRSI's logger stamps each 4-sample USB packet from the time it
 arrived, so consecutive packets overlap by a few milliseconds): a step back shorter than
@@ -33,8 +38,32 @@ import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from dataclasses import dataclass
+
 from ..errors import UsageError
 from . import sensors
+
+
+@dataclass(frozen=True)
+class PowerLog:
+    """A meter's log and what its format leaves out: the supply voltage of a current-only log, and the clock
+    time (Unix s) a log timed from its own start began."""
+
+    path: Path
+    voltage: float | None = None
+    start: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+def as_log(log) -> PowerLog:
+    return log if isinstance(log, PowerLog) else PowerLog(Path(log))
+
 
 # A step back in time shorter than this many median sampling periods is the meter's packet jitter.
 BACKSTEP_PERIODS = 10
@@ -122,7 +151,7 @@ def _delimiter(header: str) -> str | None:
 class _Layout:
     """The header's reading: where the time and the power (or voltage and current) are."""
 
-    def __init__(self, where: str, line_no: int, header: str):
+    def __init__(self, where: str, line_no: int, header: str, voltage: float | None = None):
         self.where, self.line_no = where, line_no
         self.delimiter = _delimiter(header)
         cells = _split(header, self.delimiter)
@@ -139,12 +168,18 @@ class _Layout:
             if c.quantity in ("power", "voltage", "current") and c.quantity not in by_q:
                 by_q[c.quantity] = c
         use = [by_q["power"]] if "power" in by_q else [by_q[q] for q in ("voltage", "current") if q in by_q]
-        if names[:2] == ("timestampms", "currentua") and "voltage" not in by_q:
-            raise UsageError("the power log is a Nordic PPK2 export: current only, with times from the start of the "
-                             "recording, so neither its power nor its place against the run can be read", at,
-                             "log the PPK2 with a program that writes clock times and the supply voltage beside the "
-                             "current (e.g. a ppk2-api-python script), or use a meter whose log has them")
-        if not use or (len(use) == 1 and use[0].quantity != "power"):
+        self.voltage = None
+        if names[:2] == ("timestampms", "currentua") and not self.format:
+            self.format = "Nordic Power Profiler export"
+        if use and len(use) == 1 and use[0].quantity == "current":
+            if voltage is None:
+                what = ("the power log is a Nordic Power Profiler (PPK2) export: current only; the supply voltage "
+                        "is not in it" if self.format == "Nordic Power Profiler export" else
+                        f"the power log has current ('{use[0].header}') but no voltage or power column")
+                raise UsageError(what, at, "pass the voltage the board was supplied at with --power-log-voltage V "
+                                           "(the PPK2's source-mode voltage)")
+            self.voltage = voltage
+        if not use or (len(use) == 1 and use[0].quantity == "voltage"):
             missing = "voltage" if "current" in by_q else "current" if "voltage" in by_q else None
             shown = ", ".join(c.header for c in self.columns)
             what = (f"the power log has a {use[0].quantity} column but no {missing} column (columns: {shown})"
@@ -161,7 +196,7 @@ class _Layout:
         self.use = use
 
     def watts(self, row: list[str]) -> float:
-        w = 1.0
+        w = 1.0 if self.voltage is None else self.voltage
         for c in self.use:
             w *= float(row[c.index]) * c.factor
         return w
@@ -225,10 +260,12 @@ def _header_index(lines: list[str], where: str) -> int:
 def parse_power_log(path, near: float | None = None, partial: bool = False) -> tuple[list[tuple[float, float]], dict]:
     """A meter's log -> ([(Unix time s, watts)] in time order, what was read); one-line UsageError otherwise.
 
+    ``path``: a file, or a ``PowerLog`` (with the supply voltage or start time its format leaves out).
     ``near``: a Unix time on the day of the run, for logs with the time of day alone (default: the log's
     modification time). ``partial``: the log may still be being written (fewer than two readings is fine).
     """
-    path = Path(path)
+    log = as_log(path)
+    path = log.path
     where = str(path)
     lines = _lines(path)
     # A last line without its newline may be one the meter is writing right now (before the run, or after
@@ -237,7 +274,7 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
     if partial and not any(ln.strip() for ln in lines):
         return [], {"format": None, "columns": [], "time": None}  # created, nothing written yet
     first = _header_index(lines, where)
-    layout = _Layout(where, first + 1, lines[first])
+    layout = _Layout(where, first + 1, lines[first], log.voltage)
     raw: list[tuple[float, float, int]] = []
     kind = None
     for n, line in enumerate(lines[first + 1:], start=first + 2):
@@ -252,6 +289,8 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
             if n == cut:
                 break
             raise UsageError(f"cannot read the power log's line {n}: '{s[:80]}'", f"{where}:{n}", _LOG_FIX) from None
+        if k == "relative" and log.start is not None:  # time 0 of the recording is the clock time given
+            t, k = log.start + t, "placed"
         if kind is None:
             kind = k
             if k == "relative":
@@ -260,7 +299,8 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
                        "log clock times (Unix seconds or ISO 8601) rather than times from the start of the recording")
                 raise UsageError(f"the power log's times count from the start of its recording ('{row[layout.time.index]}'"
                                  f" in column '{layout.time.header}'), so they cannot be placed against the run",
-                                 f"{where}:{n}", how)
+                                 f"{where}:{n}", how + ", or pass the clock time its recording started with "
+                                 "--power-log-start TIME (ISO 8601 or Unix seconds)")
         elif k != kind:
             raise UsageError(f"the power log's line {n} has a time of another kind than the lines before it",
                              f"{where}:{n}", "give one time format throughout")
@@ -274,8 +314,14 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
     if len(readings) < 2 and not partial:
         raise UsageError(f"the power log has {len(readings)} reading(s)", where, "record at least two readings")
     info = {"format": layout.format or "CSV with units in its header",
-            "columns": [c.header for c in layout.use], "time": {"unix": "clock", "day": "time of day"}.get(kind, kind)}
+            "columns": [c.header for c in layout.use], "time": _TIME_KINDS.get(kind, kind)}
+    if layout.voltage is not None:
+        info["voltage_v"] = layout.voltage
+        info["columns"] = info["columns"] + [f"{layout.voltage:g} V (given)"]
     return readings, info
+
+
+_TIME_KINDS = {"unix": "clock", "day": "time of day", "placed": "from the recording's start (given)"}
 
 
 def _place_on_day(raw, near: float):
@@ -308,17 +354,22 @@ def read_power_log(path, near: float | None = None) -> list[tuple[float, float]]
     return parse_power_log(path, near)[0]
 
 
-def check_power_log(path) -> Path:
+def check_power_log(path, voltage: float | None = None, start: float | None = None) -> PowerLog:
     """Before any work: a folder or an unreadable file is refused; a log that exists already is read in
-    full now, so an unknown format or a unitless column is refused before the run, not after it."""
-    p = Path(path)
+    full now, so an unknown format or a unitless column is refused before the run, not after it. Returns the
+    log with the supply voltage and start time given for it (``PowerLog``), what later reads take."""
+    log = as_log(path)
+    if voltage is not None or start is not None:
+        log = PowerLog(log.path, voltage if voltage is not None else log.voltage,
+                       start if start is not None else log.start)
+    p = log.path
     if p.is_dir():
         raise UsageError("the power log is a folder", str(p), "give the meter's log file")
     if p.exists():
         if not os.access(p, os.R_OK):
             raise UsageError("the power log is not readable", str(p), "check its permissions")
-        parse_power_log(p, partial=True)
-    return p
+        parse_power_log(log, partial=True)
+    return log
 
 
 def log_record(path, window: tuple[float, float], idle_window: tuple[float, float] | None = None) -> dict:
@@ -336,11 +387,11 @@ def log_record(path, window: tuple[float, float], idle_window: tuple[float, floa
     intervals = sorted(b[0] - a[0] for a, b in zip(readings, readings[1:]))
     median = intervals[len(intervals) // 2] if intervals else 0.0
     rec = sensors.summarise(samples, idle_window, window, "power-log",
-                            f"external power meter log {Path(path).name} ({len(readings)} readings; {info['format']}, "
+                            f"external power meter log {as_log(path).name} ({len(readings)} readings; {info['format']}, "
                             f"{' x '.join(info['columns'])}, {info['time']} times)", 1.0 / median if median > 0 else None,
                             resolution=log_resolution([w for _, w in readings]))
     rec["log_format"] = info
-    rec["instrument"] = f"meter log {Path(path).name}"
+    rec["instrument"] = f"meter log {as_log(path).name}"
     return rec
 
 

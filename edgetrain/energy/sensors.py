@@ -18,11 +18,17 @@ Sources, the first one found wins (``detect``):
   jetson_stats (jtop/core/power.py). The total is the board input rail (``POM_5V_IN`` / ``VDD_IN``); the
   CPU, GPU and SoC rails are parts of it, reported beside it and not added. A board without one (AGX
   Orin) sums its rails.
-- ``hwmon``: any Linux hwmon chip with ``powerN_input`` (µW), or ``inN_input`` (mV) and ``currN_input``
+- ``hwmon``: any Linux hwmon chip with ``energyN_input`` (µJ counters: amd_energy, ina238's INA237/INA780/
+  SQ52206, some PSU and ACPI drivers), ``powerN_input`` (µW), or ``inN_input`` (mV) and ``currN_input``
   (mA) that share a label (the hwmon ABI does not tie their indices; the ina3221 driver's channels 1-3
   are the one documented exception). A chip with an input channel (labelled ``power total``, ``pin``,
   ``*_IN``) counts that one and shows the rest as its parts; otherwise its channels are summed. Chips of
-  one name are told apart by their hwmon folder.
+  one name are told apart by their hwmon folder. A chip with energy counters is read through them, not its
+  power files (the same channels): the counter holds everything between two reads, where a power file is
+  one instant of it, so a spike between samples is not lost. Each sample is the counter's increase over the
+  time since the previous read (µJ / s); a counter that steps back has wrapped at 2^32 µJ (a 32-bit
+  register, or a 32-bit kernel's ``long``, which also prints values past 2^31 as negative) when that gives a
+  believable power, and was reset otherwise (that read counts as a read error and the counter starts anew).
 
 Detection reads each channel up to ``DETECT_TRIES`` times: a failed read (a busy i2c bus) is retried,
 never a reason to fall through to another reader; a channel that never reads is dropped and named,
@@ -177,6 +183,8 @@ DETECT_TRIES = 3
 DETECT_RETRY_S = 0.05
 # Labels that name a chip's (or a board's) input: the figure the other channels are parts of. PSU drivers
 # ("power total", corsair-psu), PMBus ("pin"), Jetson's board input (VDD_IN, POM_5V_IN).
+# amd_energy (Documentation/hwmon/amd_energy.rst): EsocketX counts a socket, EcoreXXX each core inside it.
+_SOCKET_LABEL = re.compile(r"^Esocket\d+$")
 _INPUT_LABEL = re.compile(r"^(pin\d*|.*\btotal\b.*|input|.*_in)$", re.IGNORECASE)
 # Drivers whose inN and currN of the same index are one channel, and which indices (the mainline ina3221
 # driver: in1-3 bus mV with curr1-3 mA; in4-6 are shunt µV, in7 their sum and curr4 the sum of currents).
@@ -196,19 +204,32 @@ INA_ADC = {"ina3221": (40e-6, 8e-3, "TI INA3221 datasheet: shunt 40 µV, bus 8 m
            "ina226": (2.5e-6, 1.25e-3, "TI INA226 datasheet: shunt 2.5 µV, bus 1.25 mV")}
 
 
+# An energy counter's wrap: 2^32 µJ (about 4295 J). A step back that, unwrapped, would mean more than this
+# many watts since the previous read is a reset (driver reloaded, register cleared), not a wrap.
+COUNTER_WRAP_UJ = 2 ** 32
+COUNTER_MAX_W = 10_000.0
+_ENERGY_PRIME_S = 0.02  # the first read of a counter: two reads this far apart give its first power
+
+
 class _Channel:
-    """One rail: power read directly (``scale`` W per unit) or as voltage x current (mV x mA)."""
+    """One rail: power read directly (``scale`` W per unit), as voltage x current (mV x mA), or as the
+    increase of an energy counter (µJ) over the time between two reads."""
 
     def __init__(self, name: str, power: Path | None = None, volt: Path | None = None, curr: Path | None = None,
                  power_scale: float = 1e-3, vi_scale: float = 1e-6, group: str = "", role: str = "part",
-                 chip: str = "", shunt: Path | None = None):
-        self.name, self.power, self.volt, self.curr = name, power, volt, curr
+                 chip: str = "", shunt: Path | None = None, energy: Path | None = None):
+        self.name, self.power, self.volt, self.curr, self.energy = name, power, volt, curr, energy
+        self._last: tuple[float, int] | None = None  # (monotonic s, counter µJ) of the previous read
+        self._interval = 1.0 / DEFAULT_RATE_HZ
         self.power_scale, self.vi_scale = power_scale, vi_scale
         self.group, self.role = group, role  # role 'input': the group's figure; 'part': a share of it
         self.chip, self.shunt = chip, shunt  # for the resolution: the chip's ADC steps and its shunt resistor file
 
     def resolution(self) -> tuple[float, str]:
         """The step of this channel's watts: the file's unit, or the chip's ADC step where coarser."""
+        if self.energy is not None:
+            step = 1e-6 / self._interval
+            return step, f"{self.energy.name}: 1 µJ over {self._interval * 1000:.3g} ms between reads = {step:.3g} W"
         if self.power is not None:
             return self.power_scale, f"{self.power.name} in steps of {_unit(self.power_scale)}"
         v, i = _num(self.volt) * 1e-3, _num(self.curr) * 1e-3  # mV, mA (hwmon ABI; the iio layout's units too)
@@ -222,9 +243,33 @@ class _Channel:
         return abs(v) * di + abs(i) * dv, f"V x I at {v:.3g} V, {i:.3g} A in steps of {how}"
 
     def watts(self) -> float:
+        if self.energy is not None:
+            return self._counter_watts()
         if self.power is not None:
             return self._read(self.power) * self.power_scale
         return self._read(self.volt) * self._read(self.curr) * self.vi_scale  # mV x mA = µW
+
+    def _counter(self) -> tuple[float, int]:
+        value = int(self._read(self.energy))
+        return time.monotonic(), value + COUNTER_WRAP_UJ if value < 0 else value  # a 32-bit long printed signed
+
+    def _counter_watts(self) -> float:
+        """The average power since the previous read: the counter's increase over the time between."""
+        if self._last is None:
+            self._last = self._counter()
+            time.sleep(_ENERGY_PRIME_S)
+        (t0, e0), (t1, e1) = self._last, self._counter()
+        self._last = (t1, e1)
+        dt = t1 - t0
+        if dt <= 0:
+            raise ValueError("no time between two reads of an energy counter")
+        delta = e1 - e0
+        if delta < 0:
+            delta += COUNTER_WRAP_UJ
+            if e0 >= COUNTER_WRAP_UJ or delta * 1e-6 / dt > COUNTER_MAX_W:
+                raise ValueError(f"{self.energy.name} went back from {e0} to {e1} µJ: reset, not wrapped")
+        self._interval = dt
+        return delta * 1e-6 / dt
 
     def _read(self, path: Path) -> float:
         """The file's number, read with pread on a descriptor kept open: a sysfs attribute read at offset 0 is
@@ -245,6 +290,8 @@ class _Channel:
             os.close(fd)
 
     def files(self) -> str:
+        if self.energy is not None:
+            return f"{self.energy.name} counter"
         return self.power.name if self.power is not None else f"{self.volt.name} x {self.curr.name}"
 
 
@@ -448,8 +495,18 @@ class Hwmon(_SysfsSource):
 
 
 def _hwmon_channels(d: Path, chip: str, cid: str) -> tuple[list[_Channel], list[str]]:
-    """One hwmon chip's power channels (hwmon ABI: powerN_input µW; inN_input mV; currN_input mA)."""
+    """One hwmon chip's power channels (hwmon ABI: energyN_input µJ; powerN_input µW; inN_input mV;
+    currN_input mA)."""
     out: list[_Channel] = []
+    energies = sorted(d.glob("energy*_input"))
+    for e in energies:
+        idx = e.name[6:].split("_", 1)[0]
+        label = _text(d / f"energy{idx}_label")
+        out.append(_Channel(f"{cid}/{label or 'energy' + idx}", energy=e, group=cid,
+                            role="input" if label and (_INPUT_LABEL.match(label) or _SOCKET_LABEL.match(label))
+                            else "part"))
+    if energies:
+        return out, []  # a chip that counts energy: its power, voltage and current files are the same channels
     powers = sorted(d.glob("power*_input"))
     for p in powers:
         idx = p.name[5:].split("_", 1)[0]

@@ -186,8 +186,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
 
     say = lambda message: report(progress, "profile", message=message)  # noqa: E731
     thread_list, rate_per_h = threads, rate
-    if power_log is not None:
-        power_log = energy.check_power_log(power_log)
+    power_log = opts.power_log_spec()  # read now (with its --power-log-voltage/-start): a bad log costs seconds
     prof = device
     grid = opts.carbon_grid()  # an unknown country or both figures refused now, before the work
     if prof is None and grid is not None:

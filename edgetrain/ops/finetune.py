@@ -20,10 +20,7 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
         raise UsageError("--val and --val-split both given", "--val", "give held-out data or a split fraction, not both")
     layers = parse_train_layers(opts.train_layers)
     grid = opts.carbon_grid()  # an unknown country or both figures: refused before the work
-    if opts.power_log is not None:  # a log that exists is read now: an unknown format costs seconds, not a fine-tune
-        from .. import energy
-
-        energy.check_power_log(opts.power_log)
+    opts.power_log_spec()  # a log that exists is read now: an unknown format costs seconds, not a fine-tune
     has_checkpoint = prepare_outdir(Path(opts.out), opts.resume)
     val_split = DEFAULT_VAL_SPLIT if opts.val is None and opts.val_split is None else opts.val_split
     job = FinetuneJob(model, opts, layers=layers, budget_mb=opts.budget_mb(), threads=threads, profile=opts.profile(),

@@ -440,7 +440,8 @@ class FinetuneJob:
             os.close(lock)
 
     def _run(self, has_checkpoint: bool, t_start: float) -> FinetuneResult:
-        self.energy_meter = EnergyMeter(self.profile, self.threads, self.opts.power_log).start()  # measured where a sensor is
+        # measured where a sensor is (or from the meter's log, with what was given for it)
+        self.energy_meter = EnergyMeter(self.profile, self.threads, self.opts.power_log_spec()).start()
         self.load()
         if self.lr is None:
             self.lr = default_lr(self.optimizer, head_only=self.layers.kind == "last" and self.layers.n == 1)

@@ -3,6 +3,8 @@ generated sensor tree, a fake vcgencmd on PATH and a generated USB meter log, in
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -273,3 +275,173 @@ def test_an_unknown_country_is_refused_in_one_line_before_any_work(cli, onnx_fil
     res = cli(*args, "--device", "rpi4b-4gb", "--country", "XX", env=no_sensor_env(tmp_path), cwd=tmp_path)
     assert_user_error(res, 2, "--country", "XX", "--grid-intensity")
     assert not (tmp_path / "o").exists()
+
+# --- `edgetrain energy calibrate METER_LOG` (issue 24, item 5) ---------------------------------------------
+# A separate process plays the board and the meter at once: it steps the board's power every STEP_S seconds
+# (rewriting `power1_input` in place, every level the same number of digits, so a read never sees half a
+# value) and logs what a meter at the
+# board's input would read at the same instants, gain x sensor + offset, in pyummeter's UM34C CSV
+# (tests/fixtures/power/SOURCES.md). It logs only in the middle of each step, so the sensor's samples either
+# side of a meter reading saw the same power and the line is recovered closely, not just roughly.
+
+UM34C_HEADER = ("Date;Voltage (V);Intensity (A);Power (W);Resistance (Ohm);USB D+ (V);USB D- (V);Charging Mode;"
+                "Temperature (°C);Model;Recording;Record duration (sec);Record intensity (A);Record capacity (Ah);"
+                "Record energy (Wh);Capacity (Ah);Energy (Wh)")
+STEP_S = 0.6
+LEVELS_UW = (1_500_000, 3_900_000, 2_400_000, 5_200_000)  # the board's own sensor, µW (7 digits each)
+
+BOARD_AND_METER = r"""
+import sys, time
+from datetime import datetime
+power_file, log, gain, offset, seconds, step = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), \
+    float(sys.argv[5]), float(sys.argv[6])
+levels = [int(x) for x in sys.argv[7].split(",")]
+end = time.time() + seconds
+i = 0
+while time.time() < end:
+    start = time.time()
+    uw = levels[i % len(levels)]
+    with open(power_file, "r+") as f:  # in place, as a driver's file (the reader keeps it open); same length
+        f.write(f"{uw}\n")
+    for at in (0.25, 0.3, 0.35):  # mid-step: the sampler's neighbours (20 Hz) are inside the step
+        time.sleep(max(0.0, start + at * step / 0.6 - time.time()))
+        w = gain * uw / 1e6 + offset
+        amps = w / 5.1
+        with open(log, "a", encoding="utf-8", newline="") as f:
+            f.write(f"{datetime.now().isoformat(sep=' ')};5.1;{amps:.3f};{w:.3f};9999.9;0.01;0.02;DCP1.5A;20;"
+                    "UM34C;0;240;0.1;0.016;0.256;0.011;0.056\r\n")
+    time.sleep(max(0.0, start + step - time.time()))
+    i += 1
+"""
+
+
+def _um34c_log(path):
+    path.write_text(UM34C_HEADER + "\r\n", encoding="utf-8", newline="")
+    return path
+
+
+def _board_and_meter(root, log, gain, offset, seconds):
+    power = root / "class" / "hwmon" / "hwmon0" / "power1_input"
+    return subprocess.Popen([sys.executable, "-c", BOARD_AND_METER, str(power), str(log), str(gain), str(offset),
+                             str(seconds), str(STEP_S), ",".join(map(str, LEVELS_UW))])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gain,offset", [(1.13, 0.72), (0.94, 1.9)])
+def test_calibrate_recovers_the_meters_line_and_later_runs_read_through_it_saying_so(
+        cli, onnx_file, this_host, tmp_path, gain, offset):
+    root = hwmon_tree(tmp_path / "sys", LEVELS_UW[0])
+    log = _um34c_log(tmp_path / "um34c.csv")
+    config = tmp_path / "config"
+    env = sensor_env(root, XDG_CONFIG_HOME=str(config))
+    board = _board_and_meter(root, log, gain, offset, seconds=7.0)
+    try:
+        time.sleep(0.5)  # the meter is logging before the calibration starts
+        res = cli("energy", "calibrate", log, "--seconds", "5", "--phase", "0.5", "--json", "-", env=env)
+    finally:
+        board.wait(timeout=30)
+    assert res.code == 0, res.err
+    cal = res.json()
+    written = config / "edgetrain" / "power-calibration.json"
+    assert cal["file"] == str(written) and written.is_file()
+    # the meter rounds to 1 mW and a loaded host may stall the sampler near a step: close, not exact
+    assert cal["gain"] == pytest.approx(gain, rel=0.02) and cal["offset_w"] == pytest.approx(offset, abs=0.06)
+    assert cal["source"] == "hwmon" and cal["meter_log"] == "um34c.csv" and cal["points"] >= 15
+    lo, hi = min(LEVELS_UW) / 1e6, max(LEVELS_UW) / 1e6
+    assert lo - 1e-9 <= cal["sensor_range_w"][0] < cal["sensor_range_w"][1] <= hi + 1e-9
+
+    # a later run, with nothing but the default file, reads the sensor through the fit and says so
+    sensor_w = 3.0
+    (root / "class" / "hwmon" / "hwmon0" / "power1_input").write_text(f"{int(sensor_w * 1e6)}\n")
+    prof = cli("profile", onnx_file, "--device", this_host, "--json", "-", *FAST, env=env)
+    assert prof.code == 0, prof.err
+    pi = prof.json()["energy"]["per_inference"]
+    assert pi["provenance"] == "measured" and pi["calibration"]["file"] == str(written)
+    assert pi["calibration"]["gain"] == cal["gain"] and pi["calibration"]["meter_log"] == "um34c.csv"
+    assert pi["idle_w"] == pytest.approx(cal["gain"] * sensor_w + cal["offset_w"], rel=1e-6)
+    assert "calibrated" in pi["instrument"]
+    human = cli("profile", onnx_file, "--device", this_host, *FAST, env=env)
+    assert human.code == 0, human.err
+    assert "(measured, hwmon ina219 calibrated, " in human.out
+    # and EDGETRAIN_POWER_CALIBRATION= (empty) reads the sensor as it is
+    raw = cli("profile", onnx_file, "--device", this_host, "--json", "-", *FAST,
+              env={**env, "EDGETRAIN_POWER_CALIBRATION": ""})
+    assert raw.code == 0, raw.err
+    rpi = raw.json()["energy"]["per_inference"]
+    assert "calibration" not in rpi and rpi["idle_w"] == pytest.approx(sensor_w)
+
+
+def _log(path, rows):
+    path.write_text("timestamp,power (W)\n" + "".join(f"{t:.3f},{w:.3f}\n" for t, w in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("case", ["no overlap", "too few", "backwards", "no sensor", "unitless"])
+def test_a_meter_log_that_cannot_calibrate_is_one_error_line_exit_2(cli, tmp_path, case):
+    root = hwmon_tree(tmp_path / "sys", 2_000_000)
+    now = time.time()
+    if case == "no overlap":  # a log of yesterday
+        log, frag = _log(tmp_path / "m.csv", [(now - 86400 + i, 2.0 + i % 3) for i in range(60)]), "do not overlap"
+    elif case == "too few":  # the meter logged 3 readings during the sampling
+        log, frag = _log(tmp_path / "m.csv", [(now + 0.5 * i, 2.0) for i in range(1, 4)]), "need 10"
+    elif case == "backwards":  # two recordings appended: refused before any sampling
+        rows = [(now + i, 2.0) for i in range(30)] + [(now - 100 + i, 2.0) for i in range(30)]
+        log, frag = _log(tmp_path / "m.csv", rows), "timestamps go back"
+    elif case == "unitless":
+        log = tmp_path / "m.csv"
+        log.write_text("timestamp,power\n1700000000,2\n1700000001,2\n")
+        frag = "has no unit"
+    else:
+        log, frag = _log(tmp_path / "m.csv", [(now + i, 2.0) for i in range(30)]), "no board power sensor"
+        root = tmp_path / "empty-sys"
+    out = tmp_path / "cal.json"
+    res = cli("energy", "calibrate", log, "-o", out, "--seconds", "2", "--phase", "0.5",
+              env=sensor_env(root, XDG_CONFIG_HOME=str(tmp_path / "config")))
+    assert_user_error(res, 2, frag)
+    assert not out.exists() and not (tmp_path / "config").exists()
+
+
+def test_calibrate_refuses_an_output_that_is_its_meter_log(cli, tmp_path):
+    log = _log(tmp_path / "m.csv", [(time.time() + i, 2.0) for i in range(30)])
+    res = cli("energy", "calibrate", log, "-o", log, env=sensor_env(hwmon_tree(tmp_path / "sys", 2_000_000)))
+    assert_user_error(res, 2)
+    assert log.read_text().startswith("timestamp,power (W)\n")
+
+
+# --- a Nordic Power Profiler (PPK2) export: current only, timed from its recording's start ------------------
+
+def _ppk2_export(path, seconds: float, microamps: float, hz: float = 100.0):
+    """Written as pc-nrfconnect-ppk's exportChartAction.ts writes it (header, ms from the recording's start,
+    current toFixed(3), the digital channels as '--------'); the app exports every 10 µs sample, this one
+    row every 1/hz s, to keep the file small (SOURCES.md, ppk2-export.csv)."""
+    rows = [f"{i * 1000.0 / hz:g},{microamps:.3f},--------" for i in range(int(seconds * hz) + 1)]
+    path.write_text("Timestamp(ms),Current(uA),D0-D7\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_profile_reads_a_ppk2_export_given_its_voltage_and_start(cli, onnx_file, this_host, tmp_path):
+    start = time.time() - 5
+    log = _ppk2_export(tmp_path / "ppk-20261203T100000.csv", 300, microamps=606_060.0)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)) + f"{start % 1:.3f}"[1:]
+    res = cli("profile", onnx_file, "--device", this_host, "--power-log", log, "--power-log-voltage", "3.3",
+              "--power-log-start", stamp, "--json", "-", *FAST, env=no_sensor_env(tmp_path))
+    assert res.code == 0, res.err
+    pi = res.json()["energy"]["per_inference"]
+    cfg = res.json()["configs"][0]["power"]
+    assert pi["meter"] == "power-log" and pi["provenance"] == "measured"
+    assert cfg["average_w"] == pytest.approx(3.3 * 0.60606, rel=1e-6)  # V given x the export's current
+    assert cfg["log_format"]["format"] == "Nordic Power Profiler export" and cfg["log_format"]["voltage_v"] == 3.3
+
+
+@pytest.mark.parametrize("case", ["no voltage", "no start", "flag without a log", "unreadable start"])
+def test_a_ppk2_export_without_what_it_leaves_out_is_one_error_line_before_any_work(cli, onnx_file, tmp_path, case):
+    log = _ppk2_export(tmp_path / "ppk.csv", 2, microamps=1000.0)
+    args = {"no voltage": ["--power-log", log, "--power-log-start", "1796300000"],
+            "no start": ["--power-log", log, "--power-log-voltage", "3.3"],
+            "flag without a log": ["--power-log-voltage", "3.3"],
+            "unreadable start": ["--power-log", log, "--power-log-voltage", "3.3", "--power-log-start", "soon"]}[case]
+    frag = {"no voltage": "--power-log-voltage V", "no start": "--power-log-start TIME",
+            "flag without a log": "--power-log-voltage given without --power-log",
+            "unreadable start": "cannot read the time 'soon'"}[case]
+    res = cli("profile", onnx_file, *args, *FAST, env=no_sensor_env(tmp_path))
+    assert_user_error(res, 2, frag)
