@@ -214,5 +214,5 @@ def oversubscribed(loadavg: float | None, cores: int, threads: int = 0) -> bool:
     """The one busy-host test: the others' average demand (the 1-minute load) plus ``threads`` more is over
     the usable cores. With ``threads`` 0: the host was already over its cores (timings made there are
     doubtful: energy.reliability); with a thread count: those threads would wait for cores, and a pool
-    that spins while it waits takes them from the work it waits for (runtime.thread_policy)."""
+    that spins while it waits takes them from the work it waits for (runtime.ThreadPolicy)."""
     return loadavg is not None and cores > 0 and loadavg + threads > cores

@@ -489,10 +489,7 @@ class DeviceOptions(Options):
         if self.threads is not None:
             return self.threads
         prof = self.profile()
-        # a default, not the user's number: fewer threads on a busy host (runtime.ThreadPolicy)
-        from . import runtime
-
-        return runtime.default_threads(prof.default_threads) if prof is not None else None
+        return prof.default_threads if prof is not None else None
 
 
 class ModelFields(Options):

@@ -66,13 +66,15 @@ def quiet_libraries() -> None:
 
 
 def apply_threads(threads: int | None, strict: bool = True) -> int:
-    """Cap all thread pools to ``threads`` (None: leave them as they are) and return the cap in force.
+    """Cap all thread pools to ``threads`` (None: leave them as they are) and return the cap in force;
+    on a busy host no pool spins (``ThreadPolicy``).
 
     After mxnet is loaded its pools cannot change: ``strict`` refuses (a bug in a command); otherwise (the
     Python API, a second call in one interpreter) ONNX Runtime sessions take the new cap and a warning
     says MXNet keeps its own."""
     global _threads
     if threads is None:
+        apply_policy(ThreadPolicy(current_threads(), host_load(), usable_cores()))
         return current_threads()
     if threads < 1:
         from .errors import UsageError
@@ -91,9 +93,7 @@ def apply_threads(threads: int | None, strict: bool = True) -> int:
     os.environ.update(thread_env(threads))
     cap_loaded_blas(threads)
     _threads = threads
-    from .host import host_load
-
-    apply_policy(ThreadPolicy(threads, True, host_load(), usable_cores()))
+    apply_policy(ThreadPolicy(threads, host_load(), usable_cores()))
     return threads
 
 
@@ -122,56 +122,40 @@ cap_notes: list[str] = []  # what cap_to_cores did in this process, for a comman
 
 
 class ThreadPolicy:
-    """How many threads, and whether their pools may spin, given the host's load (issue 26: on a loaded
-    2-core host the device's default 2 threads trained 10x slower than 1; tools/bench_threads.py).
+    """Whether thread pools may spin, given the host's load (issue 26; tools/bench_threads.py, README
+    "Threads on a busy host"). When the threads plus the others' average demand are over the cores
+    (``host.oversubscribed``), no pool spins: OpenMP waits passively (OMP_WAIT_POLICY=PASSIVE, unless the
+    user set it; read when mxnet loads) and ONNX Runtime's workers sleep between tasks
+    (``session.intra_op.allow_spinning`` 0), so a waiting worker yields its core to the work it waits for.
+    The thread count itself is kept: measured on a loaded 2-core host, 1 thread was no faster than 2."""
 
-    - A *default* thread count (the device's, or the cores) shrinks to the cores the others leave free
-      (at least 1); a count the user gave (``--threads``, a recipe's ``threads``) is kept.
-    - When the threads plus the others' load are over the cores (``host.oversubscribed``), no pool spins:
-      OpenMP waits passively (OMP_WAIT_POLICY=PASSIVE, unless the user set it) and ONNX Runtime's workers
-      sleep between tasks (``session.intra_op.allow_spinning`` 0), so a waiting worker yields its core.
-    """
-
-    def __init__(self, threads: int, explicit: bool, loadavg: float | None, cores: int):
+    def __init__(self, threads: int, loadavg: float | None, cores: int):
         from .host import oversubscribed
 
-        self.asked, self.loadavg, self.cores = threads, loadavg, cores
-        free = cores if loadavg is None else max(1, cores - int(loadavg + 0.5))
-        self.threads = threads if explicit or not oversubscribed(loadavg, cores, threads) else min(threads, free)
-        self.spin = not oversubscribed(loadavg, cores, self.threads)
-
-    @property
-    def note(self) -> str | None:
-        if self.threads == self.asked and self.spin:
-            return None
-        load = f"the host is busy (1-minute load {self.loadavg:.1f} on {self.cores} core(s))"
-        if self.threads != self.asked:
-            return (f"{load}: {self.threads} thread(s) instead of the default {self.asked}, and no spinning "
-                    f"thread pools (--threads {self.asked} insists)")
-        return f"{load}: thread pools wait without spinning (OMP_WAIT_POLICY=PASSIVE, no ONNX Runtime spinning)"
+        self.threads, self.loadavg, self.cores = threads, loadavg, cores
+        self.spin = not oversubscribed(loadavg, cores, threads)
 
 
 _spin = True
+_load: list = []  # the host's load as this process first read it: every thread decision here agrees
 
 
-def default_threads(threads: int) -> int:
-    """A default thread count (the device's, the cores) under the busy-host policy (``ThreadPolicy``)."""
-    from .host import host_load
+def host_load() -> float | None:
+    """The 1-minute load average, read once per process (``host.host_load``)."""
+    if not _load:
+        from .host import host_load as read
 
-    return ThreadPolicy(threads, False, host_load(), usable_cores()).threads
+        _load.append(read())
+    return _load[0]
 
 
 def apply_policy(policy: ThreadPolicy) -> None:
     """No spinning pools when ``policy`` says so: before mxnet (OpenMP reads OMP_WAIT_POLICY when it loads),
-    and for every ONNX Runtime session made after (``_lazy.ort_session_options``). Said once."""
+    and for every ONNX Runtime session made after (``_lazy.ort_session_options``)."""
     global _spin
     _spin = policy.spin
     if not policy.spin:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    note = policy.note
-    if note is not None and note not in cap_notes:
-        cap_notes.append(note)
-        sys.stderr.write(f"warning: {note}\n")
 
 
 def spinning_allowed() -> bool:

@@ -180,14 +180,7 @@ def _to_devnull(stream) -> None:
 def setup(opts) -> int | None:
     """Apply the thread cap the options ask for (--threads, else the device's), before any heavy import."""
     runtime.quiet_libraries()
-    cap = opts.thread_cap() if opts is not None else None
-    if cap is None and opts is not None and "threads" in type(opts).fields and type(opts).__name__ != "ProfileOptions":
-        # no cap asked for: every core, unless the host is busy (runtime.ThreadPolicy); then its cap.
-        # (profile measures the thread counts it is given, in children of their own)
-        cores = runtime.usable_cores()
-        fewer = runtime.default_threads(cores)
-        cap = fewer if fewer != cores else None
-    return runtime.apply_threads(cap)
+    return runtime.apply_threads(opts.thread_cap() if opts is not None else None)
 
 
 def command(work, render):

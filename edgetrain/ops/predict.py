@@ -123,7 +123,7 @@ def predict(model: str, data: str, opts: "PredictOptions", progress: ProgressFn 
     ``outputs`` (option -> path) are refused, before any inference, if one is an image DATA names (inside
     its folder, or listed on standard input)."""
     t0 = time.perf_counter()
-    threads = opts.thread_cap() or current_threads()
+    threads = current_threads()  # the cap applied for these options (runtime.apply_threads)
     runner, pre, classes, precision, notes = _load(model, threads)
     t_load = time.perf_counter() - t0
     src = _resolve(str(data), pre, stdin if stdin is not None else sys.stdin)

@@ -80,7 +80,7 @@ def quantize(model: str, opts: QuantizeOptions, progress: ProgressFn | None = No
     search may keep in fp32 (default: half the quantized nodes; beyond that the model is barely int8).
     """
     profile = opts.profile()
-    threads = opts.thread_cap() or current_threads()
+    threads = current_threads()  # the cap applied for these options (runtime.apply_threads)
     output = Path(opts.output)
     scheme = scheme_for(profile, per_channel=opts.per_channel)
     if opts.backend == "mxnet":
