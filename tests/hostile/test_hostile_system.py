@@ -498,3 +498,59 @@ def test_the_api_reads_a_text_stdin_with_the_same_bounds(images):
         op(ONNX, "-", PredictOptions(threads=1), stdin=io.StringIO("x" * 10_000))
     res = op(ONNX, "-", PredictOptions(threads=1), stdin=io.StringIO(f"{images / '0' / '000.png'}\n\n"))
     assert res.samples == 1 and res.predictions[0]["input"].endswith("000.png")
+
+
+# --- 5. a path over PATH_MAX, a name over NAME_MAX -------------------------------------------------------
+
+LONG_PATHS = {"name-over-name-max": "n" * 300, "path-over-path-max": "/".join(["d" * 200] * 25)}
+
+# every command, each of its path arguments in turn given the long path ("{p}")
+PATH_ARGS = {
+    "predict-model": ["predict", "{p}.onnx", "{images}"],
+    "predict-data": ["predict", ONNX, "{p}"],
+    "predict-o": ["predict", ONNX, "{images}", "-o", "{p}"],
+    "predict-json": ["predict", ONNX, "{images}", "--json", "{p}"],
+    "inspect-model": ["inspect", "{p}"],
+    "inspect-json": ["inspect", PREFIX, "--json", "{p}"],
+    "export-model": ["export", "{p}", "-o", "{out}/m.onnx"],
+    "export-o": ["export", PREFIX, "-o", "{p}.onnx"],
+    "quantize-calib": ["quantize", ONNX, "--calib", "{p}", "-o", "{out}/q.onnx"],
+    "quantize-o": ["quantize", ONNX, "--calib", "builtin:digits", "-o", "{p}.onnx"],
+    "finetune-data": ["finetune", PREFIX, "--data", "{p}", "-o", "{out}/ft"],
+    "finetune-o": ["finetune", PREFIX, "--data", "builtin:digits", "-o", "{p}"],
+    "profile-model": ["profile", "{p}.onnx"],
+    "profile-report": ["profile", ONNX, "--report", "{p}.html"],
+    "run-recipe": ["run", "{p}.yaml"],
+    "run-o": ["run", "-o", "{p}"],
+    "devices-show": ["devices", "show", "{p}.yaml"],
+    "recipes-validate": ["recipes", "validate", "{p}.yaml"],
+    "fleet-serve-o": ["fleet", "serve", PREFIX, "--val", "builtin:digits", "-o", "{p}"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LONG_PATHS))
+@pytest.mark.parametrize("case", sorted(PATH_ARGS))
+def test_a_path_too_long_for_the_system_is_one_line_exit_2(tmp_path, images, case, kind):
+    if case.startswith("fleet"):
+        pytest.importorskip("flwr")  # the fleet extra: its tests run in the Flower environment
+    out = tmp_path / "out"
+    out.mkdir()
+    long_path = str(tmp_path / LONG_PATHS[kind])
+    argv = [a.format(p=long_path, images=images, out=out) for a in PATH_ARGS[case]]
+    res = _run(argv, timeout=300)
+    assert_user_error(res, 2, "too long")
+    assert list(out.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("kind", sorted(LONG_PATHS))
+@pytest.mark.parametrize("case", [(fn, p) for fn, (_, params) in __import__("hostile.test_hostile_api", fromlist=["x"])
+                                  .SIGNATURES.items() for p in params], ids="-".join)
+def test_an_api_path_too_long_is_one_usage_error_before_any_work(tmp_path, monkeypatch, case, kind):
+    from hostile.test_hostile_api import SIGNATURES
+
+    fn, param = case
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as info:
+        SIGNATURES[fn][0]({param: str(tmp_path / LONG_PATHS[kind])})
+    assert "too long" in info.value.line() or "bytes long" in info.value.line(), info.value.line()
+    assert info.value.exit_code == 2 and os.listdir(tmp_path) == []
