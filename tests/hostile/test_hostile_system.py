@@ -554,3 +554,58 @@ def test_an_api_path_too_long_is_one_usage_error_before_any_work(tmp_path, monke
         SIGNATURES[fn][0]({param: str(tmp_path / LONG_PATHS[kind])})
     assert "too long" in info.value.line() or "bytes long" in info.value.line(), info.value.line()
     assert info.value.exit_code == 2 and os.listdir(tmp_path) == []
+
+
+# --- 6. no /proc -----------------------------------------------------------------------------------------
+
+NO_PROC_CASES = {
+    "predict": (["predict", ONNX, "{images}"], False),
+    "inspect": (["inspect", PREFIX], False),
+    "devices-host": (["devices", "host"], False),
+    "devices-host-json": (["devices", "host", "--json", "-"], False),
+    "profile": (["profile", ONNX, "--runs", "3"], True),
+    "profile-device": (["profile", ONNX, "--runs", "3", "--device", "rpi4b-4gb", "--json", "-"], True),
+    "finetune": (["finetune", PREFIX, "--data", "builtin:digits", "--epochs", "1", "-o", "{out}/ft"], True),
+    "finetune-budget": (["finetune", PREFIX, "--data", "builtin:digits", "--epochs", "1", "--device", "rpi4b-4gb",
+                         "-o", "{out}/ft"], True),
+    "export": (["export", PREFIX, "-o", "{out}/m.onnx"], True),
+    "quantize": (["quantize", ONNX, "--calib", "builtin:digits", "-o", "{out}/q.onnx"], True),
+    "doctor": (["doctor"], True),
+}
+
+
+def _without_proc(argv: list[str], timeout=600):
+    """Run edgetrain where /proc is an empty folder: a private mount namespace (unshare; as another user, in
+    a user namespace) with a tmpfs over /proc. The real thing, not a simulation; skipped where unshare
+    cannot make one."""
+    import shlex
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare here")
+    ns = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-r", "-m"]
+    probe = subprocess.run([*ns, "sh", "-c", "mount -t tmpfs none /proc && test ! -e /proc/self"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot hide /proc here: {probe.stderr.decode().strip()}")
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "edgetrain", *argv])
+    env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
+    return subprocess.run([*ns, "sh", "-c", f"mount -t tmpfs none /proc && exec {command}"], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.slow] if slow else [])
+                                  for c, (_, slow) in NO_PROC_CASES.items()])
+def test_no_proc_gives_unknown_figures_never_a_crash(tmp_path, images, case):
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [a.format(images=images, out=out) for a in NO_PROC_CASES[case][0]]
+    proc = _without_proc(argv)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode in (0, 3), proc.stderr[-3000:]
+    assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")], proc.stderr[-3000:]
+    if argv[-2:] == ["--json", "-"]:
+        import json
+
+        assert json.loads(proc.stdout)
