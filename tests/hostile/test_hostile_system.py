@@ -609,3 +609,106 @@ def test_no_proc_gives_unknown_figures_never_a_crash(tmp_path, images, case):
         import json
 
         assert json.loads(proc.stdout)
+
+
+# --- 7. the pretrained download has an overall deadline ----------------------------------------------------
+
+ZOO = "mobilenetv2_0.25"  # in mxnet's published table; the weights themselves never arrive here
+
+
+class _SlowMirror:
+    """A real HTTP mirror on loopback, in a thread, that never finishes: it trickles one byte every 0.2 s of
+    a 10 MB body, or stalls after its headers, or stalls before answering at all."""
+
+    def __init__(self, kind: str):
+        import http.server
+        import socketserver
+        import threading
+        import time
+
+        stop = self.stop = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                if kind == "stall-before-headers":
+                    stop.wait(120)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(10 << 20))
+                self.end_headers()
+                self.wfile.flush()
+                try:
+                    while not stop.is_set():
+                        if kind == "trickle":
+                            self.wfile.write(b"P")
+                            self.wfile.flush()
+                        stop.wait(0.2)
+                except OSError:  # the client gave up: what the deadline is for
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self._time = time
+
+    def close(self):
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+MIRRORS = ["trickle", "stall-after-headers", "stall-before-headers"]
+
+
+@pytest.fixture
+def slow_mirror(request):
+    mirror = _SlowMirror(request.param)
+    yield mirror
+    mirror.close()
+
+
+@pytest.mark.parametrize("slow_mirror", MIRRORS, indirect=True)
+def test_a_mirror_that_never_finishes_meets_the_deadline_and_leaves_nothing(tmp_path, monkeypatch, slow_mirror):
+    import time
+
+    from edgetrain.models import load_gluon
+
+    monkeypatch.setenv("MXNET_HOME", str(tmp_path / "mxhome"))
+    monkeypatch.setenv("MXNET_GLUON_REPO", slow_mirror.url)
+    monkeypatch.setenv("EDGETRAIN_DOWNLOAD_DEADLINE", "2")
+    t0 = time.monotonic()
+    with pytest.raises(UsageError) as info:
+        load_gluon(f"zoo:{ZOO}@pretrained", input_shape=(3, 32, 32))
+    waited = time.monotonic() - t0
+    line = info.value.line()
+    assert "cannot be downloaded" in line and ("deadline" in line or "timed out" in line), line
+    assert info.value.exit_code == 2 and waited < 60  # ended, rather than waiting on the mirror for good
+    cache = tmp_path / "mxhome" / "models"
+    assert not cache.exists() or list(cache.iterdir()) == []  # no partial file, no temp folder
+
+
+@pytest.mark.parametrize("slow_mirror", ["trickle"], indirect=True)
+def test_the_cli_download_deadline_is_one_line(tmp_path, slow_mirror):
+    res = _run(["inspect", f"zoo:{ZOO}@pretrained", "--input-shape", "1,3,32,32"],
+               env={"MXNET_HOME": str(tmp_path / "mxhome"), "MXNET_GLUON_REPO": slow_mirror.url,
+                    "EDGETRAIN_DOWNLOAD_DEADLINE": "2"}, timeout=120)
+    assert_user_error(res, 2, "deadline", "EDGETRAIN_DOWNLOAD_DEADLINE")
+    cache = tmp_path / "mxhome" / "models"
+    assert not cache.exists() or list(cache.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "inf", "nan"])
+def test_a_download_deadline_that_is_not_seconds_is_one_line(tmp_path, monkeypatch, value):
+    from edgetrain.models import load_gluon
+
+    monkeypatch.setenv("MXNET_HOME", str(tmp_path / "mxhome"))
+    monkeypatch.setenv("EDGETRAIN_DOWNLOAD_DEADLINE", value)
+    with pytest.raises(UsageError, match="EDGETRAIN_DOWNLOAD_DEADLINE"):
+        load_gluon(f"zoo:{ZOO}@pretrained", input_shape=(3, 32, 32))
