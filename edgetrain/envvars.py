@@ -24,6 +24,8 @@ DECLARED: dict[str, str] = {
     "EDGETRAIN_ALLOW_OVERSUBSCRIBE": "1: more threads than the machine's cores are allowed",
     "OMP_NUM_THREADS": "the thread cap in force when no --threads is given (OpenMP's own; edgetrain sets it for children)",
     "MXNET_GLUON_REPO": "the mirror the pretrained zoo weights are fetched from (mxnet's own variable)",
+    "EDGETRAIN_DOWNLOAD_DEADLINE": "seconds a pretrained download may take in all (default 1800): a stalled or "
+                                   "trickling mirror is given up then, and nothing is left in the cache",
     # for tests and edgetrain's own processes (a user never sets them)
     "EDGETRAIN_TEST_KILL_AT": "PHASE:N: a fine-tune SIGKILLs itself the N-th time it reaches PHASE",
     "EDGETRAIN_SYSFS_ROOT": "the folder read as /sys by the power sensors",

@@ -35,6 +35,7 @@ def path_arg(value, name: str, where: str) -> str:
     os.PathLike; bytes are decoded as the os module does (os.fsdecode). Anything else -- None, a number --
     is one UsageError naming the argument, never str()'d into a file named "None" or "b'...'"."""
     if isinstance(value, str) and value.strip():
+        check_path_length(value, name)
         return value
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
@@ -46,7 +47,27 @@ def path_arg(value, name: str, where: str) -> str:
                          "pass a str or a pathlib.Path")
     if not value.strip():
         raise UsageError(f"{name} is an empty path", where, "pass a file name")
+    check_path_length(value, name)
     return value
+
+
+PATH_MAX, NAME_MAX = 4096, 255  # Linux's (limits.h); most file systems' names stop at 255 bytes
+
+
+def check_path_length(value: str, name: str) -> None:
+    """A path the system cannot open (over PATH_MAX bytes, or a name in it over NAME_MAX) is one UsageError
+    before any work, not an OSError from wherever it is first opened."""
+    raw = os.fsencode(value)
+    if len(raw) >= PATH_MAX:
+        raise path_too_long(value, f"{name} is {len(raw):,} bytes long, over the system's {PATH_MAX - 1:,}")
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        raise path_too_long(value, f"{name} holds a name {len(longest):,} bytes long, over the {NAME_MAX} a "
+                                   "file system allows")
+
+
+def path_too_long(path, what: str = "a path is too long for the system") -> UsageError:
+    return UsageError(what, clip(os.fsdecode(path), 120), "give a shorter path (or a shorter name in it)")
 
 
 # An output that names a stream is written through, never replaced: a device (``-o /dev/null``), a FIFO,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -254,7 +255,8 @@ def _load_zoo(ref: ModelRef, params, input_shape) -> GluonModel:
                       notes=["random weights (no --params given)"])
 
 
-PRETRAINED_TIMEOUT_S = 60.0
+PRETRAINED_TIMEOUT_S = 60.0       # one network wait (connect, a read that brings nothing)
+PRETRAINED_DEADLINE_S = 1800.0    # the whole download (EDGETRAIN_DOWNLOAD_DEADLINE): a 1 byte/s mirror ends
 
 
 def pretrained_params(name: str, where: str) -> Path:
@@ -303,6 +305,20 @@ class _NoDownload(Exception):
     pass
 
 
+def _download_deadline() -> float:
+    text = envvars.get("EDGETRAIN_DOWNLOAD_DEADLINE")
+    if text is None:
+        return PRETRAINED_DEADLINE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"EDGETRAIN_DOWNLOAD_DEADLINE must be a positive number of seconds, not '{clip(text, 40)}'",
+                         "environment", "unset it (30 minutes) or give seconds, e.g. 600")
+    return value
+
+
 def _download_params(url: str, path: Path, file_name: str) -> None:
     """Fetch the zip mxnet publishes and put its .params at ``path`` atomically (no half file is ever left)."""
     import shutil
@@ -315,9 +331,19 @@ def _download_params(url: str, path: Path, file_name: str) -> None:
         raise _NoDownload(f"cannot create the cache folder: {exc.strerror}") from None
     with temp_dir("pretrained", dir=path.parent) as tmp:
         zipped = Path(tmp) / f"{file_name}.zip"
+        deadline = _download_deadline()
+        end = time.monotonic() + deadline
         try:
-            with urllib.request.urlopen(url, timeout=PRETRAINED_TIMEOUT_S) as resp, open(zipped, "wb") as out:
-                shutil.copyfileobj(resp, out, 1 << 20)
+            with urllib.request.urlopen(url, timeout=min(PRETRAINED_TIMEOUT_S, deadline)) as resp, \
+                    open(zipped, "wb") as out:
+                while True:
+                    if time.monotonic() > end:
+                        raise _NoDownload(f"not finished within the {deadline:g} s deadline "
+                                          f"({out.tell():,} bytes received; EDGETRAIN_DOWNLOAD_DEADLINE sets it)")
+                    chunk = resp.read1(1 << 20)  # what has arrived (read() would wait for the whole 1 MiB)
+                    if not chunk:
+                        break
+                    out.write(chunk)
             with zipfile.ZipFile(zipped) as zf, zf.open(f"{file_name}.params") as member:
                 with atomic_path(path, "pretrained weights") as dst, open(dst, "wb") as out:
                     shutil.copyfileobj(member, out, 1 << 20)

@@ -23,6 +23,11 @@ def rss_mb(pid: int | None = None) -> float | None:
 
 
 def peak_rss_mb(pid: int | None = None) -> float | None:
-    """Peak resident set size (VmHWM) in MiB since the process started."""
+    """Peak resident set size (VmHWM) in MiB since the process started. This process's own is known even
+    without /proc (getrusage's ru_maxrss, the same high-water mark, in KiB on Linux); another's is None."""
     kb = _status_kb("VmHWM", Path(f"/proc/{pid}/status") if pid else _STATUS)
+    if kb is None and not pid:
+        import resource
+
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss or None
     return kb / 1024 if kb is not None else None

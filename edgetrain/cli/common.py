@@ -5,6 +5,7 @@ this module without click; ``run_cli`` and ``json_option`` import it when they r
 """
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from pathlib import Path
@@ -77,15 +78,27 @@ def _run_and_exit(call) -> None:
         echo(err=True)
         echo("Aborted.", err=True)
         sys.exit(130)
-    except EdgetrainError as exc:
-        if envvars.get("EDGETRAIN_DEBUG") == "1":
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
             raise
-        try:
-            echo(f"Error: {exc.line()}", err=True)
-        except EdgetrainError:  # stderr itself cannot take it (2>/dev/full): the exit code still says it
-            pass
-        sys.exit(exc.exit_code)
+        # Any path from the command line, or made from one (OUTDIR/..., a temp name beside -o), that the
+        # system cannot open: the user's to shorten, wherever it was first opened.
+        from ..fileio import path_too_long
+
+        _exit_with(path_too_long(exc.filename or "?", f"a path is too long for the system ({exc.strerror})"))
+    except EdgetrainError as exc:
+        _exit_with(exc)
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _exit_with(exc: EdgetrainError) -> None:
+    if envvars.get("EDGETRAIN_DEBUG") == "1":
+        raise exc
+    try:
+        echo(f"Error: {exc.line()}", err=True)
+    except EdgetrainError:  # stderr itself cannot take it (2>/dev/full): the exit code still says it
+        pass
+    sys.exit(exc.exit_code)
 
 
 def _reader_gone() -> bool:

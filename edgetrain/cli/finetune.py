@@ -40,7 +40,8 @@ def _summary(json_path, res) -> None:
     say(json_path, f"time      {res.seconds:.1f}s  ({res.feature_seconds:.1f}s feature pass, "
                    f"{res.samples_per_s:.0f} samples/s, {res.threads} thread{'s' if res.threads != 1 else ''})")
     budget = f" of {res.budget_mb:.0f} MB budget" if res.budget_mb else " (no budget)"
-    say(json_path, f"memory    peak RSS {res.peak_rss_mb:.0f} MB{budget}")
+    peak = f"{res.peak_rss_mb:.0f} MB" if res.peak_rss_mb is not None else "unknown (no /proc here)"
+    say(json_path, f"memory    peak RSS {peak}{budget}")
     if res.energy:
         e = res.energy
         from ..energy import figure_text

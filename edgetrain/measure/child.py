@@ -444,12 +444,15 @@ def baseline(runtime: str) -> dict:
         sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
         sess.run(None, {"x": np.ones((1, 4), "float32")})
         # A deployed app does not import onnx: count ORT's import and its session start-up, not onnx.
-        rss = after_import + (rss_mb() - before_session)
+        after = rss_mb()
+        rss = None if None in (after_import, before_session, after) else after_import + (after - before_session)
     else:
         mx = _lazy.mxnet()
 
         mx.nd.relu(mx.nd.ones((1, 4))).asnumpy()
         rss = rss_mb()
+    if rss is None:  # no /proc: the process's peak (getrusage) -- after start-up, about its resident size
+        rss = peak_rss_mb()
     return {"runtime": runtime, "rss_mb": rss}
 
 

@@ -498,3 +498,217 @@ def test_the_api_reads_a_text_stdin_with_the_same_bounds(images):
         op(ONNX, "-", PredictOptions(threads=1), stdin=io.StringIO("x" * 10_000))
     res = op(ONNX, "-", PredictOptions(threads=1), stdin=io.StringIO(f"{images / '0' / '000.png'}\n\n"))
     assert res.samples == 1 and res.predictions[0]["input"].endswith("000.png")
+
+
+# --- 5. a path over PATH_MAX, a name over NAME_MAX -------------------------------------------------------
+
+LONG_PATHS = {"name-over-name-max": "n" * 300, "path-over-path-max": "/".join(["d" * 200] * 25)}
+
+# every command, each of its path arguments in turn given the long path ("{p}")
+PATH_ARGS = {
+    "predict-model": ["predict", "{p}.onnx", "{images}"],
+    "predict-data": ["predict", ONNX, "{p}"],
+    "predict-o": ["predict", ONNX, "{images}", "-o", "{p}"],
+    "predict-json": ["predict", ONNX, "{images}", "--json", "{p}"],
+    "inspect-model": ["inspect", "{p}"],
+    "inspect-json": ["inspect", PREFIX, "--json", "{p}"],
+    "export-model": ["export", "{p}", "-o", "{out}/m.onnx"],
+    "export-o": ["export", PREFIX, "-o", "{p}.onnx"],
+    "quantize-calib": ["quantize", ONNX, "--calib", "{p}", "-o", "{out}/q.onnx"],
+    "quantize-o": ["quantize", ONNX, "--calib", "builtin:digits", "-o", "{p}.onnx"],
+    "finetune-data": ["finetune", PREFIX, "--data", "{p}", "-o", "{out}/ft"],
+    "finetune-o": ["finetune", PREFIX, "--data", "builtin:digits", "-o", "{p}"],
+    "profile-model": ["profile", "{p}.onnx"],
+    "profile-report": ["profile", ONNX, "--report", "{p}.html"],
+    "run-recipe": ["run", "{p}.yaml"],
+    "run-o": ["run", "-o", "{p}"],
+    "devices-show": ["devices", "show", "{p}.yaml"],
+    "recipes-validate": ["recipes", "validate", "{p}.yaml"],
+    "fleet-serve-o": ["fleet", "serve", PREFIX, "--val", "builtin:digits", "-o", "{p}"],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LONG_PATHS))
+@pytest.mark.parametrize("case", sorted(PATH_ARGS))
+def test_a_path_too_long_for_the_system_is_one_line_exit_2(tmp_path, images, case, kind):
+    if case.startswith("fleet"):
+        pytest.importorskip("flwr")  # the fleet extra: its tests run in the Flower environment
+    out = tmp_path / "out"
+    out.mkdir()
+    long_path = str(tmp_path / LONG_PATHS[kind])
+    argv = [a.format(p=long_path, images=images, out=out) for a in PATH_ARGS[case]]
+    res = _run(argv, timeout=300)
+    assert_user_error(res, 2, "too long")
+    assert list(out.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("kind", sorted(LONG_PATHS))
+@pytest.mark.parametrize("case", [(fn, p) for fn, (_, params) in __import__("hostile.test_hostile_api", fromlist=["x"])
+                                  .SIGNATURES.items() for p in params], ids="-".join)
+def test_an_api_path_too_long_is_one_usage_error_before_any_work(tmp_path, monkeypatch, case, kind):
+    from hostile.test_hostile_api import SIGNATURES
+
+    fn, param = case
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as info:
+        SIGNATURES[fn][0]({param: str(tmp_path / LONG_PATHS[kind])})
+    assert "too long" in info.value.line() or "bytes long" in info.value.line(), info.value.line()
+    assert info.value.exit_code == 2 and os.listdir(tmp_path) == []
+
+
+# --- 6. no /proc -----------------------------------------------------------------------------------------
+
+NO_PROC_CASES = {
+    "predict": (["predict", ONNX, "{images}"], False),
+    "inspect": (["inspect", PREFIX], False),
+    "devices-host": (["devices", "host"], False),
+    "devices-host-json": (["devices", "host", "--json", "-"], False),
+    "profile": (["profile", ONNX, "--runs", "3"], True),
+    "profile-device": (["profile", ONNX, "--runs", "3", "--device", "rpi4b-4gb", "--json", "-"], True),
+    "finetune": (["finetune", PREFIX, "--data", "builtin:digits", "--epochs", "1", "-o", "{out}/ft"], True),
+    "finetune-budget": (["finetune", PREFIX, "--data", "builtin:digits", "--epochs", "1", "--device", "rpi4b-4gb",
+                         "-o", "{out}/ft"], True),
+    "export": (["export", PREFIX, "-o", "{out}/m.onnx"], True),
+    "quantize": (["quantize", ONNX, "--calib", "builtin:digits", "-o", "{out}/q.onnx"], True),
+    "doctor": (["doctor"], True),
+}
+
+
+def _without_proc(argv: list[str], timeout=600):
+    """Run edgetrain where /proc is an empty folder: a private mount namespace (unshare; as another user, in
+    a user namespace) with a tmpfs over /proc. The real thing, not a simulation; skipped where unshare
+    cannot make one."""
+    import shlex
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare here")
+    ns = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-r", "-m"]
+    probe = subprocess.run([*ns, "sh", "-c", "mount -t tmpfs none /proc && test ! -e /proc/self"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot hide /proc here: {probe.stderr.decode().strip()}")
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "edgetrain", *argv])
+    env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
+    return subprocess.run([*ns, "sh", "-c", f"mount -t tmpfs none /proc && exec {command}"], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.slow] if slow else [])
+                                  for c, (_, slow) in NO_PROC_CASES.items()])
+def test_no_proc_gives_unknown_figures_never_a_crash(tmp_path, images, case):
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [a.format(images=images, out=out) for a in NO_PROC_CASES[case][0]]
+    proc = _without_proc(argv)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode in (0, 3), proc.stderr[-3000:]
+    assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")], proc.stderr[-3000:]
+    if argv[-2:] == ["--json", "-"]:
+        import json
+
+        assert json.loads(proc.stdout)
+
+
+# --- 7. the pretrained download has an overall deadline ----------------------------------------------------
+
+ZOO = "mobilenetv2_0.25"  # in mxnet's published table; the weights themselves never arrive here
+
+
+class _SlowMirror:
+    """A real HTTP mirror on loopback, in a thread, that never finishes: it trickles one byte every 0.2 s of
+    a 10 MB body, or stalls after its headers, or stalls before answering at all."""
+
+    def __init__(self, kind: str):
+        import http.server
+        import socketserver
+        import threading
+        import time
+
+        stop = self.stop = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                if kind == "stall-before-headers":
+                    stop.wait(120)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(10 << 20))
+                self.end_headers()
+                self.wfile.flush()
+                try:
+                    while not stop.is_set():
+                        if kind == "trickle":
+                            self.wfile.write(b"P")
+                            self.wfile.flush()
+                        stop.wait(0.2)
+                except OSError:  # the client gave up: what the deadline is for
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self._time = time
+
+    def close(self):
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+MIRRORS = ["trickle", "stall-after-headers", "stall-before-headers"]
+
+
+@pytest.fixture
+def slow_mirror(request):
+    mirror = _SlowMirror(request.param)
+    yield mirror
+    mirror.close()
+
+
+@pytest.mark.parametrize("slow_mirror", MIRRORS, indirect=True)
+def test_a_mirror_that_never_finishes_meets_the_deadline_and_leaves_nothing(tmp_path, monkeypatch, slow_mirror):
+    import time
+
+    from edgetrain.models import load_gluon
+
+    monkeypatch.setenv("MXNET_HOME", str(tmp_path / "mxhome"))
+    monkeypatch.setenv("MXNET_GLUON_REPO", slow_mirror.url)
+    monkeypatch.setenv("EDGETRAIN_DOWNLOAD_DEADLINE", "2")
+    t0 = time.monotonic()
+    with pytest.raises(UsageError) as info:
+        load_gluon(f"zoo:{ZOO}@pretrained", input_shape=(3, 32, 32))
+    waited = time.monotonic() - t0
+    line = info.value.line()
+    assert "cannot be downloaded" in line and ("deadline" in line or "timed out" in line), line
+    assert info.value.exit_code == 2 and waited < 60  # ended, rather than waiting on the mirror for good
+    cache = tmp_path / "mxhome" / "models"
+    assert not cache.exists() or list(cache.iterdir()) == []  # no partial file, no temp folder
+
+
+@pytest.mark.parametrize("slow_mirror", ["trickle"], indirect=True)
+def test_the_cli_download_deadline_is_one_line(tmp_path, slow_mirror):
+    res = _run(["inspect", f"zoo:{ZOO}@pretrained", "--input-shape", "1,3,32,32"],
+               env={"MXNET_HOME": str(tmp_path / "mxhome"), "MXNET_GLUON_REPO": slow_mirror.url,
+                    "EDGETRAIN_DOWNLOAD_DEADLINE": "2"}, timeout=120)
+    assert_user_error(res, 2, "deadline", "EDGETRAIN_DOWNLOAD_DEADLINE")
+    cache = tmp_path / "mxhome" / "models"
+    assert not cache.exists() or list(cache.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "inf", "nan"])
+def test_a_download_deadline_that_is_not_seconds_is_one_line(tmp_path, monkeypatch, value):
+    from edgetrain.models import load_gluon
+
+    monkeypatch.setenv("MXNET_HOME", str(tmp_path / "mxhome"))
+    monkeypatch.setenv("EDGETRAIN_DOWNLOAD_DEADLINE", value)
+    with pytest.raises(UsageError, match="EDGETRAIN_DOWNLOAD_DEADLINE"):
+        load_gluon(f"zoo:{ZOO}@pretrained", input_shape=(3, 32, 32))
