@@ -331,7 +331,9 @@ def _mode(fleet: Fleet, layers: str) -> tuple:
 
     base = str(Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx")
     fleet.model, fleet.join_args = base, ("--model", base)
-    return ("--train-layers", layers)
+    # a ClientApp of these modes loads the gradient code at start: a longer round on a loaded machine (the last
+    # --round-timeout given is the one in force)
+    return ("--train-layers", layers, "--round-timeout", 4 * TIMEOUT)
 
 
 @pytest.mark.slow
