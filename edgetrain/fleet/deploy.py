@@ -30,8 +30,8 @@ ONNX = "model.onnx"
 INT8 = "model-int8.onnx"
 
 
-def write_models(rundir: Path, spec: dict, arrays: dict[str, np.ndarray], round_no: int, export: str,
-                 progress=None) -> tuple[dict, list[str], list[str]]:
+def write_models(rundir: Path, spec: dict, arrays: dict[str, np.ndarray], round_no: int,
+                 export: str) -> tuple[dict, list[str], list[str]]:
     """Write RUNDIR/model/ for ``arrays`` (the global arrays after ``round_no``). Returns (the files by kind:
     prefix, onnx, int8; notes; failed checks: an int8 model over quantize's accuracy budget is kept, and said)."""
     final = rundir / FOLDER
@@ -69,10 +69,8 @@ def write_models(rundir: Path, spec: dict, arrays: dict[str, np.ndarray], round_
         fsync_dir(rundir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    out = {kind: str(final / name) for kind, name in files.items()}
-    if "prefix" in out:
-        out["prefix"] = str(final / PREFIX)  # what MODEL is given as: the PREFIX, not a file
-    return out, notes, failed
+    # the PREFIX is named as MODEL is given (RUNDIR/model/model), the others as files
+    return {kind: str(final / name) for kind, name in files.items()}, notes, failed
 
 
 def _export_onnx(prefix: Path, onnx_path: Path, spec: dict, notes: list, failed: list) -> None:

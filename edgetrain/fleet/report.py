@@ -192,7 +192,9 @@ def _models_html(doc: dict) -> str:
 def markdown_section(doc: dict | FleetResult) -> str:
     """The same section in Markdown."""
     doc = doc.to_dict() if isinstance(doc, FleetResult) else doc
-    lines = [f"## Fleet: {doc['model']}", "", _headline(doc) + ".", "",
+    models = doc.get("models") or {}
+    deploy = ["The global model, to deploy: " + ", ".join(f"{k} `{v}`" for k, v in models.items()), ""] if models else []
+    lines = [f"## Fleet: {doc['model']}", "", _headline(doc) + ".", "", *deploy,
              "| round | held-out top-1 | updates | bytes up | bytes down | seconds | peak RSS (MB, max) | energy (J) | "
              "devices | left out |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in round_rows(doc):
