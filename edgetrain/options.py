@@ -680,9 +680,11 @@ class FleetServeOptions(Options):
                                  "follow); a slower device is left out of that round and is told so.")
     join_timeout: Annotated[float, Range(gt=0, le=86_400)] = opt(
         300.0, metavar="S", help="Seconds to wait for --min-clients devices before a round starts with fewer.")
-    codec: Literal["fp32", "int8", "2bit"] = opt(
+    codec: Literal["fp32", "int8", "2bit", "ternary"] = opt(
         "int8", help="How devices compress their updates: fp32 (none), int8 (per-tensor affine), 2bit (with error "
-                     "feedback: what is dropped stays on the device and is sent with the next round).")
+                     "feedback: what is dropped stays on the device and is sent with the next round), ternary "
+                     "(the largest 1/80 of each tensor as +-one scale, positions Rice-coded, with error feedback; "
+                     "the global model then goes down as an int8 delta).")
     aggregate: Literal["scaffold", "fedavg"] = opt(
         "scaffold", help="How updates are combined: scaffold (FedAvg with drift correction: devices that see only "
                          "some classes do not pull the model towards theirs; twice the bytes) or plain fedavg.")

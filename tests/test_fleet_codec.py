@@ -2,6 +2,8 @@
 and 2-bit error feedback carrying what one round dropped into the next (pure NumPy, no Flower)."""
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 
@@ -27,7 +29,10 @@ def _tensor(kind: str, shape, rng) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("codec", CODECS)
+FIXED = [c for c in CODECS if c != "ternary"]  # the codecs whose payload size depends on the size alone
+
+
+@pytest.mark.parametrize("codec", FIXED)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_round_trip_is_within_half_a_step_and_payload_is_the_promised_size(codec, shape, kind):
@@ -117,3 +122,118 @@ def test_tensors_named_exact_travel_as_float32_whatever_the_codec(codec):
     np.testing.assert_array_equal(decode_tensor(enc["running_var"]), update["running_var"])
     assert "running_var" not in residual and ("w" in residual) == (codec == "2bit")
     assert enc["w"].nbytes == payload_size(codec, 32) and enc["running_var"].nbytes == 4 * 16
+
+
+# --- ternary (sparse ternary compression with error feedback) --------------------------------------------
+
+@pytest.mark.parametrize("shape", SHAPES + [(64, 300)])
+@pytest.mark.parametrize("kind", KINDS + ["ties", "sparse"])
+def test_ternary_sends_the_k_largest_as_one_scale_and_the_receiver_decodes_what_the_sender_kept(shape, kind):
+    from edgetrain.fleet.codec import keep_count
+
+    rng = np.random.RandomState(hash((shape, kind)) % 2**31)
+    x = _tensor(kind, shape, rng)
+    if kind == "ties":
+        x = np.sign(rng.normal(size=shape)).astype(np.float32)  # every magnitude equal
+    elif kind == "sparse" and x.size:
+        x = np.where(rng.uniform(size=shape) < 0.002, x, 0).astype(np.float32)
+    enc, decoded = encode_tensor(x, "ternary")
+    back = decode_tensor(Encoded(enc.codec, enc.shape, bytes(enc.data)))
+    assert back.shape == x.shape and back.dtype == np.float32
+    np.testing.assert_array_equal(back, decoded)
+    kept = np.flatnonzero(back.ravel())
+    assert kept.size <= keep_count(x.size)
+    assert kept.size == min(keep_count(x.size), np.count_nonzero(x))  # nothing nonzero is skipped while k allows
+    if kept.size:
+        mags = np.abs(x.ravel())
+        assert mags[kept].min() >= np.delete(mags, kept).max(initial=0.0)  # the largest magnitudes
+        assert np.all(np.sign(back.ravel()[kept]) == np.sign(x.ravel()[kept]))  # their signs
+        scale = np.abs(back.ravel()[kept])
+        assert np.all(scale == scale[0])  # one shared scale ...
+        assert abs(scale[0] - mags[kept].mean()) <= mags[kept].mean() * 2 ** -8  # ... their mean, to bfloat16
+    # the payload: count, scale, and about log2(n/k) + 3 bits per kept entry, never more than int8's
+    assert enc.nbytes <= 1 + 2 + kept.size * (np.log2(max(x.size, 1) / max(kept.size, 1)) + 3) / 8 + 2
+    assert enc.nbytes < payload_size("int8", x.size) or x.size <= 4
+
+
+def test_ternary_is_at_least_100x_smaller_than_float32_on_the_digits_head():
+    rng = np.random.RandomState(0)
+    update = {"w": rng.normal(size=(10, 32)).astype(np.float32), "b": rng.normal(size=10).astype(np.float32)}
+    update.update({"control/" + k: v * 0.1 for k, v in update.items()})  # SCAFFOLD's control deltas travel too
+    enc, _ = encode_update(update, "ternary", {})
+    fp32 = sum(4 * v.size for v in update.values())
+    assert fp32 / update_bytes(enc) >= 100
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ternary_error_feedback_sends_everything_eventually(seed):
+    """sum(decoded) == sum(true updates) - final residual, exactly round by round; and the residual stays
+    bounded, so every coordinate's push arrives (plain top-k without feedback never sends the small ones)."""
+    rng = np.random.RandomState(seed)
+    shape = (10, 32)
+    residual: dict = {}
+    sent = np.zeros(shape, np.float64)
+    true = np.zeros(shape, np.float64)
+    bias = rng.normal(scale=0.01, size=shape)
+    biggest = 0.0
+    for _ in range(200):
+        delta = (bias + rng.normal(scale=0.002, size=shape)).astype(np.float32)
+        biggest = max(biggest, float(np.abs(delta).max()))
+        before = residual.get("w", np.zeros(shape, np.float32)).copy()
+        enc, residual = encode_update({"w": delta}, "ternary", residual)
+        decoded = decode_tensor(enc["w"])
+        np.testing.assert_array_equal(residual["w"], (delta + before) - decoded)
+        sent += decoded
+        true += delta
+    np.testing.assert_allclose(sent, true - residual["w"], atol=1e-4)
+    # bounded: a coordinate waits at most about n/k rounds for its turn, whatever the number of rounds
+    from edgetrain.fleet.codec import keep_count
+
+    assert np.abs(residual["w"]).max() <= 2 * (delta.size / keep_count(delta.size)) * biggest
+    assert np.corrcoef(sent.ravel(), true.ravel())[0, 1] > 0.95
+
+
+def _ternary_payload(n=320, seed=0) -> bytes:
+    x = np.random.RandomState(seed).normal(size=n).astype(np.float32)
+    return encode_tensor(x, "ternary")[0].data
+
+
+def test_hostile_ternary_payloads_are_refused_with_a_reason():
+    good = _ternary_payload()
+    cases = {
+        b"": "no entry count",
+        b"\xff\xff\xff\xff\xff\xff": "no entry count",
+        good[:1]: "truncated before its scale",
+        good[:3]: "truncated",
+        good[:-1]: "truncated",
+        good + b"\x00": "trailing bytes",
+        good + b"\x00\x00": "trailing bytes",
+        bytes([0]) + b"\x00": "does not hold 0 entries",
+        bytes([200, 2]) + good[1:]: "names 328 entries",  # more entries than values
+    }
+    for payload, why in cases.items():
+        with pytest.raises(ValueError, match=why):
+            decode_tensor(Encoded("ternary", (320,), payload))
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -1.0, 0.0, -0.0])
+def test_a_ternary_scale_that_is_not_positive_and_finite_is_refused(scale):
+    good = _ternary_payload()
+    hi = int(np.array([scale], "<f4").view("<u4")[0]) >> 16
+    bad = good[:1] + struct.pack("<H", hi) + good[3:]
+    with pytest.raises(ValueError, match="not a positive finite number"):
+        decode_tensor(Encoded("ternary", (320,), bad))
+
+
+def test_a_ternary_position_beyond_the_tensor_is_refused():
+    # one entry whose gap (all ones in the Rice code's unary part, then a zero) points past a 10-value tensor
+    payload = b"\x01" + b"\x80\x3f" + bytes([0b11111111, 0b11111110, 0, 0])[:2]
+    with pytest.raises(ValueError, match="position|truncated|trailing"):
+        decode_tensor(Encoded("ternary", (10,), payload))
+    with pytest.raises(ValueError, match="names position"):
+        decode_tensor(Encoded("ternary", (10,), b"\x01\x80\x3f" + bytes([0b11111111, 0b00000000])))
+
+
+def test_the_ternary_encoding_is_deterministic():
+    x = np.random.RandomState(3).normal(size=(10, 32)).astype(np.float32)
+    assert encode_tensor(x, "ternary")[0].data == encode_tensor(x.copy(), "ternary")[0].data
