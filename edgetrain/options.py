@@ -685,6 +685,10 @@ class FleetServeOptions(Options):
                      "feedback: what is dropped stays on the device and is sent with the next round), ternary "
                      "(the largest 1/80 of each tensor as +-one scale, positions Rice-coded, with error feedback; "
                      "the global model then goes down as an int8 delta).")
+    max_update_norm: Positive = opt(
+        None, metavar="X", help="Refuse a device's update whose L2 norm (all its arrays) exceeds X (default: 10x the "
+                                "round's median update norm, and 1000x the global arrays' norm); a non-finite update "
+                                "or sample count is always refused. The round goes on without it.")
     aggregate: Literal["scaffold", "fedavg"] = opt(
         "scaffold", help="How updates are combined: scaffold (FedAvg with drift correction: devices that see only "
                          "some classes do not pull the model towards theirs; twice the bytes) or plain fedavg.")
@@ -704,6 +708,8 @@ class FleetServeOptions(Options):
     tls_cert: Optional[str] = opt(None, metavar="PEM", recipe=False, help="Server certificate (enables TLS).")
     tls_key: Optional[str] = opt(None, metavar="PEM", recipe=False, help="Server private key (with --tls-cert).")
     tls_ca: Optional[str] = opt(None, metavar="PEM", recipe=False, help="CA certificate that signed --tls-cert.")
+    allow_chance: bool = opt(False, help="Accept a global model at chance on --val (else exit 3: the fleet learned "
+                                         "nothing the held-out data can show).")
     resume: bool = opt(False, recipe=False, help="Continue the run in RUNDIR after its last completed round.")
     threads: Threads = opt(None, metavar="N", recipe=False, help="Cap the coordinator's thread pools.")
 

@@ -133,7 +133,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1, help="local epochs per round")
     ap.add_argument("--kill-rounds", type=int, default=5, help="rounds of the fault run and its fault-free twin")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: local,fp32,int8,2bit,kill,last2")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: local,fp32,int8,2bit,ternary,kill,last2")
     a = ap.parse_args()
     from edgetrain.fleet.demo import SHARES, split_digits
 
@@ -151,12 +151,12 @@ def main() -> None:
         out["centralised"] = local(work, data["union"], data["val"], total)
         print(f"local-only ({total} epochs each): " + ", ".join(f"device {i} {v:.4f}" for i, v in enumerate(out["local_only"]))
               + f"; centralised on the union: {out['centralised']:.4f}", flush=True)
-    for codec in ("fp32", "int8", "2bit"):
+    for codec in ("fp32", "int8", "2bit", "ternary"):
         if codec in skip:
             continue
         r = federated(work, data, codec, a.rounds, a.epochs)
         out[codec] = r
-        print(f"federated {codec:4s}: top-1 {r['final_accuracy']:.4f} after {r['rounds_completed']} rounds "
+        print(f"federated {codec:7s}: top-1 {r['final_accuracy']:.4f} after {r['rounds_completed']} rounds "
               f"(per round: {', '.join(format(x['accuracy'], '.3f') for x in r['rounds'])}); uplink {r['bytes_up']} B "
               f"({r['bytes_up_fp32']} B as fp32, {r['uplink_reduction']:.2f}x fewer); downlink {r['bytes_down']} B; "
               f"{r['wall_seconds']:.0f}s", flush=True)

@@ -6,7 +6,9 @@ output layer, or with ``--train-layers last:N`` every array of the tail) to a fr
 each message telling that device the last round of it the coordinator aggregated (``accepted``: what lets
 a device commit its staged state exactly once, see client.py), collect replies until ``round_timeout``
 (a hard deadline: each reply is pulled on its own and the round closes on time, whatever Flower is still
-retrying), decode every update (refusing one whose arrays do not fit the global model), average the
+retrying), decode every update (refusing one whose arrays do not fit the global model, that is not finite, whose
+sample count is not a whole number in 1..MAX_SAMPLES, or whose norm exceeds the round's bound: see
+``norm_bound``; the device is named and the round goes on without it), average the
 updates weighted by each device's sample count in a fixed order (by name: the same updates give the same
 arrays bit for bit), add the average to the global weights and check them on the held-out data. Each
 device asked is recorded once, by its name: a participant, refused, failed (with its reason) or timed out.
@@ -27,6 +29,7 @@ import numpy as np
 
 from ..errors import EdgetrainError
 from ..fileio import atomic_write_bytes, atomic_write_text
+from ..figures import Chance
 from .codec import decode_tensor
 from .local import Evaluator, LocalSpec, check_shapes
 
@@ -66,6 +69,47 @@ def decode_update(update: dict, global_arrays: dict, who: str) -> dict:
     check_shapes(global_arrays, {k: e.shape for k, e in update.items()}, f"update from {who}",
                  "that device fine-tunes a different model or class list; it is left out of the average")
     return {k: decode_tensor(e) for k, e in update.items()}
+
+
+NORM_FACTOR = 10.0  # default bound: an update's norm at most this many times the round's median update norm
+GLOBAL_FACTOR = 1000.0  # ... and at most this many times the global arrays' norm (at least 1)
+MAX_SAMPLES = 10**9  # a device's sample count (its weight in the average) is an integer in 1..MAX_SAMPLES
+
+
+def sample_count(value) -> tuple[int | None, str | None]:
+    """A device's reported sample count as the weight of its update, or why it is refused."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None, f"its sample count {value!r} is not a number"
+    if not np.isfinite(v) or v != int(v) or not 1 <= v <= MAX_SAMPLES:
+        return None, f"its sample count {value!r} is not a whole number in 1..{MAX_SAMPLES}"
+    return int(v), None
+
+
+def update_norm(delta: dict) -> float:
+    """L2 norm of a whole update (every array, SCAFFOLD's control deltas included), inf when non-finite."""
+    total = 0.0
+    for v in delta.values():
+        v = np.asarray(v, np.float64)
+        if not np.all(np.isfinite(v)):
+            return float("inf")
+        total += float(np.sum(v * v))
+    return float(np.sqrt(total)) if np.isfinite(total) else float("inf")
+
+
+def norm_bound(norms: list[float], arrays: dict, given: float | None) -> tuple[float, str]:
+    """The largest update norm this round accepts, and how it was set (``given``: --max-update-norm)."""
+    if given:
+        return float(given), f"--max-update-norm {given:g}"
+    scale = max(1.0, update_norm(arrays))
+    bound, how = GLOBAL_FACTOR * scale, f"{GLOBAL_FACTOR:g}x the global arrays' norm {scale:.3g}"
+    finite = sorted(n for n in norms if np.isfinite(n))
+    if len(finite) >= 2:  # the lower median: one hostile device among two cannot raise it
+        median = finite[(len(finite) - 1) // 2]
+        if NORM_FACTOR * median < bound:
+            bound, how = NORM_FACTOR * median, f"{NORM_FACTOR:g}x the round's median update norm {median:.3g}"
+    return bound, how
 
 
 def average(deltas: list[tuple[dict, int]]) -> dict:
@@ -146,10 +190,29 @@ def run(grid, spec_path: str) -> None:
                 record["refused"].append({**who, "reason": reason})
                 log(f"round {round_no}: refused the update of {d.name}: {reason}")
                 continue
-            deltas.append((d, delta, int(metrics.get("num-examples", 1))))
+            count, why = sample_count(metrics.get("num-examples", 1))
+            norm = update_norm(delta)
+            if why is None and not np.isfinite(norm):
+                why = "its update is not finite (NaN or inf)"
+            if why is not None:
+                record["refused"].append({**who, "reason": why})
+                log(f"round {round_no}: refused the update of {d.name}: {why}")
+                continue
+            deltas.append((d, delta, count))
             record["participants"].append({**who, "device": facts.get("device"),
-                                           "energy_provenance": facts.get("energy"),
+                                           "energy_provenance": facts.get("energy"), "update_norm": norm,
                                            **{k.replace("-", "_"): v for k, v in metrics.items()}})
+        # out of range: a norm bound from the user, else from this round's updates (see norm_bound)
+        bound, how = norm_bound([p["update_norm"] for p in record["participants"]], arrays, spec.get("max_update_norm"))
+        record["max_update_norm"] = bound
+        for d, delta, count in list(deltas):
+            p = next(p for p in record["participants"] if p["device_id"] == d.key)
+            if p["update_norm"] > bound:
+                why = f"its update's norm {p['update_norm']:.3g} exceeds {bound:.3g} ({how})"
+                deltas.remove((d, delta, count))
+                record["participants"].remove(p)
+                record["refused"].append({"client": d.name, "device_id": d.key, "node_id": d.node, "reason": why})
+                log(f"round {round_no}: refused the update of {d.name}: {why}")
         record["updates"] = len(deltas)
         record["updated"] = len(deltas) >= spec["min_updates"]
         _hold(round_no, "aggregating", rundir)
@@ -158,6 +221,8 @@ def run(grid, spec_path: str) -> None:
             deltas.sort(key=lambda x: (x[0].name, x[0].key))
             avg = average([(delta, n) for _, delta, n in deltas])
             arrays = {k: (arrays[k] + avg[k]).astype(np.float32) for k in arrays}
+            if not all(np.all(np.isfinite(v)) for v in arrays.values()):  # cannot happen with bounded updates
+                raise RuntimeError(f"round {round_no}: the averaged global arrays are not finite")
             if scaffold:  # c += (|S| / N) * mean(delta c_i): a device that did not report keeps its share
                 share = len(deltas) / max(record["available"], len(deltas))
                 control = {k: (control[k] + share * np.mean([d[CONTROL + k] for _, d, _ in deltas], axis=0))
@@ -178,6 +243,8 @@ def run(grid, spec_path: str) -> None:
         record["bytes_up"] = sum(p["bytes_up"] for p in record["participants"])
         record["bytes_up_fp32"] = sum(p["bytes_up_fp32"] for p in record["participants"])
         record["accuracy"] = evaluator.top1(arrays)
+        state["chance"] = Chance.measure(100.0 * record["accuracy"], evaluator.job.train_ds.labels,
+                                         len(evaluator.classes)).to_dict()
         record["seconds"] = round(time.monotonic() - t0, 3)
         if scaffold:
             save_global(rundir, round_no, control, CONTROL_PREFIX)

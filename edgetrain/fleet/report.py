@@ -38,6 +38,8 @@ class FleetResult(Result):
     rounds_run: int = 0
     rounds_without_update: list[int] = field(default_factory=list)
     devices: list[dict] = field(default_factory=list)  # per device (by its name): rounds asked, updates aggregated
+    chance: dict | None = None  # figures.Chance of the final held-out top-1
+    finite: bool = True  # every array of the final global model is finite
 
     @property
     def uplink_reduction(self) -> float | None:
@@ -49,11 +51,17 @@ class FleetResult(Result):
         return d
 
     def checks(self) -> list[str]:
+        from ..compare import chance_failure
+
+        failed = []
+        if not self.finite:
+            failed.append("the global model ended non-finite (NaN or inf among its arrays)")
         if self.rounds_completed < self.rounds_requested:
             stale = (f"; round(s) {', '.join(map(str, self.rounds_without_update))} aggregated no update "
                      "(--min-updates)") if self.rounds_without_update else ""
-            return [f"only {self.rounds_completed} of {self.rounds_requested} rounds completed{stale}"]
-        return []
+            failed.append(f"only {self.rounds_completed} of {self.rounds_requested} rounds completed{stale}")
+        at_chance = chance_failure(self.chance, "the global model's held-out") if self.rounds else None
+        return failed + ([at_chance] if at_chance else [])
 
 
 @dataclass

@@ -20,6 +20,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .. import runtime
 from ..data import BUILTIN_PREFIX
 from ..errors import RunFailed, UsageError
@@ -131,7 +133,7 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
             "round_timeout": opts.round_timeout,
             "join_timeout": opts.join_timeout, "codec": opts.codec, "epochs": opts.epochs,
             "batch_size": opts.batch_size, "lr": opts.lr, "optimizer": opts.optimizer, "seed": opts.seed,
-            "train_layers": opts.train_layers, "threads": threads}
+            "train_layers": opts.train_layers, "threads": threads, "max_update_norm": opts.max_update_norm}
     if state is None:
         report(progress, "prepare", message="loading the model and the held-out data")
         created = not rundir.exists()
@@ -180,7 +182,9 @@ def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_af
                       final_accuracy=rounds[-1]["accuracy"] if rounds else state.get("initial_accuracy"),
                       bytes_up=sum(r["bytes_up"] for r in rounds), bytes_up_fp32=sum(r["bytes_up_fp32"] for r in rounds),
                       bytes_down=sum(r["bytes_down"] for r in rounds), rounds=rounds, resumed_after=resumed_after,
-                      report=str(rundir / HTML), notes=notes)
+                      report=str(rundir / HTML), notes=notes,
+                      chance={**state["chance"], "allowed": bool(opts.allow_chance)} if state.get("chance") else None,
+                      finite=all(bool(np.all(np.isfinite(v))) for v in coord.load_global(rundir, state["completed"]).values()))
     atomic_write_text(rundir / HTML, page(f"edgetrain fleet: {res.model}", html_section(res)), "fleet report")
     atomic_write_text(rundir / RESULT, json.dumps(res.to_dict(), indent=2, default=str) + "\n", "fleet report")
     return res
