@@ -237,3 +237,79 @@ def test_a_ternary_position_beyond_the_tensor_is_refused():
 def test_the_ternary_encoding_is_deterministic():
     x = np.random.RandomState(3).normal(size=(10, 32)).astype(np.float32)
     assert encode_tensor(x, "ternary")[0].data == encode_tensor(x.copy(), "ternary")[0].data
+
+
+# --- the downlink: int8 deltas with server-side error feedback --------------------------------------------
+
+def _rounds(seed=0, n_rounds=30):
+    """A global model drifting round by round, as the coordinator's arrays do."""
+    rng = np.random.RandomState(seed)
+    g = {"w": rng.normal(size=(10, 32)).astype(np.float32), "b": rng.normal(size=10).astype(np.float32),
+         "running_var": rng.uniform(0.5, 2, size=16).astype(np.float32)}
+    out = []
+    for _ in range(n_rounds):
+        g = {k: (v + rng.normal(scale=0.05, size=v.shape)).astype(np.float32) for k, v in g.items()}
+        out.append(g)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_downlink_rebuilds_the_coordinators_record_bit_for_bit_and_tracks_the_model(seed):
+    from edgetrain.fleet.codec import arrays_digest, downlink_apply, downlink_delta
+
+    held_coord, held_device = {}, {}
+    fp32 = sent = 0
+    for target in _rounds(seed):
+        enc, held_coord = downlink_delta(target, held_coord, exact={"running_var"})
+        deltas = {k: decode_tensor(Encoded(e.codec, e.shape, bytes(e.data))) for k, e in enc.items()}
+        held_device = downlink_apply(held_device, deltas)
+        assert arrays_digest(held_device) == arrays_digest(held_coord)  # exactly what the coordinator recorded
+        for k in target:
+            np.testing.assert_array_equal(held_device[k], held_coord[k])
+        assert enc["running_var"].codec == "fp32" and enc["w"].codec == "int8s"
+        # server-side error feedback: the error never accumulates beyond one round's rounding
+        step = max(float(np.abs(target[k] - 0).max()) for k in ("w", "b")) / 127
+        assert max(float(np.abs(held_coord[k] - target[k]).max()) for k in ("w", "b")) <= step
+        np.testing.assert_allclose(held_coord["running_var"], target["running_var"], rtol=1e-6)
+        fp32 += sum(4 * v.size for v in target.values())
+        sent += update_bytes(enc)
+    assert fp32 / sent >= 3.0  # int8 codes + one scale each, the statistics as fp32
+
+
+def test_a_stale_base_does_not_rebuild_the_record():
+    from edgetrain.fleet.codec import arrays_digest, downlink_apply, downlink_delta
+
+    r1, r2, r3 = _rounds(5, 3)
+    _, held1 = downlink_delta(r1, {})
+    enc2, held2 = downlink_delta(r2, held1)
+    enc3, held3 = downlink_delta(r3, held2)
+    skipped = downlink_apply(held1, {k: decode_tensor(e) for k, e in enc3.items()})  # it missed round 2
+    assert arrays_digest(skipped) != arrays_digest(held3)
+
+
+def _down_payload(n=320):
+    from edgetrain.fleet.codec import downlink_delta
+
+    x = np.zeros(n, np.float32)
+    x[::7] = 1.0  # compressible: deflated
+    return downlink_delta({"w": x}, {})[0]["w"].data
+
+
+def test_hostile_downlink_payloads_are_refused_with_a_reason():
+    good = _down_payload()
+    assert len(good) < 4 + 320  # deflated
+    raw = struct.pack("<f", 0.01) + bytes(320)
+    nan = struct.pack("<f", float("nan")) + good[4:]
+    cases = {b"": "does not hold", good[:3]: "does not hold", raw + b"\x00": "does not hold",
+             good[:-2]: "inflate", good[:4] + b"\xff" * 20: "inflate", nan: "not a positive finite",
+             struct.pack("<f", -1.0) + good[4:]: "not a positive finite",
+             struct.pack("<f", 0.01) + b"\x80" * 320: "outside -127..127"}
+    # a deflate bomb: a short stream that inflates far beyond 320 bytes is cut at 320 and refused
+    import zlib
+
+    z = zlib.compressobj(9, zlib.DEFLATED, -15)
+    cases[struct.pack("<f", 0.01) + z.compress(bytes(10**5)) + z.flush()] = "does not inflate to 320"
+    for payload, why in cases.items():
+        with pytest.raises(ValueError, match=why):
+            decode_tensor(Encoded("int8s", (320,), payload))
+    np.testing.assert_array_equal(decode_tensor(Encoded("int8s", (320,), raw)), np.zeros(320))

@@ -17,12 +17,18 @@ Each tensor travels as ``(lo, scale)`` (two float32) followed by its codes:
   digits head (320 + 10 values) that is 8 + 4 bytes against 1,320 in float32. (zlib or lzma over the
   gap stream was measured larger: their headers alone exceed these payloads; tools/bench_fleet.py.)
 
+The downlink (with ``ternary``) is the global arrays as a delta against what the devices last received,
+``int8s`` per tensor (symmetric int8, deflated when that is smaller), with server-side error feedback:
+see ``downlink_delta``.
+
 The codec is pure NumPy; the wire object (Flower's ``Array``) is built from ``Encoded`` in ``apps``.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +36,8 @@ import numpy as np
 from ..errors import UsageError
 
 CODECS = ("fp32", "int8", "2bit", "ternary")
+DOWN = "int8s"  # the downlink's delta codec (see downlink_delta); a wire codec, not an update codec
+WIRE = CODECS + (DOWN,)
 FEEDBACK = ("2bit", "ternary")  # the codecs that keep what they dropped on the device (a residual)
 DENSITY = 1 / 80  # ternary: the fraction of each tensor's entries sent each round (at least one)
 _BITS = {"int8": 8, "2bit": 2}
@@ -97,8 +105,10 @@ def encode_tensor(x: np.ndarray, codec: str) -> tuple[Encoded, np.ndarray]:
 def decode_tensor(enc: Encoded) -> np.ndarray:
     """The float32 tensor ``enc`` stands for; a payload of the wrong length is refused."""
     n = int(np.prod(enc.shape)) if enc.shape else 1
-    if enc.codec not in CODECS:
+    if enc.codec not in WIRE:
         raise ValueError(f"unknown codec '{enc.codec}'")
+    if enc.codec == DOWN:
+        return _unsym8(enc.data, n).reshape(enc.shape)
     if enc.codec == "ternary":
         return _unternary(enc.data, n).reshape(enc.shape)
     if len(enc.data) != payload_size(enc.codec, n):
@@ -243,3 +253,82 @@ def _unternary(data: bytes, n: int) -> np.ndarray:
     if total - at >= 8 or (total - at and bits & ((1 << (total - at)) - 1)):
         raise ValueError(f"ternary payload of {len(data)} bytes does not hold {k} entries (trailing bytes)")
     return out
+
+
+# --- the downlink: an int8 delta against what the devices hold, with server-side error feedback ------------
+
+_SCALE = struct.Struct("<f")
+
+
+def _sym8(x: np.ndarray) -> tuple[Encoded, np.ndarray]:
+    """Symmetric int8: ``x ~ q * scale``, ``q`` in -127..127 (a zero delta is exact); the codes raw-deflated
+    when that is smaller (a payload of exactly ``n`` code bytes is raw, a shorter one deflated)."""
+    x = np.array(x, dtype=np.float32, order="C")
+    top = float(np.abs(x).max()) if x.size else 0.0
+    scale = np.float32(top / 127.0) if top > 0 else np.float32(1.0)
+    q = np.clip(np.rint(x / scale), -127, 127).astype(np.int8)
+    codes = q.tobytes()
+    z = zlib.compressobj(9, zlib.DEFLATED, -15)
+    packed = z.compress(codes) + z.flush()
+    body = packed if len(packed) < len(codes) else codes
+    return Encoded(DOWN, tuple(x.shape), _SCALE.pack(scale) + body), (q.astype(np.float32) * scale).reshape(x.shape)
+
+
+def _unsym8(data: bytes, n: int) -> np.ndarray:
+    if len(data) < _SCALE.size or len(data) > _SCALE.size + n:
+        raise ValueError(f"{DOWN} payload of {len(data)} bytes does not hold {n} values")
+    (scale,) = _SCALE.unpack_from(data)
+    scale = np.float32(scale)
+    if not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"{DOWN} scale {float(scale)} is not a positive finite number")
+    body = data[_SCALE.size:]
+    if len(body) < n:  # deflated: exactly n code bytes, nothing after the stream (no bomb: at most n out)
+        z = zlib.decompressobj(-15)
+        try:
+            codes = z.decompress(body, n)
+        except zlib.error as exc:
+            raise ValueError(f"{DOWN} payload does not inflate: {exc}") from None
+        if len(codes) != n or not z.eof or z.unconsumed_tail or z.unused_data:
+            raise ValueError(f"{DOWN} payload of {len(data)} bytes does not inflate to {n} values")
+        body = codes
+    q = np.frombuffer(body, np.int8)
+    if np.any(q == -128):
+        raise ValueError(f"{DOWN} payload holds a code outside -127..127")
+    return q.astype(np.float32) * scale
+
+
+def arrays_digest(arrays: dict[str, np.ndarray]) -> str:
+    """Names, shapes and float32 bytes of ``arrays``: the coordinator's record of what it sent, which a
+    device checks its reconstruction against."""
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        v = np.ascontiguousarray(arrays[k], dtype="<f4")
+        h.update(f"{k} {v.shape}\n".encode())
+        h.update(v.tobytes())
+    return h.hexdigest()
+
+
+def _base(base: dict[str, np.ndarray], k: str, like: np.ndarray) -> np.ndarray:
+    b = base.get(k)
+    return b.astype(np.float32) if b is not None and b.shape == like.shape else np.zeros(like.shape, np.float32)
+
+
+def downlink_delta(target: dict[str, np.ndarray], held: dict[str, np.ndarray],
+                   exact=()) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
+    """The global arrays ``target`` as a delta against ``held`` (what the devices reconstructed last; empty:
+    zeros), and what a device reconstructs from it (``downlink_apply``): the coordinator keeps that as the
+    next base, so what rounding dropped this round is in the next round's delta (server-side error
+    feedback). Tensors named in ``exact`` (BatchNorm statistics) go as fp32 deltas."""
+    out, new = {}, {}
+    for k, v in target.items():
+        v = np.asarray(v, np.float32)
+        b = _base(held, k, v)
+        enc, dec = (encode_tensor(v - b, "fp32") if k in exact else _sym8(v - b))
+        out[k] = enc
+        new[k] = (b + dec).astype(np.float32)
+    return out, new
+
+
+def downlink_apply(held: dict[str, np.ndarray], deltas: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A device's side of ``downlink_delta``: the same float32 sums, so the same arrays bit for bit."""
+    return {k: (_base(held, k, d) + np.asarray(d, np.float32)).astype(np.float32) for k, d in deltas.items()}

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import EdgetrainError
 from ..fileio import atomic_write_bytes, atomic_write_text
 from ..figures import Chance
-from .codec import decode_tensor
+from .codec import arrays_digest, decode_tensor, downlink_delta
 from .local import Evaluator, LocalSpec, check_shapes
 
 STATE = "fleet-state.json"
@@ -142,6 +142,11 @@ def run(grid, spec_path: str) -> None:
     # a control variate per array a gradient trains; BatchNorm's running statistics are only averaged
     control = (load_global(rundir, state["completed"], CONTROL_PREFIX) if scaffold and state["completed"]
                else {k: np.zeros_like(v) for k, v in arrays.items() if k not in evaluator.statistics})
+    # with ternary the downlink is an int8 delta against `held`, what the devices reconstructed from the
+    # round `version` (0: nothing, zeros); a device not known to hold it gets the arrays whole (fp32)
+    compact = spec["codec"] == "ternary"
+    version = int(state.get("downlink", 0)) if compact else 0
+    held = load_global(rundir, version, "down") if version else {}
     roster = _Roster(grid, log)
     timeout = float(spec["round_timeout"])
     log(f"resuming after round {state['completed']}" if state["completed"] else
@@ -152,19 +157,37 @@ def run(grid, spec_path: str) -> None:
         record = {"round": round_no, "started": _now(), "codec": spec["codec"], "participants": [], "refused": [],
                   "failed": [], "timed_out": [], "available": len(present)}
         chosen = present[: max(spec["min_updates"], int(round(len(present) * spec["fraction"])))]
-        down = wire.weights_record({**arrays, **({CONTROL + k: v for k, v in control.items()} if scaffold else {})})
+        target = {**arrays, **({CONTROL + k: v for k, v in control.items()} if scaffold else {})}
+        down = wire.weights_record(target)
+        downs = {}  # device key -> (record, config) when the downlink is compact
+        if compact:
+            delta, sent = downlink_delta(target, held, exact=set(evaluator.statistics))
+            by_delta, whole = wire.to_record(delta), None
+            digests = {"target-digest": arrays_digest(sent)}
+            for d in chosen:
+                if int(devices.get(d.key, {}).get("held", 0)) == version:
+                    downs[d.key] = by_delta, {"down": "delta", "base": version,
+                                              "base-digest": arrays_digest(held) if version else "", **digests}
+                else:  # its base is unknown or stale (it joined late, missed a round, failed): the arrays whole
+                    whole = whole or wire.weights_record(sent)
+                    downs[d.key] = whole, {"down": "whole", **digests}
         config = {"round": round_no, "codec": spec["codec"], "model": spec["model"],
                   "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
                   "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers,
                   "classes": list(evaluator.classes)}  # the fleet's: a device may hold any subset of them
         # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
-        messages = [Message(content=RecordDict({"arrays": down, "config": ConfigRecord(
-                        {**config, "accepted": int(devices.get(d.key, {}).get("accepted", 0))})}),
+        messages = [Message(content=RecordDict({"arrays": downs[d.key][0] if compact else down, "config": ConfigRecord(
+                        {**config, **(downs[d.key][1] if compact else {}),
+                         "accepted": int(devices.get(d.key, {}).get("accepted", 0))})}),
                             message_type="train", dst_node_id=d.node, ttl=timeout) for d in chosen]
         log(f"round {round_no}: sent to {len(chosen)} of {len(present)} devices ({', '.join(d.name for d in chosen)})")
         replies = exchange(grid, messages, t0 + timeout)
         waited = time.monotonic() - t0
-        record["bytes_down"] = wire.record_bytes(down) * len(chosen)
+        record["bytes_down"] = sum(wire.record_bytes(downs[d.key][0] if compact else down) for d in chosen)
+        record["bytes_down_fp32"] = wire.record_bytes(down) * len(chosen)
+        if compact:
+            record["downlink_whole"] = [d.name for d in chosen if downs[d.key][1]["down"] == "whole"]
+            answered = {d.key for d, reply in zip(chosen, replies) if reply is not None and not reply.has_error()}
         deltas = []
         for d, reply in zip(chosen, replies):
             who = {"client": d.name, "device_id": d.key, "node_id": d.node}
@@ -235,6 +258,8 @@ def run(grid, spec_path: str) -> None:
             entry = devices.setdefault(d.key, {"name": d.name, "accepted": 0, "updates": 0, "asked": 0})
             entry["name"] = d.name
             entry["asked"] += 1
+            if compact:  # what this device holds now: this round's arrays if it answered, else not known
+                entry["held"] = round_no if d.key in answered else -1
             if d.key in accepted:
                 entry.update(accepted=round_no, updates=entry["updates"] + 1)
                 entry.pop("reason", None)
@@ -249,6 +274,10 @@ def run(grid, spec_path: str) -> None:
         if scaffold:
             save_global(rundir, round_no, control, CONTROL_PREFIX)
         save_global(rundir, round_no, arrays)
+        if compact:
+            save_global(rundir, round_no, sent, "down")
+            held, version = sent, round_no
+            state["downlink"] = round_no
         _hold(round_no, "saving", rundir)
         state["rounds"].append(record)
         state["completed"] = round_no
