@@ -184,10 +184,17 @@ def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_af
                       bytes_down=sum(r["bytes_down"] for r in rounds), rounds=rounds, resumed_after=resumed_after,
                       report=str(rundir / HTML), notes=notes,
                       chance={**state["chance"], "allowed": bool(opts.allow_chance)} if state.get("chance") else None,
-                      finite=all(bool(np.all(np.isfinite(v))) for v in coord.load_global(rundir, state["completed"]).values()))
+                      finite=_finite(rundir, int(state["completed"])))
     atomic_write_text(rundir / HTML, page(f"edgetrain fleet: {res.model}", html_section(res)), "fleet report")
     atomic_write_text(rundir / RESULT, json.dumps(res.to_dict(), indent=2, default=str) + "\n", "fleet report")
     return res
+
+
+def _finite(rundir: Path, round_no: int) -> bool:
+    """Whether the global arrays saved after ``round_no`` are all finite (none saved: nothing to say)."""
+    if not coord.global_path(rundir, round_no).exists():
+        return True
+    return all(bool(np.all(np.isfinite(v))) for v in coord.load_global(rundir, round_no).values())
 
 
 def _flwr_home(folder: Path, address: str, tls_ca: str | None) -> Path:
