@@ -685,6 +685,10 @@ class FleetServeOptions(Options):
                      "feedback: what is dropped stays on the device and is sent with the next round), ternary "
                      "(the largest 1/80 of each tensor as +-one scale, positions Rice-coded, with error feedback; "
                      "the global model then goes down as an int8 delta).")
+    ternary_density: Annotated[float, Range(gt=0, le=1)] = opt(
+        0.0125, metavar="F", help="With --codec ternary: the fraction of each tensor's entries a device sends per "
+                                  "round (at least one; the rest waits in its residual). Smaller: fewer bytes, "
+                                  "slower rounds to the same accuracy.")
     max_update_norm: Positive = opt(
         None, metavar="X", help="Refuse a device's update whose L2 norm (all its arrays) exceeds X (default: 10x the "
                                 "round's median update norm, and 1000x the global arrays' norm); a non-finite update "

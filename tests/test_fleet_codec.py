@@ -313,3 +313,26 @@ def test_hostile_downlink_payloads_are_refused_with_a_reason():
         with pytest.raises(ValueError, match=why):
             decode_tensor(Encoded("int8s", (320,), payload))
     np.testing.assert_array_equal(decode_tensor(Encoded("int8s", (320,), raw)), np.zeros(320))
+
+
+@pytest.mark.parametrize("density", [0.001, 0.0125, 0.1, 0.5, 1.0])
+def test_the_ternary_density_sets_how_many_entries_go_up(density):
+    from edgetrain.fleet.codec import keep_count
+
+    x = np.random.RandomState(7).normal(size=(10, 32)).astype(np.float32)
+    enc, decoded = encode_tensor(x, "ternary", density)
+    back = decode_tensor(enc)  # the receiver needs no density: the count travels
+    np.testing.assert_array_equal(back, decoded)
+    assert np.count_nonzero(back) == keep_count(x.size, density) == min(x.size, max(1, int(np.ceil(320 * density))))
+
+
+@pytest.mark.parametrize("bad", ["0", "-0.1", "1.5", "nan", "x"])
+def test_a_bad_ternary_density_or_update_norm_is_refused_in_one_line(bad, tmp_path):
+    from clitools import assert_user_error, run_edgetrain
+
+    for flag in ("--ternary-density", "--max-update-norm"):
+        if flag == "--max-update-norm" and bad == "1.5":
+            continue  # a norm bound of 1.5 is fine
+        res = run_edgetrain("fleet", "serve", "edgetrain.nets:pretrained_digits", "--val", tmp_path / "v.npz",
+                            "-o", tmp_path / "r", "--codec", "ternary", flag, bad)
+        assert_user_error(res, 2, flag)

@@ -8,7 +8,7 @@ Each tensor travels as ``(lo, scale)`` (two float32) followed by its codes:
   quantizer dropped (``residual``) stays on the device and is added to the next round's update, so
   over rounds the sum of what was sent equals the sum of the true updates minus one residual.
 - ``ternary``: sparse ternary compression (STC, Sattler et al. 2019) with error feedback: of each tensor
-  (plus its residual) only the ``k = ceil(n * DENSITY)`` largest magnitudes travel, each as ``+-scale``
+  (plus its residual) only the ``k = ceil(n * density)`` (``--ternary-density``) largest magnitudes travel, each as ``+-scale``
   with one shared scale (the mean magnitude of the kept entries, rounded to bfloat16: what the receiver
   decodes is what the sender subtracts), everything else stays in the residual. Payload: ``k`` as a
   LEB128 varint, then (when ``k > 0``) the scale's two bfloat16 bytes, then a bit stream of ``k`` entries in
@@ -39,7 +39,7 @@ CODECS = ("fp32", "int8", "2bit", "ternary")
 DOWN = "int8s"  # the downlink's delta codec (see downlink_delta); a wire codec, not an update codec
 WIRE = CODECS + (DOWN,)
 FEEDBACK = ("2bit", "ternary")  # the codecs that keep what they dropped on the device (a residual)
-DENSITY = 1 / 80  # ternary: the fraction of each tensor's entries sent each round (at least one)
+DENSITY = 1 / 80  # ternary: the default fraction of each tensor's entries sent each round (at least one)
 _BITS = {"int8": 8, "2bit": 2}
 _HEADER = struct.Struct("<ff")  # lo, scale
 
@@ -87,13 +87,13 @@ def payload_size(codec: str, n: int) -> int:
     return _HEADER.size + (n if codec == "int8" else (n + 3) // 4)
 
 
-def encode_tensor(x: np.ndarray, codec: str) -> tuple[Encoded, np.ndarray]:
+def encode_tensor(x: np.ndarray, codec: str, density: float = DENSITY) -> tuple[Encoded, np.ndarray]:
     """``x`` on the wire and what the receiver will decode (so the sender can keep the difference)."""
     x = np.array(x, dtype=np.float32, order="C")  # keeps a 0-d tensor 0-d (ascontiguousarray would not)
     if codec == "fp32":
         return Encoded(codec, tuple(x.shape), x.astype("<f4").tobytes()), x.copy()
     if codec == "ternary":
-        return _ternary(x)
+        return _ternary(x, density)
     if codec not in _BITS:
         raise UsageError(f"unknown update codec '{codec}'", "--codec", f"use one of {', '.join(CODECS)}")
     lo, scale, q = _affine(x, 1 << _BITS[codec])
@@ -122,7 +122,7 @@ def decode_tensor(enc: Encoded) -> np.ndarray:
 
 
 def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str, np.ndarray] | None = None,
-                  exact=()) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
+                  exact=(), density: float = DENSITY) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
     """Encode a whole update (name -> delta), tensor by tensor. With ``2bit`` or ``ternary`` the residual
     from earlier rounds is added first and the new residual (what this encoding dropped) is returned; other
     codecs return none. The tensors named in ``exact`` travel as fp32 whatever ``codec`` (nothing dropped)."""
@@ -133,7 +133,7 @@ def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str,
         mine = "fp32" if name in exact else codec
         if mine in FEEDBACK and residual and name in residual and residual[name].shape == value.shape:
             value = value + residual[name]
-        enc, decoded = encode_tensor(value, mine)
+        enc, decoded = encode_tensor(value, mine, density)
         out[name] = enc
         if mine in FEEDBACK:
             new_residual[name] = (value - decoded).astype(np.float32)
@@ -146,9 +146,9 @@ def update_bytes(encoded: dict[str, Encoded]) -> int:
 
 # --- ternary ---------------------------------------------------------------------------------------------
 
-def keep_count(n: int) -> int:
+def keep_count(n: int, density: float = DENSITY) -> int:
     """How many entries of an ``n``-value tensor a ternary update sends."""
-    return min(n, max(1, math.ceil(n * DENSITY))) if n else 0
+    return min(n, max(1, math.ceil(n * density))) if n else 0
 
 
 def _bf16(value: float) -> tuple[bytes, np.float32]:
@@ -173,10 +173,10 @@ def _varint(v: int) -> bytes:
             return bytes(out)
 
 
-def _ternary(x: np.ndarray) -> tuple[Encoded, np.ndarray]:
+def _ternary(x: np.ndarray, density: float) -> tuple[Encoded, np.ndarray]:
     flat = x.ravel()
     n = flat.size
-    k = keep_count(n)
+    k = keep_count(n, density)
     mag = np.abs(flat)
     # the k largest magnitudes, ties to the lower position (stable: the same update, the same bytes)
     kept = np.sort(np.argsort(-mag, kind="stable")[:k]) if k else np.zeros(0, np.int64)

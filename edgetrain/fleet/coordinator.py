@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import EdgetrainError
 from ..fileio import atomic_write_bytes, atomic_write_text
 from ..figures import Chance
-from .codec import arrays_digest, decode_tensor, downlink_delta
+from .codec import DENSITY, arrays_digest, decode_tensor, downlink_delta
 from .local import Evaluator, LocalSpec, check_shapes
 
 STATE = "fleet-state.json"
@@ -174,6 +174,7 @@ def run(grid, spec_path: str) -> None:
         config = {"round": round_no, "codec": spec["codec"], "model": spec["model"],
                   "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
                   "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers,
+                  **({"density": float(spec.get("ternary_density") or DENSITY)} if compact else {}),
                   "classes": list(evaluator.classes)}  # the fleet's: a device may hold any subset of them
         # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
         messages = [Message(content=RecordDict({"arrays": downs[d.key][0] if compact else down, "config": ConfigRecord(

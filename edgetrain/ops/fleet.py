@@ -133,7 +133,8 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
             "round_timeout": opts.round_timeout,
             "join_timeout": opts.join_timeout, "codec": opts.codec, "epochs": opts.epochs,
             "batch_size": opts.batch_size, "lr": opts.lr, "optimizer": opts.optimizer, "seed": opts.seed,
-            "train_layers": opts.train_layers, "threads": threads, "max_update_norm": opts.max_update_norm}
+            "train_layers": opts.train_layers, "threads": threads, "max_update_norm": opts.max_update_norm,
+            "ternary_density": opts.ternary_density}
     if state is None:
         report(progress, "prepare", message="loading the model and the held-out data")
         created = not rundir.exists()
