@@ -229,14 +229,17 @@ def run(grid, spec_path: str) -> None:
         # out of range: a norm bound from the user, else from this round's updates (see norm_bound)
         bound, how = norm_bound([p["update_norm"] for p in record["participants"]], arrays, spec.get("max_update_norm"))
         record["max_update_norm"] = bound
-        for d, delta, count in list(deltas):
-            p = next(p for p in record["participants"] if p["device_id"] == d.key)
-            if p["update_norm"] > bound:
-                why = f"its update's norm {p['update_norm']:.3g} exceeds {bound:.3g} ({how})"
-                deltas.remove((d, delta, count))
-                record["participants"].remove(p)
-                record["refused"].append({"client": d.name, "device_id": d.key, "node_id": d.node, "reason": why})
-                log(f"round {round_no}: refused the update of {d.name}: {why}")
+        kept = []
+        for item, p in zip(deltas, list(record["participants"])):  # appended together, in the same order
+            d = item[0]
+            if p["update_norm"] <= bound:
+                kept.append(item)
+                continue
+            why = f"its update's norm {p['update_norm']:.3g} exceeds {bound:.3g} ({how})"
+            record["participants"].remove(p)
+            record["refused"].append({"client": d.name, "device_id": d.key, "node_id": d.node, "reason": why})
+            log(f"round {round_no}: refused the update of {d.name}: {why}")
+        deltas = kept
         record["updates"] = len(deltas)
         record["updated"] = len(deltas) >= spec["min_updates"]
         _hold(round_no, "aggregating", rundir)
