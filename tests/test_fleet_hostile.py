@@ -95,3 +95,35 @@ def test_a_bound_the_user_sets_is_the_bound_and_a_model_driven_to_chance_exits_3
     assert sorted(p["client"] for p in second["participants"]) == ["honest", "mallory"] and not second["refused"]
     assert second["max_update_norm"] == 1e38
     assert res["chance"]["at_chance"] and not res["passed"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), -3, 0, 2.5, 1e30, 10**9 + 1, "x", None])
+def test_a_sample_count_that_is_not_a_whole_number_in_range_is_refused(value):
+    from edgetrain.fleet.coordinator import MAX_SAMPLES, sample_count
+
+    count, why = sample_count(value)
+    assert count is None and "sample count" in why
+    for good in (1, 90, 90.0, MAX_SAMPLES):
+        assert sample_count(good) == (int(good), None)
+
+
+def test_the_default_norm_bound_follows_the_rounds_lower_median_and_a_given_bound_replaces_it():
+    from edgetrain.fleet.coordinator import GLOBAL_FACTOR, NORM_FACTOR, norm_bound, update_norm
+
+    arrays = {"w": np.full((10, 32), 0.1, np.float32)}
+    g = update_norm(arrays)
+    rng = np.random.RandomState(0)
+    for _ in range(20):
+        honest = list(rng.uniform(0.5, 2.0, size=rng.randint(2, 8)))
+        for hostile in ([], [1e30], [1e30, float("inf")]):
+            norms = honest + hostile
+            bound, how = norm_bound(norms, arrays, None)
+            assert max(honest) <= bound < 1e30 and "median" in how  # the honest in, the hostile out
+            finite = sorted(n for n in norms if np.isfinite(n))
+            assert bound == NORM_FACTOR * finite[(len(finite) - 1) // 2]
+    # one update, or none: the global arrays' norm sets the bound
+    assert norm_bound([3.0], arrays, None)[0] == GLOBAL_FACTOR * max(1.0, g)
+    assert norm_bound([], arrays, None)[0] == GLOBAL_FACTOR * max(1.0, g)
+    assert norm_bound([1.0, 1e30], arrays, 5.0) == (5.0, "--max-update-norm 5")
+    assert update_norm({"w": np.array([np.nan], np.float32)}) == float("inf")
+    assert update_norm({"w": np.full(4, 3e38, np.float32)}) == pytest.approx(6e38)  # no float32 overflow
