@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from fleettools import fleet_of, make_shares, report, round_in_progress, wait_for  # noqa: E402
+from fleettools import RUN_TIMEOUT, fleet_of, make_shares, report, wait_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +37,14 @@ def test_ternary_up_int8_delta_down_and_a_late_device_gets_the_arrays_whole(flee
     from edgetrain.fleet.codec import arrays_digest
 
     run = tmp_path / "run"
-    rounds = 4
+    rounds = 5
     # round 1 waits --join-timeout for three devices and starts with two; the next rounds wait for the third
-    fleet.serve(run, "--rounds", rounds, "--min-clients", 3, "--join-timeout", 45, "--codec", "ternary",
+    fleet.serve(run, "--rounds", rounds, "--min-clients", 3, "--join-timeout", 60, "--codec", "ternary",
                 "--round-timeout", 120)
     fleet.join("a", shares["devices"][0])
     fleet.join("b", shares["devices"][1])
-    wait_for(lambda: round_in_progress(tmp_path / "a") or (run / "down-0001.npz").exists(), 240, "round 1")
+    log = run / "coordinator-rounds.log"
+    wait_for(lambda: log.exists() and "round 1: sent to" in log.read_text(), RUN_TIMEOUT, "round 1")
     fleet.join("c", shares["devices"][2])  # late: the coordinator has no base for it
     code, _, err = fleet.wait("serve")
     assert code == 0, err
