@@ -46,7 +46,7 @@ def test_ternary_up_int8_delta_down_and_a_late_device_gets_the_arrays_whole(flee
     log = run / "coordinator-rounds.log"
     wait_for(lambda: log.exists() and "round 1: sent to" in log.read_text(), RUN_TIMEOUT, "round 1")
     fleet.join("c", shares["devices"][2])  # late: the coordinator has no base for it
-    code, _, err = fleet.wait("serve")
+    code, _, err = fleet.wait("serve", timeout=3 * RUN_TIMEOUT)  # five rounds and a wait for a third device
     assert code == 0, err
     res = report(run)
     assert res["rounds_completed"] == rounds
