@@ -336,3 +336,39 @@ def test_a_bad_ternary_density_or_update_norm_is_refused_in_one_line(bad, tmp_pa
         res = run_edgetrain("fleet", "serve", "edgetrain.nets:pretrained_digits", "--val", tmp_path / "v.npz",
                             "-o", tmp_path / "r", "--codec", "ternary", flag, bad)
         assert_user_error(res, 2, flag)
+
+
+def test_a_device_rebuilds_from_its_base_replays_its_round_and_refuses_a_stale_base(tmp_path):
+    """client.received with real state files: round 1 from zeros, round 2 from round 1's arrays, round 2
+    asked again (the same arrays, nothing applied twice), the arrays whole; a delta against a round this
+    device does not hold, or one that does not rebuild the coordinator's record, fails the round."""
+    from edgetrain.errors import RunFailed
+    from edgetrain.fleet.client import received
+    from edgetrain.fleet.codec import arrays_digest, downlink_delta
+
+    r1, r2, r3 = _rounds(9, 3)
+
+    def message(target, held, base):
+        enc, sent = downlink_delta(target, held)
+        arrays = {k: decode_tensor(e) for k, e in enc.items()}
+        config = {"down": "delta", "base": base, "base-digest": arrays_digest(held) if base else "",
+                  "target-digest": arrays_digest(sent)}
+        return arrays, config, sent
+
+    a1, c1, s1 = message(r1, {}, 0)
+    got = received(tmp_path, a1, {"round": 1, **c1})
+    assert arrays_digest(got) == arrays_digest(s1)
+    a2, c2, s2 = message(r2, s1, 1)
+    got = received(tmp_path, a2, {"round": 2, **c2})
+    assert arrays_digest(got) == arrays_digest(s2)
+    again = received(tmp_path, a2, {"round": 2, **c2})  # asked again: the same arrays, the delta not re-added
+    assert arrays_digest(again) == arrays_digest(s2)
+    a3, c3, s3 = message(r3, s1, 1)  # a delta against round 1, which this device no longer holds
+    with pytest.raises(RunFailed, match="holds round 2's"):
+        received(tmp_path, a3, {"round": 3, **c3})
+    a3, c3, s3 = message(r3, s2, 2)
+    with pytest.raises(RunFailed, match="differ from what the coordinator sent"):
+        received(tmp_path, a3, {"round": 3, **c3, "target-digest": "0" * 64})
+    whole = received(tmp_path, s3, {"round": 3, "down": "whole", "target-digest": arrays_digest(s3)})
+    assert arrays_digest(whole) == arrays_digest(s3)
+    assert received(tmp_path, {"w": r1["w"]}, {"round": 4}) == {"w": r1["w"]}  # no compact downlink: as given
