@@ -738,9 +738,19 @@ class FleetServeOptions(Options):
                                  "follow); a slower device is left out of that round and is told so.")
     join_timeout: Annotated[float, Range(gt=0, le=86_400)] = opt(
         300.0, metavar="S", help="Seconds to wait for --min-clients devices before a round starts with fewer.")
-    codec: Literal["fp32", "int8", "2bit"] = opt(
+    codec: Literal["fp32", "int8", "2bit", "ternary"] = opt(
         "int8", help="How devices compress their updates: fp32 (none), int8 (per-tensor affine), 2bit (with error "
-                     "feedback: what is dropped stays on the device and is sent with the next round).")
+                     "feedback: what is dropped stays on the device and is sent with the next round), ternary "
+                     "(the largest 1/80 of each tensor as +-one scale, positions Rice-coded, with error feedback; "
+                     "the global model then goes down as an int8 delta).")
+    ternary_density: Annotated[float, Range(gt=0, le=1)] = opt(
+        0.0125, metavar="F", help="With --codec ternary: the fraction of each tensor's entries a device sends per "
+                                  "round (at least one; the rest waits in its residual). Smaller: fewer bytes, "
+                                  "slower rounds to the same accuracy.")
+    max_update_norm: Positive = opt(
+        None, metavar="X", help="Refuse a device's update whose L2 norm (all its arrays) exceeds X (default: 10x the "
+                                "round's median update norm, and 1000x the global arrays' norm); a non-finite update "
+                                "or sample count is always refused. The round goes on without it.")
     aggregate: Literal["scaffold", "fedavg"] = opt(
         "scaffold", help="How updates are combined: scaffold (FedAvg with drift correction: devices that see only "
                          "some classes do not pull the model towards theirs; twice the bytes) or plain fedavg.")
@@ -766,6 +776,8 @@ class FleetServeOptions(Options):
     tls_cert: Optional[str] = opt(None, metavar="PEM", recipe=False, help="Server certificate (enables TLS).")
     tls_key: Optional[str] = opt(None, metavar="PEM", recipe=False, help="Server private key (with --tls-cert).")
     tls_ca: Optional[str] = opt(None, metavar="PEM", recipe=False, help="CA certificate that signed --tls-cert.")
+    allow_chance: bool = opt(False, help="Accept a global model at chance on --val (else exit 3: the fleet learned "
+                                         "nothing the held-out data can show).")
     resume: bool = opt(False, recipe=False, help="Continue the run in RUNDIR after its last completed round.")
     threads: Threads = opt(None, metavar="N", recipe=False, help="Cap the coordinator's thread pools.")
 

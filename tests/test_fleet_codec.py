@@ -2,6 +2,8 @@
 and 2-bit error feedback carrying what one round dropped into the next (pure NumPy, no Flower)."""
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 
@@ -27,7 +29,10 @@ def _tensor(kind: str, shape, rng) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("codec", CODECS)
+FIXED = [c for c in CODECS if c != "ternary"]  # the codecs whose payload size depends on the size alone
+
+
+@pytest.mark.parametrize("codec", FIXED)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_round_trip_is_within_half_a_step_and_payload_is_the_promised_size(codec, shape, kind):
@@ -117,3 +122,253 @@ def test_tensors_named_exact_travel_as_float32_whatever_the_codec(codec):
     np.testing.assert_array_equal(decode_tensor(enc["running_var"]), update["running_var"])
     assert "running_var" not in residual and ("w" in residual) == (codec == "2bit")
     assert enc["w"].nbytes == payload_size(codec, 32) and enc["running_var"].nbytes == 4 * 16
+
+
+# --- ternary (sparse ternary compression with error feedback) --------------------------------------------
+
+@pytest.mark.parametrize("shape", SHAPES + [(64, 300)])
+@pytest.mark.parametrize("kind", KINDS + ["ties", "sparse"])
+def test_ternary_sends_the_k_largest_as_one_scale_and_the_receiver_decodes_what_the_sender_kept(shape, kind):
+    from edgetrain.fleet.codec import keep_count
+
+    rng = np.random.RandomState(hash((shape, kind)) % 2**31)
+    x = _tensor(kind, shape, rng)
+    if kind == "ties":
+        x = np.sign(rng.normal(size=shape)).astype(np.float32)  # every magnitude equal
+    elif kind == "sparse" and x.size:
+        x = np.where(rng.uniform(size=shape) < 0.002, x, 0).astype(np.float32)
+    enc, decoded = encode_tensor(x, "ternary")
+    back = decode_tensor(Encoded(enc.codec, enc.shape, bytes(enc.data)))
+    assert back.shape == x.shape and back.dtype == np.float32
+    np.testing.assert_array_equal(back, decoded)
+    kept = np.flatnonzero(back.ravel())
+    assert kept.size <= keep_count(x.size)
+    assert kept.size == min(keep_count(x.size), np.count_nonzero(x))  # nothing nonzero is skipped while k allows
+    if kept.size:
+        mags = np.abs(x.ravel())
+        assert mags[kept].min() >= np.delete(mags, kept).max(initial=0.0)  # the largest magnitudes
+        assert np.all(np.sign(back.ravel()[kept]) == np.sign(x.ravel()[kept]))  # their signs
+        scale = np.abs(back.ravel()[kept])
+        assert np.all(scale == scale[0])  # one shared scale ...
+        assert abs(scale[0] - mags[kept].mean()) <= mags[kept].mean() * 2 ** -8  # ... their mean, to bfloat16
+    # the payload: count, scale, and about log2(n/k) + 3 bits per kept entry, never more than int8's
+    assert enc.nbytes <= 1 + 2 + kept.size * (np.log2(max(x.size, 1) / max(kept.size, 1)) + 3) / 8 + 2
+    assert enc.nbytes < payload_size("int8", x.size) or x.size <= 4
+
+
+def test_ternary_is_at_least_100x_smaller_than_float32_on_the_digits_head():
+    rng = np.random.RandomState(0)
+    update = {"w": rng.normal(size=(10, 32)).astype(np.float32), "b": rng.normal(size=10).astype(np.float32)}
+    update.update({"control/" + k: v * 0.1 for k, v in update.items()})  # SCAFFOLD's control deltas travel too
+    enc, _ = encode_update(update, "ternary", {})
+    fp32 = sum(4 * v.size for v in update.values())
+    assert fp32 / update_bytes(enc) >= 100
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ternary_error_feedback_sends_everything_eventually(seed):
+    """sum(decoded) == sum(true updates) - final residual, exactly round by round; and the residual stays
+    bounded, so every coordinate's push arrives (plain top-k without feedback never sends the small ones)."""
+    rng = np.random.RandomState(seed)
+    shape = (10, 32)
+    residual: dict = {}
+    sent = np.zeros(shape, np.float64)
+    true = np.zeros(shape, np.float64)
+    bias = rng.normal(scale=0.01, size=shape)
+    biggest = 0.0
+    for _ in range(200):
+        delta = (bias + rng.normal(scale=0.002, size=shape)).astype(np.float32)
+        biggest = max(biggest, float(np.abs(delta).max()))
+        before = residual.get("w", np.zeros(shape, np.float32)).copy()
+        enc, residual = encode_update({"w": delta}, "ternary", residual)
+        decoded = decode_tensor(enc["w"])
+        np.testing.assert_array_equal(residual["w"], (delta + before) - decoded)
+        sent += decoded
+        true += delta
+    np.testing.assert_allclose(sent, true - residual["w"], atol=1e-4)
+    # bounded: a coordinate waits at most about n/k rounds for its turn, whatever the number of rounds
+    from edgetrain.fleet.codec import keep_count
+
+    assert np.abs(residual["w"]).max() <= 2 * (delta.size / keep_count(delta.size)) * biggest
+    assert np.corrcoef(sent.ravel(), true.ravel())[0, 1] > 0.95
+
+
+def _ternary_payload(n=320, seed=0) -> bytes:
+    x = np.random.RandomState(seed).normal(size=n).astype(np.float32)
+    return encode_tensor(x, "ternary")[0].data
+
+
+def test_hostile_ternary_payloads_are_refused_with_a_reason():
+    good = _ternary_payload()
+    cases = {
+        b"": "no entry count",
+        b"\xff\xff\xff\xff\xff\xff": "no entry count",
+        good[:1]: "truncated before its scale",
+        good[:3]: "truncated",
+        good[:-1]: "truncated",
+        good + b"\x00": "trailing bytes",
+        good + b"\x00\x00": "trailing bytes",
+        bytes([0]) + b"\x00": "does not hold 0 entries",
+        bytes([200, 2]) + good[1:]: "names 328 entries",  # more entries than values
+    }
+    for payload, why in cases.items():
+        with pytest.raises(ValueError, match=why):
+            decode_tensor(Encoded("ternary", (320,), payload))
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -1.0, 0.0, -0.0])
+def test_a_ternary_scale_that_is_not_positive_and_finite_is_refused(scale):
+    good = _ternary_payload()
+    hi = int(np.array([scale], "<f4").view("<u4")[0]) >> 16
+    bad = good[:1] + struct.pack("<H", hi) + good[3:]
+    with pytest.raises(ValueError, match="not a positive finite number"):
+        decode_tensor(Encoded("ternary", (320,), bad))
+
+
+def test_a_ternary_position_beyond_the_tensor_is_refused():
+    # one entry whose gap (all ones in the Rice code's unary part, then a zero) points past a 10-value tensor
+    payload = b"\x01" + b"\x80\x3f" + bytes([0b11111111, 0b11111110, 0, 0])[:2]
+    with pytest.raises(ValueError, match="position|truncated|trailing"):
+        decode_tensor(Encoded("ternary", (10,), payload))
+    with pytest.raises(ValueError, match="names position"):
+        decode_tensor(Encoded("ternary", (10,), b"\x01\x80\x3f" + bytes([0b11111111, 0b00000000])))
+
+
+def test_the_ternary_encoding_is_deterministic():
+    x = np.random.RandomState(3).normal(size=(10, 32)).astype(np.float32)
+    assert encode_tensor(x, "ternary")[0].data == encode_tensor(x.copy(), "ternary")[0].data
+
+
+# --- the downlink: int8 deltas with server-side error feedback --------------------------------------------
+
+def _rounds(seed=0, n_rounds=30):
+    """A global model drifting round by round, as the coordinator's arrays do."""
+    rng = np.random.RandomState(seed)
+    g = {"w": rng.normal(size=(10, 32)).astype(np.float32), "b": rng.normal(size=10).astype(np.float32),
+         "running_var": rng.uniform(0.5, 2, size=16).astype(np.float32)}
+    out = []
+    for _ in range(n_rounds):
+        g = {k: (v + rng.normal(scale=0.05, size=v.shape)).astype(np.float32) for k, v in g.items()}
+        out.append(g)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_downlink_rebuilds_the_coordinators_record_bit_for_bit_and_tracks_the_model(seed):
+    from edgetrain.fleet.codec import arrays_digest, downlink_apply, downlink_delta
+
+    held_coord, held_device = {}, {}
+    fp32 = sent = 0
+    for target in _rounds(seed):
+        enc, held_coord = downlink_delta(target, held_coord, exact={"running_var"})
+        deltas = {k: decode_tensor(Encoded(e.codec, e.shape, bytes(e.data))) for k, e in enc.items()}
+        held_device = downlink_apply(held_device, deltas)
+        assert arrays_digest(held_device) == arrays_digest(held_coord)  # exactly what the coordinator recorded
+        for k in target:
+            np.testing.assert_array_equal(held_device[k], held_coord[k])
+        assert enc["running_var"].codec == "fp32" and enc["w"].codec == "int8s"
+        # server-side error feedback: the error never accumulates beyond one round's rounding
+        step = max(float(np.abs(target[k] - 0).max()) for k in ("w", "b")) / 127
+        assert max(float(np.abs(held_coord[k] - target[k]).max()) for k in ("w", "b")) <= step
+        np.testing.assert_allclose(held_coord["running_var"], target["running_var"], rtol=1e-6)
+        fp32 += sum(4 * v.size for v in target.values())
+        sent += update_bytes(enc)
+    assert fp32 / sent >= 3.0  # int8 codes + one scale each, the statistics as fp32
+
+
+def test_a_stale_base_does_not_rebuild_the_record():
+    from edgetrain.fleet.codec import arrays_digest, downlink_apply, downlink_delta
+
+    r1, r2, r3 = _rounds(5, 3)
+    _, held1 = downlink_delta(r1, {})
+    enc2, held2 = downlink_delta(r2, held1)
+    enc3, held3 = downlink_delta(r3, held2)
+    skipped = downlink_apply(held1, {k: decode_tensor(e) for k, e in enc3.items()})  # it missed round 2
+    assert arrays_digest(skipped) != arrays_digest(held3)
+
+
+def _down_payload(n=320):
+    from edgetrain.fleet.codec import downlink_delta
+
+    x = np.zeros(n, np.float32)
+    x[::7] = 1.0  # compressible: deflated
+    return downlink_delta({"w": x}, {})[0]["w"].data
+
+
+def test_hostile_downlink_payloads_are_refused_with_a_reason():
+    good = _down_payload()
+    assert len(good) < 4 + 320  # deflated
+    raw = struct.pack("<f", 0.01) + bytes(320)
+    nan = struct.pack("<f", float("nan")) + good[4:]
+    cases = {b"": "does not hold", good[:3]: "does not hold", raw + b"\x00": "does not hold",
+             good[:-2]: "inflate", good[:4] + b"\xff" * 20: "inflate", nan: "not a positive finite",
+             struct.pack("<f", -1.0) + good[4:]: "not a positive finite",
+             struct.pack("<f", 0.01) + b"\x80" * 320: "outside -127..127"}
+    # a deflate bomb: a short stream that inflates far beyond 320 bytes is cut at 320 and refused
+    import zlib
+
+    z = zlib.compressobj(9, zlib.DEFLATED, -15)
+    cases[struct.pack("<f", 0.01) + z.compress(bytes(10**5)) + z.flush()] = "does not inflate to 320"
+    for payload, why in cases.items():
+        with pytest.raises(ValueError, match=why):
+            decode_tensor(Encoded("int8s", (320,), payload))
+    np.testing.assert_array_equal(decode_tensor(Encoded("int8s", (320,), raw)), np.zeros(320))
+
+
+@pytest.mark.parametrize("density", [0.001, 0.0125, 0.1, 0.5, 1.0])
+def test_the_ternary_density_sets_how_many_entries_go_up(density):
+    from edgetrain.fleet.codec import keep_count
+
+    x = np.random.RandomState(7).normal(size=(10, 32)).astype(np.float32)
+    enc, decoded = encode_tensor(x, "ternary", density)
+    back = decode_tensor(enc)  # the receiver needs no density: the count travels
+    np.testing.assert_array_equal(back, decoded)
+    assert np.count_nonzero(back) == keep_count(x.size, density) == min(x.size, max(1, int(np.ceil(320 * density))))
+
+
+@pytest.mark.parametrize("bad", ["0", "-0.1", "1.5", "nan", "x"])
+def test_a_bad_ternary_density_or_update_norm_is_refused_in_one_line(bad, tmp_path):
+    from clitools import assert_user_error, run_edgetrain
+
+    for flag in ("--ternary-density", "--max-update-norm"):
+        if flag == "--max-update-norm" and bad == "1.5":
+            continue  # a norm bound of 1.5 is fine
+        res = run_edgetrain("fleet", "serve", "edgetrain.nets:pretrained_digits", "--val", tmp_path / "v.npz",
+                            "-o", tmp_path / "r", "--codec", "ternary", flag, bad)
+        assert_user_error(res, 2, flag)
+
+
+def test_a_device_rebuilds_from_its_base_replays_its_round_and_refuses_a_stale_base(tmp_path):
+    """client.received with real state files: round 1 from zeros, round 2 from round 1's arrays, round 2
+    asked again (the same arrays, nothing applied twice), the arrays whole; a delta against a round this
+    device does not hold, or one that does not rebuild the coordinator's record, fails the round."""
+    from edgetrain.errors import RunFailed
+    from edgetrain.fleet.client import received
+    from edgetrain.fleet.codec import arrays_digest, downlink_delta
+
+    r1, r2, r3 = _rounds(9, 3)
+
+    def message(target, held, base):
+        enc, sent = downlink_delta(target, held)
+        arrays = {k: decode_tensor(e) for k, e in enc.items()}
+        config = {"down": "delta", "base": base, "base-digest": arrays_digest(held) if base else "",
+                  "target-digest": arrays_digest(sent)}
+        return arrays, config, sent
+
+    a1, c1, s1 = message(r1, {}, 0)
+    got = received(tmp_path, a1, {"round": 1, **c1})
+    assert arrays_digest(got) == arrays_digest(s1)
+    a2, c2, s2 = message(r2, s1, 1)
+    got = received(tmp_path, a2, {"round": 2, **c2})
+    assert arrays_digest(got) == arrays_digest(s2)
+    again = received(tmp_path, a2, {"round": 2, **c2})  # asked again: the same arrays, the delta not re-added
+    assert arrays_digest(again) == arrays_digest(s2)
+    a3, c3, s3 = message(r3, s1, 1)  # a delta against round 1, which this device no longer holds
+    with pytest.raises(RunFailed, match="holds round 2's"):
+        received(tmp_path, a3, {"round": 3, **c3})
+    a3, c3, s3 = message(r3, s2, 2)
+    with pytest.raises(RunFailed, match="differ from what the coordinator sent"):
+        received(tmp_path, a3, {"round": 3, **c3, "target-digest": "0" * 64})
+    whole = received(tmp_path, s3, {"round": 3, "down": "whole", "target-digest": arrays_digest(s3)})
+    assert arrays_digest(whole) == arrays_digest(s3)
+    assert received(tmp_path, {"w": r1["w"]}, {"round": 4}) == {"w": r1["w"]}  # no compact downlink: as given

@@ -7,7 +7,8 @@ edgetrain.fleet.demo.SHARES), start from the shipped base trained on digits 0-4
 (edgetrain.nets:pretrained_digits). Reported, all on the same held-out quarter of the ten digits:
 (a) each device's local-only fine-tune and (b) one fine-tune on the union of the data, both through the
 same engine for rounds x epochs epochs; federated runs with fp32, int8 and 2-bit (error feedback)
-updates, each a real `edgetrain fleet serve` and three `edgetrain fleet join` processes on loopback;
+updates and ternary (sparse ternary, int8-delta downlink), each a real `edgetrain fleet serve` and three
+`edgetrain fleet join` processes on loopback (through a counting TCP proxy: what crosses the sockets);
 and an int8 run in which device 1 is SIGKILLed (with every process it started) during round 2 and
 joined again; and an int8 run with --train-layers last:2 (the last conv layer, its BatchNorm and the
 output layer travel), beside local-only and centralised fine-tunes of the same layers. Uplink bytes are
@@ -66,6 +67,64 @@ def _start(args: list[str], log: Path, mark: str, env_extra: dict | None = None)
                             env=env, start_new_session=True)
 
 
+class Proxy:
+    """A loopback TCP proxy between the devices and the coordinator's port: counts the bytes that cross the
+    sockets each way (TCP payload: Flower's gRPC/HTTP2 framing, TLS-less here, heartbeats and every
+    message included; not the TCP/IP headers)."""
+
+    def __init__(self, target_port: int):
+        import socket
+        import threading
+
+        self.target = target_port
+        self.up = self.down = 0
+        self.lock = threading.Lock()
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            threading.Thread(target=self._pipe, args=(client, server, "up"), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, "down"), daemon=True).start()
+
+    def _pipe(self, src, dst, way: str) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+                with self.lock:
+                    setattr(self, way, getattr(self, way) + len(data))
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def federated(work: Path, data: dict, codec: str, rounds: int, epochs: int, kill_device: int | None = None,
               kill_round: int = 2, threads: int = 1, tag: str = "", train_layers: str = "head") -> dict:
     from edgetrain.fleet.procs import free_port
@@ -80,9 +139,11 @@ def federated(work: Path, data: dict, codec: str, rounds: int, epochs: int, kill
                    work / f"{run.name}-serve.log", marks["serve"])
     joins = {}
 
+    proxy = Proxy(port)
+
     def join(d: int) -> None:
         marks[d] = f"dev{d}-{uuid.uuid4().hex[:6]}"
-        joins[d] = _start(["fleet", "join", f"127.0.0.1:{port}", "--data", data["devices"][d], "-o",
+        joins[d] = _start(["fleet", "join", f"127.0.0.1:{proxy.port}", "--data", data["devices"][d], "-o",
                            str(run / f"device-{d}"), "--name", f"device-{d}", "--threads", str(threads),
                            "--device", "rpi4b-4gb"], work / f"{run.name}-device-{d}.log", marks[d])
 
@@ -112,7 +173,10 @@ def federated(work: Path, data: dict, codec: str, rounds: int, epochs: int, kill
     finally:
         for m in marks.values():
             _kill(m)
+        proxy.close()
     res = json.loads((run / "fleet.json").read_text())
+    res["socket_bytes_up"], res["socket_bytes_down"] = proxy.up, proxy.down
+    res["bytes_down_fp32"] = sum(r.get("bytes_down_fp32", r["bytes_down"]) for r in res["rounds"])
     res["wall_seconds"] = time.monotonic() - t0
     res["serve_exit"] = serve.returncode
     res["killed_at_s"] = killed
@@ -155,7 +219,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1, help="local epochs per round")
     ap.add_argument("--kill-rounds", type=int, default=5, help="rounds of the fault run and its fault-free twin")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: local,fp32,int8,2bit,kill,last2,scale")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: local,fp32,int8,2bit,ternary,kill,last2,scale")
     ap.add_argument("--only", default="", help="comma list of the parts to run (default: all)")
     ap.add_argument("--scale-devices", type=int, default=30, help="simulated devices of the scale part")
     ap.add_argument("--scale-rounds", type=int, default=5, help="rounds of the scale part")
@@ -179,15 +243,23 @@ def main() -> None:
         out["centralised"] = local(work, data["union"], data["val"], total)
         print(f"local-only ({total} epochs each): " + ", ".join(f"device {i} {v:.4f}" for i, v in enumerate(out["local_only"]))
               + f"; centralised on the union: {out['centralised']:.4f}", flush=True)
-    for codec in ("fp32", "int8", "2bit"):
+    for codec in ("fp32", "int8", "2bit", "ternary"):
         if codec in skip:
             continue
         r = federated(work, data, codec, a.rounds, a.epochs)
         out[codec] = r
-        print(f"federated {codec:4s}: top-1 {r['final_accuracy']:.4f} after {r['rounds_completed']} rounds "
+        print(f"federated {codec:7s}: top-1 {r['final_accuracy']:.4f} after {r['rounds_completed']} rounds "
               f"(per round: {', '.join(format(x['accuracy'], '.3f') for x in r['rounds'])}); uplink {r['bytes_up']} B "
-              f"({r['bytes_up_fp32']} B as fp32, {r['uplink_reduction']:.2f}x fewer); downlink {r['bytes_down']} B; "
-              f"{r['wall_seconds']:.0f}s", flush=True)
+              f"({r['bytes_up_fp32']} B as fp32, {r['uplink_reduction']:.2f}x fewer); downlink {r['bytes_down']} B "
+              f"({r['bytes_down_fp32'] / r['bytes_down']:.2f}x fewer); through the sockets {r['socket_bytes_up']} B up, "
+              f"{r['socket_bytes_down']} B down; {r['wall_seconds']:.0f}s", flush=True)
+    if "fp32" in out and "ternary" in out:
+        f, t = out["fp32"], out["ternary"]
+        print(f"ternary vs the fp32 fleet: uplink {f['bytes_up'] / t['bytes_up']:.1f}x fewer bytes, downlink "
+              f"{f['bytes_down'] / t['bytes_down']:.2f}x fewer; through the sockets "
+              f"{f['socket_bytes_up'] / t['socket_bytes_up']:.2f}x fewer up, "
+              f"{f['socket_bytes_down'] / t['socket_bytes_down']:.2f}x fewer down; top-1 "
+              f"{100 * (t['final_accuracy'] - f['final_accuracy']):+.1f} pts", flush=True)
     if "kill" not in skip:
         calm = federated(work, data, "int8", a.kill_rounds, a.epochs, tag="-calm")
         r = federated(work, data, "int8", a.kill_rounds, a.epochs, kill_device=1, kill_round=2)

@@ -16,7 +16,8 @@ def fleet():
     """Fine-tune across many devices without moving their data (Flower): one coordinator, many devices.
 
     Only the trainable part travels (the output layer, or the last N layers with --train-layers last:N;
-    compressed: int8 or 2-bit with error feedback); each device trains it with edgetrain's fine-tuning
+    compressed: int8, 2-bit with error feedback, or sparse ternary with an int8-delta downlink); each
+    device trains it with edgetrain's fine-tuning
     engine on its own data. Needs the fleet extra: pip install "edgetrain[fleet]".
     """
 
@@ -29,7 +30,8 @@ def serve(model, json_path, **values):
     """Coordinate a federated fine-tune of MODEL's trainable part; writes RUNDIR/fleet.json and
     RUNDIR/fleet-report.html (held-out top-1, devices, bytes, time, memory and energy per round).
 
-    Listens on loopback unless --listen says otherwise. Exit 3 when fewer rounds completed than asked.
+    Listens on loopback unless --listen says otherwise. Exit 3 when fewer rounds completed than asked,
+    or the global model ended non-finite or at chance on --val.
     """
     opts = parse(FleetServeOptions, values)
     check_outputs({"MODEL": model, "--val": opts.val, "--params": opts.params, "--tls-cert": opts.tls_cert,

@@ -38,9 +38,9 @@ import numpy as np
 
 from .. import runtime
 from ..devices import load_device
-from ..errors import EdgetrainError, UsageError
+from ..errors import EdgetrainError, RunFailed, UsageError
 from ..fileio import atomic_write_bytes, atomic_write_text
-from .codec import Encoded, encode_update, update_bytes
+from .codec import DENSITY, Encoded, arrays_digest, downlink_apply, encode_update, update_bytes
 from .hooks import delay
 from .local import LocalSpec, ShapeMismatch, class_view, train_round
 
@@ -54,6 +54,7 @@ CONTROL = "control/"  # prefix of the SCAFFOLD control variates among the arrays
 REFUSED = "refused.json"
 DONE = "done.json"
 CURRENT = "current-round.json"
+DOWNLINK = "downlink.npz"  # the global arrays this device last reconstructed (compact downlink), by round
 BUILTIN_MODELS = ("zoo:", "edgetrain.nets:")  # what a device loads by the coordinator's say-so alone
 _SEP = "|"  # group|name inside the npz files (array names contain '/')
 
@@ -163,16 +164,48 @@ def settle(folder: Path, accepted: int, round_no: int | None = None, digest: str
     return None
 
 
+# the coordinator's bookkeeping, not a round's inputs (how the arrays came down: the arrays themselves count)
+NOT_INPUTS = ("accepted", "down", "base", "base-digest", "target-digest")
+
+
 def inputs_digest(global_arrays: dict, config: dict) -> str:
     """What a round's outcome depends on besides the committed state (which cannot change while a round is
     staged: only settling the staged round changes it)."""
-    h = hashlib.sha256(json.dumps({k: v for k, v in sorted(config.items()) if k != "accepted"},
+    h = hashlib.sha256(json.dumps({k: v for k, v in sorted(config.items()) if k not in NOT_INPUTS},
                                   sort_keys=True, default=str).encode())
     for k in sorted(global_arrays):
         v = np.ascontiguousarray(global_arrays[k], dtype=np.float32)
         h.update(f"{k} {v.shape}".encode())
         h.update(v.tobytes())
     return h.hexdigest()
+
+
+def received(folder: Path, arrays: dict, config: dict) -> dict:
+    """The global arrays of this round. With a compact downlink (``down`` in the config) ``arrays`` are a
+    delta against the arrays of round ``base`` (0: zeros), which this device must hold (else it fails the
+    round, and the coordinator sends the arrays whole next time), or the arrays whole; either way the result
+    must match the coordinator's record (``target-digest``) bit for bit, and is kept for the next delta."""
+    mode = config.get("down")
+    if not mode:
+        return arrays
+    round_no, want = int(config["round"]), str(config["target-digest"])
+    if mode == "delta":
+        meta, groups = _unpack(folder / DOWNLINK) if (folder / DOWNLINK).exists() else ({}, {})
+        mine = groups.get("arrays", {})
+        if meta.get("round") == round_no and meta.get("digest") == want:  # this round asked again
+            return mine
+        base = int(config["base"])
+        if base and (meta.get("round") != base or meta.get("digest") != config.get("base-digest")):
+            raise RunFailed(f"the coordinator sent round {round_no}'s global arrays as a change to round {base}'s, "
+                            f"and this device holds round {meta.get('round', 'none')}'s",
+                            "fleet downlink", "the coordinator sends them whole next round")
+        arrays = downlink_apply(mine if base else {}, arrays)
+    if arrays_digest(arrays) != want:
+        raise RunFailed(f"round {round_no}'s global arrays rebuilt here differ from what the coordinator sent",
+                        "fleet downlink", "the coordinator sends them whole next round")
+    atomic_write_bytes(folder / DOWNLINK, _pack({"round": round_no, "digest": want}, {"arrays": arrays}),
+                       "fleet downlink")
+    return arrays
 
 
 def _reply_from(staged: dict) -> tuple[dict, dict, dict]:
@@ -197,7 +230,7 @@ def train(join_path: str, global_arrays: dict, config: dict) -> tuple[dict, dict
     folder = Path(join["state"])
     with _locked(folder):
         try:
-            return _train(join, folder, global_arrays, config)
+            return _train(join, folder, received(folder, global_arrays, config), config)
         finally:
             (folder / CURRENT).unlink(missing_ok=True)
 
@@ -252,7 +285,8 @@ def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple
         c_new = {k: c_mine[k] - c_global[k] + (weights[k] - new[k]) / np.float32(result.fleet_scale) for k in c_global}
         delta.update({CONTROL + k: (c_new[k] - c_mine[k]).astype(np.float32) for k in c_global})
     # running statistics travel exactly (a variance must stay positive); everything else with the codec
-    encoded, residual = encode_update(delta, codec, residual, exact=result.fleet_statistics)
+    encoded, residual = encode_update(delta, codec, residual, exact=result.fleet_statistics,
+                                      density=float(config.get("density", DENSITY)))
     seconds = time.monotonic() - t0
     last = result.epochs[-1] if result.epochs else {}
     energy = result.energy or {}

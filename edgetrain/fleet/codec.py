@@ -7,19 +7,39 @@ Each tensor travels as ``(lo, scale)`` (two float32) followed by its codes:
 - ``2bit``: per-tensor affine with four levels, four codes per byte, and *error feedback*: what the
   quantizer dropped (``residual``) stays on the device and is added to the next round's update, so
   over rounds the sum of what was sent equals the sum of the true updates minus one residual.
+- ``ternary``: sparse ternary compression (STC, Sattler et al. 2019) with error feedback: of each tensor
+  (plus its residual) only the ``k = ceil(n * density)`` (``--ternary-density``) largest magnitudes travel, each as ``+-scale``
+  with one shared scale (the mean magnitude of the kept entries, rounded to bfloat16: what the receiver
+  decodes is what the sender subtracts), everything else stays in the residual. Payload: ``k`` as a
+  LEB128 varint, then (when ``k > 0``) the scale's two bfloat16 bytes, then a bit stream of ``k`` entries in
+  position order, each the gap to the previous kept position Golomb-Rice coded (parameter
+  ``floor(log2(n / k))``, derived, not sent) followed by its sign bit, zero-padded to a byte. For the
+  digits head (320 + 10 values) that is 8 + 4 bytes against 1,320 in float32. (zlib or lzma over the
+  gap stream was measured larger: their headers alone exceed these payloads; tools/bench_fleet.py.)
+
+The downlink (with ``ternary``) is the global arrays as a delta against what the devices last received,
+``int8s`` per tensor (symmetric int8, deflated when that is smaller), with server-side error feedback:
+see ``downlink_delta``.
 
 The codec is pure NumPy; the wire object (Flower's ``Array``) is built from ``Encoded`` in ``apps``.
 """
 from __future__ import annotations
 
+import hashlib
+import math
 import struct
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import UsageError
 
-CODECS = ("fp32", "int8", "2bit")
+CODECS = ("fp32", "int8", "2bit", "ternary")
+DOWN = "int8s"  # the downlink's delta codec (see downlink_delta); a wire codec, not an update codec
+WIRE = CODECS + (DOWN,)
+FEEDBACK = ("2bit", "ternary")  # the codecs that keep what they dropped on the device (a residual)
+DENSITY = 1 / 80  # ternary: the default fraction of each tensor's entries sent each round (at least one)
 _BITS = {"int8": 8, "2bit": 2}
 _HEADER = struct.Struct("<ff")  # lo, scale
 
@@ -59,17 +79,21 @@ def _unpack2(data: bytes, n: int) -> np.ndarray:
 
 
 def payload_size(codec: str, n: int) -> int:
-    """Bytes one tensor of ``n`` values takes on the wire with ``codec``."""
+    """Bytes one tensor of ``n`` values takes on the wire with ``codec`` (a fixed-size codec: not ternary)."""
+    if codec == "ternary":
+        raise ValueError("a ternary payload's size depends on its positions")
     if codec == "fp32":
         return 4 * n
     return _HEADER.size + (n if codec == "int8" else (n + 3) // 4)
 
 
-def encode_tensor(x: np.ndarray, codec: str) -> tuple[Encoded, np.ndarray]:
+def encode_tensor(x: np.ndarray, codec: str, density: float = DENSITY) -> tuple[Encoded, np.ndarray]:
     """``x`` on the wire and what the receiver will decode (so the sender can keep the difference)."""
     x = np.array(x, dtype=np.float32, order="C")  # keeps a 0-d tensor 0-d (ascontiguousarray would not)
     if codec == "fp32":
         return Encoded(codec, tuple(x.shape), x.astype("<f4").tobytes()), x.copy()
+    if codec == "ternary":
+        return _ternary(x, density)
     if codec not in _BITS:
         raise UsageError(f"unknown update codec '{codec}'", "--codec", f"use one of {', '.join(CODECS)}")
     lo, scale, q = _affine(x, 1 << _BITS[codec])
@@ -81,8 +105,12 @@ def encode_tensor(x: np.ndarray, codec: str) -> tuple[Encoded, np.ndarray]:
 def decode_tensor(enc: Encoded) -> np.ndarray:
     """The float32 tensor ``enc`` stands for; a payload of the wrong length is refused."""
     n = int(np.prod(enc.shape)) if enc.shape else 1
-    if enc.codec not in CODECS:
+    if enc.codec not in WIRE:
         raise ValueError(f"unknown codec '{enc.codec}'")
+    if enc.codec == DOWN:
+        return _unsym8(enc.data, n).reshape(enc.shape)
+    if enc.codec == "ternary":
+        return _unternary(enc.data, n).reshape(enc.shape)
     if len(enc.data) != payload_size(enc.codec, n):
         raise ValueError(f"{enc.codec} payload of {len(enc.data)} bytes does not hold {n} values")
     if enc.codec == "fp32":
@@ -94,23 +122,213 @@ def decode_tensor(enc: Encoded) -> np.ndarray:
 
 
 def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str, np.ndarray] | None = None,
-                  exact=()) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
-    """Encode a whole update (name -> delta), tensor by tensor. With ``2bit`` the residual from earlier
-    rounds is added first and the new residual (what this encoding dropped) is returned; other codecs
-    return none. The tensors named in ``exact`` travel as fp32 whatever ``codec`` (nothing dropped)."""
+                  exact=(), density: float = DENSITY) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
+    """Encode a whole update (name -> delta), tensor by tensor. With ``2bit`` or ``ternary`` the residual
+    from earlier rounds is added first and the new residual (what this encoding dropped) is returned; other
+    codecs return none. The tensors named in ``exact`` travel as fp32 whatever ``codec`` (nothing dropped)."""
     out: dict[str, Encoded] = {}
     new_residual: dict[str, np.ndarray] = {}
     for name, delta in update.items():
         value = np.asarray(delta, np.float32)
         mine = "fp32" if name in exact else codec
-        if mine == "2bit" and residual and name in residual and residual[name].shape == value.shape:
+        if mine in FEEDBACK and residual and name in residual and residual[name].shape == value.shape:
             value = value + residual[name]
-        enc, decoded = encode_tensor(value, mine)
+        enc, decoded = encode_tensor(value, mine, density)
         out[name] = enc
-        if mine == "2bit":
+        if mine in FEEDBACK:
             new_residual[name] = (value - decoded).astype(np.float32)
     return out, new_residual
 
 
 def update_bytes(encoded: dict[str, Encoded]) -> int:
     return sum(e.nbytes for e in encoded.values())
+
+
+# --- ternary ---------------------------------------------------------------------------------------------
+
+def keep_count(n: int, density: float = DENSITY) -> int:
+    """How many entries of an ``n``-value tensor a ternary update sends."""
+    return min(n, max(1, math.ceil(n * density))) if n else 0
+
+
+def _bf16(value: float) -> tuple[bytes, np.float32]:
+    """``value`` rounded to bfloat16 (nearest, ties to even): its two bytes and the float32 it decodes to."""
+    u = int(np.array([value], "<f4").view("<u4")[0])
+    if (u & 0x7F800000) != 0x7F800000:  # finite: round; inf/NaN: truncate (a NaN stays a NaN)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFFFFFF
+    hi = u >> 16
+    return struct.pack("<H", hi), np.array([hi << 16], "<u4").view("<f4")[0]
+
+
+def _rice_param(n: int, k: int) -> int:
+    return max(0, int(math.floor(math.log2(n / k)))) if k else 0
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+        v >>= 7
+        if not v:
+            return bytes(out)
+
+
+def _ternary(x: np.ndarray, density: float) -> tuple[Encoded, np.ndarray]:
+    flat = x.ravel()
+    n = flat.size
+    k = keep_count(n, density)
+    mag = np.abs(flat)
+    # the k largest magnitudes, ties to the lower position (stable: the same update, the same bytes)
+    kept = np.sort(np.argsort(-mag, kind="stable")[:k]) if k else np.zeros(0, np.int64)
+    kept = kept[mag[kept] > 0]  # a zero is not sent (an all-zero tensor is one byte)
+    k = kept.size
+    decoded = np.zeros(n, np.float32)
+    if not k:
+        return Encoded("ternary", tuple(x.shape), _varint(0)), decoded.reshape(x.shape)
+    raw, scale = _bf16(float(np.mean(mag[kept], dtype=np.float64)))
+    b = _rice_param(n, k)
+    bits, nbits, prev = 0, 0, -1
+    for pos in kept.tolist():
+        gap = pos - prev - 1
+        prev = pos
+        q, r = gap >> b, gap & ((1 << b) - 1)
+        code = (((1 << q) - 1) << 1)  # q ones, then a zero
+        code = (code << b) | r
+        code = (code << 1) | int(flat[pos] < 0)
+        width = q + 1 + b + 1
+        bits = (bits << width) | code
+        nbits += width
+    pad = (-nbits) % 8
+    stream = (bits << pad).to_bytes((nbits + pad) // 8, "big")
+    signs = np.where(flat[kept] < 0, -scale, scale).astype(np.float32)
+    decoded[kept] = signs
+    return Encoded("ternary", tuple(x.shape), _varint(k) + raw + stream), decoded.reshape(x.shape)
+
+
+def _unternary(data: bytes, n: int) -> np.ndarray:
+    k, shift, i = 0, 0, 0
+    while True:
+        if i >= len(data) or i >= 5:
+            raise ValueError(f"ternary payload of {len(data)} bytes has no entry count")
+        k |= (data[i] & 0x7F) << shift
+        shift += 7
+        i += 1
+        if not data[i - 1] & 0x80:
+            break
+    if k > n:
+        raise ValueError(f"ternary payload names {k} entries of a tensor of {n} values")
+    out = np.zeros(n, np.float32)
+    if not k:
+        if len(data) != i:
+            raise ValueError(f"ternary payload of {len(data)} bytes does not hold 0 entries")
+        return out
+    if len(data) < i + 2:
+        raise ValueError(f"ternary payload of {len(data)} bytes is truncated before its scale")
+    (hi,) = struct.unpack_from("<H", data, i)
+    scale = np.array([hi << 16], "<u4").view("<f4")[0]
+    if not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"ternary scale {float(scale)} is not a positive finite number")
+    body = data[i + 2:]
+    total = len(body) * 8
+    bits = int.from_bytes(body, "big")
+    b = _rice_param(n, k)
+    at, prev = 0, -1  # `at`: bits read from the top
+
+    def take(width: int) -> int:
+        nonlocal at
+        if at + width > total:
+            raise ValueError(f"ternary payload of {len(data)} bytes is truncated: it does not hold {k} entries")
+        at += width
+        return (bits >> (total - at)) & ((1 << width) - 1)
+
+    for _ in range(k):
+        q = 0
+        while take(1):
+            q += 1
+        pos = prev + 1 + ((q << b) | take(b))
+        if pos >= n:
+            raise ValueError(f"ternary payload names position {pos} of a tensor of {n} values")
+        out[pos] = -scale if take(1) else scale
+        prev = pos
+    if total - at >= 8 or (total - at and bits & ((1 << (total - at)) - 1)):
+        raise ValueError(f"ternary payload of {len(data)} bytes does not hold {k} entries (trailing bytes)")
+    return out
+
+
+# --- the downlink: an int8 delta against what the devices hold, with server-side error feedback ------------
+
+_SCALE = struct.Struct("<f")
+
+
+def _sym8(x: np.ndarray) -> tuple[Encoded, np.ndarray]:
+    """Symmetric int8: ``x ~ q * scale``, ``q`` in -127..127 (a zero delta is exact); the codes raw-deflated
+    when that is smaller (a payload of exactly ``n`` code bytes is raw, a shorter one deflated)."""
+    x = np.array(x, dtype=np.float32, order="C")
+    top = float(np.abs(x).max()) if x.size else 0.0
+    scale = np.float32(top / 127.0) if top > 0 else np.float32(1.0)
+    q = np.clip(np.rint(x / scale), -127, 127).astype(np.int8)
+    codes = q.tobytes()
+    z = zlib.compressobj(9, zlib.DEFLATED, -15)
+    packed = z.compress(codes) + z.flush()
+    body = packed if len(packed) < len(codes) else codes
+    return Encoded(DOWN, tuple(x.shape), _SCALE.pack(scale) + body), (q.astype(np.float32) * scale).reshape(x.shape)
+
+
+def _unsym8(data: bytes, n: int) -> np.ndarray:
+    if len(data) < _SCALE.size or len(data) > _SCALE.size + n:
+        raise ValueError(f"{DOWN} payload of {len(data)} bytes does not hold {n} values")
+    (scale,) = _SCALE.unpack_from(data)
+    scale = np.float32(scale)
+    if not (np.isfinite(scale) and scale > 0):
+        raise ValueError(f"{DOWN} scale {float(scale)} is not a positive finite number")
+    body = data[_SCALE.size:]
+    if len(body) < n:  # deflated: exactly n code bytes, nothing after the stream (no bomb: at most n out)
+        z = zlib.decompressobj(-15)
+        try:
+            codes = z.decompress(body, n)
+        except zlib.error as exc:
+            raise ValueError(f"{DOWN} payload does not inflate: {exc}") from None
+        if len(codes) != n or not z.eof or z.unconsumed_tail or z.unused_data:
+            raise ValueError(f"{DOWN} payload of {len(data)} bytes does not inflate to {n} values")
+        body = codes
+    q = np.frombuffer(body, np.int8)
+    if np.any(q == -128):
+        raise ValueError(f"{DOWN} payload holds a code outside -127..127")
+    return q.astype(np.float32) * scale
+
+
+def arrays_digest(arrays: dict[str, np.ndarray]) -> str:
+    """Names, shapes and float32 bytes of ``arrays``: the coordinator's record of what it sent, which a
+    device checks its reconstruction against."""
+    h = hashlib.sha256()
+    for k in sorted(arrays):
+        v = np.ascontiguousarray(arrays[k], dtype="<f4")
+        h.update(f"{k} {v.shape}\n".encode())
+        h.update(v.tobytes())
+    return h.hexdigest()
+
+
+def _base(base: dict[str, np.ndarray], k: str, like: np.ndarray) -> np.ndarray:
+    b = base.get(k)
+    return b.astype(np.float32) if b is not None and b.shape == like.shape else np.zeros(like.shape, np.float32)
+
+
+def downlink_delta(target: dict[str, np.ndarray], held: dict[str, np.ndarray],
+                   exact=()) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
+    """The global arrays ``target`` as a delta against ``held`` (what the devices reconstructed last; empty:
+    zeros), and what a device reconstructs from it (``downlink_apply``): the coordinator keeps that as the
+    next base, so what rounding dropped this round is in the next round's delta (server-side error
+    feedback). Tensors named in ``exact`` (BatchNorm statistics) go as fp32 deltas."""
+    out, new = {}, {}
+    for k, v in target.items():
+        v = np.asarray(v, np.float32)
+        b = _base(held, k, v)
+        enc, dec = (encode_tensor(v - b, "fp32") if k in exact else _sym8(v - b))
+        out[k] = enc
+        new[k] = (b + dec).astype(np.float32)
+    return out, new
+
+
+def downlink_apply(held: dict[str, np.ndarray], deltas: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A device's side of ``downlink_delta``: the same float32 sums, so the same arrays bit for bit."""
+    return {k: (_base(held, k, d) + np.asarray(d, np.float32)).astype(np.float32) for k, d in deltas.items()}

@@ -6,7 +6,9 @@ output layer, or with ``--train-layers last:N`` every array of the tail) to a fr
 each message telling that device the last round of it the coordinator aggregated (``accepted``: what lets
 a device commit its staged state exactly once, see client.py), collect replies until ``round_timeout``
 (a hard deadline: each reply is pulled on its own and the round closes on time, whatever Flower is still
-retrying), decode every update (refusing one whose arrays do not fit the global model), average the
+retrying), decode every update (refusing one whose arrays do not fit the global model, that is not finite, whose
+sample count is not a whole number in 1..MAX_SAMPLES, or whose norm exceeds the round's bound: see
+``norm_bound``; the device is named and the round goes on without it), average the
 updates weighted by each device's sample count in a fixed order (by name: the same updates give the same
 arrays bit for bit), add the average to the global weights and check them on the held-out data. Each
 device asked is recorded once, by its name: a participant, refused, failed (with its reason) or timed out.
@@ -27,7 +29,8 @@ import numpy as np
 
 from ..errors import EdgetrainError
 from ..fileio import atomic_write_bytes, atomic_write_text
-from .codec import decode_tensor
+from ..figures import Chance
+from .codec import DENSITY, arrays_digest, decode_tensor, downlink_delta
 from .local import Evaluator, LocalSpec, check_shapes
 
 STATE = "fleet-state.json"
@@ -68,6 +71,47 @@ def decode_update(update: dict, global_arrays: dict, who: str) -> dict:
     return {k: decode_tensor(e) for k, e in update.items()}
 
 
+NORM_FACTOR = 10.0  # default bound: an update's norm at most this many times the round's median update norm
+GLOBAL_FACTOR = 1000.0  # ... and at most this many times the global arrays' norm (at least 1)
+MAX_SAMPLES = 10**9  # a device's sample count (its weight in the average) is an integer in 1..MAX_SAMPLES
+
+
+def sample_count(value) -> tuple[int | None, str | None]:
+    """A device's reported sample count as the weight of its update, or why it is refused."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None, f"its sample count {value!r} is not a number"
+    if not np.isfinite(v) or v != int(v) or not 1 <= v <= MAX_SAMPLES:
+        return None, f"its sample count {value!r} is not a whole number in 1..{MAX_SAMPLES}"
+    return int(v), None
+
+
+def update_norm(delta: dict) -> float:
+    """L2 norm of a whole update (every array, SCAFFOLD's control deltas included), inf when non-finite."""
+    total = 0.0
+    for v in delta.values():
+        v = np.asarray(v, np.float64)
+        if not np.all(np.isfinite(v)):
+            return float("inf")
+        total += float(np.sum(v * v))
+    return float(np.sqrt(total)) if np.isfinite(total) else float("inf")
+
+
+def norm_bound(norms: list[float], arrays: dict, given: float | None) -> tuple[float, str]:
+    """The largest update norm this round accepts, and how it was set (``given``: --max-update-norm)."""
+    if given:
+        return float(given), f"--max-update-norm {given:g}"
+    scale = max(1.0, update_norm(arrays))
+    bound, how = GLOBAL_FACTOR * scale, f"{GLOBAL_FACTOR:g}x the global arrays' norm {scale:.3g}"
+    finite = sorted(n for n in norms if np.isfinite(n))
+    if len(finite) >= 2:  # the lower median: one hostile device among two cannot raise it
+        median = finite[(len(finite) - 1) // 2]
+        if NORM_FACTOR * median < bound:
+            bound, how = NORM_FACTOR * median, f"{NORM_FACTOR:g}x the round's median update norm {median:.3g}"
+    return bound, how
+
+
 def average(deltas: list[tuple[dict, int]]) -> dict:
     total = float(sum(n for _, n in deltas))
     keys = [k for k in deltas[0][0] if not k.startswith(CONTROL)]
@@ -98,6 +142,11 @@ def run(grid, spec_path: str) -> None:
     # a control variate per array a gradient trains; BatchNorm's running statistics are only averaged
     control = (load_global(rundir, state["completed"], CONTROL_PREFIX) if scaffold and state["completed"]
                else {k: np.zeros_like(v) for k, v in arrays.items() if k not in evaluator.statistics})
+    # with ternary the downlink is an int8 delta against `held`, what the devices reconstructed from the
+    # round `version` (0: nothing, zeros); a device not known to hold it gets the arrays whole (fp32)
+    compact = spec["codec"] == "ternary"
+    version = int(state.get("downlink", 0)) if compact else 0
+    held = load_global(rundir, version, "down") if version else {}
     roster = _Roster(grid, log)
     timeout = float(spec["round_timeout"])
     log(f"resuming after round {state['completed']}" if state["completed"] else
@@ -108,19 +157,38 @@ def run(grid, spec_path: str) -> None:
         record = {"round": round_no, "started": _now(), "codec": spec["codec"], "participants": [], "refused": [],
                   "failed": [], "timed_out": [], "available": len(present)}
         chosen = present[: max(spec["min_updates"], int(round(len(present) * spec["fraction"])))]
-        down = wire.weights_record({**arrays, **({CONTROL + k: v for k, v in control.items()} if scaffold else {})})
+        target = {**arrays, **({CONTROL + k: v for k, v in control.items()} if scaffold else {})}
+        down = wire.weights_record(target)
+        downs = {}  # device key -> (record, config) when the downlink is compact
+        if compact:
+            delta, sent = downlink_delta(target, held, exact=set(evaluator.statistics))
+            by_delta, whole = wire.to_record(delta), None
+            digests = {"target-digest": arrays_digest(sent)}
+            for d in chosen:
+                if int(devices.get(d.key, {}).get("held", 0)) == version:
+                    downs[d.key] = by_delta, {"down": "delta", "base": version,
+                                              "base-digest": arrays_digest(held) if version else "", **digests}
+                else:  # its base is unknown or stale (it joined late, missed a round, failed): the arrays whole
+                    whole = whole or wire.weights_record(sent)
+                    downs[d.key] = whole, {"down": "whole", **digests}
         config = {"round": round_no, "codec": spec["codec"], "model": spec["model"],
                   "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
                   "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers,
+                  **({"density": float(spec.get("ternary_density") or DENSITY)} if compact else {}),
                   "classes": list(evaluator.classes)}  # the fleet's: a device may hold any subset of them
         # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
-        messages = [Message(content=RecordDict({"arrays": down, "config": ConfigRecord(
-                        {**config, "accepted": int(devices.get(d.key, {}).get("accepted", 0))})}),
+        messages = [Message(content=RecordDict({"arrays": downs[d.key][0] if compact else down, "config": ConfigRecord(
+                        {**config, **(downs[d.key][1] if compact else {}),
+                         "accepted": int(devices.get(d.key, {}).get("accepted", 0))})}),
                             message_type="train", dst_node_id=d.node, ttl=timeout) for d in chosen]
         log(f"round {round_no}: sent to {len(chosen)} of {len(present)} devices ({', '.join(d.name for d in chosen)})")
         replies = exchange(grid, messages, t0 + timeout)
         waited = time.monotonic() - t0
-        record["bytes_down"] = wire.record_bytes(down) * len(chosen)
+        record["bytes_down"] = sum(wire.record_bytes(downs[d.key][0] if compact else down) for d in chosen)
+        record["bytes_down_fp32"] = wire.record_bytes(down) * len(chosen)
+        if compact:
+            record["downlink_whole"] = [d.name for d in chosen if downs[d.key][1]["down"] == "whole"]
+            answered = {d.key for d, reply in zip(chosen, replies) if reply is not None and not reply.has_error()}
         deltas = []
         for d, reply in zip(chosen, replies):
             who = {"client": d.name, "device_id": d.key, "node_id": d.node}
@@ -146,10 +214,32 @@ def run(grid, spec_path: str) -> None:
                 record["refused"].append({**who, "reason": reason})
                 log(f"round {round_no}: refused the update of {d.name}: {reason}")
                 continue
-            deltas.append((d, delta, int(metrics.get("num-examples", 1))))
+            count, why = sample_count(metrics.get("num-examples", 1))
+            norm = update_norm(delta)
+            if why is None and not np.isfinite(norm):
+                why = "its update is not finite (NaN or inf)"
+            if why is not None:
+                record["refused"].append({**who, "reason": why})
+                log(f"round {round_no}: refused the update of {d.name}: {why}")
+                continue
+            deltas.append((d, delta, count))
             record["participants"].append({**who, "device": facts.get("device"),
-                                           "energy_provenance": facts.get("energy"),
+                                           "energy_provenance": facts.get("energy"), "update_norm": norm,
                                            **{k.replace("-", "_"): v for k, v in metrics.items()}})
+        # out of range: a norm bound from the user, else from this round's updates (see norm_bound)
+        bound, how = norm_bound([p["update_norm"] for p in record["participants"]], arrays, spec.get("max_update_norm"))
+        record["max_update_norm"] = bound
+        kept = []
+        for item, p in zip(deltas, list(record["participants"])):  # appended together, in the same order
+            d = item[0]
+            if p["update_norm"] <= bound:
+                kept.append(item)
+                continue
+            why = f"its update's norm {p['update_norm']:.3g} exceeds {bound:.3g} ({how})"
+            record["participants"].remove(p)
+            record["refused"].append({"client": d.name, "device_id": d.key, "node_id": d.node, "reason": why})
+            log(f"round {round_no}: refused the update of {d.name}: {why}")
+        deltas = kept
         record["updates"] = len(deltas)
         record["updated"] = len(deltas) >= spec["min_updates"]
         _hold(round_no, "aggregating", rundir)
@@ -158,6 +248,8 @@ def run(grid, spec_path: str) -> None:
             deltas.sort(key=lambda x: (x[0].name, x[0].key))
             avg = average([(delta, n) for _, delta, n in deltas])
             arrays = {k: (arrays[k] + avg[k]).astype(np.float32) for k in arrays}
+            if not all(np.all(np.isfinite(v)) for v in arrays.values()):  # cannot happen with bounded updates
+                raise RuntimeError(f"round {round_no}: the averaged global arrays are not finite")
             if scaffold:  # c += (|S| / N) * mean(delta c_i): a device that did not report keeps its share
                 share = len(deltas) / max(record["available"], len(deltas))
                 control = {k: (control[k] + share * np.mean([d[CONTROL + k] for _, d, _ in deltas], axis=0))
@@ -170,6 +262,8 @@ def run(grid, spec_path: str) -> None:
             entry = devices.setdefault(d.key, {"name": d.name, "accepted": 0, "updates": 0, "asked": 0})
             entry["name"] = d.name
             entry["asked"] += 1
+            if compact:  # what this device holds now: this round's arrays if it answered, else not known
+                entry["held"] = round_no if d.key in answered else -1
             if d.key in accepted:
                 entry.update(accepted=round_no, updates=entry["updates"] + 1)
                 entry.pop("reason", None)
@@ -178,10 +272,16 @@ def run(grid, spec_path: str) -> None:
         record["bytes_up"] = sum(p["bytes_up"] for p in record["participants"])
         record["bytes_up_fp32"] = sum(p["bytes_up_fp32"] for p in record["participants"])
         record["accuracy"] = evaluator.top1(arrays)
+        state["chance"] = Chance.measure(100.0 * record["accuracy"], evaluator.job.train_ds.labels,
+                                         len(evaluator.classes)).to_dict()
         record["seconds"] = round(time.monotonic() - t0, 3)
         if scaffold:
             save_global(rundir, round_no, control, CONTROL_PREFIX)
         save_global(rundir, round_no, arrays)
+        if compact:
+            save_global(rundir, round_no, sent, "down")
+            held, version = sent, round_no
+            state["downlink"] = round_no
         _hold(round_no, "saving", rundir)
         state["rounds"].append(record)
         state["completed"] = round_no

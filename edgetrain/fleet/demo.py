@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m edgetrain.fleet.demo", description=main.__doc__)
     ap.add_argument("folder", help="where the data shares, the run and the devices' folders go")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--codec", default="int8", choices=("fp32", "int8", "2bit"))
+    ap.add_argument("--codec", default="int8", choices=("fp32", "int8", "2bit", "ternary"))
     ap.add_argument("--train-layers", default="head", help="what the devices train and send: head or last:N")
     ap.add_argument("--device", default="rpi4b-4gb", help="device profile the devices report energy for")
     ap.add_argument("--threads", type=int, default=1)

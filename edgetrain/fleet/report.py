@@ -40,6 +40,8 @@ class FleetResult(Result):
     devices: list[dict] = field(default_factory=list)  # per device (by its name): rounds asked, updates aggregated
     models: dict = field(default_factory=dict)  # the deployable global model (RUNDIR/model): prefix, onnx, int8
     model_checks: list[str] = field(default_factory=list)  # of the deployable model (export, int8 budget)
+    chance: dict | None = None  # figures.Chance of the final held-out top-1
+    finite: bool = True  # every array of the final global model is finite
 
     @property
     def uplink_reduction(self) -> float | None:
@@ -51,12 +53,17 @@ class FleetResult(Result):
         return d
 
     def checks(self) -> list[str]:
+        from ..compare import chance_failure
+
+        failed = []
+        if not self.finite:
+            failed.append("the global model ended non-finite (NaN or inf among its arrays)")
         if self.rounds_completed < self.rounds_requested:
             stale = (f"; round(s) {', '.join(map(str, self.rounds_without_update))} aggregated no update "
                      "(--min-updates)") if self.rounds_without_update else ""
-            return [f"only {self.rounds_completed} of {self.rounds_requested} rounds completed{stale}"
-                    ] + self.model_checks
-        return list(self.model_checks)
+            failed.append(f"only {self.rounds_completed} of {self.rounds_requested} rounds completed{stale}")
+        at_chance = chance_failure(self.chance, "the global model's held-out") if self.rounds else None
+        return failed + ([at_chance] if at_chance else []) + self.model_checks
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
-from .codec import CODECS, Encoded, decode_tensor, encode_tensor
+from .codec import WIRE, Encoded, decode_tensor, encode_tensor
 
 STYPE = "edgetrain.fleet/1"
 
@@ -18,7 +18,7 @@ def to_record(encoded: dict[str, Encoded]) -> ArrayRecord:
 def from_record(record: ArrayRecord) -> dict[str, Encoded]:
     out = {}
     for k, a in record.items():
-        if a.stype != STYPE or a.dtype not in CODECS:
+        if a.stype != STYPE or a.dtype not in WIRE:
             raise ValueError(f"array '{k}' is not an edgetrain fleet tensor ({a.stype}, {a.dtype})")
         out[k] = Encoded(a.dtype, tuple(int(d) for d in a.shape), bytes(a.data))
     return out

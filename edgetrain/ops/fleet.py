@@ -20,6 +20,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .. import runtime
 from ..data import BUILTIN_PREFIX
 from ..errors import RunFailed, UsageError
@@ -132,7 +134,8 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
             "round_timeout": opts.round_timeout,
             "join_timeout": opts.join_timeout, "codec": opts.codec, "epochs": opts.epochs,
             "batch_size": opts.batch_size, "lr": opts.lr, "optimizer": opts.optimizer, "seed": opts.seed,
-            "train_layers": opts.train_layers, "threads": threads}
+            "train_layers": opts.train_layers, "threads": threads, "max_update_norm": opts.max_update_norm,
+            "ternary_density": opts.ternary_density}
     if state is None:
         report(progress, "prepare", message="loading the model and the held-out data")
         created = not rundir.exists()
@@ -191,10 +194,19 @@ def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_af
                       bytes_up=sum(r["bytes_up"] for r in rounds), bytes_up_fp32=sum(r["bytes_up_fp32"] for r in rounds),
                       bytes_down=sum(r["bytes_down"] for r in rounds), rounds=rounds, resumed_after=resumed_after,
                       report=str(rundir / HTML), notes=notes, models=dict(models or {}),
-                      model_checks=list(failed))
+                      model_checks=list(failed),
+                      chance={**state["chance"], "allowed": bool(opts.allow_chance)} if state.get("chance") else None,
+                      finite=_finite(rundir, int(state["completed"])))
     atomic_write_text(rundir / HTML, page(f"edgetrain fleet: {res.model}", html_section(res)), "fleet report")
     atomic_write_text(rundir / RESULT, json.dumps(res.to_dict(), indent=2, default=str) + "\n", "fleet report")
     return res
+
+
+def _finite(rundir: Path, round_no: int) -> bool:
+    """Whether the global arrays saved after ``round_no`` are all finite (none saved: nothing to say)."""
+    if not coord.global_path(rundir, round_no).exists():
+        return True
+    return all(bool(np.all(np.isfinite(v))) for v in coord.load_global(rundir, round_no).values())
 
 
 def _flwr_home(folder: Path, address: str, tls_ca: str | None) -> Path:
