@@ -1,0 +1,124 @@
+"""The forward pass of a :class:`~.onnx_grad.GradGraph` run by ONNX Runtime, its tape made as NumPy's would be.
+
+With ``--train-layers bias`` or ``lite`` every step runs the whole graph forward, and in NumPy that forward
+costs about what the backward does (MobileNetV2-1.0, 160x160, batch 8: 153 ms; ONNX Runtime: 22 ms). Here
+ONNX Runtime runs it, on the same graph with two changes:
+
+- the trainable initializers are graph inputs, fed their current values at each run (the session is made
+  once; the frozen weights stay initializers, so ORT optimises around them);
+- what the backward needs is an extra graph output: for each ReLU/Clip a boolean of where its input was
+  inside the range (Greater/Less/And: one byte per value, packed to bits as soon as it arrives), for a node
+  whose tape holds an input (a trained Conv's input, the lite modules' pooled copies) that input, and for
+  every shape the backward reads a ``Shape`` of it (a few int64s).
+
+The backward stays :meth:`GradGraph.backward` (NumPy), reading a :class:`Tape` equal to the one NumPy's
+forward keeps (float32 rounding aside: a ReLU input within rounding of 0 may fall on the other side).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _lazy
+from .onnx_grad import BitMask, GradGraph, Tape, load_model
+
+
+class OrtForward:
+    """``forward(x) -> (output, tape)`` as :meth:`GradGraph.forward`, run by an ONNX Runtime session."""
+
+    def __init__(self, model, grad: GradGraph, threads: int, arena: bool = False):
+        onnx = _lazy.onnx()
+        helper = onnx.helper
+        proto = onnx.ModelProto()
+        proto.CopyFrom(load_model(model))
+        graph = proto.graph
+        self.grad = grad
+        trainable = set(grad.trainable)
+        kept = [t for t in graph.initializer if t.name not in trainable]
+        moved = [t for t in graph.initializer if t.name in trainable]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved)
+        del graph.output[:]
+        del graph.value_info[:]
+        outputs = [grad.output]
+        self.plan: list[tuple] = []   # (index, masks or None, {input position: output}, [shape output per input])
+        extra = []
+
+        def out(name: str, dtype) -> str:
+            if name == grad.input or name in outputs:
+                return name
+            outputs.append(name)
+            return name
+
+        def const(value: float, name: str) -> str:
+            graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(value, grad.dtype), name))
+            return name
+
+        for index, (node, op) in enumerate(grad.nodes):
+            if not any(op.need):
+                continue
+            tag = f"ortfwd{index}"
+            if hasattr(op, "mask_bounds"):
+                consts = [grad.const(n) if c else None for n, c in zip(node.input, op.is_const)]
+                lo, hi = op.mask_bounds(consts)
+                parts = []
+                if lo is not None:
+                    extra.append(helper.make_node("Greater", [node.input[0], const(lo, f"{tag}_lo")], [f"{tag}_gt"]))
+                    parts.append(f"{tag}_gt")
+                if hi is not None:
+                    extra.append(helper.make_node("Less", [node.input[0], const(hi, f"{tag}_hi")], [f"{tag}_lt"]))
+                    parts.append(f"{tag}_lt")
+                if len(parts) == 2:
+                    extra.append(helper.make_node("And", parts, [f"{tag}_mask"]))
+                    parts = [f"{tag}_mask"]
+                if not parts:   # a Clip with no bounds: everything passes
+                    extra.append(helper.make_node("Shape", [node.input[0]], [f"{tag}_shape"]))
+                    self.plan.append((index, None, {}, [out(f"{tag}_shape", None)], True))
+                    continue
+                self.plan.append((index, out(parts[0], bool), {}, [], True))
+                continue
+            positions = op.kept_inputs()
+            if positions is None:
+                positions = tuple(i for i, c in enumerate(op.is_const) if not c and node.input[i])
+            values = {i: out(node.input[i], None) for i in positions if node.input[i]}
+            shapes = []
+            for i, name in enumerate(node.input):
+                if not name or op.is_const[i]:
+                    shapes.append(None)
+                    continue
+                extra.append(helper.make_node("Shape", [name], [f"{tag}_shape{i}"]))
+                shapes.append(out(f"{tag}_shape{i}", None))
+            self.plan.append((index, None, values, shapes, False))
+        graph.node.extend(extra)
+        graph.output.extend(helper.make_empty_tensor_value_info(name) for name in outputs)
+        self.outputs = outputs
+        self.trainable = [t.name for t in moved]
+        self.session = _lazy.ort_session(proto.SerializeToString(), threads, arena=arena)
+
+    def run(self, x: np.ndarray, names: list[str]) -> list[np.ndarray]:
+        feeds = {self.grad.input: np.asarray(x, self.grad.dtype)}
+        feeds.update({n: self.grad.params[n] for n in self.trainable})
+        return self.session.run(names, feeds)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """The output alone (evaluation: no tape)."""
+        return self.run(x, [self.grad.output])[0]
+
+    def forward(self, x: np.ndarray) -> tuple:
+        x = np.asarray(x, self.grad.dtype)
+        got = dict(zip(self.outputs, self.run(x, self.outputs)))
+        got[self.grad.input] = x
+        tape = Tape(x.shape[0])
+        for index, mask, values, shapes, is_mask in self.plan:
+            node, op = self.grad.nodes[index]
+            if is_mask:
+                saved = {"mask": BitMask(got.pop(mask) if mask else np.ones(got[shapes[0]], bool))}
+            else:
+                consts = [self.grad.const(n) if c else None for n, c in zip(node.input, op.is_const)]
+                xs = [consts[i] if consts[i] is not None else got.get(values.get(i)) for i in range(len(node.input))]
+                dims = [tuple(consts[i].shape) if consts[i] is not None else
+                        (tuple(got[s]) if s else None) for i, s in enumerate(shapes)]
+                saved = op.keep(xs, dims)
+            tape.saved[index], tape.labels[index] = saved, (op.label, op.op)
+        tape.tape_bytes = tape.nbytes
+        return got[self.grad.output], tape
