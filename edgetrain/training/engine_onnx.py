@@ -37,6 +37,7 @@ from ..fileio import atomic_write_bytes
 from ..models import load_onnx
 from . import checkpoint as ckpt
 from . import lite, onnx_grad, store
+from .ort_forward import OrtForward
 from .memplan import MB, Costs, plan_for
 from .onnx_layers import WEIGHTED, cut_before_layer, extract, shapes_of
 from .optimizers import make_numpy_optimizer
@@ -63,6 +64,8 @@ class OnnxEngine:
         self.child_peak_mb = 0.0
         self.proto = None            # the model, its output layer resized when the classes differ
         self.grad: onnx_grad.GradGraph | None = None
+        self.fwd: OrtForward | None = None   # bias/lite: the forward in ONNX Runtime (the backward: self.grad)
+        self.fwd_mb = 0.0                    # its session: the model it holds and its per-sample activations
         self.weights: dict[str, np.ndarray] = {}
         self.cut: str | None = None
         self.frozen_bytes: bytes | None = None
@@ -112,6 +115,8 @@ class OnnxEngine:
             mode = "bias+head" if self.kind == "bias" else _weights_of(self.proto.graph)
             self.grad = onnx_grad.GradGraph(self.proto, mode, output=logits)
         self.weights = {k: self.grad.params[k] for k in self.grad.trainable}
+        if self.kind in ("bias", "lite"):
+            self.fwd = OrtForward(self.proto, self.grad, job.threads)
 
     def _fit_head(self, logits: str, classes: int) -> None:
         """Resize the output layer when the data has other classes (new weights: netsplit's initialisation).
@@ -235,7 +240,7 @@ class OnnxEngine:
         with np.errstate(over="ignore", invalid="ignore"):  # a diverged loss is reported by the job, once
             for start in range(0, real, micro):
                 part = idx[start:start + micro]
-                out, tape = self.grad.forward(inputs(part))
+                out, tape = self._forward(inputs(part))
                 loss, right, dlogits = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])
                 loss_sum, correct = loss_sum + loss, correct + right
                 for k, g in self.grad.backward(tape, (dlogits / np.float32(real)).reshape(out.shape)).items():
@@ -243,18 +248,24 @@ class OnnxEngine:
         self.opt.step(grads)
         return loss_sum, correct
 
+    def _forward(self, x: np.ndarray) -> tuple:
+        return self.fwd.forward(x) if self.fwd is not None else self.grad.forward(x)
+
+    def _output(self, x: np.ndarray) -> np.ndarray:
+        return self.fwd.predict(x) if self.fwd is not None else self.grad.forward(x)[0]
+
     def evaluate(self, inputs, labels: np.ndarray, micro: int) -> tuple[float, float]:
         correct, loss_sum = 0, 0.0
         for start in range(0, len(labels), micro):
             idx = np.arange(start, min(start + micro, len(labels)))
-            out, _ = self.grad.forward(inputs(idx))
+            out = self._output(inputs(idx))
             loss, right, _ = onnx_grad.softmax_cross_entropy(out.reshape(len(idx), -1), labels[idx])
             loss_sum, correct = loss_sum + loss, correct + right
         return correct / len(labels), loss_sum / len(labels)
 
     def predict(self, arrays: dict[str, np.ndarray], features: np.ndarray) -> np.ndarray:
         self.start_from(arrays)
-        return np.concatenate([self.grad.forward(features[s:s + 64])[0].reshape(len(features[s:s + 64]), -1)
+        return np.concatenate([self._output(features[s:s + 64]).reshape(len(features[s:s + 64]), -1)
                                .argmax(axis=1) for s in range(0, len(features), 64)])
 
     def reseed(self, seed: int, global_step: int) -> None:
