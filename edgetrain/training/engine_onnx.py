@@ -192,10 +192,12 @@ class OnnxEngine:
         probe = self.features(x) if self.has_frozen else x
         self.eval_session = None  # the feature pass makes its own, with the plan's arena: hold one, not two
         out, tape = self.grad.forward(probe)
+        # ONNX Runtime's forward (its session is in base_mb) also returns the masks unpacked, a byte per value
+        masks_mb = self.fwd.mask_bytes(tape) / MB if self.fwd is not None else 0.0
         self.grad.backward(tape, np.zeros_like(out))   # its peak too: the gradients it holds at once
         # the most one sample holds at once (live values, tape, gradients), plus room for an op's temporaries
         # (im2col columns, padded copies, unpacked masks): two of the largest activation
-        train_mb = (tape.peak_bytes + 2 * tape.largest_bytes) / MB
+        train_mb = (tape.peak_bytes + 2 * tape.largest_bytes) / MB + masks_mb
         n_weights = sum(int(v.size) for v in self.weights.values())
         session_mb = 2.65 * len(self.frozen_bytes) / MB + 30.0 if self.has_frozen else 0.0
         params_mb = sum(int(v.nbytes) for v in self.grad.params.values()) / MB

@@ -95,6 +95,12 @@ class OrtForward:
         self.trainable = [t.name for t in moved]
         self.session = _lazy.ort_session(proto.SerializeToString(), threads, arena=arena)
 
+    def mask_bytes(self, tape: Tape) -> int:
+        """What the masks of ``tape`` (a forward of the same graph, NumPy's or this) take as the session returns
+        them: a byte per value."""
+        return sum(int(np.prod(v.shape)) for saved in tape.saved.values() for v in saved.values()
+                   if isinstance(v, BitMask))
+
     def run(self, x: np.ndarray, names: list[str]) -> list[np.ndarray]:
         feeds = {self.grad.input: np.asarray(x, self.grad.dtype)}
         feeds.update({n: self.grad.params[n] for n in self.trainable})

@@ -1,0 +1,97 @@
+"""The GradGraph forward run by ONNX Runtime (edgetrain.training.ort_forward): the tape it builds equals the one
+NumPy's forward keeps, so the NumPy backward gives the same gradients (float32), for every op onnx_grad covers,
+the lite modules, and the shipped digits CNN; the trained weights are fed at each run."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from edgetrain.training import lite
+from edgetrain.training.onnx_grad import BitMask, GradGraph
+from edgetrain.training.ort_forward import OrtForward
+from test_onnx_grad import CASES, SHAPE, _case, _data, _differentiable_initializers, _lit, _lite_stack
+
+
+def _same_tapes(ours, ref):
+    assert sorted(ours.saved) == sorted(ref.saved)
+    for index, want in ref.saved.items():
+        got = ours.saved[index]
+        assert set(got) == set(want), index
+        for key, value in want.items():
+            if isinstance(value, BitMask):
+                assert got[key].shape == value.shape
+                assert np.array_equal(got[key].bits, value.bits), (index, key)
+            elif isinstance(value, np.ndarray):
+                np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-5, err_msg=f"{index} {key}")
+            else:
+                assert tuple(np.asarray(got[key], dtype=object).tolist()) == \
+                    tuple(np.asarray(value, dtype=object).tolist()), (index, key)
+
+
+def _check(model, trainable, x, extra=(), seed=4):
+    graph = GradGraph(model, trainable, extra=extra)
+    fwd = OrtForward(model, graph, threads=1)
+    out, tape = graph.forward(x)
+    got, ours = fwd.forward(x)
+    np.testing.assert_allclose(got, out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fwd.predict(x), out, rtol=1e-4, atol=1e-5)
+    _same_tapes(ours, tape)
+    dout = np.random.default_rng(seed).standard_normal(out.shape).astype(np.float32)
+    want, have = graph.backward(tape, dout), graph.backward(ours, dout)
+    assert set(have) == set(want) == set(graph.trainable)
+    for name in want:
+        scale = max(1.0, float(np.abs(want[name]).max()))
+        np.testing.assert_allclose(have[name], want[name], rtol=1e-4, atol=1e-5 * scale, err_msg=name)
+    return graph, fwd
+
+
+@pytest.mark.parametrize("mode", ["bias", "bias+head", "explicit"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tape_and_gradients_equal_numpy_forward(name, mode):
+    b, out = _case(CASES[name])()
+    model = b.model(out)
+    trainable = _differentiable_initializers(model) if mode == "explicit" else mode
+    _check(model, trainable, _data(shape=SHAPE))
+
+
+def test_lite_modules_tape_and_gradients_equal_numpy_forward():
+    model, names, _ = _lit(_lite_stack(shape=(3, 3, 9, 9)))
+    _check(model, "bias+head", _data(shape=(3, 3, 9, 9)), extra=names)
+
+
+def test_trained_weights_are_fed_at_each_run():
+    model, names, _ = _lit(_lite_stack(), live=False)
+    graph = GradGraph(model, "bias+head", extra=names)
+    fwd = OrtForward(model, graph, threads=1)
+    x = _data(shape=(2, 3, 9, 9))
+    before = fwd.predict(x)
+    rng = np.random.default_rng(1)
+    for name in graph.trainable:
+        graph.params[name][...] += 0.2 * rng.standard_normal(graph.params[name].shape).astype(np.float32)
+    after = fwd.predict(x)
+    assert not np.allclose(before, after)
+    np.testing.assert_allclose(after, graph.forward(x)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [4, 1])
+@pytest.mark.parametrize("layers", ["bias", "lite"])
+def test_digits_cnn_gradients_equal_numpy_forward(digits5_onnx, layers, batch):
+    """The exported file's batch is dynamic: one session runs every micro-batch size."""
+    proto = onnx.load(str(digits5_onnx))
+    extra = ()
+    if layers == "lite":
+        proto, extra, _ = lite.insert(proto, 0)
+        for t in proto.graph.initializer:   # trained modules: not the zero output they start from
+            if t.name in extra:
+                value = onnx.numpy_helper.to_array(t)
+                t.CopyFrom(onnx.numpy_helper.from_array(
+                    value + 0.1 * np.random.default_rng(2).standard_normal(value.shape).astype(np.float32), t.name))
+    shape = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim][1:]
+    graph, fwd = _check(proto, "bias+head", np.random.default_rng(0).uniform(-1, 1, (4, *shape)).astype(np.float32),
+                        extra=extra)
+    x = np.random.default_rng(batch).uniform(-1, 1, (batch, *shape)).astype(np.float32)
+    out, tape = graph.forward(x)
+    got, ours = fwd.forward(x)
+    np.testing.assert_allclose(got, out, rtol=1e-4, atol=1e-5)
+    _same_tapes(ours, tape)
