@@ -30,15 +30,21 @@ def _same_tapes(ours, ref):
 
 
 def _check(model, trainable, x, extra=(), seed=4):
+    """ONNX Runtime's forward, then the backward with its ConvTranspose, against NumPy's forward and backward
+    (another GradGraph of the same file: the reference has no ONNX Runtime in it)."""
+    ref = GradGraph(model, trainable, extra=extra)
     graph = GradGraph(model, trainable, extra=extra)
     fwd = OrtForward(model, graph, threads=1)
-    out, tape = graph.forward(x)
+    convs = [op for _, op in graph.nodes if op.op == "Conv" and op.need[0]]
+    assert all(op.transposed is not None for op in convs)
+    assert all(getattr(op, "transposed", None) is None for _, op in ref.nodes)
+    out, tape = ref.forward(x)
     got, ours = fwd.forward(x)
     np.testing.assert_allclose(got, out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(fwd.predict(x), out, rtol=1e-4, atol=1e-5)
     _same_tapes(ours, tape)
     dout = np.random.default_rng(seed).standard_normal(out.shape).astype(np.float32)
-    want, have = graph.backward(tape, dout), graph.backward(ours, dout)
+    want, have = ref.backward(tape, dout), graph.backward(ours, dout)
     assert set(have) == set(want) == set(graph.trainable)
     for name in want:
         scale = max(1.0, float(np.abs(want[name]).max()))
@@ -64,6 +70,7 @@ def test_trained_weights_are_fed_at_each_run():
     model, names, _ = _lit(_lite_stack(), live=False)
     graph = GradGraph(model, "bias+head", extra=names)
     fwd = OrtForward(model, graph, threads=1)
+    ref = GradGraph(model, "bias+head", extra=names)
     x = _data(shape=(2, 3, 9, 9))
     before = fwd.predict(x)
     rng = np.random.default_rng(1)
@@ -71,7 +78,15 @@ def test_trained_weights_are_fed_at_each_run():
         graph.params[name][...] += 0.2 * rng.standard_normal(graph.params[name].shape).astype(np.float32)
     after = fwd.predict(x)
     assert not np.allclose(before, after)
-    np.testing.assert_allclose(after, graph.forward(x)[0], rtol=1e-4, atol=1e-5)
+    for name in graph.trainable:
+        ref.params[name][...] = graph.params[name]
+    np.testing.assert_allclose(after, ref.forward(x)[0], rtol=1e-4, atol=1e-5)
+    out, tape = ref.forward(x)   # a trained Conv weight (the lite modules') is fed to its ConvTranspose too
+    got, ours = fwd.forward(x)
+    dout = np.random.default_rng(2).standard_normal(out.shape).astype(np.float32)
+    want, have = ref.backward(tape, dout), graph.backward(ours, dout)
+    for name in want:
+        np.testing.assert_allclose(have[name], want[name], rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(want[name]).max())))
 
 
 @pytest.mark.parametrize("batch", [4, 1])
@@ -91,7 +106,7 @@ def test_digits_cnn_gradients_equal_numpy_forward(digits5_onnx, layers, batch):
     graph, fwd = _check(proto, "bias+head", np.random.default_rng(0).uniform(-1, 1, (4, *shape)).astype(np.float32),
                         extra=extra)
     x = np.random.default_rng(batch).uniform(-1, 1, (batch, *shape)).astype(np.float32)
-    out, tape = graph.forward(x)
+    out, tape = GradGraph(proto, "bias+head", extra=extra).forward(x)
     got, ours = fwd.forward(x)
     np.testing.assert_allclose(got, out, rtol=1e-4, atol=1e-5)
     _same_tapes(ours, tape)

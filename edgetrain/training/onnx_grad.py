@@ -270,6 +270,9 @@ class _Conv(_Op):
         self.win = _window_of(self, w.shape[2:])
         self.groups = int(self.a.get("group", 1))
         self.depthwise = _Depthwise(self.win) if w.shape[1] == 1 else None
+        # the input gradient (a transposed convolution) by another engine: (dy, w, input shape) -> dx; None:
+        # NumPy's, below (ort_forward sets ONNX Runtime's ConvTranspose, tested equal to this one)
+        self.transposed = None
 
     def kept_inputs(self):
         return (0,) if self.need[1] else ()
@@ -327,6 +330,8 @@ class _Conv(_Op):
 
     def _input_grad(self, dy, w, shape, g, mg, cg, out_hw):
         """The transposed convolution: each tap's contribution scattered back onto the padded input."""
+        if self.transposed is not None:
+            return self.transposed(dy, w, shape)
         n, c, h, wd = shape
         padded = self.win.padded(h, wd)
         if self.depthwise:

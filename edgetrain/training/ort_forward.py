@@ -25,7 +25,7 @@ from .onnx_grad import BitMask, GradGraph, Tape, load_model
 class OrtForward:
     """``forward(x) -> (output, tape)`` as :meth:`GradGraph.forward`, run by an ONNX Runtime session."""
 
-    def __init__(self, model, grad: GradGraph, threads: int, arena: bool = False):
+    def __init__(self, model, grad: GradGraph, threads: int, arena: bool = True, conv_transpose: bool = True):
         onnx = _lazy.onnx()
         helper = onnx.helper
         proto = onnx.ModelProto()
@@ -94,6 +94,8 @@ class OrtForward:
         self.outputs = outputs
         self.trainable = [t.name for t in moved]
         self.session = _lazy.ort_session(proto.SerializeToString(), threads, arena=arena)
+        if conv_transpose:
+            use_ort_conv_transpose(grad, threads)
 
     def mask_bytes(self, tape: Tape) -> int:
         """What the masks of ``tape`` (a forward of the same graph, NumPy's or this) take as the session returns
@@ -128,3 +130,60 @@ class OrtForward:
             tape.saved[index], tape.labels[index] = saved, (op.label, op.op)
         tape.tape_bytes = tape.nbytes
         return got[self.grad.output], tape
+
+
+class ConvTranspose:
+    """A frozen-or-trained Conv's input gradient as ONNX Runtime's ConvTranspose with the forward's weight
+    (its (M, C/group, kh, kw) layout is ConvTranspose's (in, out/group, kh, kw)): the same strides, pads,
+    dilations and groups, and an output_padding that gives back the input's rows and columns (a strided
+    Conv drops the last rows a window does not reach). One session per input size, made at first use; the
+    weight is an initializer unless it trains (then fed at each run)."""
+
+    def __init__(self, node, op, trains: bool, threads: int):
+        self.node, self.op, self.trains, self.threads = node, op, trains, threads
+        self.sessions: dict[tuple, object] = {}
+
+    def _session(self, w: np.ndarray, h: int, wd: int):
+        onnx = _lazy.onnx()
+        helper = onnx.helper
+        win = self.op.win
+        (kh, kw), (sh, sw), (dh, dw) = win.kernel, win.strides, win.dilations
+        top, left, bottom, right = win.pads
+        ho, wo = (int(v) for v in win.out_hw(h, wd))
+        out_pad = [h - (sh * (ho - 1) + dh * (kh - 1) + 1 - top - bottom),
+                   wd - (sw * (wo - 1) + dw * (kw - 1) + 1 - left - right)]
+        node = helper.make_node("ConvTranspose", ["dy", "w"], ["dx"], kernel_shape=[kh, kw], strides=[sh, sw],
+                                pads=[top, left, bottom, right], dilations=[dh, dw], group=self.op.groups,
+                                output_padding=out_pad)
+        inputs = [helper.make_tensor_value_info("dy", onnx.TensorProto.FLOAT, [None, int(w.shape[0]), int(ho), int(wo)])]
+        if self.trains:
+            inputs.append(helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, list(w.shape)))
+        inits = [] if self.trains else [onnx.numpy_helper.from_array(np.asarray(w, np.float32), "w")]
+        graph = helper.make_graph([node], "conv_transpose", inputs,
+                                  [helper.make_tensor_value_info("dx", onnx.TensorProto.FLOAT, None)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 8
+        return _lazy.ort_session(model.SerializeToString(), self.threads)
+
+    def __call__(self, dy: np.ndarray, w: np.ndarray, shape: tuple) -> np.ndarray:
+        key = tuple(shape[2:])
+        if key not in self.sessions:
+            self.sessions[key] = self._session(w, *(int(v) for v in key))
+        feeds = {"dy": np.ascontiguousarray(dy, np.float32)}
+        if self.trains:
+            feeds["w"] = w
+        return self.sessions[key].run(None, feeds)[0]
+
+
+def use_ort_conv_transpose(grad: GradGraph, threads: int) -> int:
+    """Give every Conv of ``grad`` whose input gradient the backward computes ONNX Runtime's ConvTranspose for it
+    (float32 graphs only); the number of Convs that got one."""
+    if grad.dtype != np.float32:
+        return 0
+    trainable = set(grad.trainable)
+    count = 0
+    for node, op in grad.nodes:
+        if op.op == "Conv" and op.need and op.need[0]:
+            op.transposed = ConvTranspose(node, op, node.input[1] in trainable, threads)
+            count += 1
+    return count
