@@ -110,3 +110,39 @@ def test_digits_cnn_gradients_equal_numpy_forward(digits5_onnx, layers, batch):
     got, ours = fwd.forward(x)
     np.testing.assert_allclose(got, out, rtol=1e-4, atol=1e-5)
     _same_tapes(ours, tape)
+
+
+@pytest.mark.timing
+def test_speed_mobilenet_v2_160_batch_8_numpy_against_ort(capsys):
+    """One bias/lite step of MobileNetV2-1.0 at 160x160, batch 8: NumPy's forward and backward against ONNX
+    Runtime's forward and the backward with ORT's ConvTranspose (figures printed, best of 3)."""
+    import time
+
+    from onnx_models import mobilenet_v2
+
+    model = onnx.load_from_string(mobilenet_v2((8, 3, 160, 160)))
+    x = _data(shape=(8, 3, 160, 160))
+    for mode in ("bias", "lite"):
+        proto, extra = (model, ()) if mode == "bias" else lite.insert(model, 0)[:2]
+        ref = GradGraph(proto, "bias+head", extra=extra)
+        graph = GradGraph(proto, "bias+head", extra=extra)
+        fwd = OrtForward(proto, graph, threads=2)
+        times = {k: [] for k in ("numpy forward", "numpy backward", "ort forward", "backward, ort ConvTranspose")}
+        for _ in range(3):
+            t0 = time.perf_counter()
+            out, tape = ref.forward(x)
+            t1 = time.perf_counter()
+            ref.backward(tape, np.ones_like(out))
+            t2 = time.perf_counter()
+            out, tape = fwd.forward(x)
+            t3 = time.perf_counter()
+            graph.backward(tape, np.ones_like(out))
+            t4 = time.perf_counter()
+            for k, v in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                times[k].append(v)
+        best = {k: min(v) * 1000 for k, v in times.items()}
+        with capsys.disabled():
+            print(f"\n{mode}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in best.items()) +
+                  f"; step {best['numpy forward'] + best['numpy backward']:.0f} -> "
+                  f"{best['ort forward'] + best['backward, ort ConvTranspose']:.0f} ms")
+        assert all(v > 0 for v in best.values())

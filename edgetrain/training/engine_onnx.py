@@ -16,6 +16,9 @@ in its metadata. What trains follows ``--train-layers``:
   ops: a small group convolution on a 2x-downsampled copy of each block's input, a 1x1 projection, upsampled
   and added to the block's output. Their weights train from a zero output; every original weight is frozen.
   The backward pass keeps the same bit masks as ``bias`` plus the modules' own (downsampled) inputs.
+  With ``bias`` and ``lite`` the forward runs in ONNX Runtime, the graph's extra outputs being what the
+  tape holds (ort_forward), and each Conv's input gradient is ORT's ConvTranspose; the rest of the backward
+  is NumPy's (onnx_grad), which stays the reference both are tested against.
 - ``all``: every weight trains in NumPy (the activations a weight's gradient needs are kept).
 
 The result is OUTDIR/model.onnx: the same graph with the trained initializers (a replaced output layer
@@ -188,6 +191,9 @@ class OnnxEngine:
     def plan(self, rows: int, saved: dict | None):
         job = self.job
         x = np.zeros((1, *job.pre.input_shape), np.float32)
+        if self.fwd is not None:   # ONNX Runtime's backward sessions (one per Conv) are made at first use
+            out, tape = self.fwd.forward(x)
+            self.grad.backward(tape, np.zeros_like(out))
         base_mb = procmem.rss_mb() or 0.0   # before the probe: what one sample's pass takes is train_mb's
         probe = self.features(x) if self.has_frozen else x
         self.eval_session = None  # the feature pass makes its own, with the plan's arena: hold one, not two
