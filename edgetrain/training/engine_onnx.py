@@ -27,6 +27,7 @@ so quantize, predict and profile take it.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -40,8 +41,9 @@ from ..fileio import atomic_write_bytes
 from ..models import load_onnx
 from . import checkpoint as ckpt
 from . import lite, onnx_grad, store
+from . import ort_forward
 from .ort_forward import OrtForward
-from .memplan import MB, Costs, plan_for
+from .memplan import MB, Costs, choose, plan_for
 from .onnx_layers import WEIGHTED, cut_before_layer, extract, shapes_of
 from .optimizers import make_numpy_optimizer
 from .outdir import ONNX_MODEL
@@ -68,7 +70,6 @@ class OnnxEngine:
         self.proto = None            # the model, its output layer resized when the classes differ
         self.grad: onnx_grad.GradGraph | None = None
         self.fwd: OrtForward | None = None   # bias/lite: the forward in ONNX Runtime (the backward: self.grad)
-        self.fwd_mb = 0.0                    # its session: the model it holds and its per-sample activations
         self.weights: dict[str, np.ndarray] = {}
         self.cut: str | None = None
         self.frozen_bytes: bytes | None = None
@@ -118,8 +119,6 @@ class OnnxEngine:
             mode = "bias+head" if self.kind == "bias" else _weights_of(self.proto.graph)
             self.grad = onnx_grad.GradGraph(self.proto, mode, output=logits)
         self.weights = {k: self.grad.params[k] for k in self.grad.trainable}
-        if self.kind in ("bias", "lite"):
-            self.fwd = OrtForward(self.proto, self.grad, job.threads)
 
     def _fit_head(self, logits: str, classes: int) -> None:
         """Resize the output layer when the data has other classes (new weights: netsplit's initialisation).
@@ -191,19 +190,15 @@ class OnnxEngine:
     def plan(self, rows: int, saved: dict | None):
         job = self.job
         x = np.zeros((1, *job.pre.input_shape), np.float32)
-        if self.fwd is not None:   # ONNX Runtime's backward sessions (one per Conv) are made at first use
-            out, tape = self.fwd.forward(x)
-            self.grad.backward(tape, np.zeros_like(out))
         base_mb = procmem.rss_mb() or 0.0   # before the probe: what one sample's pass takes is train_mb's
         probe = self.features(x) if self.has_frozen else x
         self.eval_session = None  # the feature pass makes its own, with the plan's arena: hold one, not two
         out, tape = self.grad.forward(probe)
-        # ONNX Runtime's forward (its session is in base_mb) also returns the masks unpacked, a byte per value
-        masks_mb = self.fwd.mask_bytes(tape) / MB if self.fwd is not None else 0.0
+        masks_mb = ort_forward.mask_bytes(tape) / MB
         self.grad.backward(tape, np.zeros_like(out))   # its peak too: the gradients it holds at once
         # the most one sample holds at once (live values, tape, gradients), plus room for an op's temporaries
         # (im2col columns, padded copies, unpacked masks): two of the largest activation
-        train_mb = (tape.peak_bytes + 2 * tape.largest_bytes) / MB + masks_mb
+        train_mb = (tape.peak_bytes + 2 * tape.largest_bytes) / MB
         n_weights = sum(int(v.size) for v in self.weights.values())
         session_mb = 2.65 * len(self.frozen_bytes) / MB + 30.0 if self.has_frozen else 0.0
         params_mb = sum(int(v.nbytes) for v in self.grad.params.values()) / MB
@@ -211,7 +206,35 @@ class OnnxEngine:
         costs = Costs(base_mb + session_mb, self.frozen_per_sample_mb, train_mb,
                       params_mb + 3 * n_weights * 4 / MB, int(np.prod(job.pre.input_shape)) * 4 / MB, rows,
                       feat * 4, job.batch_size, self.has_frozen)
-        return plan_for(costs, job.budget_mb, saved), costs
+        if self.kind not in ("bias", "lite"):
+            return plan_for(costs, job.budget_mb, saved), costs
+        # ONNX Runtime's sessions cost memory up front (and the masks come back a byte per value): used when
+        # they fit the budget (always without one), else NumPy's forward, as a resumed run's plan says
+        with_ort = dataclasses.replace(costs, base_mb=costs.base_mb + ort_forward.sessions_mb(len(self.model_bytes())),
+                                       train_per_sample=train_mb + masks_mb)
+        use = saved.get("ort_forward", False) if saved is not None else self._fits(with_ort)
+        plan = plan_for(with_ort if use else costs, job.budget_mb, saved)
+        plan.ort_forward = use
+        if use:
+            self.fwd = OrtForward(self.proto, self.grad, job.threads)
+            out, tape = self.fwd.forward(x)   # its ConvTranspose sessions are made at first use
+            self.grad.backward(tape, np.zeros_like(out))
+        else:
+            job.notes.append(f"the forward runs in NumPy: ONNX Runtime's sessions (about "
+                             f"{ort_forward.sessions_mb(len(self.model_bytes())):.0f} MB) do not fit the memory budget")
+        return plan, (with_ort if use else costs)
+
+    def _fits(self, costs: Costs) -> bool:
+        if self.job.budget_mb is None:
+            return True
+        try:
+            choose(costs, self.job.budget_mb)
+        except UsageError:
+            return False
+        return True
+
+    def model_bytes(self) -> bytes:
+        return self.proto.SerializeToString()
 
     def start_from(self, arrays: dict[str, np.ndarray]) -> None:
         for name in self.weights:

@@ -24,6 +24,24 @@ from .onnx_grad import BitMask, GradGraph, Tape, load_model
 PREPACK = False   # MLAS's packed copy of each weight: off saved 3 MB and was no slower (MobileNetV2 lite, 160x160)
 
 
+# What the sessions take beyond the process before them (the library, the forward's copy of the model, one
+# ConvTranspose session per Conv, their first runs), MiB: measured 92 MB for MobileNetV2-1.0 lite (a 9 MB file)
+# at 160x160: this bound is 45 + 5x the file.
+SESSIONS_FIXED_MB = 45.0
+SESSIONS_PER_MODEL_MB = 5.0
+
+
+def sessions_mb(model_bytes: int) -> float:
+    return SESSIONS_FIXED_MB + SESSIONS_PER_MODEL_MB * model_bytes / 2**20
+
+
+def mask_bytes(tape: Tape) -> int:
+    """What the masks of ``tape`` (a forward of the same graph) take as the session returns them: a byte per
+    value, until they are packed."""
+    return sum(int(np.prod(v.shape)) for saved in tape.saved.values() for v in saved.values()
+               if isinstance(v, BitMask))
+
+
 class OrtForward:
     """``forward(x) -> (output, tape)`` as :meth:`GradGraph.forward`, run by an ONNX Runtime session."""
 
@@ -105,12 +123,6 @@ class OrtForward:
         self.session = _lazy.ort_session(proto.SerializeToString(), threads, arena=arena, priority_order=True, prepack=PREPACK)
         if conv_transpose:
             use_ort_conv_transpose(grad, threads)
-
-    def mask_bytes(self, tape: Tape) -> int:
-        """What the masks of ``tape`` (a forward of the same graph, NumPy's or this) take as the session returns
-        them: a byte per value."""
-        return sum(int(np.prod(v.shape)) for saved in tape.saved.values() for v in saved.values()
-                   if isinstance(v, BitMask))
 
     def run(self, x: np.ndarray, names: list[str]) -> list[np.ndarray]:
         feeds = {self.grad.input: np.asarray(x, self.grad.dtype)}
