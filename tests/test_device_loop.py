@@ -141,6 +141,23 @@ def test_a_budget_the_plan_cannot_meet_is_refused_before_training(layers, host_e
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("layers", ["bias", "lite"])
+def test_onnx_runtime_runs_the_forward_only_when_the_budget_holds_its_sessions(layers, host_export, device_env,
+                                                                               tmp_path):
+    """Without a budget bias/lite run their forward in ONNX Runtime; under a budget NumPy's forward meets but
+    ONNX Runtime's sessions would not, the run says so, plans NumPy's, and stays within the budget."""
+    common = ("finetune", host_export / "digits5.onnx", "--data", host_export / "train.npz", "--train-layers", layers,
+              "--epochs", "1", "--threads", "1", "--allow-chance", "--json", "-")
+    free = run_edgetrain(*common, "-o", tmp_path / "free", env=device_env)
+    assert free.code == 0, free.err
+    assert free.json()["plan"]["ort_forward"] is True
+    tight = run_edgetrain(*common, "-o", tmp_path / "tight", "--memory-budget", "90MB", env=device_env)
+    assert tight.code == 0, tight.err
+    r = tight.json()
+    assert r["plan"]["ort_forward"] is False and 0 < r["peak_rss_mb"] <= 90, r
+    assert any("the forward runs in NumPy: ONNX Runtime's sessions" in n for n in r["notes"]), r["notes"]
+
+
 @pytest.mark.parametrize("layers,kill", [("head", "features:2"), ("bias", "step:7"), ("lite", "step:7")])
 def test_a_power_cut_on_the_device_resumes_to_the_same_weights(layers, kill, host_export, device_env, tmp_path):
     """kill -9 during the feature pass (head) or mid-epoch (bias, lite), then --resume: the weights written are

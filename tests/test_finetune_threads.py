@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 
 def _thread_cpu(pid: int) -> dict[int, float]:
@@ -33,14 +35,15 @@ def _sample(proc, seen: dict[int, float], until) -> None:
 
 
 def busy_worker_threads(threads: int, data: Path, out: Path, layers: str = "all", epochs: int = 2,
-                        share: float = 0.2) -> list[float]:
+                        share: float = 0.2, model: str = "edgetrain.nets:pretrained_digits") -> list[float]:
     """CPU seconds of each non-main thread of a training child after its first epoch that did more than
     ``share`` of the process's work then (sorted)."""
     env = {k: v for k, v in os.environ.items() if k != "EDGETRAIN_DEBUG"}
-    # 64x64 input makes the convolutions big enough for OpenMP to split them when it may
-    proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "finetune", "edgetrain.nets:pretrained_digits",
+    # 64x64 input makes the convolutions big enough for OpenMP to split them when it may (an ONNX file: its own)
+    shape = () if str(model).endswith(".onnx") else ("--input-shape", "1,1,64,64")
+    proc = subprocess.Popen([sys.executable, "-m", "edgetrain", "finetune", str(model),
                              "--data", str(data), "-o", str(out), "--train-layers", layers, "--epochs", str(epochs),
-                             "--input-shape", "1,1,64,64", "--batch-size", "16", "--val-split", "0.1",
+                             *shape, "--batch-size", "16", "--val-split", "0.1",
                              "--threads", str(threads), "--allow-chance"],  # threads, not accuracy, here
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -73,6 +76,15 @@ def test_the_thread_cap_holds_when_numpy_trains_the_tail(digits_npz, tmp_path):
     only the GEMMs (measured ~20% of the process's CPU; exactly 0 under a cap of 1), so 5% tells them apart."""
     assert busy_worker_threads(1, digits_npz, tmp_path / "one", "last:3", epochs=5, share=0.05) == []
     assert len(busy_worker_threads(2, digits_npz, tmp_path / "two", "last:3", epochs=5, share=0.05)) == 1
+
+
+@pytest.mark.parametrize("layers", ["bias", "lite"])
+def test_one_thread_cap_holds_in_every_onnx_runtime_session_of_bias_and_lite(layers, digits5_onnx, digits_npz,
+                                                                            tmp_path):
+    """bias/lite run their forward and each Conv's input gradient in ONNX Runtime sessions: under a cap of 1
+    none of them has a worker thread (intra_op_num_threads 1), so no thread but the main one works."""
+    assert busy_worker_threads(1, digits_npz, tmp_path / "o", layers, epochs=3, share=0.05,
+                               model=str(digits5_onnx)) == []
 
 
 def _noise_folder(root: Path, per_class: int = 120, size: int = 256) -> Path:

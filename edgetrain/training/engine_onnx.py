@@ -16,6 +16,9 @@ in its metadata. What trains follows ``--train-layers``:
   ops: a small group convolution on a 2x-downsampled copy of each block's input, a 1x1 projection, upsampled
   and added to the block's output. Their weights train from a zero output; every original weight is frozen.
   The backward pass keeps the same bit masks as ``bias`` plus the modules' own (downsampled) inputs.
+  With ``bias`` and ``lite`` the forward runs in ONNX Runtime, the graph's extra outputs being what the
+  tape holds (ort_forward), and each Conv's input gradient is ORT's ConvTranspose; the rest of the backward
+  is NumPy's (onnx_grad), which stays the reference both are tested against.
 - ``all``: every weight trains in NumPy (the activations a weight's gradient needs are kept).
 
 The result is OUTDIR/model.onnx: the same graph with the trained initializers (a replaced output layer
@@ -24,6 +27,7 @@ so quantize, predict and profile take it.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -37,7 +41,9 @@ from ..fileio import atomic_write_bytes
 from ..models import load_onnx
 from . import checkpoint as ckpt
 from . import lite, onnx_grad, store
-from .memplan import MB, Costs, plan_for
+from . import ort_forward
+from .ort_forward import OrtForward
+from .memplan import MB, Costs, choose, plan_for
 from .onnx_layers import WEIGHTED, cut_before_layer, extract, shapes_of
 from .optimizers import make_numpy_optimizer
 from .outdir import ONNX_MODEL
@@ -63,6 +69,7 @@ class OnnxEngine:
         self.child_peak_mb = 0.0
         self.proto = None            # the model, its output layer resized when the classes differ
         self.grad: onnx_grad.GradGraph | None = None
+        self.fwd: OrtForward | None = None   # bias/lite: the forward in ONNX Runtime (the backward: self.grad)
         self.weights: dict[str, np.ndarray] = {}
         self.cut: str | None = None
         self.frozen_bytes: bytes | None = None
@@ -187,6 +194,7 @@ class OnnxEngine:
         probe = self.features(x) if self.has_frozen else x
         self.eval_session = None  # the feature pass makes its own, with the plan's arena: hold one, not two
         out, tape = self.grad.forward(probe)
+        masks_mb = ort_forward.mask_bytes(tape) / MB
         self.grad.backward(tape, np.zeros_like(out))   # its peak too: the gradients it holds at once
         # the most one sample holds at once (live values, tape, gradients), plus room for an op's temporaries
         # (im2col columns, padded copies, unpacked masks): two of the largest activation
@@ -198,7 +206,35 @@ class OnnxEngine:
         costs = Costs(base_mb + session_mb, self.frozen_per_sample_mb, train_mb,
                       params_mb + 3 * n_weights * 4 / MB, int(np.prod(job.pre.input_shape)) * 4 / MB, rows,
                       feat * 4, job.batch_size, self.has_frozen)
-        return plan_for(costs, job.budget_mb, saved), costs
+        if self.kind not in ("bias", "lite"):
+            return plan_for(costs, job.budget_mb, saved), costs
+        # ONNX Runtime's sessions cost memory up front (and the masks come back a byte per value): used when
+        # they fit the budget (always without one), else NumPy's forward, as a resumed run's plan says
+        with_ort = dataclasses.replace(costs, base_mb=costs.base_mb + ort_forward.sessions_mb(len(self.model_bytes())),
+                                       train_per_sample=train_mb + masks_mb)
+        use = saved.get("ort_forward", False) if saved is not None else self._fits(with_ort)
+        plan = plan_for(with_ort if use else costs, job.budget_mb, saved)
+        plan.ort_forward = use
+        if use:
+            self.fwd = OrtForward(self.proto, self.grad, job.threads)
+            out, tape = self.fwd.forward(x)   # its ConvTranspose sessions are made at first use
+            self.grad.backward(tape, np.zeros_like(out))
+        else:
+            job.notes.append(f"the forward runs in NumPy: ONNX Runtime's sessions (about "
+                             f"{ort_forward.sessions_mb(len(self.model_bytes())):.0f} MB) do not fit the memory budget")
+        return plan, (with_ort if use else costs)
+
+    def _fits(self, costs: Costs) -> bool:
+        if self.job.budget_mb is None:
+            return True
+        try:
+            choose(costs, self.job.budget_mb)
+        except UsageError:
+            return False
+        return True
+
+    def model_bytes(self) -> bytes:
+        return self.proto.SerializeToString()
 
     def start_from(self, arrays: dict[str, np.ndarray]) -> None:
         for name in self.weights:
@@ -235,7 +271,7 @@ class OnnxEngine:
         with np.errstate(over="ignore", invalid="ignore"):  # a diverged loss is reported by the job, once
             for start in range(0, real, micro):
                 part = idx[start:start + micro]
-                out, tape = self.grad.forward(inputs(part))
+                out, tape = self._forward(inputs(part))
                 loss, right, dlogits = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])
                 loss_sum, correct = loss_sum + loss, correct + right
                 for k, g in self.grad.backward(tape, (dlogits / np.float32(real)).reshape(out.shape)).items():
@@ -243,18 +279,24 @@ class OnnxEngine:
         self.opt.step(grads)
         return loss_sum, correct
 
+    def _forward(self, x: np.ndarray) -> tuple:
+        return self.fwd.forward(x) if self.fwd is not None else self.grad.forward(x)
+
+    def _output(self, x: np.ndarray) -> np.ndarray:
+        return self.fwd.predict(x) if self.fwd is not None else self.grad.forward(x)[0]
+
     def evaluate(self, inputs, labels: np.ndarray, micro: int) -> tuple[float, float]:
         correct, loss_sum = 0, 0.0
         for start in range(0, len(labels), micro):
             idx = np.arange(start, min(start + micro, len(labels)))
-            out, _ = self.grad.forward(inputs(idx))
+            out = self._output(inputs(idx))
             loss, right, _ = onnx_grad.softmax_cross_entropy(out.reshape(len(idx), -1), labels[idx])
             loss_sum, correct = loss_sum + loss, correct + right
         return correct / len(labels), loss_sum / len(labels)
 
     def predict(self, arrays: dict[str, np.ndarray], features: np.ndarray) -> np.ndarray:
         self.start_from(arrays)
-        return np.concatenate([self.grad.forward(features[s:s + 64])[0].reshape(len(features[s:s + 64]), -1)
+        return np.concatenate([self._output(features[s:s + 64]).reshape(len(features[s:s + 64]), -1)
                                .argmax(axis=1) for s in range(0, len(features), 64)])
 
     def reseed(self, seed: int, global_step: int) -> None:

@@ -64,6 +64,9 @@ class MemoryPlan:
     # glibc's heap creeps: MobileNetV2 under --memory-budget 200MB peaked at 109-168 MB over 6 runs, against
     # 109-125 MB with the arena. A plan saved (in a checkpoint) with it off keeps it off.
     arena: bool = True
+    # --train-layers bias/lite: the forward (and each Conv's input gradient) in ONNX Runtime sessions, when
+    # they fit the budget; else NumPy's. A resumed run keeps the choice (the two round differently).
+    ort_forward: bool = False
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:

@@ -226,6 +226,27 @@ class _Op:
     def backward(self, dy, saved: dict, consts: list) -> list:
         raise NotImplementedError
 
+    # -- the tape from a forward run elsewhere (ONNX Runtime: ort_forward)
+    def kept_inputs(self) -> tuple | None:
+        """Which inputs' values the tape needs when another engine ran the forward; None: all of them, and
+        :meth:`keep` runs this op's forward in NumPy (an op whose tape is not simply some of its inputs)."""
+        return None
+
+    def keep(self, xs: list, shapes: list) -> dict:
+        """What :meth:`forward` would have kept, from the inputs :meth:`kept_inputs` names (others None) and
+        every input's shape."""
+        return self.forward(xs)[1]
+
+
+class _ShapeOnly(_Op):
+    """An op whose backward needs only its first input's shape."""
+
+    def kept_inputs(self):
+        return ()
+
+    def keep(self, xs, shapes):
+        return {"shape": tuple(shapes[0])}
+
 
 def _window_of(op: _Op, kernel) -> _Window:
     kernel = tuple(op.a.get("kernel_shape", kernel))
@@ -249,6 +270,15 @@ class _Conv(_Op):
         self.win = _window_of(self, w.shape[2:])
         self.groups = int(self.a.get("group", 1))
         self.depthwise = _Depthwise(self.win) if w.shape[1] == 1 else None
+        # the input gradient (a transposed convolution) by another engine: (dy, w, input shape) -> dx; None:
+        # NumPy's, below (ort_forward sets ONNX Runtime's ConvTranspose, tested equal to this one)
+        self.transposed = None
+
+    def kept_inputs(self):
+        return (0,) if self.need[1] else ()
+
+    def keep(self, xs, shapes):
+        return {"input": xs[0], "shape": tuple(shapes[0])} if self.need[1] else {"shape": tuple(shapes[0])}
 
     def _geometry(self, shape, w):
         n, c, h, wd = shape
@@ -300,6 +330,8 @@ class _Conv(_Op):
 
     def _input_grad(self, dy, w, shape, g, mg, cg, out_hw):
         """The transposed convolution: each tap's contribution scattered back onto the padded input."""
+        if self.transposed is not None:
+            return self.transposed(dy, w, shape)
         n, c, h, wd = shape
         padded = self.win.padded(h, wd)
         if self.depthwise:
@@ -394,6 +426,12 @@ class _BatchNorm(_Op):
         if len([o for o in node.output if o]) > 1:
             self.refuse("running-statistics outputs are the training form (only inference)")
 
+    def kept_inputs(self):
+        return (0,) if self.need[1] else ()
+
+    def keep(self, xs, shapes):
+        return {"input": xs[0]} if self.need[1] else {}
+
     def _gain(self, scale, var):
         return scale / np.sqrt(var + var.dtype.type(self.a.get("epsilon", 1e-5)))
 
@@ -419,6 +457,10 @@ class _BatchNorm(_Op):
 
 
 class _Relu(_Op):
+    def mask_bounds(self, consts: list) -> tuple:
+        """(low, high): the backward passes the gradient where low < input < high (None: unbounded)."""
+        return 0.0, None
+
     def forward(self, xs):
         x = xs[0]
         return np.maximum(x, 0), ({"mask": BitMask(x > 0)} if self.need[0] else {})
@@ -429,6 +471,10 @@ class _Relu(_Op):
 
 class _Clip(_Op):
     constant_inputs = (1, 2)
+
+    def mask_bounds(self, consts):
+        lo, hi = (consts + [None, None])[1:3]
+        return (None if lo is None else float(lo)), (None if hi is None else float(hi))
 
     def forward(self, xs):
         x, lo, hi = (xs + [None, None])[:3]
@@ -448,12 +494,26 @@ class _Add(_Op):
     def forward(self, xs):
         return xs[0] + xs[1], {"shapes": (xs[0].shape, xs[1].shape)}
 
+    def kept_inputs(self):
+        return ()
+
+    def keep(self, xs, shapes):
+        return {"shapes": (tuple(shapes[0]), tuple(shapes[1]))}
+
     def backward(self, dy, saved, consts):
         return [_unbroadcast(dy, s) if need else None for s, need in zip(saved["shapes"], self.need)]
 
 
 class _Mul(_Op):
     differentiable = (0, 1)
+
+    def kept_inputs(self):
+        return tuple(i for i in (0, 1) if self.need[1 - i] and not self.is_const[i])
+
+    def keep(self, xs, shapes):
+        saved = {"shapes": (tuple(shapes[0]), tuple(shapes[1]))}
+        saved.update({f"operand{i}": xs[i] for i in self.kept_inputs()})
+        return saved
 
     def forward(self, xs):
         saved = {"shapes": (xs[0].shape, xs[1].shape)}
@@ -468,7 +528,7 @@ class _Mul(_Op):
         return [_unbroadcast(dy * ops[1 - i], saved["shapes"][i]) if self.need[i] else None for i in (0, 1)]
 
 
-class _GlobalAveragePool(_Op):
+class _GlobalAveragePool(_ShapeOnly):
     def forward(self, xs):
         x = xs[0]
         return x.mean(axis=(2, 3), keepdims=True), {"shape": x.shape}
@@ -478,7 +538,7 @@ class _GlobalAveragePool(_Op):
         return [np.broadcast_to(dy / dy.dtype.type(shape[2] * shape[3]), shape)]
 
 
-class _AveragePool(_Op):
+class _AveragePool(_ShapeOnly):
     attrs = {"auto_pad": (b"NOTSET",), "ceil_mode": (0,), "count_include_pad": (0, 1), "kernel_shape": None,
              "pads": None, "strides": None}
 
@@ -544,7 +604,7 @@ class _MaxPool(_Op):
         return [self.win.unpad(dxp, h, w)]
 
 
-class _Reshaping(_Op):
+class _Reshaping(_ShapeOnly):
     """Flatten, Reshape, Identity, inference Dropout: the gradient is reshaped back, nothing kept."""
 
     def backward(self, dy, saved, consts):
@@ -587,7 +647,7 @@ class _Dropout(_Identity):
             self.refuse("training_mode is true (only inference: identity)")
 
 
-class _Expand(_Op):
+class _Expand(_ShapeOnly):
     """Broadcast to a constant shape (the lite residual's nearest upsampling is Reshape -> Expand -> Reshape):
     the gradient is summed back over the broadcast axes, nothing kept."""
 
@@ -602,7 +662,7 @@ class _Expand(_Op):
         return [_unbroadcast(dy, saved["shape"]), None]
 
 
-class _Slice(_Op):
+class _Slice(_ShapeOnly):
     """A window of a tensor (constant starts/ends/axes, step 1): the gradient is zero outside it."""
 
     constant_inputs = (1, 2, 3, 4)
@@ -781,7 +841,7 @@ class GradGraph:
     def _cast(self, a: np.ndarray) -> np.ndarray:
         return a.astype(self.dtype) if a.dtype.kind == "f" else a
 
-    def _const(self, name: str):
+    def const(self, name: str):
         return self.params[name] if name in self.params else self._constants[name]
 
     def _compile(self, nodes) -> list:
@@ -863,7 +923,7 @@ class GradGraph:
         env, left = {self.input: x}, dict(self._uses)
         live = kept = 0   # bytes of the values alive in env and of the tape (the memory planner's figures)
         for index, (node, op) in enumerate(self.nodes):
-            ins = [None if not n else env[n] if n in env else self._const(n) for n in node.input]
+            ins = [None if not n else env[n] if n in env else self.const(n) for n in node.input]
             y, saved = op.forward(ins)
             tape.activation_bytes += y.nbytes
             tape.largest_bytes = max(tape.largest_bytes, y.nbytes)
@@ -892,7 +952,7 @@ class GradGraph:
             dy = grads.pop(node.output[0], None)
             if dy is None:
                 continue
-            consts = [self._const(n) if c else None for n, c in zip(node.input, op.is_const)]
+            consts = [self.const(n) if c else None for n, c in zip(node.input, op.is_const)]
             out = op.backward(dy, saved, consts)
             held = sum(g.nbytes for g in grads.values()) + sum(g.nbytes for g in out if g is not None)
             tape.peak_bytes = max(tape.peak_bytes, kept + held + dy.nbytes)

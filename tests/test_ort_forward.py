@@ -1,0 +1,148 @@
+"""The GradGraph forward run by ONNX Runtime (edgetrain.training.ort_forward): the tape it builds equals the one
+NumPy's forward keeps, so the NumPy backward gives the same gradients (float32), for every op onnx_grad covers,
+the lite modules, and the shipped digits CNN; the trained weights are fed at each run."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from edgetrain.training import lite
+from edgetrain.training.onnx_grad import BitMask, GradGraph
+from edgetrain.training.ort_forward import OrtForward
+from test_onnx_grad import CASES, SHAPE, _case, _data, _differentiable_initializers, _lit, _lite_stack
+
+
+def _same_tapes(ours, ref):
+    assert sorted(ours.saved) == sorted(ref.saved)
+    for index, want in ref.saved.items():
+        got = ours.saved[index]
+        assert set(got) == set(want), index
+        for key, value in want.items():
+            if isinstance(value, BitMask):
+                assert got[key].shape == value.shape
+                assert np.array_equal(got[key].bits, value.bits), (index, key)
+            elif isinstance(value, np.ndarray):
+                np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-5, err_msg=f"{index} {key}")
+            else:
+                assert tuple(np.asarray(got[key], dtype=object).tolist()) == \
+                    tuple(np.asarray(value, dtype=object).tolist()), (index, key)
+
+
+def _check(model, trainable, x, extra=(), seed=4):
+    """ONNX Runtime's forward, then the backward with its ConvTranspose, against NumPy's forward and backward
+    (another GradGraph of the same file: the reference has no ONNX Runtime in it)."""
+    ref = GradGraph(model, trainable, extra=extra)
+    graph = GradGraph(model, trainable, extra=extra)
+    fwd = OrtForward(model, graph, threads=1)
+    convs = [op for _, op in graph.nodes if op.op == "Conv" and op.need[0]]
+    assert all(op.transposed is not None for op in convs)
+    assert all(getattr(op, "transposed", None) is None for _, op in ref.nodes)
+    out, tape = ref.forward(x)
+    got, ours = fwd.forward(x)
+    np.testing.assert_allclose(got, out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fwd.predict(x), out, rtol=1e-4, atol=1e-5)
+    _same_tapes(ours, tape)
+    dout = np.random.default_rng(seed).standard_normal(out.shape).astype(np.float32)
+    want, have = ref.backward(tape, dout), graph.backward(ours, dout)
+    assert set(have) == set(want) == set(graph.trainable)
+    for name in want:
+        scale = max(1.0, float(np.abs(want[name]).max()))
+        np.testing.assert_allclose(have[name], want[name], rtol=1e-4, atol=1e-5 * scale, err_msg=name)
+    return graph, fwd
+
+
+@pytest.mark.parametrize("mode", ["bias", "bias+head", "explicit"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tape_and_gradients_equal_numpy_forward(name, mode):
+    b, out = _case(CASES[name])()
+    model = b.model(out)
+    trainable = _differentiable_initializers(model) if mode == "explicit" else mode
+    _check(model, trainable, _data(shape=SHAPE))
+
+
+def test_lite_modules_tape_and_gradients_equal_numpy_forward():
+    model, names, _ = _lit(_lite_stack(shape=(3, 3, 9, 9)))
+    _check(model, "bias+head", _data(shape=(3, 3, 9, 9)), extra=names)
+
+
+def test_trained_weights_are_fed_at_each_run():
+    model, names, _ = _lit(_lite_stack(), live=False)
+    graph = GradGraph(model, "bias+head", extra=names)
+    fwd = OrtForward(model, graph, threads=1)
+    ref = GradGraph(model, "bias+head", extra=names)
+    x = _data(shape=(2, 3, 9, 9))
+    before = fwd.predict(x)
+    rng = np.random.default_rng(1)
+    for name in graph.trainable:
+        graph.params[name][...] += 0.2 * rng.standard_normal(graph.params[name].shape).astype(np.float32)
+    after = fwd.predict(x)
+    assert not np.allclose(before, after)
+    for name in graph.trainable:
+        ref.params[name][...] = graph.params[name]
+    np.testing.assert_allclose(after, ref.forward(x)[0], rtol=1e-4, atol=1e-5)
+    out, tape = ref.forward(x)   # a trained Conv weight (the lite modules') is fed to its ConvTranspose too
+    got, ours = fwd.forward(x)
+    dout = np.random.default_rng(2).standard_normal(out.shape).astype(np.float32)
+    want, have = ref.backward(tape, dout), graph.backward(ours, dout)
+    for name in want:
+        np.testing.assert_allclose(have[name], want[name], rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(want[name]).max())))
+
+
+@pytest.mark.parametrize("batch", [4, 1])
+@pytest.mark.parametrize("layers", ["bias", "lite"])
+def test_digits_cnn_gradients_equal_numpy_forward(digits5_onnx, layers, batch):
+    """The exported file's batch is dynamic: one session runs every micro-batch size."""
+    proto = onnx.load(str(digits5_onnx))
+    extra = ()
+    if layers == "lite":
+        proto, extra, _ = lite.insert(proto, 0)
+        for t in proto.graph.initializer:   # trained modules: not the zero output they start from
+            if t.name in extra:
+                value = onnx.numpy_helper.to_array(t)
+                t.CopyFrom(onnx.numpy_helper.from_array(
+                    value + 0.1 * np.random.default_rng(2).standard_normal(value.shape).astype(np.float32), t.name))
+    shape = [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim][1:]
+    graph, fwd = _check(proto, "bias+head", np.random.default_rng(0).uniform(-1, 1, (4, *shape)).astype(np.float32),
+                        extra=extra)
+    x = np.random.default_rng(batch).uniform(-1, 1, (batch, *shape)).astype(np.float32)
+    out, tape = GradGraph(proto, "bias+head", extra=extra).forward(x)
+    got, ours = fwd.forward(x)
+    np.testing.assert_allclose(got, out, rtol=1e-4, atol=1e-5)
+    _same_tapes(ours, tape)
+
+
+@pytest.mark.timing
+def test_speed_mobilenet_v2_160_batch_8_numpy_against_ort(capsys):
+    """One bias/lite step of MobileNetV2-1.0 at 160x160, batch 8: NumPy's forward and backward against ONNX
+    Runtime's forward and the backward with ORT's ConvTranspose (figures printed, best of 3)."""
+    import time
+
+    from onnx_models import mobilenet_v2
+
+    model = onnx.load_from_string(mobilenet_v2((8, 3, 160, 160)))
+    x = _data(shape=(8, 3, 160, 160))
+    for mode in ("bias", "lite"):
+        proto, extra = (model, ()) if mode == "bias" else lite.insert(model, 0)[:2]
+        ref = GradGraph(proto, "bias+head", extra=extra)
+        graph = GradGraph(proto, "bias+head", extra=extra)
+        fwd = OrtForward(proto, graph, threads=2)
+        times = {k: [] for k in ("numpy forward", "numpy backward", "ort forward", "backward, ort ConvTranspose")}
+        for _ in range(3):
+            t0 = time.perf_counter()
+            out, tape = ref.forward(x)
+            t1 = time.perf_counter()
+            ref.backward(tape, np.ones_like(out))
+            t2 = time.perf_counter()
+            out, tape = fwd.forward(x)
+            t3 = time.perf_counter()
+            graph.backward(tape, np.ones_like(out))
+            t4 = time.perf_counter()
+            for k, v in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                times[k].append(v)
+        best = {k: min(v) * 1000 for k, v in times.items()}
+        with capsys.disabled():
+            print(f"\n{mode}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in best.items()) +
+                  f"; step {best['numpy forward'] + best['numpy backward']:.0f} -> "
+                  f"{best['ort forward'] + best['backward, ort ConvTranspose']:.0f} ms")
+        assert all(v > 0 for v in best.values())
