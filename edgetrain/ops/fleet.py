@@ -127,7 +127,7 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
         raise UsageError("--aggregate scaffold corrects SGD steps", "--optimizer",
                          "use --optimizer sgd, or --aggregate fedavg with adam")
     state = _prepare_rundir(rundir, opts.resume)
-    threads = runtime.apply_threads(opts.thread_cap(), strict=False, given=opts.threads_given())
+    threads = runtime.apply_threads(opts.thread_cap(), strict=False)
     spec = {"format": "edgetrain-fleet-serve/1", "rundir": str(rundir), "model": model, "val": opts.val,
             "params": opts.params, "rounds": opts.rounds, "min_clients": opts.min_clients,
             "min_updates": opts.min_updates, "fraction": opts.fraction, "aggregate": opts.aggregate,
@@ -333,9 +333,8 @@ def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = Non
         model = str(Path(model).resolve())  # the ClientApp runs in Flower's working folder, not this one
     settings = {"name": name, "data": data, "state": str(state), "device": None if device is None else
                 (str(Path(opts.device).resolve()) if Path(str(opts.device)).is_file() else str(opts.device)),
-                # the cap this command applied (capped to the cores), said here once: every round's
-                # ClientApp process would cap it again, and warn again
-                "threads": None if opts.thread_cap() is None else runtime.current_threads(),
+                # capped here, once: every round's ClientApp process would cap it again, and warn again
+                "threads": None if opts.thread_cap() is None else runtime.cap_to_cores(opts.thread_cap()),
                 "memory_budget": opts.budget_mb(), "model": model,
                 "params": str(Path(opts.params).resolve()) if opts.params else None}
     atomic_write_text(state / "join.json", json.dumps(settings, indent=2) + "\n", "fleet join")

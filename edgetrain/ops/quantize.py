@@ -16,7 +16,7 @@ from ..convert import check_batch_sizes
 from ..errors import UsageError
 from ..figures import Calibration, Chance, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
-from ..host import detect_host
+from ..host import detect_host, host_load
 from ..int8 import (DYNAMIC_OPS, Candidate, NodeError, Quantizer, SchemeRecord, calibration_reader,
                     check_not_quantized, check_symbol_not_quantized, dynamic_applies, load_calibration,
                     load_validation, measure, node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names,
@@ -231,9 +231,9 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         search = _scheme_candidates(onnx_model, prepared, quantizer_for, scheme, best_path, kept,
                                     accuracy.int8_top1, val_ds, accuracy.fp32_top1, max_drop, threads, host, tmp,
                                     progress)
-        loads = [_loadavg()]
+        loads = [host_load()]
         _measure(search, pre.batch_shape(1), threads, write, kept, progress, allowed)
-        loads.append(_loadavg())
+        loads.append(host_load())
         chosen = fastest([c for c in search if c.kind in allowed])
         if chosen is None:  # every candidate allowed failed to run: the rule's model (int8) is still good
             chosen = next(c for c in search if c.rule)
@@ -340,15 +340,6 @@ def _allowed_kinds(scheme: str, output: Path) -> tuple[str, ...]:
 def names_int8(path: Path) -> bool:
     """Whether a file name says int8 (``model_int8.onnx``, ``net-INT8.onnx``): what the user will take it for."""
     return "int8" in Path(path).name.lower()
-
-
-def _loadavg() -> float | None:
-    import os
-
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
 
 
 def _host_quiet(loads: list, host) -> dict:
