@@ -162,15 +162,37 @@ def run(argv: list[str], *, what: str, timeout: float | None = None, threads: in
 
 
 def death(code: int) -> str:
-    """'crashed with SIGSEGV' / 'failed with exit code 2'."""
+    """'crashed with SIGSEGV (under the address-space limit ...)' / 'failed with exit code 2'."""
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        hint = " (killed: out of memory?)" if name == "SIGKILL" else ""
-        return f"crashed with {name}{hint}"
+        return f"crashed with {name}{_likely_cause(name)}"
     return f"failed with exit code {code}"
+
+
+# What a native library does when memory runs out under an address-space limit: a failed mmap read as a
+# null pointer (SIGSEGV/SIGBUS), an abort from a C++ allocation or unwinder (SIGABRT).
+_MEMORY_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGABRT")
+
+
+def _likely_cause(name: str) -> str:
+    limit = address_space_limit_mb()
+    if name in _MEMORY_SIGNALS and limit is not None:
+        return (f" -- most likely out of memory under the address-space limit of {limit:,.0f} MB (ulimit -v); "
+                "raise or remove the limit")
+    if name == "SIGKILL":
+        return " (killed: out of memory?)"
+    return ""
+
+
+def address_space_limit_mb() -> float | None:
+    """This process's (and so its children's) RLIMIT_AS soft limit in MB, or None when unlimited."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return None if soft == resource.RLIM_INFINITY else soft / 2**20
 
 
 def last_line(err: str) -> str:

@@ -712,3 +712,43 @@ def test_a_download_deadline_that_is_not_seconds_is_one_line(tmp_path, monkeypat
     monkeypatch.setenv("EDGETRAIN_DOWNLOAD_DEADLINE", value)
     with pytest.raises(UsageError, match="EDGETRAIN_DOWNLOAD_DEADLINE"):
         load_gluon(f"zoo:{ZOO}@pretrained", input_shape=(3, 32, 32))
+
+
+# --- 8. a child killed by a signal under a memory limit ----------------------------------------------------
+
+def _address_space(nbytes: int):
+    import resource
+
+    def preexec():
+        resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+    return preexec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit_mb", [450, 600])
+def test_a_child_dying_under_ulimit_v_is_one_line_naming_the_signal_and_the_limit(tmp_path, limit_mb):
+    """finetune prepares a Gluon model in a child (mxnet loads there): under a small address-space limit the
+    child dies of a signal (SIGSEGV, SIGABRT) or fails (MemoryError) -- or fits. Either way one line, exit 1,
+    and a death by signal names the signal and the limit; never silence, never a traceback."""
+    res = _run(["finetune", PREFIX, "--data", "builtin:digits", "--epochs", "1", "-o", tmp_path / "ft"],
+               env={"EDGETRAIN_CACHE_DIR": ""}, preexec=_address_space(limit_mb << 20), timeout=600)
+    if res.code in (0, 3):
+        return  # it fitted
+    assert_user_error(res, 1)
+    line = next(ln for ln in res.err.splitlines() if ln.startswith("Error:"))
+    if "crashed with SIG" in line:
+        assert "ulimit -v" in line and f"{limit_mb:,.0f} MB" in line, line
+    assert _leftovers(tmp_path) == []
+
+
+def test_death_names_the_signal_and_the_likely_cause():
+    import signal as sig
+
+    from edgetrain import child
+
+    assert child.death(2) == "failed with exit code 2"
+    for name in ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGKILL", "SIGILL"):
+        text = child.death(-int(getattr(sig, name)))
+        assert text.startswith(f"crashed with {name}")
+        if name == "SIGKILL":
+            assert "out of memory" in text
