@@ -50,7 +50,7 @@ def test_html_is_self_contained_with_every_section(result):
 
 def test_html_shows_the_json_numbers(result):
     page = render_html(result)
-    from edgetrain.measure.report import _fmt
+    from edgetrain.svgchart import fmt as _fmt
 
     assert _fmt(result["best"]["p50_ms"]) in page
     assert _fmt(result["energy"]["daily"]["energy_wh_per_day"]) in page

@@ -137,18 +137,18 @@ def _device_line(d: dict) -> str:
 def accuracy_svg(doc: dict) -> str:
     """Held-out top-1 per round as an inline SVG line chart (the profile report's chart frame): round 0 is the
     starting model; a round that accepted no update is an open grey circle, labelled as such."""
-    from ..measure.report import H, PAD_B, PAD_R, PAD_T, W, _axes, _pad_left, _svg, _text
+    from ..svgchart import H, PAD_B, PAD_R, PAD_T, W, axes, pad_left, svg, text
 
     points = [(0, doc.get("initial_accuracy"), True)] + [(r["round"], r.get("accuracy"), bool(r.get("updated", True)))
                                                          for r in doc["rounds"]]
     points = [(n, 100.0 * a, ok) for n, a, ok in points if a is not None]
     ymax = 100.0
-    pad_l = _pad_left(ymax)
+    pad_l = pad_left(ymax)
     plot_w, plot_h = W - pad_l - PAD_R - 8, H - PAD_B - PAD_T
     last = max((n for n, _, _ in points), default=1) or 1
     x = lambda n: pad_l + 8 + plot_w * n / last  # noqa: E731
     y = lambda v: H - PAD_B - plot_h * v / ymax  # noqa: E731
-    out = [_axes(ymax, "top-1 %")]
+    out = [axes(ymax, "top-1 %")]
     if points:
         out.append('<polyline fill="none" stroke="#0969da" stroke-width="2" points="'
                    + " ".join(f"{x(n):.1f},{y(v):.1f}" for n, v, _ in points) + '"/>')
@@ -158,11 +158,11 @@ def accuracy_svg(doc: dict) -> str:
         out.append(f'<circle cx="{x(n):.1f}" cy="{y(v):.1f}" r="4" {style}><title>{what}: {v:.2f}%</title></circle>')
     ticks = sorted({round(last * i / min(last, 5)) for i in range(min(last, 5) + 1)})
     for i, n in enumerate(ticks):
-        out.append(_text(x(n), H - PAD_B + 14, str(n), "end" if i == len(ticks) - 1 and i else "middle"))
+        out.append(text(x(n), H - PAD_B + 14, str(n), "end" if i == len(ticks) - 1 and i else "middle"))
     stale = [n for n, _, ok in points if not ok]
     caption = "round (0: the start)" + ("; open circle: no update accepted" if stale else "")
-    out.append(_text(pad_l + plot_w / 2, H - 4, caption, "middle"))
-    return _svg("".join(out), title="held-out top-1 per round")
+    out.append(text(pad_l + plot_w / 2, H - 4, caption, "middle"))
+    return svg("".join(out), title="held-out top-1 per round")
 
 
 def html_section(doc: dict | FleetResult) -> str:
