@@ -64,7 +64,8 @@ def test_human_output_and_budget(cli, digits_npz, tmp_path):
     assert res.code == 0, res.err
     assert "epoch 2 " in res.err and "samples/s" in res.err
     assert "peak RSS" in res.out and "of 400 MB budget" in res.out
-    assert "output layer replaced" in res.out
+    # said once, before training (where the other pre-training notes go), never again in the summary
+    assert (res.out + res.err).count("output layer replaced") == 1 and "output layer replaced" in res.err
 
 
 def test_prefix_model_on_an_image_folder(cli, tiny_prefix, digits_folder, tmp_path):
