@@ -129,6 +129,22 @@ def fleet_of(tmp_path, shares, cache):
     assert not left, f"processes outlived the fleet: {left}"
 
 
+# The fixtures every loopback-fleet test module shares: `from fleettools import fleet_cache, fleet, shares`.
+@pytest.fixture(scope="module")
+def shares(tmp_path_factory):
+    return make_shares(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def fleet_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("fleet-cache")
+
+
+@pytest.fixture
+def fleet(tmp_path, shares, fleet_cache):
+    yield from fleet_of(tmp_path, shares, fleet_cache)
+
+
 def round_in_progress(folder: Path) -> int | None:
     """The round a device is inside (its current-round.json), or None between rounds."""
     try:

@@ -21,7 +21,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from fleettools import (MODEL, RUN_TIMEOUT, Fleet, final_arrays, fleet_of, make_shares, marked, report,  # noqa: E402
+from fleettools import (MODEL, RUN_TIMEOUT, Fleet, final_arrays, fleet, fleet_cache, marked, report,  # noqa: E402,F401
+                        shares,
                         wait_for)
 
 DEVICES = ("dev0", "dev1")
@@ -32,19 +33,6 @@ CONFIG = ("--rounds", ROUNDS, "--min-clients", len(DEVICES), "--codec", "2bit", 
 HOLD = "EDGETRAIN_FLEET_TEST_DELAY"
 
 
-@pytest.fixture(scope="module")
-def shares(tmp_path_factory):
-    return make_shares(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("fleet-cache")
-
-
-@pytest.fixture
-def fleet(tmp_path, shares, cache):
-    yield from fleet_of(tmp_path, shares, cache)
 
 
 def _device(fleet: Fleet, name: str, gen: int = 0, env: dict | None = None):
@@ -102,9 +90,9 @@ def _equal(a: dict, b: dict) -> None:
     assert not diff, diff
 
 
-def _fault_free(tmp_path_factory, shares, cache, name: str, env: dict | None = None, mode=None) -> tuple[dict, dict]:
+def _fault_free(tmp_path_factory, shares, fleet_cache, name: str, env: dict | None = None, mode=None) -> tuple[dict, dict]:
     folder = tmp_path_factory.mktemp(name)
-    f = Fleet(folder, cache)
+    f = Fleet(folder, fleet_cache)
     f.shares = shares
     extra = _mode(f, mode) if mode else ()
     try:
@@ -119,17 +107,17 @@ def _fault_free(tmp_path_factory, shares, cache, name: str, env: dict | None = N
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, shares, cache):
+def reference(tmp_path_factory, shares, fleet_cache):
     """The fault-free run every kill is compared with."""
-    arrays, res = _fault_free(tmp_path_factory, shares, cache, "reference")
+    arrays, res = _fault_free(tmp_path_factory, shares, fleet_cache, "reference")
     assert all(r["updates"] == len(DEVICES) for r in res["rounds"])
     return arrays
 
 
 @pytest.fixture(scope="module")
-def without_dev1_round1(tmp_path_factory, shares, cache):
+def without_dev1_round1(tmp_path_factory, shares, fleet_cache):
     """The fault-free run where dev1's round-1 update never arrives (dev1 is slower than the round)."""
-    arrays, res = _fault_free(tmp_path_factory, shares, cache, "slow-dev1",
+    arrays, res = _fault_free(tmp_path_factory, shares, fleet_cache, "slow-dev1",
                               {"dev1": {HOLD: f"1:{TIMEOUT + 5}:training"}})
     r1 = res["rounds"][0]
     assert [x["client"] for x in r1["timed_out"]] == ["dev1"] and r1["updates"] == 1
@@ -339,11 +327,11 @@ def _mode(fleet: Fleet, layers: str) -> tuple:
 @pytest.mark.slow
 @pytest.mark.parametrize("layers", ["bias", "lite"])
 def test_bias_and_lite_fleets_killed_while_saving_resume_to_the_fault_free_arrays(fleet, tmp_path_factory, shares,
-                                                                                 cache, layers):
+                                                                                 fleet_cache, layers):
     """Coordinator and both devices SIGKILLed while the coordinator saves round 1, all started again: the
     devices answer round 1 from their stage, and the final arrays (biases, BatchNorm shifts, the lite
     modules, the output layer and their control variates) are the fault-free run's, bit for bit."""
-    expected, _ = _fault_free(tmp_path_factory, shares, cache, f"reference-{layers}", mode=layers)
+    expected, _ = _fault_free(tmp_path_factory, shares, fleet_cache, f"reference-{layers}", mode=layers)
     held = {"serve": "1:600:saving"}
     extra = _mode(fleet, layers)
     arrays, res = _killed_run(fleet, held, [_marker(fleet, held, "run")], ["serve", "dev0", "dev1"], extra)

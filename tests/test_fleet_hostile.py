@@ -12,27 +12,12 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from fleettools import fleet_of, final_arrays, report  # noqa: E402
+from fleettools import final_arrays, fleet, fleet_cache, report, shares  # noqa: E402,F401  (fixtures)
 
 HOSTILE = Path(__file__).parent / "fleet_hostile"
 PLAN = ["nan", "inf", "huge", "count=nan", "count=-3", "count=1e30", "count=0", "count=2.5"]
 
 
-@pytest.fixture(scope="module")
-def shares(tmp_path_factory):
-    from fleettools import make_shares
-
-    return make_shares(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("fleet-cache")
-
-
-@pytest.fixture
-def fleet(tmp_path, shares, cache):
-    yield from fleet_of(tmp_path, shares, cache)
 
 
 def _hostile_env(plan: list[str]) -> dict:

@@ -8,22 +8,9 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from fleettools import RUN_TIMEOUT, fleet_of, make_shares, report, wait_for  # noqa: E402
+from fleettools import RUN_TIMEOUT, fleet, fleet_cache, report, shares, wait_for  # noqa: E402,F401  (fixtures)
 
 
-@pytest.fixture(scope="module")
-def shares(tmp_path_factory):
-    return make_shares(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("fleet-cache")
-
-
-@pytest.fixture
-def fleet(tmp_path, shares, cache):
-    yield from fleet_of(tmp_path, shares, cache)
 
 
 def _npz(path) -> dict:
