@@ -31,9 +31,9 @@ def main() -> None:
     ap.add_argument("data")
     ap.add_argument("--density", type=float, default=codec.DENSITY, help="ternary density (>= 1: fp32)")
     ap.add_argument("--mode", default="scaffold", choices=["scaffold", "fedavg", "derived", "sent"])
-    ap.add_argument("--ctl-density", type=float, default=None,
+    ap.add_argument("--ctl-density", type=float, default=codec.CONTROL_DENSITY,
                     help="the control deltas' density if not --density (>= 1: they travel as fp32)")
-    ap.add_argument("--min-keep", type=int, default=0, help="ternary: send at least this many entries of a tensor")
+    ap.add_argument("--min-keep", type=int, default=codec.MIN_KEEP, help="ternary: at least this many entries a tensor")
     ap.add_argument("--seed", type=int, default=0, help="the devices' training seed (the bench: 0)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--server-lr", type=float, default=1.0)
@@ -41,9 +41,6 @@ def main() -> None:
     ap.add_argument("--train-layers", default="head")
     ap.add_argument("--work", default="/tmp/fleet-codec-sim")
     a = ap.parse_args()
-    if a.min_keep:
-        keep = codec.keep_count
-        codec.keep_count = lambda n, density=codec.DENSITY: max(keep(n, density), min(n, a.min_keep))
     d = Path(a.data)
     val = str(d / "val.npz")
     devs = sorted(str(p) for p in d.glob("device-*"))
@@ -55,8 +52,14 @@ def main() -> None:
     cm = [{k: np.zeros_like(v) for k, v in arrays.items()} for _ in devs]
     resid: list[dict] = [{} for _ in devs]
     mom = {k: np.zeros_like(v) for k, v in arrays.items()}
-    up, t0, accs = 0, time.time(), []
+    up, down, down32, held, t0, accs = 0, 0, 0, {}, time.time(), []
     for r in range(1, a.rounds + 1):
+        if cdc == "ternary":  # the coordinator's downlink: an int8 delta against what the devices hold
+            target = {**arrays, **({"control/" + k: v for k, v in control.items()} if a.mode != "fedavg" else {})}
+            stats = set(arrays) - set(ev.initial) | set(getattr(ev, "statistics", ()))
+            enc_down, held = codec.downlink_delta(target, held, exact=stats)
+            down += codec.update_bytes(enc_down) * len(devs)
+            down32 += sum(4 * v.size for v in target.values()) * len(devs)
         deltas = []
         for i, p in enumerate(devs):
             spec = LocalSpec(model=MODEL, data=p, workdir=f"{a.work}/d{i}", epochs=1, batch_size=32, seed=a.seed, threads=1,
@@ -72,9 +75,9 @@ def main() -> None:
             ctl = {k for k in delta if k.startswith("control/")}
             cd = a.density if a.ctl_density is None else a.ctl_density
             enc, r1 = codec.encode_update({k: v for k, v in delta.items() if k not in ctl}, cdc, resid[i],
-                                          exact=res.fleet_statistics, density=a.density)
+                                          exact=res.fleet_statistics, density=a.density, floor=a.min_keep)
             enc2, r2 = codec.encode_update({k: delta[k] for k in ctl}, "fp32" if cd >= 1 else "ternary", resid[i],
-                                           density=cd)
+                                           density=cd, floor=a.min_keep)
             enc.update(enc2)
             resid[i] = {**r1, **r2}
             up += codec.update_bytes(enc)
@@ -88,15 +91,17 @@ def main() -> None:
                 dec.update({"control/" + k: dc[k] for k in control})
             deltas.append((dec, int(res.epochs[-1]["samples"])))
         avg = average(deltas)
-        for k in arrays:
-            mom[k] = (a.server_momentum * mom[k] + avg[k]).astype(np.float32)
-            arrays[k] = (arrays[k] + np.float32(a.server_lr) * mom[k]).astype(np.float32)
+        for k in arrays:  # as the coordinator: no momentum for BatchNorm's running statistics
+            mom[k] = (np.float32(a.server_momentum if k not in res.fleet_statistics else 0.0) * mom[k] + avg[k])
+            arrays[k] = (arrays[k] + np.float32(a.server_lr) * mom[k].astype(np.float32)).astype(np.float32)
         if a.mode != "fedavg":
             control = {k: (control[k] + np.mean([dd["control/" + k] for dd, _ in deltas], axis=0)).astype(np.float32)
                        for k in control}
         accs.append(round(ev.top1(arrays), 3))
     fp32 = sum(4 * v.size for v in arrays.values()) * 2 * len(devs) * a.rounds  # the fp32 fleet: weights and controls
-    print(f"{a.train_layers} fp32 {fp32} B; {a.mode} density {a.density:g} ctl {a.ctl_density} min-keep {a.min_keep} seed {a.seed} slr {a.server_lr:g} smom {a.server_momentum:g}: up {up} B "
+    print(f"{a.train_layers} fp32 {fp32} B; {a.mode} density {a.density:g} ctl {a.ctl_density:g} min-keep {a.min_keep} "
+          f"seed {a.seed} slr {a.server_lr:g} smom {a.server_momentum:g}: down {down32 / max(down, 1):.2f}x fewer; "
+          f"up {up} B "
           f"({fp32 / up if up else 0:.1f}x fewer) final {accs[-1]} "
           f"{accs} {time.time() - t0:.0f}s", flush=True)
 
