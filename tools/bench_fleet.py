@@ -219,7 +219,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1, help="local epochs per round")
     ap.add_argument("--kill-rounds", type=int, default=5, help="rounds of the fault run and its fault-free twin")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: local,fp32,int8,2bit,ternary,kill,last2,scale")
+    ap.add_argument("--skip", default="",
+                    help="comma list of parts to skip: local,fp32,int8,2bit,ternary,kill,last2,last2codec,scale")
     ap.add_argument("--only", default="", help="comma list of the parts to run (default: all)")
     ap.add_argument("--scale-devices", type=int, default=30, help="simulated devices of the scale part")
     ap.add_argument("--scale-rounds", type=int, default=5, help="rounds of the scale part")
@@ -233,7 +234,7 @@ def main() -> None:
     data = split_digits(work / "data")
     skip = set(filter(None, a.skip.split(",")))
     if a.only:
-        skip = {"local", "fp32", "int8", "2bit", "kill", "last2", "scale"} - set(a.only.split(","))
+        skip = {"local", "fp32", "int8", "2bit", "ternary", "kill", "last2", "last2codec", "scale"} - set(a.only.split(","))
     total = a.rounds * a.epochs
     out = {"rounds": a.rounds, "local_epochs_per_round": a.epochs, "shares": SHARES}
     print(f"# edgetrain fleet bench: {MODEL}, 3 devices {SHARES}, {a.rounds} rounds x {a.epochs} local epochs; "
@@ -279,6 +280,19 @@ def main() -> None:
               f"(per round: {', '.join(format(x['accuracy'], '.3f') for x in r['rounds'])}); uplink {r['bytes_up']} B "
               f"({r['bytes_up_fp32']} B as fp32, {r['uplink_reduction']:.2f}x fewer); downlink {r['bytes_down']} B; "
               f"{r['wall_seconds']:.0f}s", flush=True)
+    if "last2codec" not in skip:  # issue 25 item 4's goal, on the larger trainable set: fp32 against ternary
+        for codec in ("fp32", "ternary"):
+            r = federated(work, data, codec, a.rounds, a.epochs, tag="-last2", train_layers="last:2")
+            out[f"last2_{codec}"] = r
+            print(f"federated {codec:7s} last:2: top-1 {r['final_accuracy']:.4f} after {r['rounds_completed']} rounds "
+                  f"(per round: {', '.join(format(x['accuracy'], '.3f') for x in r['rounds'])}); uplink "
+                  f"{r['bytes_up']} B; downlink {r['bytes_down']} B ({r['bytes_down_fp32']} B as fp32); through the "
+                  f"sockets {r['socket_bytes_up']} B up, {r['socket_bytes_down']} B down; {r['wall_seconds']:.0f}s",
+                  flush=True)
+        f, t = out["last2_fp32"], out["last2_ternary"]
+        print(f"ternary vs the fp32 fleet, last:2: uplink {f['bytes_up'] / t['bytes_up']:.1f}x fewer bytes, downlink "
+              f"{f['bytes_down'] / t['bytes_down']:.2f}x fewer; top-1 "
+              f"{100 * (t['final_accuracy'] - f['final_accuracy']):+.1f} pts", flush=True)
     if "scale" not in skip:
         out["scale"] = scale(work, a.scale_devices, a.scale_rounds, a.scale_drop, a.epochs)
     (work / "bench.json").write_text(json.dumps(out, indent=2, default=str))

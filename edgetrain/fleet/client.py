@@ -40,7 +40,7 @@ from .. import runtime
 from ..devices import load_device
 from ..errors import EdgetrainError, RunFailed, UsageError
 from ..fileio import atomic_write_bytes, atomic_write_text
-from .codec import DENSITY, Encoded, arrays_digest, downlink_apply, encode_update, update_bytes
+from .codec import CONTROL_DENSITY, DENSITY, MIN_KEEP, Encoded, arrays_digest, downlink_apply, encode_update, update_bytes
 from .hooks import delay
 from .local import LocalSpec, ShapeMismatch, class_view, train_round
 
@@ -286,7 +286,10 @@ def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple
         delta.update({CONTROL + k: (c_new[k] - c_mine[k]).astype(np.float32) for k in c_global})
     # running statistics travel exactly (a variance must stay positive); everything else with the codec
     encoded, residual = encode_update(delta, codec, residual, exact=result.fleet_statistics,
-                                      density=float(config.get("density", DENSITY)))
+                                      density=float(config.get("density", DENSITY)),
+                                      floor=int(config.get("min-keep", MIN_KEEP)),
+                                      densities={CONTROL + k: float(config.get("control-density", CONTROL_DENSITY))
+                                                 for k in c_global})
     seconds = time.monotonic() - t0
     last = result.epochs[-1] if result.epochs else {}
     energy = result.energy or {}

@@ -8,13 +8,14 @@ Each tensor travels as ``(lo, scale)`` (two float32) followed by its codes:
   quantizer dropped (``residual``) stays on the device and is added to the next round's update, so
   over rounds the sum of what was sent equals the sum of the true updates minus one residual.
 - ``ternary``: sparse ternary compression (STC, Sattler et al. 2019) with error feedback: of each tensor
-  (plus its residual) only the ``k = ceil(n * density)`` (``--ternary-density``) largest magnitudes travel, each as ``+-scale``
+  (plus its residual) only the ``k = max(ceil(n * density), MIN_KEEP)`` (``--ternary-density``; SCAFFOLD's
+  control deltas ``--ternary-control-density``; ``--ternary-min-keep``) largest magnitudes travel, each as ``+-scale``
   with one shared scale (the mean magnitude of the kept entries, rounded to bfloat16: what the receiver
   decodes is what the sender subtracts), everything else stays in the residual. Payload: ``k`` as a
   LEB128 varint, then (when ``k > 0``) the scale's two bfloat16 bytes, then a bit stream of ``k`` entries in
   position order, each the gap to the previous kept position Golomb-Rice coded (parameter
   ``floor(log2(n / k))``, derived, not sent) followed by its sign bit, zero-padded to a byte. For the
-  digits head (320 + 10 values) that is 8 + 4 bytes against 1,320 in float32. (zlib or lzma over the
+  digits head's 320 weights at one entry in 80 that is 8 bytes against 1,280 in float32. (zlib or lzma over the
   gap stream was measured larger: their headers alone exceed these payloads; tools/bench_fleet.py.)
 
 The downlink (with ``ternary``) is the global arrays as a delta against what the devices last received,
@@ -39,7 +40,11 @@ CODECS = ("fp32", "int8", "2bit", "ternary")
 DOWN = "int8s"  # the downlink's delta codec (see downlink_delta); a wire codec, not an update codec
 WIRE = CODECS + (DOWN,)
 FEEDBACK = ("2bit", "ternary")  # the codecs that keep what they dropped on the device (a residual)
-DENSITY = 1 / 80  # ternary: the default fraction of each tensor's entries sent each round (at least one)
+DENSITY = 0.02  # ternary: the default fraction of each weight tensor's entries sent each round
+CONTROL_DENSITY = 0.006  # ternary: the same for SCAFFOLD's control deltas (they matter less than the weights)
+# ternary: at least this many entries of a tensor (all of a smaller one): a small tensor (a head, a bias) costs
+# a few bytes more, and a few of its entries a round move nothing (measured: tools/fleet_codec_sim.py)
+MIN_KEEP = 48
 _BITS = {"int8": 8, "2bit": 2}
 _HEADER = struct.Struct("<ff")  # lo, scale
 
@@ -87,13 +92,14 @@ def payload_size(codec: str, n: int) -> int:
     return _HEADER.size + (n if codec == "int8" else (n + 3) // 4)
 
 
-def encode_tensor(x: np.ndarray, codec: str, density: float = DENSITY) -> tuple[Encoded, np.ndarray]:
+def encode_tensor(x: np.ndarray, codec: str, density: float = DENSITY,
+                  floor: int = MIN_KEEP) -> tuple[Encoded, np.ndarray]:
     """``x`` on the wire and what the receiver will decode (so the sender can keep the difference)."""
     x = np.array(x, dtype=np.float32, order="C")  # keeps a 0-d tensor 0-d (ascontiguousarray would not)
     if codec == "fp32":
         return Encoded(codec, tuple(x.shape), x.astype("<f4").tobytes()), x.copy()
     if codec == "ternary":
-        return _ternary(x, density)
+        return _ternary(x, density, floor)
     if codec not in _BITS:
         raise UsageError(f"unknown update codec '{codec}'", "--codec", f"use one of {', '.join(CODECS)}")
     lo, scale, q = _affine(x, 1 << _BITS[codec])
@@ -122,10 +128,12 @@ def decode_tensor(enc: Encoded) -> np.ndarray:
 
 
 def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str, np.ndarray] | None = None,
-                  exact=(), density: float = DENSITY) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
+                  exact=(), density: float = DENSITY, floor: int = MIN_KEEP,
+                  densities: dict[str, float] | None = None) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
     """Encode a whole update (name -> delta), tensor by tensor. With ``2bit`` or ``ternary`` the residual
     from earlier rounds is added first and the new residual (what this encoding dropped) is returned; other
-    codecs return none. The tensors named in ``exact`` travel as fp32 whatever ``codec`` (nothing dropped)."""
+    codecs return none. The tensors named in ``exact`` travel as fp32 whatever ``codec`` (nothing dropped);
+    ``densities`` (name -> density) overrides ``density`` for the tensors it names."""
     out: dict[str, Encoded] = {}
     new_residual: dict[str, np.ndarray] = {}
     for name, delta in update.items():
@@ -133,7 +141,7 @@ def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str,
         mine = "fp32" if name in exact else codec
         if mine in FEEDBACK and residual and name in residual and residual[name].shape == value.shape:
             value = value + residual[name]
-        enc, decoded = encode_tensor(value, mine, density)
+        enc, decoded = encode_tensor(value, mine, (densities or {}).get(name, density), floor)
         out[name] = enc
         if mine in FEEDBACK:
             new_residual[name] = (value - decoded).astype(np.float32)
@@ -146,9 +154,10 @@ def update_bytes(encoded: dict[str, Encoded]) -> int:
 
 # --- ternary ---------------------------------------------------------------------------------------------
 
-def keep_count(n: int, density: float = DENSITY) -> int:
-    """How many entries of an ``n``-value tensor a ternary update sends."""
-    return min(n, max(1, math.ceil(n * density))) if n else 0
+def keep_count(n: int, density: float = DENSITY, floor: int = MIN_KEEP) -> int:
+    """How many entries of an ``n``-value tensor a ternary update sends: ``ceil(n * density)``, at least
+    ``floor`` (and one), at most ``n``."""
+    return min(n, max(1, floor, math.ceil(n * density))) if n else 0
 
 
 def _bf16(value: float) -> tuple[bytes, np.float32]:
@@ -173,10 +182,10 @@ def _varint(v: int) -> bytes:
             return bytes(out)
 
 
-def _ternary(x: np.ndarray, density: float) -> tuple[Encoded, np.ndarray]:
+def _ternary(x: np.ndarray, density: float, floor: int = MIN_KEEP) -> tuple[Encoded, np.ndarray]:
     flat = x.ravel()
     n = flat.size
-    k = keep_count(n, density)
+    k = keep_count(n, density, floor)
     mag = np.abs(flat)
     # the k largest magnitudes, ties to the lower position (stable: the same update, the same bytes)
     kept = np.sort(np.argsort(-mag, kind="stable")[:k]) if k else np.zeros(0, np.int64)

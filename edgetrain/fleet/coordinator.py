@@ -30,12 +30,14 @@ import numpy as np
 from ..errors import EdgetrainError
 from ..fileio import atomic_write_bytes, atomic_write_text
 from ..figures import Chance
-from .codec import DENSITY, arrays_digest, decode_tensor, downlink_delta
+from .codec import CONTROL_DENSITY, DENSITY, MIN_KEEP, arrays_digest, decode_tensor, downlink_delta
 from .local import Evaluator, LocalSpec, check_shapes
 
 STATE = "fleet-state.json"
 CONTROL = "control/"  # the SCAFFOLD control variates travel beside the weights under this prefix
 CONTROL_PREFIX = "control"  # RUNDIR/control-NNNN.npz: the global control variate after round NNNN
+MOMENTUM_PREFIX = "momentum"  # RUNDIR/momentum-NNNN.npz: the server momentum's last global step (FedAvgM)
+SERVER_MOMENTUM = 0.5  # the default server momentum with --codec ternary (tools/fleet_codec_sim.py)
 STATE_FORMAT = "edgetrain-fleet-state/1"
 GOODBYE_SECONDS = 15.0  # how long the last message (the run is over) waits for the devices' answers
 
@@ -142,6 +144,13 @@ def run(grid, spec_path: str) -> None:
     # a control variate per array a gradient trains; BatchNorm's running statistics are only averaged
     control = (load_global(rundir, state["completed"], CONTROL_PREFIX) if scaffold and state["completed"]
                else {k: np.zeros_like(v) for k, v in arrays.items() if k not in evaluator.statistics})
+    # FedAvgM: the global step is the average plus `beta` times the last step (the weights a gradient trains;
+    # BatchNorm's running statistics take the average as it is: a variance must stay positive)
+    beta = float(spec.get("server_momentum") or 0.0)
+    trained = [k for k in arrays if k not in evaluator.statistics]
+    step = (load_global(rundir, state["completed"], MOMENTUM_PREFIX)
+            if beta and state["completed"] and global_path(rundir, state["completed"], MOMENTUM_PREFIX).exists()
+            else {k: np.zeros_like(arrays[k]) for k in trained} if beta else {})
     # with ternary the downlink is an int8 delta against `held`, what the devices reconstructed from the
     # round `version` (0: nothing, zeros); a device not known to hold it gets the arrays whole (fp32)
     compact = spec["codec"] == "ternary"
@@ -174,7 +183,9 @@ def run(grid, spec_path: str) -> None:
         config = {"round": round_no, "codec": spec["codec"], "model": spec["model"],
                   "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
                   "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers,
-                  **({"density": float(spec.get("ternary_density") or DENSITY)} if compact else {}),
+                  **({"density": float(spec.get("ternary_density") or DENSITY),
+                      "control-density": float(spec.get("ternary_control_density") or CONTROL_DENSITY),
+                      "min-keep": int(spec.get("ternary_min_keep") or MIN_KEEP)} if compact else {}),
                   "classes": list(evaluator.classes)}  # the fleet's: a device may hold any subset of them
         # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
         messages = [Message(content=RecordDict({"arrays": downs[d.key][0] if compact else down, "config": ConfigRecord(
@@ -247,6 +258,9 @@ def run(grid, spec_path: str) -> None:
             # in a fixed order (by name, then key): the same updates give the same global arrays, bit for bit
             deltas.sort(key=lambda x: (x[0].name, x[0].key))
             avg = average([(delta, n) for _, delta, n in deltas])
+            if beta:
+                step = {k: (np.float32(beta) * step[k] + avg[k]).astype(np.float32) for k in step}
+                avg = {**avg, **step}
             arrays = {k: (arrays[k] + avg[k]).astype(np.float32) for k in arrays}
             if not all(np.all(np.isfinite(v)) for v in arrays.values()):  # cannot happen with bounded updates
                 raise RuntimeError(f"round {round_no}: the averaged global arrays are not finite")
@@ -277,6 +291,8 @@ def run(grid, spec_path: str) -> None:
         record["seconds"] = round(time.monotonic() - t0, 3)
         if scaffold:
             save_global(rundir, round_no, control, CONTROL_PREFIX)
+        if beta:
+            save_global(rundir, round_no, step, MOMENTUM_PREFIX)
         save_global(rundir, round_no, arrays)
         if compact:
             save_global(rundir, round_no, sent, "down")

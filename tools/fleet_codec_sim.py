@@ -1,0 +1,110 @@
+"""In-process simulation of the fleet benchmark's codec runs (no Flower, no sockets): the same local
+training (``train_round``), SCAFFOLD control variates, codec and weighted average as ``edgetrain fleet``,
+so a codec variant can be measured in seconds rather than minutes. It reproduces the bench's per-round
+accuracies for fp32 and ternary exactly (same data, same seeds).
+
+    PYTHONPATH=. python tools/fleet_codec_sim.py DATA_DIR --density 0.0125 --mode scaffold --rounds 10
+
+DATA_DIR: a bench work folder's ``data`` (val.npz, device-*.npz). Variants: ``--mode`` scaffold (control
+deltas compressed like the weights), fedavg (no control variates), derived (the control delta is derived on
+both sides from the *decoded* weight delta: no bytes for it); ``--server-lr`` and ``--server-momentum``
+(FedAvgM) on the averaged update. Bytes: every encoded payload byte (plus 4 per message in derived mode:
+the device's displacement scale, a float32 the coordinator needs).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgetrain.fleet import codec
+from edgetrain.fleet.coordinator import average
+from edgetrain.fleet.local import Evaluator, LocalSpec, train_round
+
+MODEL = "edgetrain.nets:pretrained_digits"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("data")
+    ap.add_argument("--density", type=float, default=codec.DENSITY, help="ternary density (>= 1: fp32)")
+    ap.add_argument("--mode", default="scaffold", choices=["scaffold", "fedavg", "derived", "sent"])
+    ap.add_argument("--ctl-density", type=float, default=codec.CONTROL_DENSITY,
+                    help="the control deltas' density if not --density (>= 1: they travel as fp32)")
+    ap.add_argument("--min-keep", type=int, default=codec.MIN_KEEP, help="ternary: at least this many entries a tensor")
+    ap.add_argument("--seed", type=int, default=0, help="the devices' training seed (the bench: 0)")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--server-lr", type=float, default=1.0)
+    ap.add_argument("--server-momentum", type=float, default=0.0)
+    ap.add_argument("--train-layers", default="head")
+    ap.add_argument("--work", default="/tmp/fleet-codec-sim")
+    a = ap.parse_args()
+    d = Path(a.data)
+    val = str(d / "val.npz")
+    devs = sorted(str(p) for p in d.glob("device-*"))
+    ev = Evaluator(LocalSpec(model=MODEL, data=val, workdir=f"{a.work}/ev", threads=1, seed=0,
+                              train_layers=a.train_layers), val)
+    cdc = "fp32" if a.density >= 1 else "ternary"
+    arrays = dict(ev.initial)
+    control = {k: np.zeros_like(v) for k, v in arrays.items()}
+    cm = [{k: np.zeros_like(v) for k, v in arrays.items()} for _ in devs]
+    resid: list[dict] = [{} for _ in devs]
+    mom = {k: np.zeros_like(v) for k, v in arrays.items()}
+    up, down, down32, held, t0, accs = 0, 0, 0, {}, time.time(), []
+    for r in range(1, a.rounds + 1):
+        if cdc == "ternary":  # the coordinator's downlink: an int8 delta against what the devices hold
+            target = {**arrays, **({"control/" + k: v for k, v in control.items()} if a.mode != "fedavg" else {})}
+            stats = set(arrays) - set(ev.initial) | set(getattr(ev, "statistics", ()))
+            enc_down, held = codec.downlink_delta(target, held, exact=stats)
+            down += codec.update_bytes(enc_down) * len(devs)
+            down32 += sum(4 * v.size for v in target.values()) * len(devs)
+        deltas = []
+        for i, p in enumerate(devs):
+            spec = LocalSpec(model=MODEL, data=p, workdir=f"{a.work}/d{i}", epochs=1, batch_size=32, seed=a.seed, threads=1,
+                             train_layers=a.train_layers)
+            corr = {k: control[k] - cm[i][k] for k in control} if a.mode != "fedavg" else None
+            new, res = train_round(spec, arrays, r, corr)
+            delta = {k: new[k] - arrays[k] for k in new}
+            scale = np.float32(res.fleet_scale)
+            if a.mode in ("scaffold", "sent"):
+                cn = {k: cm[i][k] - control[k] + (arrays[k] - new[k]) / scale for k in control}
+                delta.update({"control/" + k: (cn[k] - cm[i][k]).astype(np.float32) for k in control})
+                cm_old, cm[i] = cm[i], cn
+            ctl = {k for k in delta if k.startswith("control/")}
+            cd = a.density if a.ctl_density is None else a.ctl_density
+            enc, r1 = codec.encode_update({k: v for k, v in delta.items() if k not in ctl}, cdc, resid[i],
+                                          exact=res.fleet_statistics, density=a.density, floor=a.min_keep)
+            enc2, r2 = codec.encode_update({k: delta[k] for k in ctl}, "fp32" if cd >= 1 else "ternary", resid[i],
+                                           density=cd, floor=a.min_keep)
+            enc.update(enc2)
+            resid[i] = {**r1, **r2}
+            up += codec.update_bytes(enc)
+            dec = {k: codec.decode_tensor(e) for k, e in enc.items()}
+            if a.mode == "sent":  # the device's control variate moves by what the coordinator decodes
+                cm[i] = {k: (cm[i][k] - cn[k] + cm_old[k] + dec["control/" + k]).astype(np.float32) for k in control}
+            if a.mode == "derived":  # both sides: c_i += -c - decoded delta / scale
+                up += 4
+                dc = {k: (-control[k] - dec[k] / scale).astype(np.float32) for k in control}
+                cm[i] = {k: cm[i][k] + dc[k] for k in control}
+                dec.update({"control/" + k: dc[k] for k in control})
+            deltas.append((dec, int(res.epochs[-1]["samples"])))
+        avg = average(deltas)
+        for k in arrays:  # as the coordinator: no momentum for BatchNorm's running statistics
+            mom[k] = (np.float32(a.server_momentum if k not in res.fleet_statistics else 0.0) * mom[k] + avg[k])
+            arrays[k] = (arrays[k] + np.float32(a.server_lr) * mom[k].astype(np.float32)).astype(np.float32)
+        if a.mode != "fedavg":
+            control = {k: (control[k] + np.mean([dd["control/" + k] for dd, _ in deltas], axis=0)).astype(np.float32)
+                       for k in control}
+        accs.append(round(ev.top1(arrays), 3))
+    fp32 = sum(4 * v.size for v in arrays.values()) * 2 * len(devs) * a.rounds  # the fp32 fleet: weights and controls
+    print(f"{a.train_layers} fp32 {fp32} B; {a.mode} density {a.density:g} ctl {a.ctl_density:g} min-keep {a.min_keep} "
+          f"seed {a.seed} slr {a.server_lr:g} smom {a.server_momentum:g}: down {down32 / max(down, 1):.2f}x fewer; "
+          f"up {up} B "
+          f"({fp32 / up if up else 0:.1f}x fewer) final {accs[-1]} "
+          f"{accs} {time.time() - t0:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
