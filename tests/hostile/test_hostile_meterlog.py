@@ -91,3 +91,20 @@ def test_finetune_with_unix_microseconds_log_is_refused_before_work(tmp_path):
                         "-o", tmp_path / "out", "--power-log", log, timeout=120)
     assert_user_error(res, 2, "no clock time")
     assert not (tmp_path / "out" / "model.onnx").exists()
+
+
+@pytest.mark.parametrize("value", ["2001", "1e8", "350000"])
+def test_grid_intensity_beyond_any_grid_is_refused_before_work(tmp_path, value):
+    """g CO2e per MWh (or a typo) given as per kWh made grams 1000x too high, exit 0."""
+    res = run_edgetrain("finetune", ONNX, "--data", "builtin:digits", "--epochs", "1", "--train-layers", "bias",
+                        "-o", tmp_path / "out", "--grid-intensity", value, timeout=120)
+    assert_user_error(res, 2, "beyond any grid")
+    assert not (tmp_path / "out").exists()
+
+
+def test_grid_intensity_api_bound():
+    import edgetrain.energy.carbon as carbon
+
+    assert carbon.grid_intensity(grid_g_per_kwh=2000)["g_co2e_per_kwh"] == 2000
+    with pytest.raises(UsageError, match="beyond any grid"):
+        carbon.grid_intensity(grid_g_per_kwh=2000.5)
