@@ -321,6 +321,9 @@ def _infer(runner: OrtRunner, x: np.ndarray, model: str) -> np.ndarray:
     if out.ndim != 2:
         raise UsageError(f"model output has shape {out.shape}; predict expects (batch, classes)", model,
                          "use an image-classification model")
+    if not np.isfinite(out).all():  # NaN/inf weights (or a diverged fine-tune): every score would be "nan"
+        raise UsageError("the model's outputs are not finite (NaN/inf): its weights are broken", model,
+                         "export or fine-tune the model again (check its training did not diverge)")
     return out
 
 
