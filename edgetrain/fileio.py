@@ -35,6 +35,7 @@ def path_arg(value, name: str, where: str) -> str:
     os.PathLike; bytes are decoded as the os module does (os.fsdecode). Anything else -- None, a number --
     is one UsageError naming the argument, never str()'d into a file named "None" or "b'...'"."""
     if isinstance(value, str) and value.strip():
+        check_name_lengths(value, name)
         return value
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
@@ -46,7 +47,27 @@ def path_arg(value, name: str, where: str) -> str:
                          "pass a str or a pathlib.Path")
     if not value.strip():
         raise UsageError(f"{name} is an empty path", where, "pass a file name")
+    check_name_lengths(value, name)
     return value
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes, Linux's (os.pathconf may not answer for a folder not made yet)
+
+
+def check_name_lengths(value: str, name: str) -> None:
+    """A path with a name over NAME_MAX bytes (or over PATH_MAX in all) is one UsageError naming the option:
+    pathlib's exists()/stat() raise ENAMETOOLONG from wherever the path is first looked at."""
+    raw = os.fsencode(value)
+    if len(raw) >= PATH_MAX or any(len(part) > NAME_MAX for part in raw.split(b"/")):
+        raise name_too_long(OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), value), name)
+
+
+def name_too_long(exc: OSError, name: str | None = None) -> UsageError:
+    """The one line for ENAMETOOLONG (a file name over 255 bytes, a path over 4096)."""
+    path = os.fsdecode(exc.filename) if exc.filename is not None else "a path"
+    return UsageError(f"{name + ': ' if name else ''}a file name is too long ({len(os.fsencode(path))} bytes in all, "
+                      f"longest name {max(len(p) for p in os.fsencode(path).split(b'/'))})", clip(path, 120),
+                      f"use names of at most {NAME_MAX} bytes and paths of at most {PATH_MAX - 1}")
 
 
 # An output that names a stream is written through, never replaced: a device (``-o /dev/null``), a FIFO,

@@ -5,6 +5,7 @@ this module without click; ``run_cli`` and ``json_option`` import it when they r
 """
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from pathlib import Path
@@ -77,7 +78,15 @@ def _run_and_exit(call) -> None:
         echo(err=True)
         echo("Aborted.", err=True)
         sys.exit(130)
-    except EdgetrainError as exc:
+    except (EdgetrainError, OSError) as caught:
+        if isinstance(caught, OSError):
+            if caught.errno != errno.ENAMETOOLONG:  # BrokenPipeError among them: run_guarded's
+                raise
+            from ..fileio import name_too_long
+
+            exc = name_too_long(caught)  # a path option over NAME_MAX/PATH_MAX, from wherever it was first used
+        else:
+            exc = caught
         if envvars.get("EDGETRAIN_DEBUG") == "1":
             raise
         try:
