@@ -256,8 +256,10 @@ def _csv(cols) -> str:
     import io
 
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="").writerow(cols)
-    return buf.getvalue()
+    # the terminator's characters are what the writer quotes a field for (a file name may hold \n or \r):
+    # with "" a name with a line break split its row in two for every CSV reader
+    csv.writer(buf, lineterminator="\r\n").writerow(cols)
+    return buf.getvalue()[:-2]
 
 
 # --- the model ---------------------------------------------------------------------------------------------
