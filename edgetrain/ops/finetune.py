@@ -24,6 +24,9 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
         from .. import energy
 
         energy.check_power_log(opts.power_log)
+    from ..fileio import check_folder_outside_data
+
+    check_folder_outside_data(opts.out, "-o", {"--data": opts.data, "--val": opts.val})
     has_checkpoint = prepare_outdir(Path(opts.out), opts.resume)
     val_split = DEFAULT_VAL_SPLIT if opts.val is None and opts.val_split is None else opts.val_split
     job = FinetuneJob(model, opts, layers=layers, budget_mb=opts.budget_mb(), threads=threads, profile=opts.profile(),

@@ -115,6 +115,9 @@ def _prepare_rundir(rundir: Path, resume: bool) -> dict | None:
 
 def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = None) -> FleetResult:
     _need_flower()
+    from ..fileio import check_folder_outside_data
+
+    check_folder_outside_data(opts.out, "-o", {"--val": opts.val})
     rundir = Path(opts.out).resolve()
     tls = _tls(opts)
     notes: list[str] = []
@@ -301,12 +304,15 @@ def _run_error(rundir: Path, logs: Path) -> str:
 def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = None) -> JoinResult:
     _need_flower()
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise UsageError(f"cannot read ADDRESS '{address[:80]}'", "ADDRESS", "give HOST:PORT, e.g. 192.168.1.10:9092")
     if not opts.data.startswith(BUILTIN_PREFIX) and not Path(opts.data).exists():
         raise UsageError("data not found", opts.data, "give an image folder, an .npz file or builtin:digits")
     device = opts.profile()  # a bad name is one line now, not in every round
     ca = _check_file(opts.tls_ca, "--tls-ca")
+    from ..fileio import check_folder_outside_data
+
+    check_folder_outside_data(opts.state, "-o", {"--data": opts.data})
     state = Path(opts.state).resolve()
     if state.exists() and not state.is_dir():
         raise UsageError("the state folder is a file", str(state), "give a folder")
