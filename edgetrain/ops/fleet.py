@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
 import signal
 import socket
@@ -113,12 +114,30 @@ def _prepare_rundir(rundir: Path, resume: bool) -> dict | None:
     return state
 
 
+def _check_inputs_outside_export(rundir: Path, inputs: dict) -> None:
+    """The run's end replaces RUNDIR/model/ (the exported global model) in one rename: an input inside that
+    folder (MODEL at RUNDIR/model/model.onnx, its PREFIX or --params there) would be replaced by the fleet's
+    own model. Refused before any round, as every other output that would land on an input."""
+    export_dir = rundir / deploy.FOLDER
+    for opt, ref in inputs.items():
+        if ref is None:
+            continue
+        text = str(ref)
+        if not any(Path(p).exists() for p in (text, text + "-symbol.json", text + ".onnx")):
+            continue  # zoo:NAME, pkg.module:function, builtin:digits -- not a file
+        where = Path(os.path.realpath(text))
+        if where == export_dir or export_dir in where.parents:
+            raise UsageError(f"{opt} is inside {export_dir}, the folder the run's end replaces with the global model",
+                             text, f"move {opt} out of RUNDIR/{deploy.FOLDER}, or give another -o RUNDIR")
+
+
 def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = None) -> FleetResult:
     _need_flower()
     from ..fileio import check_folder_outside_data
 
     check_folder_outside_data(opts.out, "-o", {"--val": opts.val})
     rundir = Path(opts.out).resolve()
+    _check_inputs_outside_export(rundir, {"MODEL": model, "--params": opts.params, "--val": opts.val})
     tls = _tls(opts)
     notes: list[str] = []
     if not tls and not _is_loopback(opts.listen):
