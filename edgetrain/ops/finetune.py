@@ -24,6 +24,12 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
         from .. import energy
 
         energy.check_power_log(opts.power_log)
+    if str(model).lower().endswith(".onnx"):  # the file fixes both: given, they were silently ignored
+        for flag, value, why in (("--params", opts.params, "its weights are in the file"),
+                                 ("--input-shape", opts.input_shape, "its graph fixes the input shape")):
+            if value is not None:
+                raise UsageError(f"{flag} does not apply to an ONNX MODEL: {why}", flag,
+                                 f"leave {flag} out (it is for a PREFIX, zoo: or factory model)")
     from ..fileio import check_folder_outside_data
 
     check_folder_outside_data(opts.out, "-o", {"--data": opts.data, "--val": opts.val})
