@@ -254,7 +254,8 @@ def cases(base: Path):
                                     ("--val-split", "0.999"), ("--seed", str(2 ** 32)), ("--seed", "-1"),
                                     ("--batch-size", "99999999999999999999"), ("--epochs", "1e3"),
                                     ("--lr", "1e308")]):
-        C.append(Case(f"ft-opt-{i}{opt}={val}", [*ft, opt, val, "-o", R / f"opt{i}"], (2, 3),
+        # a learning rate that makes the loss NaN is a run that failed (exit 1, "training diverged")
+        C.append(Case(f"ft-opt-{i}{opt}={val}", [*ft, opt, val, "-o", R / f"opt{i}"], (1, 2, 3) if val == "1e308" else (2, 3),
                       check=(finite_json(R / f"opt{i}" / "metrics.json") if val in ("1e308",) else None), keep=[base]))
 
     # -- hostile ONNX files, for finetune and predict
@@ -538,6 +539,23 @@ def cases(base: Path):
     C.append(Case("predict-jsonl-weird-names", ["predict", base, names, "--format", "jsonl", "-o", R / "wn.jsonl"],
                   (0,), check=jsonl_rows(R / "wn.jsonl")))
 
+    # -- names over NAME_MAX in every option that names a file
+    long = "L" * 300
+    for cid, argv in [("predict-o", ["predict", base, "builtin:digits", "-o", R / f"{long}.csv"]),
+                      ("predict-json", ["predict", base, "builtin:digits", "--json", R / f"{long}.json"]),
+                      ("profile-report", ["profile", base, "--runs", "2", "--warmup", "0", "--report", R / f"{long}.md"]),
+                      ("quantize-o", ["quantize", base, "--calib", "builtin:digits", "-o", R / f"{long}.onnx"]),
+                      ("ft-o-inner", [*ft, "-o", R / long / "run"]),
+                      ("ft-power-log", [*ft, "-o", R / "lnpl", "--power-log", R / f"{long}.csv"])]:
+        C.append(Case(f"long-name-{cid}", argv, (2,)))
+    # -- output folders inside DATA, options an ONNX file fixes
+    C.append(Case("ft-out-inside-data", ["finetune", base, "--data", imgs, "--epochs", "1", "--train-layers", "bias",
+                                         "-o", imgs / "run"], (2,),
+                  check=lambda o, e, c: "" if not (imgs / "run").exists() else "wrote into DATA"))
+    C.append(Case("ft-out-inside-val", [*ft, "--val", imgs, "-o", R / "imgs-link" / "b" / "run"], (2,)))
+    C.append(Case("ft-onnx-input-shape-ignored", [*ft, "-o", R / "fis", "--input-shape", "1,3,16,16"], (2,)))
+    C.append(Case("ft-onnx-params-ignored", [*ft, "-o", R / "fpi", "--params", base], (2,)))
+
     # -- resume
     # --resume on an empty OUTDIR starts the run (a kill/resume loop's first pass): an answer, not a refusal
     C.append(Case("ft-resume-nothing", [*ft, "-o", R / "rs-none", "--resume"], (0, 2)))
@@ -592,7 +610,7 @@ def cases(base: Path):
                                                       R / f"lc-{fmt}.json"], (0,),
                       extra_env={"LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": ""}))
     C.append(Case("ft-lc-c-nonutf8-out", ["finetune", base, "--data", bad, "--epochs", "1", "--train-layers", "bias",
-                                          "--val-split", "0.5", "-o", bad / "..out\udcff", "--allow-chance"],
+                                          "--val-split", "0.5", "-o", R / "lc-out\udcff", "--allow-chance"],
                   (0, 3), extra_env={"LC_ALL": "C", "LANG": "C"}))
     deep = R
     for _k in range(22):
@@ -636,6 +654,8 @@ def cases(base: Path):
 
     # -- fleet: option limits (no coordinator is started when the options are refused)
     F = os.environ.get("CAMPAIGN_FLEET_PYTHON", "/work/main/.venv-numpy2/bin/python")
+    (R / "fx" / "model").mkdir(parents=True)
+    (R / "fx" / "model" / "model.onnx").write_bytes(raw)
     for cid, argv in [
         ("fleet-serve-rounds-0", ["fleet", "serve", base, "--rounds", "0", "--val", "builtin:digits", "-o",
                                   R / "fs0"]),
@@ -653,9 +673,10 @@ def cases(base: Path):
         ("fleet-serve-rundir-in-val", ["fleet", "serve", base, "--val", imgs, "-o", imgs / "run", "--port", "9312"]),
         ("fleet-join-port-65536", ["fleet", "join", "127.0.0.1:65536", "--data", "builtin:digits", "-o",
                                    R / "fj6"]),
-        ("fleet-serve-out-is-model-dir", ["fleet", "serve", am, "--val", "builtin:digits", "-o", R / "alias"]),
-        ("fleet-serve-json-onto-model", ["fleet", "serve", base, "--val", "builtin:digits", "-o", R / "fs6",
-                                         "--json", R / "hard.onnx"]),
+        ("fleet-serve-model-in-export-dir", ["fleet", "serve", R / "fx" / "model" / "model.onnx", "--val",
+                                             "builtin:digits", "-o", R / "fx", "--port", "9313"]),
+        ("fleet-serve-json-onto-model-hardlink", ["fleet", "serve", am, "--val", "builtin:digits", "-o", R / "fs6",
+                                                  "--json", R / "hard.onnx", "--port", "9314"]),
         ("fleet-join-bad-address", ["fleet", "join", "not an address", "--data", "builtin:digits", "-o",
                                     R / "fj0"]),
         ("fleet-join-port-0", ["fleet", "join", "127.0.0.1:0", "--data", "builtin:digits", "-o", R / "fj1"]),
@@ -671,8 +692,14 @@ def cases(base: Path):
                                     "--memory-budget", "1KB", "-o", R / "fj5"]),
     ]:
         C.append(Case(cid, [], (1, 2), shell=" ".join(shlex.quote(str(a)) for a in [F, "-m", "edgetrain", *argv]),
-                      timeout=120, keep=[base, am, R / "hard.onnx"]))
+                      timeout=120, keep=[base, am, R / "hard.onnx", R / "fx" / "model" / "model.onnx"]))
     return C
+
+
+def _printable(text: str) -> str:
+    """One line whatever a name holds: control characters and undecodable bytes as escapes."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def main():
@@ -687,7 +714,8 @@ def main():
         for case, (code, problems, last, dt) in zip(todo, pool.map(Case.run, todo)):
             ok = not problems
             fails += not ok
-            print(f"{case.id}\t{case.command()}\texpect {'/'.join(map(str, case.expect))}\tgot {code} "
+            last, cmd = _printable(last), _printable(case.command())
+            print(f"{case.id}\t{cmd}\texpect {'/'.join(map(str, case.expect))}\tgot {code} "
                   f"({dt:.0f}s) {'; '.join(problems)} | {last}\t{'PASS' if ok else 'FAIL'}", flush=True)
     print(f"TOTAL {len(todo)} cases, {len(todo) - fails} passed, {fails} failed (work folder {ROOT})")
     return 1 if fails else 0
