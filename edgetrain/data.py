@@ -470,6 +470,9 @@ def _as_nhwc(data: np.ndarray, path: Path) -> np.ndarray:
     if data.ndim != 4 or data.shape[3] not in (1, 3, 4):
         raise UsageError(f"'data' has shape {clip(str(data.shape), 60)}; expected images as N,H,W or N,H,W,C "
                          "(C=1/3) or N,C,H,W", str(path), "reshape the array")
+    if data.shape[1] == 0 or data.shape[2] == 0:  # images of no pixels: every sample would be the mean
+        raise UsageError(f"'data' has shape {clip(str(data.shape), 60)}: images with no pixels", str(path),
+                         "give images at least 1x1")
     if data.dtype == np.bool_ or data.dtype.kind not in "uif":
         raise UsageError(f"'data' has dtype {data.dtype}; expected uint8 (0..255) or float (0..1)", str(path),
                          "convert the array")

@@ -51,6 +51,24 @@ def path_arg(value, name: str, where: str) -> str:
     return value
 
 
+def check_folder_outside_data(folder, folder_opt: str, data_refs: dict) -> None:
+    """Refuse, before any work, an output folder (OUTDIR, RUNDIR, a fleet device's state) that is an image
+    DATA folder or inside one: what it writes there (its logs, its run files) becomes a class folder of that
+    DATA the next time it is read, and the user's data is no longer what they gave. ``data_refs`` maps the
+    option (``--data``, ``--val``) to its value; an .npz, a ``builtin:`` or None is skipped."""
+    if folder is None:
+        return
+    out = Path(os.path.realpath(str(folder)))
+    for opt, ref in data_refs.items():
+        if ref is None or not os.path.isdir(str(ref)):
+            continue
+        root = Path(os.path.realpath(str(ref)))
+        if out == root or root in out.parents:
+            raise UsageError(f"{folder_opt} is inside the image folder {opt} ({clip(str(ref), 100)}): what it "
+                             f"writes there would become a class of that data", str(folder),
+                             f"give {folder_opt} a folder outside {opt}")
+
+
 PATH_MAX, NAME_MAX = 4096, 255  # Linux's (limits.h); most file systems' names stop at 255 bytes
 
 

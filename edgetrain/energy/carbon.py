@@ -52,12 +52,20 @@ def country_row(code: str) -> dict | None:
     return rows.get(key) or next((r for r in rows.values() if r["iso2"] == key), None)
 
 
+# No grid emits more per kWh: lignite plants are about 1,100 g (IPCC AR5 life-cycle median 820 g for coal).
+MAX_G_PER_KWH = 2000.0
+
+
 def grid_intensity(country: str | None = None, grid_g_per_kwh: float | None = None) -> dict | None:
     """The intensity a run's grams use, with its provenance; None when the user gave neither."""
     if country is not None and grid_g_per_kwh is not None:
         raise UsageError("--country and --grid-intensity both given", "--grid-intensity",
                          "give the country (the bundled table's figure) or your own figure, not both")
     if grid_g_per_kwh is not None:
+        if not 0 < float(grid_g_per_kwh) <= MAX_G_PER_KWH:
+            raise UsageError(f"--grid-intensity {grid_g_per_kwh:g} g CO2e/kWh is beyond any grid (lignite, the most "
+                             f"intense source, is about 1,100; the bound is {MAX_G_PER_KWH:g})", "--grid-intensity",
+                             "give grams of CO2e per kWh (not per MWh, not kg), e.g. 350")
         return {"g_co2e_per_kwh": float(grid_g_per_kwh), "provenance": "given",
                 "source": f"--grid-intensity {grid_g_per_kwh:g} g CO2e/kWh, given by the user"}
     if country is None:

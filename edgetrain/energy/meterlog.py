@@ -35,6 +35,7 @@ import csv
 import math
 import os
 import re
+import stat
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def as_log(log) -> PowerLog:
 
 # A step back in time shorter than this many median sampling periods is the meter's packet jitter.
 BACKSTEP_PERIODS = 10
+# No device edgetrain measures draws more: a reading above it is a unit mistake (mW under a 'W' header).
+MAX_WATTS = 10000.0
 
 _LOG_FIX = ("give the meter's log with a header line: a time column (Unix seconds, ISO 8601 or time of day) and "
             "power, or voltage and current, each with its unit, e.g. 'timestamp,power (W)'")
@@ -88,7 +91,10 @@ _QUANTITIES = {"power": "power", "p": "power", "watt": "power", "voltage": "volt
                "i": "current", "ibus": "current", "amp": "current"}
 _TIME_NAMES = {"timestamp", "time", "t", "unix", "unixtime", "epoch", "datetime", "date", "timestamps", "times",
                "timeunix", "clock"}
-_TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+_TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+# A clock time outside these years is a unit the header does not name (Unix microseconds or nanoseconds
+# read as milliseconds), not a reading of this run: refused on its line, never a crash when it is printed.
+_CLOCK_RANGE = (datetime(2000, 1, 1).timestamp(), datetime(2100, 1, 1).timestamp())
 # Formats whose writer fixes the units though the header does not name them: header cells -> units.
 _KNOWN_FORMATS = {
     ("time", "current", "voltage", "power", "charge", "energy"): ("Joulescope UI statistics record", {
@@ -138,7 +144,18 @@ def _column(index: int, header: str, fixed_units: dict | None = None) -> Column:
 def _split(line: str, delimiter: str | None) -> list[str]:
     if delimiter is None:
         return line.split()
-    return next(csv.reader([line], delimiter=delimiter))
+    try:
+        return next(csv.reader([line], delimiter=delimiter))
+    except csv.Error as exc:  # a field over csv's limit (131072 characters), a NUL: not a meter's line
+        raise ValueError(str(exc)) from None
+
+
+def _cells(line: str, delimiter: str | None, at: str) -> list[str]:
+    """A header line's cells; one-line UsageError for a line no meter writes."""
+    try:
+        return _split(line, delimiter)
+    except ValueError:
+        raise UsageError(f"cannot read the power log's header: '{line[:80]}'", at, _LOG_FIX) from None
 
 
 def _delimiter(header: str) -> str | None:
@@ -154,7 +171,7 @@ class _Layout:
     def __init__(self, where: str, line_no: int, header: str, voltage: float | None = None):
         self.where, self.line_no = where, line_no
         self.delimiter = _delimiter(header)
-        cells = _split(header, self.delimiter)
+        cells = _cells(header, self.delimiter, f"{where}:{line_no}")
         names = tuple(re.sub(r"[^a-z]", "", c.lower()) for c in cells)  # 'Timestamp(ms)' -> 'timestampms'
         self.format, fixed = _KNOWN_FORMATS.get(names, (None, None))
         self.columns = [_column(i, c, fixed) for i, c in enumerate(cells)]
@@ -229,6 +246,7 @@ def _seconds(text: str, col: Column) -> tuple[float, str]:
 
 def _lines(path: Path) -> list[str]:
     where = str(path)
+    _regular(path)
     try:
         text = path.read_text(encoding="utf-8-sig")
     except IsADirectoryError:
@@ -249,7 +267,7 @@ def _header_index(lines: list[str], where: str) -> int:
         if not s:
             continue
         if s.startswith("#"):
-            cells = _split(s, _delimiter(s))
+            cells = _cells(s, _delimiter(s), f"{where}:{i + 1}")
             if len(cells) > 1 and any(_column(j, c).quantity == "time" for j, c in enumerate(cells)):
                 return i
             continue
@@ -281,8 +299,8 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
         s = line.strip()
         if not s or s.startswith("#"):
             continue
-        row = _split(s, layout.delimiter)
         try:
+            row = _split(s, layout.delimiter)
             t, k = _seconds(row[layout.time.index], layout.time)
             w = layout.watts(row)
         except (ValueError, IndexError):
@@ -307,6 +325,16 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
         if not (math.isfinite(t) and math.isfinite(w)) or w < 0:
             raise UsageError(f"the power log's line {n} has an impossible value: '{s[:80]}'", f"{where}:{n}",
                              "give finite, non-negative readings")
+        if w > MAX_WATTS:
+            raise UsageError(f"the power log's line {n} reads {w:.3g} W, more than any device edgetrain measures "
+                             f"draws ({MAX_WATTS:.0f} W)", f"{where}:{n}",
+                             "check the power column's unit in the header (mW logged under a 'W' header reads "
+                             "1000x too high)")
+        if k == "unix" and not _CLOCK_RANGE[0] <= t <= _CLOCK_RANGE[1]:
+            raise UsageError(f"the power log's line {n} has the time '{row[layout.time.index].strip()[:40]}', "
+                             "which is no clock time between 2000 and 2100 in Unix seconds or milliseconds",
+                             f"{where}:{n}", "name the time unit in the header, e.g. 'timestamp (us)' or "
+                             "'timestamp (ns)', or log Unix seconds or ISO 8601 times")
         raw.append((t, w, n))
     if kind == "day":
         raw = _place_on_day(raw, near if near is not None else path.stat().st_mtime)
@@ -354,6 +382,18 @@ def read_power_log(path, near: float | None = None) -> list[tuple[float, float]]
     return parse_power_log(path, near)[0]
 
 
+def _regular(path: Path) -> None:
+    """A FIFO or a device is refused before it is opened: reading one blocks until a writer comes (a FIFO)
+    or never ends (/dev/zero), and what the check before the run reads is gone when the run's end reads it."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # not there (or not reachable): the read says which
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise UsageError("the power log is not a regular file (a FIFO, a device or a socket)", str(path),
+                         "have the meter's program write its log to a file and give that file's path")
+
+
 def check_power_log(path, voltage: float | None = None, start: float | None = None) -> PowerLog:
     """Before any work: a folder or an unreadable file is refused; a log that exists already is read in
     full now, so an unknown format or a unitless column is refused before the run, not after it. Returns the
@@ -365,6 +405,7 @@ def check_power_log(path, voltage: float | None = None, start: float | None = No
     p = log.path
     if p.is_dir():
         raise UsageError("the power log is a folder", str(p), "give the meter's log file")
+    _regular(p)
     if p.exists():
         if not os.access(p, os.R_OK):
             raise UsageError("the power log is not readable", str(p), "check its permissions")

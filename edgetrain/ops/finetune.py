@@ -21,6 +21,15 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
     layers = parse_train_layers(opts.train_layers)
     grid = opts.carbon_grid()  # an unknown country or both figures: refused before the work
     opts.power_log_spec()  # a log that exists is read now: an unknown format costs seconds, not a fine-tune
+    if str(model).lower().endswith(".onnx"):  # the file fixes both: given, they were silently ignored
+        for flag, value, why in (("--params", opts.params, "its weights are in the file"),
+                                 ("--input-shape", opts.input_shape, "its graph fixes the input shape")):
+            if value is not None:
+                raise UsageError(f"{flag} does not apply to an ONNX MODEL: {why}", flag,
+                                 f"leave {flag} out (it is for a PREFIX, zoo: or factory model)")
+    from ..fileio import check_folder_outside_data
+
+    check_folder_outside_data(opts.out, "-o", {"--data": opts.data, "--val": opts.val})
     has_checkpoint = prepare_outdir(Path(opts.out), opts.resume)
     val_split = DEFAULT_VAL_SPLIT if opts.val is None and opts.val_split is None else opts.val_split
     job = FinetuneJob(model, opts, layers=layers, budget_mb=opts.budget_mb(), threads=threads, profile=opts.profile(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
 import signal
 import socket
@@ -115,9 +116,30 @@ def _prepare_rundir(rundir: Path, resume: bool) -> dict | None:
     return state
 
 
+def _check_inputs_outside_export(rundir: Path, inputs: dict) -> None:
+    """The run's end replaces RUNDIR/model/ (the exported global model) in one rename: an input inside that
+    folder (MODEL at RUNDIR/model/model.onnx, its PREFIX or --params there) would be replaced by the fleet's
+    own model. Refused before any round, as every other output that would land on an input."""
+    export_dir = rundir / deploy.FOLDER
+    for opt, ref in inputs.items():
+        if ref is None:
+            continue
+        text = str(ref)
+        if not any(Path(p).exists() for p in (text, text + "-symbol.json", text + ".onnx")):
+            continue  # zoo:NAME, pkg.module:function, builtin:digits -- not a file
+        where = Path(os.path.realpath(text))
+        if where == export_dir or export_dir in where.parents:
+            raise UsageError(f"{opt} is inside {export_dir}, the folder the run's end replaces with the global model",
+                             text, f"move {opt} out of RUNDIR/{deploy.FOLDER}, or give another -o RUNDIR")
+
+
 def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = None) -> FleetResult:
     _need_flower()
+    from ..fileio import check_folder_outside_data
+
+    check_folder_outside_data(opts.out, "-o", {"--val": opts.val})
     rundir = Path(opts.out).resolve()
+    _check_inputs_outside_export(rundir, {"MODEL": model, "--params": opts.params, "--val": opts.val})
     tls = _tls(opts)
     notes: list[str] = []
     if not tls and not _is_loopback(opts.listen):
@@ -316,12 +338,15 @@ def _run_error(rundir: Path, logs: Path) -> str:
 def join(address: str, opts: FleetJoinOptions, progress: ProgressFn | None = None) -> JoinResult:
     _need_flower()
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise UsageError(f"cannot read ADDRESS '{address[:80]}'", "ADDRESS", "give HOST:PORT, e.g. 192.168.1.10:9092")
     if not opts.data.startswith(BUILTIN_PREFIX) and not Path(opts.data).exists():
         raise UsageError("data not found", opts.data, "give an image folder, an .npz file or builtin:digits")
     device = opts.profile()  # a bad name is one line now, not in every round
     ca = _check_file(opts.tls_ca, "--tls-ca")
+    from ..fileio import check_folder_outside_data
+
+    check_folder_outside_data(opts.state, "-o", {"--data": opts.data})
     state = Path(opts.state).resolve()
     if state.exists() and not state.is_dir():
         raise UsageError("the state folder is a file", str(state), "give a folder")

@@ -256,8 +256,10 @@ def _csv(cols) -> str:
     import io
 
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="").writerow(cols)
-    return buf.getvalue()
+    # the terminator's characters are what the writer quotes a field for (a file name may hold \n or \r):
+    # with "" a name with a line break split its row in two for every CSV reader
+    csv.writer(buf, lineterminator="\r\n").writerow(cols)
+    return buf.getvalue()[:-2]
 
 
 # --- the model ---------------------------------------------------------------------------------------------
@@ -321,6 +323,9 @@ def _infer(runner: OrtRunner, x: np.ndarray, model: str) -> np.ndarray:
     if out.ndim != 2:
         raise UsageError(f"model output has shape {out.shape}; predict expects (batch, classes)", model,
                          "use an image-classification model")
+    if not np.isfinite(out).all():  # NaN/inf weights (or a diverged fine-tune): every score would be "nan"
+        raise UsageError("the model's outputs are not finite (NaN/inf): its weights are broken", model,
+                         "export or fine-tune the model again (check its training did not diverge)")
     return out
 
 
