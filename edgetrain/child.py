@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import runtime
+from . import envvars, runtime
 from .errors import RunFailed
 
 PR_SET_PDEATHSIG = 1
@@ -185,6 +185,31 @@ def _likely_cause(name: str) -> str:
     if name == "SIGKILL":
         return " (killed: out of memory?)"
     return ""
+
+
+def watch_under_memory_limit(args: list[str]) -> None:
+    """Under an address-space limit (``ulimit -v``) a native library (mxnet above all, which export and
+    quantize run in this process) dies of SIGSEGV/SIGABRT when an allocation fails, and the command would end
+    with no word. So there the command runs in a child with the same streams, and this process, which
+    allocates nothing more, says in one line what killed it (exit 1). Returns at once without a limit, or in
+    the child itself; otherwise exits with the child's code."""
+    if address_space_limit_mb() is None or envvars.get("EDGETRAIN_WATCHED") == "1":
+        return
+    proc = subprocess.Popen([sys.executable, "-m", "edgetrain", *args], env={**os.environ, "EDGETRAIN_WATCHED": "1"},
+                            preexec_fn=make_preexec(os.getpid(), None))
+
+    def forward(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = proc.wait()
+    if code < 0 and signal.Signals(-code).name in _MEMORY_SIGNALS:
+        command = "edgetrain " + (args[0] if args else "")
+        sys.stderr.write(f"Error: {command} {death(code)}\n")
+        sys.exit(1)
+    sys.exit(128 - code if code < 0 else code)
 
 
 def address_space_limit_mb() -> float | None:

@@ -442,6 +442,11 @@ def _check_runs(model: GluonModel) -> int:
         with contextlib.redirect_stdout(io.StringIO()):
             y = model.predict(x)
     except Exception as exc:
+        if "bad_alloc" in str(exc) or isinstance(exc, MemoryError):  # no memory is not a wrong shape
+            from .errors import RunFailed
+
+            raise RunFailed(f"out of memory running the model once ({_mx_error(exc)})", model.ref.text,
+                            "free memory, or raise the address-space limit (ulimit -v)") from None
         raise UsageError(f"input shape {','.join(map(str, model.preprocess.batch_shape(1)))} does not fit the "
                          f"model: {_mx_error(exc)}", model.ref.text,
                          "pass the shape the model was built for with --input-shape") from None

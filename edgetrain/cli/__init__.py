@@ -17,6 +17,10 @@ def main(argv=None, light_predict: bool = True):
     """The console script. ``light_predict=False``: `predict` through click too (tools/bench_predict.py
     measures what the light path saves)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and _address_space_limited():  # the console script under ulimit -v: a crash gets its line
+        from ..child import watch_under_memory_limit
+
+        watch_under_memory_limit(args)
     _early_thread_cap(args)
     _printable_streams()
     from .common import run_cli, run_guarded
@@ -31,6 +35,12 @@ def main(argv=None, light_predict: bool = True):
     from .group import cli
 
     run_cli(cli, args)
+
+
+def _address_space_limited() -> bool:
+    import resource  # cheap, unlike the child launcher: predict's start-up stays light
+
+    return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
 
 
 def _printable_streams() -> None:

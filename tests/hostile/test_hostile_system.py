@@ -741,6 +741,27 @@ def test_a_child_dying_under_ulimit_v_is_one_line_naming_the_signal_and_the_limi
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["export", "quantize"])
+@pytest.mark.parametrize("limit_mb", [450, 800])
+def test_mxnet_in_the_command_s_own_process_dying_under_ulimit_v_is_one_line(tmp_path, command, limit_mb):
+    """export and quantize of a Gluon PREFIX run mxnet in the command's own process: under an address-space
+    limit it dies of SIGSEGV (450 MB) or SIGABRT (800 MB) in an allocation -- which ended in silence (rc 139,
+    134). The command then runs in a child its parent watches: one line naming the signal and the limit, exit
+    1, and no output file half-written -- or it fits and succeeds."""
+    out = tmp_path / "m.onnx"
+    argv = ["export", PREFIX, "-o", out] if command == "export" else ["quantize", PREFIX, "--calib", "builtin:digits",
+                                                                       "-o", out]
+    res = _run(argv, env={"EDGETRAIN_CACHE_DIR": ""}, preexec=_address_space(limit_mb << 20), timeout=600)
+    if res.code in (0, 3):
+        return  # it fitted
+    assert_user_error(res, 1)
+    line = next(ln for ln in res.err.splitlines() if ln.startswith("Error:"))
+    if "crashed with SIG" in line:
+        assert "ulimit -v" in line and f"{limit_mb:,.0f} MB" in line, line
+    assert not out.exists() and _leftovers(tmp_path) == []
+
+
 def test_death_names_the_signal_and_the_likely_cause():
     import signal as sig
 
