@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from .. import envvars, runtime
-from ..errors import BudgetExceeded, EdgetrainError, UsageError
+from ..errors import BudgetExceeded, EdgetrainError
+from .streams import stream_error, write_stream
 
 JSON_FLAG, JSON_DEST = "--json", "json_path"   # every command's --json PATH (the light parser reads it too)
 
@@ -38,7 +39,7 @@ def run_cli(group, argv=None) -> None:
             if isinstance(exc, BrokenPipeError) or not _raised_in_click_echo(exc):
                 raise
             stream = sys.stderr if _failed_stream_is_stderr(exc) else sys.stdout
-            raise _stream_error(exc, stream) from None
+            raise stream_error(exc, stream) from None
 
     run_guarded(call)
 
@@ -144,50 +145,6 @@ def echo(message: str = "", err: bool = False, nl: bool = True) -> None:
     stream = sys.stderr if err else sys.stdout
     if stream is not None:
         write_stream(stream, message + "\n" if nl else message)
-
-
-def write_stream(stream, text: str) -> None:
-    """Write and flush ``text`` to a standard stream. A stream that cannot take it (``> /dev/full``, a full
-    disk or ``ulimit -f`` under a redirect) is one UsageError naming it (the user chose where it goes: exit
-    2); the stream then points at /dev/null, so that what it still buffers cannot fail again at exit. A gone
-    reader (BrokenPipeError) is run_guarded's to end quietly."""
-    try:
-        stream.write(text)
-        stream.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise _stream_error(exc, stream) from None
-
-
-def _stream_error(exc: OSError, stream) -> UsageError:
-    name = "stderr" if stream is sys.stderr else "stdout"
-    where = _stream_target(stream, name)
-    _to_devnull(stream)
-    return UsageError(f"cannot write to {name} ({exc.strerror or exc})", where,
-                      "send it somewhere with room (or use --json PATH / -o PATH)")
-
-
-def _stream_target(stream, name: str) -> str:
-    import os
-
-    try:
-        return f"{name} is {os.readlink(f'/proc/self/fd/{stream.fileno()}')}"
-    except (OSError, ValueError, AttributeError):
-        return name
-
-
-def _to_devnull(stream) -> None:
-    import os
-
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, stream.fileno())
-        finally:
-            os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def setup(opts) -> int | None:

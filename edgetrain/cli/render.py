@@ -49,7 +49,7 @@ class ProgressLine:
         return "  ".join(parts) + (f"  {ev.message}" if ev.message else "")
 
     def _line(self, text: str, final: bool = False) -> None:
-        from .common import write_stream
+        from .streams import write_stream
 
         if self.live:
             line = "\r" + text.ljust(self.width) + ("\n" if final else "")
