@@ -29,7 +29,7 @@ from ..errors import RunFailed, UsageError
 from ..fileio import atomic_write_text
 from ..fleet import client as fclient
 from ..fleet import coordinator as coord
-from ..fleet import deploy
+from . import fleet_models as deploy
 from ..fleet import procs
 from ..fleet.local import Evaluator, LocalSpec
 from ..fleet.report import HTML, RESULT, FleetResult, JoinResult, html_section

@@ -1,4 +1,4 @@
-"""The end of a fleet run: the global model as files a device deploys (RUNDIR/model/).
+"""The end of a fleet run (`edgetrain fleet serve`): the global model as files a device deploys (RUNDIR/model/).
 
 The last global arrays are put into the base model by the same fine-tune job the devices run (its engine's
 ``start_from`` and ``write_model``: what ``edgetrain finetune`` writes), then converted by the same code the
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import fsync_dir
-from .local import Evaluator, LocalSpec
+from ..fleet.local import Evaluator, LocalSpec
 
 FOLDER = "model"
 PREFIX = "model"  # RUNDIR/model/model-symbol.json, model-0000.params
@@ -74,7 +74,7 @@ def write_models(rundir: Path, spec: dict, arrays: dict[str, np.ndarray], round_
 
 
 def _export_onnx(prefix: Path, onnx_path: Path, spec: dict, notes: list, failed: list) -> None:
-    from ..ops.export import export
+    from .export import export
     from ..options import ExportOptions
 
     res = export(str(prefix), ExportOptions(output=str(onnx_path)))
@@ -83,7 +83,7 @@ def _export_onnx(prefix: Path, onnx_path: Path, spec: dict, notes: list, failed:
 
 
 def _quantize(onnx_path: Path, int8_path: Path, spec: dict, notes: list, failed: list) -> None:
-    from ..ops.quantize import quantize
+    from .quantize import quantize
     from ..options import QuantizeOptions
 
     res = quantize(str(onnx_path), QuantizeOptions(calib=spec["val"], output=str(int8_path), val=spec["val"],
