@@ -97,3 +97,19 @@ def screenshot(page: Path, png: Path, width: int, height: int = 2400) -> Path:
         if im.width > width:
             im.crop((0, 0, width, im.height)).save(png)
     return png
+
+
+def assert_reads_whole(page: Path, width: int, png: Path) -> None:
+    """The report at ``width``: laid out at that width (not Chromium's 500 px window minimum), no chart label
+    cut off by its SVG, no chart or element past the screen's edge, and its screenshot a page, not a blank
+    frame."""
+    from PIL import Image
+
+    found = layout(page, width)
+    assert found["viewport"] == width
+    assert found["clipped_text"] == [], f"chart labels cut off by their SVG at {width} px"
+    assert found["cut_charts"] == [], f"charts reaching past the screen at {width} px"
+    assert found["overflowing"] == [], f"elements past the screen's edge at {width} px"
+    with Image.open(screenshot(page, png, width)) as im:
+        assert im.width == width and im.height > 500
+        assert len(set(im.convert("L").resize((40, 120)).getdata())) > 5

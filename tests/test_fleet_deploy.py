@@ -89,17 +89,7 @@ def test_the_fleet_report_reads_whole_with_its_chart_at_phone_and_desktop_widths
     text = page.read_text(encoding="utf-8")
     assert 'aria-label="held-out top-1 per round"' in text and text.count("<circle") == len(res["rounds"]) + 1
     assert "device0" in text and "device1" in text  # devices by the names given to `fleet join --name`
-    found = browser.layout(page, width)
-    assert found["viewport"] == width
-    assert found["clipped_text"] == [], f"chart labels cut off by their SVG at {width} px"
-    assert found["cut_charts"] == [], f"charts reaching past the screen at {width} px"
-    assert found["overflowing"] == [], f"elements past the screen's edge at {width} px"
-    png = browser.screenshot(page, tmp_path / f"fleet-{width}.png", width)
-    from PIL import Image
-
-    with Image.open(png) as im:
-        assert im.width == width and im.height > 500
-        assert len(set(im.convert("L").resize((40, 120)).getdata())) > 5
+    browser.assert_reads_whole(page, width, tmp_path / f"fleet-{width}.png")
 
 
 def test_a_round_with_no_accepted_update_is_reported_as_such_in_the_table_and_the_chart(tmp_path):
