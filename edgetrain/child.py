@@ -164,12 +164,16 @@ def run(argv: list[str], *, what: str, timeout: float | None = None, threads: in
 def death(code: int) -> str:
     """'crashed with SIGSEGV (under the address-space limit ...)' / 'failed with exit code 2'."""
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
+        name = _signal_name(-code)
         return f"crashed with {name}{_likely_cause(name)}"
     return f"failed with exit code {code}"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 # What a native library does when memory runs out under an address-space limit: a failed mmap read as a
@@ -205,7 +209,7 @@ def watch_under_memory_limit(args: list[str]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
     code = proc.wait()
-    if code < 0 and signal.Signals(-code).name in _MEMORY_SIGNALS:
+    if code < 0 and _signal_name(-code) in _MEMORY_SIGNALS:
         command = "edgetrain " + (args[0] if args else "")
         sys.stderr.write(f"Error: {command} {death(code)}\n")
         sys.exit(1)

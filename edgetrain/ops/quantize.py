@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import _lazy
 from ..convert import check_batch_sizes
-from ..errors import UsageError
+from ..errors import RunFailed, UsageError
 from ..figures import Calibration, Chance, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host, host_load
@@ -142,6 +142,9 @@ def _check_fits(fp32_path: Path, sample, where: str, threads: int) -> None:
     """Run one preprocessed sample through the fp32 model: calibration data that does not fit fails here."""
     try:
         OrtRunner(fp32_path, threads).infer(sample)
+    except (MemoryError, ImportError, OSError) as exc:  # the runtime could not load or allocate: not the data's fault
+        raise RunFailed(f"could not run the model once ({str(exc).splitlines()[0][:200]})", where,
+                        "free memory, or raise the address-space limit (ulimit -v)") from None
     except Exception as exc:  # ORT raises InvalidArgument / Fail with a long message
         first = str(exc).splitlines()[0][:200]
         raise UsageError(f"samples of shape {','.join(map(str, sample.shape))} do not fit the model input: {first}",
