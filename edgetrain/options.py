@@ -741,20 +741,20 @@ class FleetServeOptions(Options):
     codec: Literal["fp32", "int8", "2bit", "ternary"] = opt(
         "int8", help="How devices compress their updates: fp32 (none), int8 (per-tensor affine), 2bit (with error "
                      "feedback: what is dropped stays on the device and is sent with the next round), ternary "
-                     "(the largest 1 in 50 of each tensor, at least 48, as +-one scale, positions Rice-coded, with "
-                     "error feedback; "
+                     "(the largest 1 in 20 of each tensor, at least 48, as +-one scale, positions Rice-coded, with "
+                     "error feedback; BatchNorm statistics as int8 deltas; "
                      "the global model then goes down as an int8 delta).")
     ternary_density: Annotated[float, Range(gt=0, le=1)] = opt(
-        0.02, metavar="F", help="With --codec ternary: the fraction of each weight tensor's entries a device sends "
+        0.05, metavar="F", help="With --codec ternary: the fraction of each weight tensor's entries a device sends "
                                 "per round (at least --ternary-min-keep; the rest waits in its residual). Smaller: "
                                 "fewer bytes, slower rounds to the same accuracy.")
     ternary_control_density: Annotated[float, Range(gt=0, le=1)] = opt(
-        0.006, metavar="F", help="With --codec ternary and --aggregate scaffold: the same for the control deltas.")
+        0.012, metavar="F", help="With --codec ternary and --aggregate scaffold: the same for the control deltas.")
     ternary_min_keep: Annotated[int, Range(ge=1, le=1_000_000_000)] = opt(
         48, metavar="K", help="With --codec ternary: at least K entries of each tensor go up (all of a smaller one).")
     server_momentum: Annotated[Optional[float], Range(ge=0, lt=1)] = opt(
         None, metavar="B", help="Server momentum (FedAvgM): the global step is the averaged update plus B times the "
-                                "last step (default: 0.5 with --codec ternary, whose sparse updates it smooths; "
+                                "last step (default: 0.4 with --codec ternary, whose sparse updates it smooths; "
                                 "else 0).")
     max_update_norm: Positive = opt(
         None, metavar="X", help="Refuse a device's update whose L2 norm (all its arrays) exceeds X (default: 10x the "

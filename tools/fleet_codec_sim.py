@@ -3,24 +3,28 @@ training (``train_round``), SCAFFOLD control variates, codec and weighted averag
 so a codec variant can be measured in seconds rather than minutes. It reproduces the bench's per-round
 accuracies for fp32 and ternary exactly (same data, same seeds).
 
-    PYTHONPATH=. python tools/fleet_codec_sim.py DATA_DIR --density 0.0125 --mode scaffold --rounds 10
+    PYTHONPATH=. python tools/fleet_codec_sim.py DATA_DIR --train-layers last:2 --seeds 0,1,2,3,4
 
-DATA_DIR: a bench work folder's ``data`` (val.npz, device-*.npz). Variants: ``--mode`` scaffold (control
-deltas compressed like the weights), fedavg (no control variates), derived (the control delta is derived on
-both sides from the *decoded* weight delta: no bytes for it); ``--server-lr`` and ``--server-momentum``
-(FedAvgM) on the averaged update. Bytes: every encoded payload byte (plus 4 per message in derived mode:
-the device's displacement scale, a float32 the coordinator needs).
+DATA_DIR: a bench work folder's ``data`` (val.npz, device-*.npz; ``tools/bench_fleet.py --only last2codec
+--keep DIR`` leaves one in DIR/data). Each seed (the devices' training seed; the bench's is 0) runs the
+fp32 fleet (no compression, no server momentum: the bench's baseline) and the codec variant on the same
+data, and prints both, the gap in points, and at the end the mean and worst gap. Variants: ``--mode``
+scaffold (control deltas compressed like the weights), fedavg (no control variates), derived (the control
+delta is derived on both sides from the *decoded* weight delta: no bytes for it), sent (a device's control
+variate moves by what the coordinator decodes); ``--server-lr`` and ``--server-momentum`` (FedAvgM, default
+the coordinator's with ternary) on the averaged update. Bytes: every encoded payload byte (plus 4 per
+message in derived mode: the device's displacement scale, a float32 the coordinator needs); "x fewer" is
+against the fp32 fleet's messages (weights and control deltas, as the bench counts them).
 """
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import numpy as np
 
 from edgetrain.fleet import codec
-from edgetrain.fleet.coordinator import average
+from edgetrain.fleet.coordinator import SERVER_MOMENTUM, average
 from edgetrain.fleet.local import Evaluator, LocalSpec, train_round
 
 MODEL = "edgetrain.nets:pretrained_digits"
@@ -34,10 +38,10 @@ def main() -> None:
     ap.add_argument("--ctl-density", type=float, default=codec.CONTROL_DENSITY,
                     help="the control deltas' density if not --density (>= 1: they travel as fp32)")
     ap.add_argument("--min-keep", type=int, default=codec.MIN_KEEP, help="ternary: at least this many entries a tensor")
-    ap.add_argument("--seed", type=int, default=0, help="the devices' training seed (the bench: 0)")
+    ap.add_argument("--seeds", default="0", help="the devices' training seeds, comma-separated (the bench: 0)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--server-lr", type=float, default=1.0)
-    ap.add_argument("--server-momentum", type=float, default=0.0)
+    ap.add_argument("--server-momentum", type=float, default=None, help=f"default: {SERVER_MOMENTUM} with ternary, else 0")
     ap.add_argument("--train-layers", default="head")
     ap.add_argument("--work", default="/tmp/fleet-codec-sim")
     a = ap.parse_args()
@@ -47,44 +51,62 @@ def main() -> None:
     ev = Evaluator(LocalSpec(model=MODEL, data=val, workdir=f"{a.work}/ev", threads=1, seed=0,
                               train_layers=a.train_layers), val)
     cdc = "fp32" if a.density >= 1 else "ternary"
+    smom = a.server_momentum if a.server_momentum is not None else (SERVER_MOMENTUM if cdc == "ternary" else 0.0)
+    print(f"{a.train_layers}: {a.mode} density {a.density:g} ctl {a.ctl_density:g} min-keep {a.min_keep} "
+          f"slr {a.server_lr:g} smom {smom:g}, {a.rounds} rounds", flush=True)
+    gaps, finals, ratios = [], [], []
+    for seed in [int(x) for x in a.seeds.split(",")]:
+        ref, _, _, fp32 = fleet(a, ev, devs, seed, "fp32", 0.0, "scaffold", 1.0)
+        accs, up, down, _ = fleet(a, ev, devs, seed, cdc, smom, a.mode, a.density)
+        gaps.append(100 * (ref[-1] - accs[-1]))
+        finals.append(accs[-1])
+        ratios.append(fp32 / up)
+        print(f"seed {seed}: fp32 {ref[-1]:.4f}, {cdc} {accs[-1]:.4f} ({-gaps[-1]:+.1f} points), up {up} B "
+              f"({fp32 / up:.1f}x fewer), down {down:.1f}x fewer; per round {accs}", flush=True)
+    print(f"mean {np.mean(finals):.4f}, gap to fp32 mean {np.mean(gaps):.2f} points, worst {max(gaps):.2f}; "
+          f"uplink {min(ratios):.1f}x fewer (least)", flush=True)
+
+
+def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: float):
+    """One fleet run in-process: (top-1 per round, bytes up, downlink x fewer, the fp32 fleet's bytes up)."""
     arrays = dict(ev.initial)
-    control = {k: np.zeros_like(v) for k, v in arrays.items()}
-    cm = [{k: np.zeros_like(v) for k, v in arrays.items()} for _ in devs]
+    stats = set(ev.statistics)  # BatchNorm's running statistics: averaged, no control variate, no momentum
+    control = {k: np.zeros_like(v) for k, v in arrays.items() if k not in stats}
+    cm = [{k: np.zeros_like(v) for k, v in control.items()} for _ in devs]
     resid: list[dict] = [{} for _ in devs]
-    mom = {k: np.zeros_like(v) for k, v in arrays.items()}
-    up, down, down32, held, t0, accs = 0, 0, 0, {}, time.time(), []
+    mom = {k: np.zeros_like(v) for k, v in control.items()}
+    up, down, down32, held, accs = 0, 0, 0, {}, []
     for r in range(1, a.rounds + 1):
         if cdc == "ternary":  # the coordinator's downlink: an int8 delta against what the devices hold
-            target = {**arrays, **({"control/" + k: v for k, v in control.items()} if a.mode != "fedavg" else {})}
-            stats = set(arrays) - set(ev.initial) | set(getattr(ev, "statistics", ()))
+            target = {**arrays, **({"control/" + k: v for k, v in control.items()} if mode != "fedavg" else {})}
             enc_down, held = codec.downlink_delta(target, held, exact=stats)
             down += codec.update_bytes(enc_down) * len(devs)
             down32 += sum(4 * v.size for v in target.values()) * len(devs)
         deltas = []
         for i, p in enumerate(devs):
-            spec = LocalSpec(model=MODEL, data=p, workdir=f"{a.work}/d{i}", epochs=1, batch_size=32, seed=a.seed, threads=1,
-                             train_layers=a.train_layers)
-            corr = {k: control[k] - cm[i][k] for k in control} if a.mode != "fedavg" else None
+            spec = LocalSpec(model=MODEL, data=p, workdir=f"{a.work}/d{i}", epochs=1, batch_size=32, seed=seed,
+                             threads=1, train_layers=a.train_layers)
+            corr = {k: control[k] - cm[i][k] for k in control} if mode != "fedavg" else None
             new, res = train_round(spec, arrays, r, corr)
             delta = {k: new[k] - arrays[k] for k in new}
             scale = np.float32(res.fleet_scale)
-            if a.mode in ("scaffold", "sent"):
+            if mode in ("scaffold", "sent"):
                 cn = {k: cm[i][k] - control[k] + (arrays[k] - new[k]) / scale for k in control}
                 delta.update({"control/" + k: (cn[k] - cm[i][k]).astype(np.float32) for k in control})
                 cm_old, cm[i] = cm[i], cn
             ctl = {k for k in delta if k.startswith("control/")}
-            cd = a.density if a.ctl_density is None else a.ctl_density
+            cd = density if a.ctl_density is None or density >= 1 else a.ctl_density
             enc, r1 = codec.encode_update({k: v for k, v in delta.items() if k not in ctl}, cdc, resid[i],
-                                          exact=res.fleet_statistics, density=a.density, floor=a.min_keep)
+                                          exact=res.fleet_statistics, density=density, floor=a.min_keep)
             enc2, r2 = codec.encode_update({k: delta[k] for k in ctl}, "fp32" if cd >= 1 else "ternary", resid[i],
                                            density=cd, floor=a.min_keep)
             enc.update(enc2)
             resid[i] = {**r1, **r2}
             up += codec.update_bytes(enc)
             dec = {k: codec.decode_tensor(e) for k, e in enc.items()}
-            if a.mode == "sent":  # the device's control variate moves by what the coordinator decodes
+            if mode == "sent":  # the device's control variate moves by what the coordinator decodes
                 cm[i] = {k: (cm[i][k] - cn[k] + cm_old[k] + dec["control/" + k]).astype(np.float32) for k in control}
-            if a.mode == "derived":  # both sides: c_i += -c - decoded delta / scale
+            if mode == "derived":  # both sides: c_i += -c - decoded delta / scale
                 up += 4
                 dc = {k: (-control[k] - dec[k] / scale).astype(np.float32) for k in control}
                 cm[i] = {k: cm[i][k] + dc[k] for k in control}
@@ -92,18 +114,20 @@ def main() -> None:
             deltas.append((dec, int(res.epochs[-1]["samples"])))
         avg = average(deltas)
         for k in arrays:  # as the coordinator: no momentum for BatchNorm's running statistics
-            mom[k] = (np.float32(a.server_momentum if k not in res.fleet_statistics else 0.0) * mom[k] + avg[k])
-            arrays[k] = (arrays[k] + np.float32(a.server_lr) * mom[k].astype(np.float32)).astype(np.float32)
-        if a.mode != "fedavg":
+            if k in mom:
+                mom[k] = np.float32(smom) * mom[k] + avg[k]
+                arrays[k] = (arrays[k] + np.float32(a.server_lr) * mom[k].astype(np.float32)).astype(np.float32)
+            else:
+                arrays[k] = (arrays[k] + avg[k]).astype(np.float32)
+                if "var" in k.rsplit("_", 1)[-1]:
+                    arrays[k] = np.maximum(arrays[k], np.float32(0))
+        if mode != "fedavg":
             control = {k: (control[k] + np.mean([dd["control/" + k] for dd, _ in deltas], axis=0)).astype(np.float32)
                        for k in control}
-        accs.append(round(ev.top1(arrays), 3))
-    fp32 = sum(4 * v.size for v in arrays.values()) * 2 * len(devs) * a.rounds  # the fp32 fleet: weights and controls
-    print(f"{a.train_layers} fp32 {fp32} B; {a.mode} density {a.density:g} ctl {a.ctl_density:g} min-keep {a.min_keep} "
-          f"seed {a.seed} slr {a.server_lr:g} smom {a.server_momentum:g}: down {down32 / max(down, 1):.2f}x fewer; "
-          f"up {up} B "
-          f"({fp32 / up if up else 0:.1f}x fewer) final {accs[-1]} "
-          f"{accs} {time.time() - t0:.0f}s", flush=True)
+        accs.append(round(ev.top1(arrays), 4))
+    # the fp32 fleet's messages: every array and (SCAFFOLD) every control delta as float32
+    fp32 = (sum(4 * v.size for v in arrays.values()) + sum(4 * v.size for v in control.values())) * len(devs) * a.rounds
+    return accs, up, (down32 / down if down else 1.0), fp32
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ Each tensor travels as ``(lo, scale)`` (two float32) followed by its codes:
   digits head's 320 weights at one entry in 80 that is 8 bytes against 1,280 in float32. (zlib or lzma over the
   gap stream was measured larger: their headers alone exceed these payloads; tools/bench_fleet.py.)
 
+With ``ternary`` the tensors no gradient trains (BatchNorm's running statistics, ``exact`` in
+``encode_update``) go up as ``int8s`` deltas (symmetric int8, see below) with error feedback, not as
+float32: two numbers per channel cost more than all the sparse weights otherwise (measured: 256 of 647
+bytes a message on the digits model's last two layers), and what rounding drops arrives next round.
+
 The downlink (with ``ternary``) is the global arrays as a delta against what the devices last received,
 ``int8s`` per tensor (symmetric int8, deflated when that is smaller), with server-side error feedback:
 see ``downlink_delta``.
@@ -37,11 +42,13 @@ import numpy as np
 from ..errors import UsageError
 
 CODECS = ("fp32", "int8", "2bit", "ternary")
-DOWN = "int8s"  # the downlink's delta codec (see downlink_delta); a wire codec, not an update codec
+DOWN = "int8s"  # the downlink's delta codec (see downlink_delta), and ternary's for BatchNorm's statistics
 WIRE = CODECS + (DOWN,)
-FEEDBACK = ("2bit", "ternary")  # the codecs that keep what they dropped on the device (a residual)
-DENSITY = 0.02  # ternary: the default fraction of each weight tensor's entries sent each round
-CONTROL_DENSITY = 0.006  # ternary: the same for SCAFFOLD's control deltas (they matter less than the weights)
+FEEDBACK = ("2bit", "ternary", DOWN)  # the codecs that keep what they dropped on the device (a residual)
+# ternary: the default fraction of each weight tensor's entries sent each round, and the same for SCAFFOLD's
+# control deltas (measured across seeds with tools/fleet_codec_sim.py: see the README's fleet section)
+DENSITY = 0.05
+CONTROL_DENSITY = 0.012
 # ternary: at least this many entries of a tensor (all of a smaller one): a small tensor (a head, a bias) costs
 # a few bytes more, and a few of its entries a round move nothing (measured: tools/fleet_codec_sim.py)
 MIN_KEEP = 48
@@ -100,6 +107,8 @@ def encode_tensor(x: np.ndarray, codec: str, density: float = DENSITY,
         return Encoded(codec, tuple(x.shape), x.astype("<f4").tobytes()), x.copy()
     if codec == "ternary":
         return _ternary(x, density, floor)
+    if codec == DOWN:
+        return _sym8(x)
     if codec not in _BITS:
         raise UsageError(f"unknown update codec '{codec}'", "--codec", f"use one of {', '.join(CODECS)}")
     lo, scale, q = _affine(x, 1 << _BITS[codec])
@@ -132,13 +141,14 @@ def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str,
                   densities: dict[str, float] | None = None) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
     """Encode a whole update (name -> delta), tensor by tensor. With ``2bit`` or ``ternary`` the residual
     from earlier rounds is added first and the new residual (what this encoding dropped) is returned; other
-    codecs return none. The tensors named in ``exact`` travel as fp32 whatever ``codec`` (nothing dropped);
-    ``densities`` (name -> density) overrides ``density`` for the tensors it names."""
+    codecs return none. The tensors named in ``exact`` (no gradient trains them) travel as fp32 (nothing
+    dropped), with ``ternary`` as ``int8s`` with error feedback (``stats_codec``); ``densities`` (name ->
+    density) overrides ``density`` for the tensors it names."""
     out: dict[str, Encoded] = {}
     new_residual: dict[str, np.ndarray] = {}
     for name, delta in update.items():
         value = np.asarray(delta, np.float32)
-        mine = "fp32" if name in exact else codec
+        mine = stats_codec(codec) if name in exact else codec
         if mine in FEEDBACK and residual and name in residual and residual[name].shape == value.shape:
             value = value + residual[name]
         enc, decoded = encode_tensor(value, mine, (densities or {}).get(name, density), floor)
@@ -146,6 +156,11 @@ def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str,
         if mine in FEEDBACK:
             new_residual[name] = (value - decoded).astype(np.float32)
     return out, new_residual
+
+
+def stats_codec(codec: str) -> str:
+    """How the tensors no gradient trains (BatchNorm's running statistics) travel up with ``codec``."""
+    return DOWN if codec == "ternary" else "fp32"
 
 
 def update_bytes(encoded: dict[str, Encoded]) -> int:

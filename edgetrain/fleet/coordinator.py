@@ -37,7 +37,7 @@ STATE = "fleet-state.json"
 CONTROL = "control/"  # the SCAFFOLD control variates travel beside the weights under this prefix
 CONTROL_PREFIX = "control"  # RUNDIR/control-NNNN.npz: the global control variate after round NNNN
 MOMENTUM_PREFIX = "momentum"  # RUNDIR/momentum-NNNN.npz: the server momentum's last global step (FedAvgM)
-SERVER_MOMENTUM = 0.5  # the default server momentum with --codec ternary (tools/fleet_codec_sim.py)
+SERVER_MOMENTUM = 0.4  # the default server momentum with --codec ternary (tools/fleet_codec_sim.py)
 STATE_FORMAT = "edgetrain-fleet-state/1"
 GOODBYE_SECONDS = 15.0  # how long the last message (the run is over) waits for the devices' answers
 
@@ -262,6 +262,10 @@ def run(grid, spec_path: str) -> None:
                 step = {k: (np.float32(beta) * step[k] + avg[k]).astype(np.float32) for k in step}
                 avg = {**avg, **step}
             arrays = {k: (arrays[k] + avg[k]).astype(np.float32) for k in arrays}
+            # a running variance stays >= 0 (BatchNorm adds its epsilon): with ternary the statistics travel as
+            # int8 deltas, whose rounding could take a variance near zero a hair below it
+            arrays.update({k: np.maximum(arrays[k], np.float32(0)) for k in evaluator.statistics
+                           if "var" in k.rsplit("_", 1)[-1]})
             if not all(np.all(np.isfinite(v)) for v in arrays.values()):  # cannot happen with bounded updates
                 raise RuntimeError(f"round {round_no}: the averaged global arrays are not finite")
             if scaffold:  # c += (|S| / N) * mean(delta c_i): a device that did not report keeps its share
