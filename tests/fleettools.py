@@ -158,9 +158,9 @@ def report(rundir: Path) -> dict:
 
 
 def final_arrays(rundir: Path) -> dict[str, np.ndarray]:
-    """The last global arrays and control variate of a run, by name."""
+    """The last global arrays, control variate and server momentum step of a run, by name."""
     out = {}
-    for prefix in ("global", "control"):
+    for prefix in ("global", "control", "momentum"):
         files = sorted(rundir.glob(f"{prefix}-*.npz"))
         if files:
             with np.load(files[-1]) as z:

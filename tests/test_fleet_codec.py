@@ -114,7 +114,8 @@ def test_a_residual_of_another_shape_is_not_added():
 
 @pytest.mark.parametrize("codec", ["int8", "2bit"])
 def test_tensors_named_exact_travel_as_float32_whatever_the_codec(codec):
-    """BatchNorm running statistics (``exact``) go up bit for bit and leave no residual; the rest is coded."""
+    """BatchNorm running statistics (``exact``) go up bit for bit and leave no residual; the rest is coded
+    (with ternary they go as int8 deltas with error feedback: below)."""
     rng = np.random.RandomState(1)
     update = {"w": rng.normal(size=(8, 4)).astype(np.float32), "running_var": rng.normal(size=16).astype(np.float32)}
     enc, residual = encode_update(update, codec, exact={"running_var"})
@@ -122,6 +123,36 @@ def test_tensors_named_exact_travel_as_float32_whatever_the_codec(codec):
     np.testing.assert_array_equal(decode_tensor(enc["running_var"]), update["running_var"])
     assert "running_var" not in residual and ("w" in residual) == (codec == "2bit")
     assert enc["w"].nbytes == payload_size(codec, 32) and enc["running_var"].nbytes == 4 * 16
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_with_ternary_the_statistics_go_as_int8_deltas_whose_error_feedback_sums_exactly(seed):
+    """``exact`` tensors with ternary: symmetric int8 (``int8s``, deflated when smaller), what rounding dropped
+    kept in the residual and added next round: sum(decoded) == sum(true) - residual, and the residual stays
+    within half a code step of the round's largest value; the wire payload decodes to what the sender kept."""
+    from edgetrain.fleet.codec import DOWN, stats_codec
+
+    assert stats_codec("ternary") == DOWN and all(stats_codec(c) == "fp32" for c in ("fp32", "int8", "2bit"))
+    rng = np.random.RandomState(seed)
+    residual: dict = {}
+    sent = np.zeros(32, np.float64)
+    true = np.zeros(32, np.float64)
+    for r in range(30):
+        update = {"w": rng.normal(size=(10, 32)).astype(np.float32),
+                  "running_var": (rng.normal(scale=10.0 ** rng.uniform(-6, 2), size=32)).astype(np.float32)}
+        if r == 7:
+            update["running_var"][:] = 0  # a round that moved nothing: exact zeros (plus the residual)
+        before = residual.get("running_var", np.zeros(32, np.float32)).copy()
+        enc, residual = encode_update(update, "ternary", residual, exact={"running_var"})
+        assert enc["running_var"].codec == DOWN and enc["w"].codec == "ternary"
+        value = update["running_var"] + before
+        back = decode_tensor(Encoded(DOWN, enc["running_var"].shape, bytes(enc["running_var"].data)))
+        np.testing.assert_array_equal(residual["running_var"], value - back)
+        assert np.abs(residual["running_var"]).max() <= np.abs(value).max() / 254 * (1 + 1e-6) + 1e-30
+        assert enc["running_var"].nbytes <= 4 + 32  # one float32 scale, at most a byte a value
+        sent += back
+        true += update["running_var"]
+    np.testing.assert_allclose(sent, true - residual["running_var"], rtol=1e-5, atol=1e-5)
 
 
 # --- ternary (sparse ternary compression with error feedback) --------------------------------------------
@@ -167,7 +198,7 @@ def test_ternary_is_at_least_100x_smaller_than_float32_on_the_digits_head_at_one
 
 def test_ternary_defaults_are_at_least_100x_smaller_than_float32_on_the_last_two_layers():
     """--train-layers last:2 of the digits model (the bench's goal configuration): conv 32x32x3x3, BatchNorm
-    (gamma, beta trained; running statistics exact, as fp32), the head; SCAFFOLD's control deltas sparser."""
+    (gamma, beta trained; running statistics as int8 deltas), the head; SCAFFOLD's control deltas sparser."""
     rng = np.random.RandomState(0)
     shapes = {"conv": (32, 32, 3, 3), "gamma": (32,), "beta": (32,), "w": (10, 32), "b": (10,)}
     update = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
@@ -179,7 +210,8 @@ def test_ternary_defaults_are_at_least_100x_smaller_than_float32_on_the_last_two
                            densities={k: CONTROL_DENSITY for k in update if k.startswith("control/")})
     fp32 = sum(4 * v.size for v in update.values())
     assert fp32 / update_bytes(enc) >= 100
-    assert np.count_nonzero(decode_tensor(enc["w"])) == 48  # the floor: a small tensor sends more than 1 in 50
+    assert np.count_nonzero(decode_tensor(enc["w"])) == 48  # the floor: a small tensor sends more than 1 in 20
+    assert enc["var"].codec == "int8s" and enc["var"].nbytes <= 4 + 32
 
 
 @pytest.mark.parametrize("seed", range(5))

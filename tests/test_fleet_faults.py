@@ -90,11 +90,12 @@ def _equal(a: dict, b: dict) -> None:
     assert not diff, diff
 
 
-def _fault_free(tmp_path_factory, shares, fleet_cache, name: str, env: dict | None = None, mode=None) -> tuple[dict, dict]:
+def _fault_free(tmp_path_factory, shares, fleet_cache, name: str, env: dict | None = None, mode=None,
+                extra=()) -> tuple[dict, dict]:
     folder = tmp_path_factory.mktemp(name)
     f = Fleet(folder, fleet_cache)
     f.shares = shares
-    extra = _mode(f, mode) if mode else ()
+    extra = (_mode(f, mode) if mode else ()) + tuple(extra)
     try:
         f.serve(folder / "run", *CONFIG, *extra)
         for d in DEVICES:
@@ -124,7 +125,8 @@ def without_dev1_round1(tmp_path_factory, shares, fleet_cache):
     return arrays
 
 
-def _killed_run(fleet: Fleet, held: dict[str, str], wait: list[Path], kill: list[str], extra=()) -> tuple[dict, dict]:
+def _killed_run(fleet: Fleet, held: dict[str, str], wait: list[Path], kill: list[str], extra=(),
+                resumed_after: int = 0) -> tuple[dict, dict]:
     """Start the coordinator and the devices (``held``: process -> hook value), wait for the markers,
     SIGKILL the processes in ``kill`` (each with its whole Flower family), start them again (the
     coordinator with --resume), run to the end. Returns (final arrays, fleet.json)."""
@@ -145,8 +147,8 @@ def _killed_run(fleet: Fleet, held: dict[str, str], wait: list[Path], kill: list
             _device(fleet, who, 1)
             keys[who] = f"{who}-1"
     res = _finish(fleet, serve_key, keys.values())
-    if "serve" in kill:
-        assert res["resumed_after"] == 0  # every kill here is in round 1, before its state was written
+    if "serve" in kill:  # the kill came before the state of round resumed_after + 1 was written
+        assert res["resumed_after"] == resumed_after
     return final_arrays(run), res
 
 
@@ -344,3 +346,35 @@ def test_bias_and_lite_fleets_killed_while_saving_resume_to_the_fault_free_array
     assert all(f in ([("staged", 1), ("replayed", 1), ("committed", 1)], [("staged", 1), ("committed", 1)])
                for f in firsts.values()), journals
     assert any(("replayed", 1) in f for f in firsts.values()), journals
+
+
+# --- server momentum (FedAvgM, the default with ternary) across a coordinator kill ------------------------
+
+TERNARY = ("--codec", "ternary")
+
+
+@pytest.fixture(scope="module")
+def ternary_reference(tmp_path_factory, shares, fleet_cache):
+    """The fault-free ternary run (server momentum on, the downlink as int8 deltas)."""
+    arrays, res = _fault_free(tmp_path_factory, shares, fleet_cache, "reference-ternary", extra=TERNARY)
+    assert all(r["updates"] == len(DEVICES) for r in res["rounds"])
+    return arrays
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["aggregating", "saving"])
+def test_server_momentum_resumes_bit_for_bit_after_a_coordinator_kill_with_ternary(fleet, ternary_reference, phase):
+    """--codec ternary: the coordinator SIGKILLed in round 2, with round 1's momentum step saved, either with
+    round 2's replies in hand (nothing averaged) or after round 2's momentum-0002.npz and global weights were
+    written but not its state; resumed, it continues from round 1's momentum step and downlink record, the
+    devices answer round 2 from their stage, and the final weights, control variate and momentum step are
+    the fault-free run's, bit for bit."""
+    run = fleet.folder / "run"
+    held = {"serve": f"2:600:{phase}"}
+    arrays, res = _killed_run(fleet, held, [run / f"delayed-{phase}-2"], ["serve"], TERNARY, resumed_after=1)
+    journals = _exactly_once(fleet, res)
+    assert any(k.startswith("momentum/") for k in arrays) and any(np.any(v) for k, v in arrays.items()
+                                                                   if k.startswith("momentum/"))
+    _equal(arrays, ternary_reference)
+    assert all(("replayed", 2) in journals[d] for d in DEVICES), journals
+    assert all(r["updates"] == len(DEVICES) for r in res["rounds"]), res["rounds"]
