@@ -82,16 +82,19 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             enc_down, held = codec.downlink_delta(target, held, exact=stats)
             down += codec.update_bytes(enc_down) * len(devs)
             down32 += sum(4 * v.size for v in target.values()) * len(devs)
+        # what the devices train from: with ternary, what they rebuild from the int8 downlink (as the fleet)
+        start = {k: held[k] for k in arrays} if cdc == "ternary" else arrays
+        c_down = ({k: held["control/" + k] for k in control} if cdc == "ternary" and mode != "fedavg" else control)
         deltas = []
         for i, p in enumerate(devs):
             spec = LocalSpec(model=MODEL, data=p, workdir=f"{a.work}/d{i}", epochs=1, batch_size=32, seed=seed,
                              threads=1, train_layers=a.train_layers)
-            corr = {k: control[k] - cm[i][k] for k in control} if mode != "fedavg" else None
-            new, res = train_round(spec, arrays, r, corr)
-            delta = {k: new[k] - arrays[k] for k in new}
+            corr = {k: c_down[k] - cm[i][k] for k in control} if mode != "fedavg" else None
+            new, res = train_round(spec, start, r, corr)
+            delta = {k: new[k] - start[k] for k in new}
             scale = np.float32(res.fleet_scale)
             if mode in ("scaffold", "sent"):
-                cn = {k: cm[i][k] - control[k] + (arrays[k] - new[k]) / scale for k in control}
+                cn = {k: cm[i][k] - c_down[k] + (start[k] - new[k]) / scale for k in control}
                 delta.update({"control/" + k: (cn[k] - cm[i][k]).astype(np.float32) for k in control})
                 cm_old, cm[i] = cm[i], cn
             ctl = {k for k in delta if k.startswith("control/")}
@@ -108,7 +111,7 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                 cm[i] = {k: (cm[i][k] - cn[k] + cm_old[k] + dec["control/" + k]).astype(np.float32) for k in control}
             if mode == "derived":  # both sides: c_i += -c - decoded delta / scale
                 up += 4
-                dc = {k: (-control[k] - dec[k] / scale).astype(np.float32) for k in control}
+                dc = {k: (-c_down[k] - dec[k] / scale).astype(np.float32) for k in control}
                 cm[i] = {k: cm[i][k] + dc[k] for k in control}
                 dec.update({"control/" + k: dc[k] for k in control})
             deltas.append((dec, int(res.epochs[-1]["samples"])))
