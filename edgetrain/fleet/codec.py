@@ -20,8 +20,8 @@ Each tensor travels as ``(lo, scale)`` (two float32) followed by its codes:
 
 With ``ternary`` the tensors no gradient trains (BatchNorm's running statistics, ``exact`` in
 ``encode_update``) go up as ``int8s`` deltas (symmetric int8, see below) with error feedback, not as
-float32: two numbers per channel cost more than all the sparse weights otherwise (measured: 256 of 647
-bytes a message on the digits model's last two layers), and what rounding drops arrives next round.
+float32 (as float32 those two numbers a channel were 256 of a 647-byte message on the digits model's last
+two layers); what rounding drops arrives next round.
 
 The downlink (with ``ternary``) is the global arrays as a delta against what the devices last received,
 ``int8s`` per tensor (symmetric int8, deflated when that is smaller), with server-side error feedback:
