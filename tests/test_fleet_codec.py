@@ -422,3 +422,32 @@ def test_a_device_rebuilds_from_its_base_replays_its_round_and_refuses_a_stale_b
     whole = received(tmp_path, s3, {"round": 3, "down": "whole", "target-digest": arrays_digest(s3)})
     assert arrays_digest(whole) == arrays_digest(s3)
     assert received(tmp_path, {"w": r1["w"]}, {"round": 4}) == {"w": r1["w"]}  # no compact downlink: as given
+
+
+def test_a_ternary_update_with_int8s_statistics_crosses_the_wire_and_a_hostile_one_is_refused_in_one_line():
+    """The device's ternary update (weights sparse, BatchNorm statistics int8s) through Flower's records and
+    the coordinator's decode: the same arrays the device kept; a statistics payload that is truncated,
+    padded, has a scale that is not positive and finite, or a code outside -127..127 is refused (the
+    coordinator names the device with this one line and leaves its update out)."""
+    pytest.importorskip("flwr")
+    from edgetrain.fleet import wire
+    from edgetrain.fleet.coordinator import decode_update
+
+    rng = np.random.RandomState(3)
+    update = {"w": rng.normal(size=(10, 32)).astype(np.float32), "running_var": rng.normal(size=32).astype(np.float32)}
+    enc, residual = encode_update(update, "ternary", {}, exact={"running_var"})
+    back = decode_update(wire.from_record(wire.to_record(enc)), update, "dev")
+    assert enc["running_var"].codec == "int8s" and set(residual) == set(update)
+    for k in update:  # what the device kept as sent (update - residual, to float32 rounding)
+        np.testing.assert_array_equal(back[k], decode_tensor(enc[k]))
+        np.testing.assert_allclose(back[k], update[k] - residual[k], rtol=0, atol=1e-6)
+    good = enc["running_var"].data
+    bad = {good[:3]: "does not hold", good + b"\x00" * 40: "does not hold",
+           struct.pack("<f", float("nan")) + good[4:]: "not a positive finite",
+           struct.pack("<f", 0.0) + good[4:]: "not a positive finite",
+           good[:4] + b"\x80" * 32: "outside -127..127"}
+    for payload, why in bad.items():
+        hostile = {**enc, "running_var": Encoded("int8s", (32,), payload)}
+        with pytest.raises(ValueError, match=why) as info:
+            decode_update(wire.from_record(wire.to_record(hostile)), update, "dev")
+        assert "\n" not in str(info.value)
