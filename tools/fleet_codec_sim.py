@@ -8,7 +8,8 @@ accuracies for fp32 and ternary exactly (same data, same seeds).
 DATA_DIR: a bench work folder's ``data`` (val.npz, device-*.npz; ``tools/bench_fleet.py --only last2codec
 --keep DIR`` leaves one in DIR/data). Each seed (the devices' training seed; the bench's is 0) runs the
 fp32 fleet (no compression, no server momentum: the bench's baseline) and the codec variant on the same
-data, and prints both, the gap in points, and at the end the mean and worst gap. Variants: ``--mode``
+data, and prints both, the gap in points, and at the end the mean and worst gap (``--codec int8`` or
+``2bit``: that codec's fleet instead of ternary's). Variants: ``--mode``
 scaffold (control deltas compressed like the weights), fedavg (no control variates), derived (the control
 delta is derived on both sides from the *decoded* weight delta: no bytes for it), sent (a device's control
 variate moves by what the coordinator decodes); ``--server-lr`` and ``--server-momentum`` (FedAvgM, default
@@ -33,6 +34,8 @@ MODEL = "edgetrain.nets:pretrained_digits"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("data")
+    ap.add_argument("--codec", default="ternary", choices=["ternary", "int8", "2bit"],
+                    help="the codec compared with the fp32 fleet (int8, 2bit: as the fleet, no server momentum)")
     ap.add_argument("--density", type=float, default=codec.DENSITY, help="ternary density (>= 1: fp32)")
     ap.add_argument("--mode", default="scaffold", choices=["scaffold", "fedavg", "derived", "sent"])
     ap.add_argument("--ctl-density", type=float, default=codec.CONTROL_DENSITY,
@@ -50,7 +53,7 @@ def main() -> None:
     devs = sorted(str(p) for p in d.glob("device-*"))
     ev = Evaluator(LocalSpec(model=MODEL, data=val, workdir=f"{a.work}/ev", threads=1, seed=0,
                               train_layers=a.train_layers), val)
-    cdc = "fp32" if a.density >= 1 else "ternary"
+    cdc = a.codec if a.codec != "ternary" else "fp32" if a.density >= 1 else "ternary"
     smom = a.server_momentum if a.server_momentum is not None else (SERVER_MOMENTUM if cdc == "ternary" else 0.0)
     print(f"{a.train_layers}: {a.mode} density {a.density:g} ctl {a.ctl_density:g} min-keep {a.min_keep} "
           f"slr {a.server_lr:g} smom {smom:g}, {a.rounds} rounds", flush=True)
@@ -101,7 +104,8 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             cd = density if a.ctl_density is None or density >= 1 else a.ctl_density
             enc, r1 = codec.encode_update({k: v for k, v in delta.items() if k not in ctl}, cdc, resid[i],
                                           exact=res.fleet_statistics, density=density, floor=a.min_keep)
-            enc2, r2 = codec.encode_update({k: delta[k] for k in ctl}, "fp32" if cd >= 1 else "ternary", resid[i],
+            ctl_codec = cdc if cdc in ("int8", "2bit") else "fp32" if cd >= 1 else "ternary"
+            enc2, r2 = codec.encode_update({k: delta[k] for k in ctl}, ctl_codec, resid[i],
                                            density=cd, floor=a.min_keep)
             enc.update(enc2)
             resid[i] = {**r1, **r2}
