@@ -100,6 +100,14 @@ def test_modelled_figures_carry_the_timing_spread_and_the_profiles_power_range()
     assert wide["plus_mj"] > narrow["plus_mj"] and wide["minus_mj"] > narrow["minus_mj"]
     assert wide["high_mj"] == pytest.approx(14.0 * 6.4)  # p90 x full load
     assert wide["low_mj"] == pytest.approx(8.0 * (2.7 + (6.4 - 2.7) / 4))  # p10 x the line at 1 of 4 cores
+    # where the p50 estimate itself may fall (a paired timing's per-round ratios) widens the interval to it,
+    # and never narrows it
+    ranged = energy_report(10.0, pi4, threads=1, p10_ms=9.9, p90_ms=10.1,
+                           p50_range_ms=[7.0, 13.0])["per_inference"]["uncertainty"]
+    assert ranged["low_mj"] == pytest.approx(7.0 * (2.7 + (6.4 - 2.7) / 4)) and ranged["high_mj"] == pytest.approx(13.0 * 6.4)
+    inside = energy_report(10.0, pi4, threads=1, p10_ms=8.0, p90_ms=14.0,
+                           p50_range_ms=[9.5, 10.5])["per_inference"]["uncertainty"]
+    assert (inside["low_mj"], inside["high_mj"]) == pytest.approx((wide["low_mj"], wide["high_mj"]))
     nano = load_device("jetson-nano-10w")  # 10 W is a rated budget, not a draw: down to idle
     u = energy_for_duration(100.0, nano, threads=4)["uncertainty"]
     assert u["low_j"] == pytest.approx(100 * 1.9) and u["high_j"] == pytest.approx(1000.0)

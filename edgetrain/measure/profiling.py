@@ -417,7 +417,7 @@ def paired_ratio(raw: dict) -> dict:
     uncertainty carries) and, beside them, the ratio of the two medians (how it was taken before)."""
     ratios = raw["round_ratios"]
     return {"p50": percentile(ratios, 50), "p10": percentile(ratios, 10), "p90": percentile(ratios, 90),
-            "rounds": len(ratios), "ratio_of_medians": percentile(raw["model_cpu_ms"], 50) /
+            "rounds": len(ratios), "per_round": ratios, "ratio_of_medians": percentile(raw["model_cpu_ms"], 50) /
             max(percentile(raw["ref_cpu_ms"], 50), 1e-9),
             "source": "median over the rounds of (the round's model CPU time per run / the reference's CPU time in "
                       "the same round)"}
