@@ -127,7 +127,8 @@ def paired(spec: dict) -> dict:
     A busy host slows both alike when they alternate within milliseconds (a shared core, caches, the
     clock), so their ratio holds where two runs minutes apart drift; CPU time leaves out the time the
     host gave to other processes. ``rounds`` rounds of ``per_round`` model runs then one reference run;
-    ``round_ratios`` holds each round's model (median of its runs) / reference CPU-time ratio (the estimate takes their median).
+    ``round_ratios`` holds each round's ratio, the median of its model runs' CPU time over the reference's
+    (the estimate takes the median of those).
     """
     model = OrtRunner(spec["model"]) if spec["model"]["runtime"] == "onnxruntime" else MxnetRunner(spec["model"])
     ref = OrtRunner(spec["reference"]) if spec["reference"]["runtime"] == "onnxruntime" else \

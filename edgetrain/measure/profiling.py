@@ -417,13 +417,16 @@ def paired_ratio(raw: dict) -> dict:
     uncertainty carries) and, beside them, the ratio of the two medians (how it was taken before)."""
     ratios = raw["round_ratios"]
     return {"p50": percentile(ratios, 50), "p10": percentile(ratios, 10), "p90": percentile(ratios, 90),
-            "rounds": len(ratios), "per_round": ratios, "ratio_of_medians": percentile(raw["model_cpu_ms"], 50) /
+            "rounds": len(ratios), "by_round": ratios, "ratio_of_medians": percentile(raw["model_cpu_ms"], 50) /
             max(percentile(raw["ref_cpu_ms"], 50), 1e-9),
-            "source": "median over the rounds of (the round's model CPU time per run / the reference's CPU time in "
-                      "the same round)"}
+            "source": "median over the rounds of (the median CPU time of the round's model runs / the reference's "
+                      "CPU time in the same round)"}
 
 
-PAIRED_ROUNDS = 60  # measured here under a load of 9 on 2 cores: the paired ratio moved 3.5% over 5 runs
+# Measured here (2026-12-03, 2 cores, tools/energy_repeat.py): at a load of 3-6 the median of the per-round
+# ratios still moved 3-24% between runs (a busy neighbour shifts a whole run's rounds, not single rounds);
+# 240 rounds did no better than 60 in interleaved runs (largest/smallest 1.03-1.27 either way).
+PAIRED_ROUNDS = 60
 
 
 def _paired_reference(prof, host, label, thread_list, base_spec, warmup, timeout, say) -> dict | None:
