@@ -510,10 +510,11 @@ class PowerLogOptions(Options):
 
     power_log_voltage: Positive = opt(None, metavar="V", recipe=False,
                                       help="The supply voltage of a --power-log with current only (a Nordic "
-                                           "PPK2 export: the voltage its source mode set).")
+                                           "PPK2 export: the voltage its source mode set; an Otii 'Main current' "
+                                           "export: the Otii's main voltage).")
     power_log_start: ClockTime = opt(None, metavar="TIME", recipe=False,
                                      help="The clock time a --power-log timed from its recording's start began "
-                                          "(PPK2, Joulescope 'relative', WITRN), ISO 8601 or Unix seconds.")
+                                          "(PPK2, Otii, Joulescope 'relative', WITRN), ISO 8601 or Unix seconds.")
 
     def power_log_spec(self):
         """The --power-log with what was given for it, checked now (None without one)."""

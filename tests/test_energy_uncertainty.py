@@ -93,6 +93,34 @@ def test_the_sampler_reports_its_own_cpu_cost(tmp_path):
     assert not any(c.__dict__.get("_fds") for c in src.channels)  # finish() let go of the sensor files
 
 
+def test_the_samplers_cost_is_the_cpu_its_reads_take_and_no_more_than_the_process_spent(tmp_path):
+    """The figure is what the sampling thread spends: each read here is the real hwmon read then 4 ms of CPU in
+    that thread, so the figure holds at least that for every read the thread made, and never more than the
+    whole process's CPU time over the same span."""
+    src, _ = _ina3221(tmp_path, "board", 100000)
+    real_read = src.read
+
+    def costly_read():
+        r = real_read()
+        until = time.thread_time() + 0.004
+        while time.thread_time() < until:
+            pass
+        return r
+
+    src.read = costly_read
+    p0 = time.process_time()
+    meter = sensors.PowerMeter(src, idle_s=0).start()
+    meter.begin()
+    time.sleep(0.6)
+    meter.end()
+    rec = meter.finish()
+    spent = time.process_time() - p0
+    in_thread = len(meter.sampler.samples) - 2  # start() and stop() read once each in this thread
+    cost = rec["sampler"]
+    assert in_thread >= 5 and in_thread * 0.004 <= cost["cpu_s"] <= spent
+    assert cost["core_percent"] == pytest.approx(100 * cost["cpu_s"] / cost["wall_s"])
+
+
 def test_modelled_figures_carry_the_timing_spread_and_the_profiles_power_range():
     pi4 = load_device("rpi4b-4gb")  # idle 2.7 W, load 6.4 W, both measured
     narrow = energy_report(10.0, pi4, threads=1, p10_ms=9.9, p90_ms=10.1)["per_inference"]["uncertainty"]
@@ -100,6 +128,14 @@ def test_modelled_figures_carry_the_timing_spread_and_the_profiles_power_range()
     assert wide["plus_mj"] > narrow["plus_mj"] and wide["minus_mj"] > narrow["minus_mj"]
     assert wide["high_mj"] == pytest.approx(14.0 * 6.4)  # p90 x full load
     assert wide["low_mj"] == pytest.approx(8.0 * (2.7 + (6.4 - 2.7) / 4))  # p10 x the line at 1 of 4 cores
+    # where the p50 estimate itself may fall (a paired timing's per-round ratios) widens the interval to it,
+    # and never narrows it
+    ranged = energy_report(10.0, pi4, threads=1, p10_ms=9.9, p90_ms=10.1,
+                           p50_range_ms=[7.0, 13.0])["per_inference"]["uncertainty"]
+    assert ranged["low_mj"] == pytest.approx(7.0 * (2.7 + (6.4 - 2.7) / 4)) and ranged["high_mj"] == pytest.approx(13.0 * 6.4)
+    inside = energy_report(10.0, pi4, threads=1, p10_ms=8.0, p90_ms=14.0,
+                           p50_range_ms=[9.5, 10.5])["per_inference"]["uncertainty"]
+    assert (inside["low_mj"], inside["high_mj"]) == pytest.approx((wide["low_mj"], wide["high_mj"]))
     nano = load_device("jetson-nano-10w")  # 10 W is a rated budget, not a draw: down to idle
     u = energy_for_duration(100.0, nano, threads=4)["uncertainty"]
     assert u["low_j"] == pytest.approx(100 * 1.9) and u["high_j"] == pytest.approx(1000.0)

@@ -402,3 +402,80 @@ def test_a_log_still_being_written_passes_the_check_before_the_run(tmp_path):
     p.write_text(text.replace("1657568326.804 2 0.00000", "1657568326.804 2 0.0x000"))
     with pytest.raises(UsageError, match="cannot read the power log's line 9"):
         meterlog.check_power_log(p)  # a bad line inside the log is an error, before the run as after it
+
+
+# --- Otii 3 (Qoitech Otii Arc / Ace): the desktop app's CSV export, one file per channel ------------------
+
+OTII_START = datetime(2026, 12, 3, 10, 0, 0, tzinfo=timezone.utc).timestamp()
+
+
+def otii_rows(name: str) -> list[tuple[float, float]]:
+    lines = log(name).read_text().splitlines()
+    assert lines[0] == '"Timestamp","Value"'  # the app's header: the channel is in the file name alone
+    return [(float(t), float(v)) for t, v in (ln.split(",") for ln in lines[1:])]
+
+
+def test_an_otii_main_power_export_reads_its_channel_in_watts_placed_by_the_recordings_start():
+    readings, info = meterlog.parse_power_log(meterlog.PowerLog(log("Main power - Arc.csv"), start=OTII_START))
+    rows = otii_rows("Main power - Arc.csv")
+    assert len(readings) == len(rows) == 40
+    for (t, w), (s, v) in zip(readings, rows):  # W as the channel's unit, at the recording's start + its seconds
+        assert t == pytest.approx(OTII_START + s) and w == v
+    assert info["format"] == meterlog.OTII_FORMAT and info["columns"] == ["Main power (W)"]
+    assert info["time"] == "from the recording's start (given)"
+    rec = meterlog.log_record(meterlog.PowerLog(log("Main power - Arc.csv"), start=OTII_START),
+                              (OTII_START + 0.001, OTII_START + 0.009))
+    assert rec["available"] and rec["average_w"] == pytest.approx(sum(v for _, v in rows) / len(rows), rel=0.05)
+    assert meterlog.OTII_FORMAT in rec["detail"]
+
+
+def test_an_otii_main_current_export_reads_with_the_supply_voltage_given():
+    readings, info = meterlog.parse_power_log(meterlog.PowerLog(log("Main current - Arc.csv"), voltage=5.1,
+                                                                start=OTII_START))
+    for (_, w), (_, amps) in zip(readings, otii_rows("Main current - Arc.csv")):
+        assert w == pytest.approx(5.1 * amps)  # A, not mA: 5.1 V x 0.63 A is 3.2 W
+    assert info["columns"] == ["Main current (A)", "5.1 V (given)"]
+
+
+@pytest.mark.parametrize("name,given,fragment,fix", [
+    ("Main power - Arc.csv", {}, "count from the start of its recording", "--power-log-start TIME"),
+    ("Main current - Arc.csv", {"start": OTII_START}, "Otii's export of its 'Main current' channel: current only",
+     "--power-log-voltage V"),
+    ("VBUS - Ace.csv", {"start": OTII_START}, "Otii's export of its 'VBUS' channel (voltage, V)", "'Main power'"),
+])
+def test_an_otii_export_that_cannot_give_the_runs_power_is_refused_in_one_line(name, given, fragment, fix):
+    with pytest.raises(UsageError) as exc:
+        meterlog.check_power_log(log(name), **given)
+    e = exc.value
+    assert fragment in e.what and fix in e.fix and name in e.where and "\n" not in e.line()
+
+
+def otii_copy(tmp_path, text: str, name: str = "Main power - Arc.csv") -> Path:
+    p = tmp_path / name
+    p.write_bytes(text.encode())
+    return p
+
+
+@pytest.mark.parametrize("case", ["renamed", "other channels", "truncated", "half a row", "header only", "empty"])
+def test_a_hostile_otii_export_is_refused_before_the_run_in_one_line(tmp_path, case):
+    text = log("Main power - Arc.csv").read_text()
+    rows = text.splitlines(keepends=True)
+    made, frag, fix = {
+        # the app's layout under a name that names no channel: the unit is nowhere, so not guessed
+        "renamed": (lambda: otii_copy(tmp_path, text, "meter.csv"), "the power log's column 'Value' has no unit",
+                    "'Main power - Arc.csv'"),
+        "other channels": (lambda: otii_copy(tmp_path, text, "Temperature - Arc.csv"), "'Temperature' channel",
+                           "Main power"),
+        # the copy stopped inside a row: the app ends every line with a line break
+        "truncated": (lambda: otii_copy(tmp_path, "".join(rows[:12]) + rows[12][:7]), "ends inside its line 13",
+                      "export the channel from Otii again"),
+        "half a row": (lambda: otii_copy(tmp_path, "".join(rows[:12]) + rows[12][:9] + "\n" + "".join(rows[13:])),
+                       "cannot read the power log's line 13", "give the meter's log"),
+        "header only": (lambda: otii_copy(tmp_path, rows[0]), "an Otii export with no samples", "export the recording"),
+        "empty": (lambda: otii_copy(tmp_path, ""), "the power log is empty", "give the meter's log"),
+    }[case]
+    path = made()
+    with pytest.raises(UsageError) as exc:
+        meterlog.check_power_log(path, start=OTII_START)  # before the run: nothing of it is a meter still logging
+    e = exc.value
+    assert frag in e.what and fix in e.fix and path.name in e.where and "\n" not in e.line()

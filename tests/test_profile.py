@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 
 import numpy as np
 import pytest
@@ -107,8 +108,20 @@ def test_reference_latency_scales_the_host_measurement(onnx_file, tmp_path, thre
         pr = lat["paired"]
         assert lat["basis"] == "paired_cpu_time" and "timed in turns" in lat["source"]
         assert pr["rounds"] == 60 and 1 <= pr["per_round"] <= 10
-        assert lat["factor"] == pytest.approx(50.0 / lat["reference"]["host_cpu_ms"])
+        # each round's model/reference ratio is recorded; the device's p50 is its figure x their median
+        ratio = pr["ratio"]
+        assert len(ratio["by_round"]) == 60 and all(r > 0 for r in ratio["by_round"])
+        assert ratio["p50"] == pytest.approx(statistics.median(ratio["by_round"]))
+        assert lat["p50_ms"] == pytest.approx(50.0 * ratio["p50"])
         assert lat["p50_ms"] == pytest.approx(pr["model_cpu_p50_ms"] * lat["factor"])
+        assert ratio["ratio_of_medians"] == pytest.approx(pr["model_cpu_p50_ms"] / pr["reference_cpu_p50_ms"])
+        # the modelled interval holds the figure at every per-round ratio from the p10 to the p90 (not shrunk to
+        # the spread of the model's own runs)
+        assert lat["p50_range_ms"] == pytest.approx([50.0 * ratio["p10"], 50.0 * ratio["p90"]])
+        e = res.energy["per_inference"]
+        u = e["uncertainty"]
+        assert u["low_mj"] <= 50.0 * ratio["p10"] * e["power_w"] and u["high_mj"] >= 50.0 * ratio["p90"] * e["power_w"]
+        assert "per-round ratios" in u["source"]
     else:  # several threads' CPU time is not a latency: wall clock on both sides
         assert lat["basis"] == "wall_clock"
         assert lat["factor"] == pytest.approx(50.0 / lat["reference"]["host_ms"])

@@ -19,6 +19,12 @@ semicolons, tabs or blanks. What each column holds comes from its header and not
   pc-nrfconnect-ppk ``src/actions/exportChartAction.ts``): the supply voltage is not in the export (the
   PPK2 in source mode sets it), so it is given (``--power-log-voltage V``) and power is V x the current;
   without it, refused in one line naming that flag.
+- the Otii 3 desktop app's CSV export (Qoitech Otii Arc / Ace): one file per channel, named
+  ``<channel> - <device>.csv`` (``Main power - Arc.csv``), header ``"Timestamp","Value"``, seconds from the
+  recording's start and the channel's SI unit (current A, power W, voltage V), as andyshinn/otiio's tests
+  check byte for byte against Otii's own export. The channel, and so the unit, is in the file name alone:
+  ``Main power`` is read as W, ``Main current`` as A with ``--power-log-voltage``; a voltage, energy or
+  temperature channel is refused (no power in it), and so is the format under a name that names no channel.
 
 Meters stamp readings in bursts (FNIRSI's logger stamps each 4-sample USB packet from the time it
 arrived, so consecutive packets overlap by a few milliseconds): a step back shorter than
@@ -100,6 +106,23 @@ _KNOWN_FORMATS = {
     ("time", "current", "voltage", "power", "charge", "energy"): ("Joulescope UI statistics record", {
         "current": "A", "voltage": "V", "power": "W"}),
 }
+# The Otii 3 app's CSV export: '"Timestamp","Value"', the channel in the file name '<channel> - <device>.csv'.
+# Channel labels as the app names them (andyshinn/otiio src/otiio/channels.py; units from Qoitech's TCP server
+# docs, recording_downsample_channel: mc A, mv V, me J, ...) -> (quantity, unit); the unit is the app's, fixed.
+OTII_FORMAT = "Otii 3 CSV export"
+_OTII_HEADER = ("timestamp", "value")
+_OTII_CHANNELS = {
+    "main current": ("current", "A"), "main current 1": ("current", "A"), "main current 2": ("current", "A"),
+    "main current 3": ("current", "A"), "adc current": ("current", "A"),
+    "main power": ("power", "W"), "adc power": ("power", "W"),
+    "main voltage": ("voltage", "V"), "adc voltage": ("voltage", "V"), "vbus": ("voltage", "V"),
+    "sense+ voltage": ("voltage", "V"), "sense- voltage": ("voltage", "V"), "dc jack voltage": ("voltage", "V"),
+    "power supply voltage": ("voltage", "V"), "main energy": ("energy", "J"), "adc energy": ("energy", "J"),
+    "temperature": ("temperature", "°C"), "gpi1": ("digital input", None), "gpi2": ("digital input", None),
+    "uart logs": ("text", None),
+}
+_OTII_FIX = ("export the 'Main power' channel in Otii (one file per channel, under the name Otii gives it, "
+             "e.g. 'Main power - Arc.csv'), or 'Main current' with --power-log-voltage V")
 _TOD = re.compile(r"^(\d{1,2}):(\d{2}):(\d{2}(?:\.\d+)?)$")
 _ELAPSED = re.compile(r"^\d+:\d{2}:\d{2}:\d{3}$")  # HH:MM:SS:MS from the recording's start (WITRN, wtm2csv.py)
 _SPLIT_UNIT = re.compile(r"^(.*?)[\s_]*[\(\[]\s*([^\)\]]*?)\s*[\)\]]\s*$")  # 'Power (W)', 'Current(uA)', 'p[mW]'
@@ -176,6 +199,9 @@ class _Layout:
         self.format, fixed = _KNOWN_FORMATS.get(names, (None, None))
         self.columns = [_column(i, c, fixed) for i, c in enumerate(cells)]
         at = f"{where}:{line_no}"
+        if names == _OTII_HEADER:
+            self.format = OTII_FORMAT
+            self.columns[1] = _otii_value(Path(where).name, cells[1], at)
         self.time = next((c for c in self.columns if c.quantity == "time"), None)
         if self.time is None:
             shown = ", ".join(c.header for c in self.columns) or "none"
@@ -192,9 +218,12 @@ class _Layout:
             if voltage is None:
                 what = ("the power log is a Nordic Power Profiler (PPK2) export: current only; the supply voltage "
                         "is not in it" if self.format == "Nordic Power Profiler export" else
+                        f"the power log is Otii's export of its '{use[0].header.split(' (')[0]}' channel: current only; the "
+                        "supply voltage is not in it" if self.format == OTII_FORMAT else
                         f"the power log has current ('{use[0].header}') but no voltage or power column")
                 raise UsageError(what, at, "pass the voltage the board was supplied at with --power-log-voltage V "
-                                           "(the PPK2's source-mode voltage)")
+                                           + ("(the Otii's main voltage), or export its 'Main power' channel"
+                                              if self.format == OTII_FORMAT else "(the PPK2's source-mode voltage)"))
             self.voltage = voltage
         if not use or (len(use) == 1 and use[0].quantity == "voltage"):
             missing = "voltage" if "current" in by_q else "current" if "voltage" in by_q else None
@@ -217,6 +246,32 @@ class _Layout:
         for c in self.use:
             w *= float(row[c.index]) * c.factor
         return w
+
+
+def _otii_label(filename: str) -> str:
+    """The channel an Otii export's file name names: 'Main power - Arc.csv' -> 'Main power'."""
+    stem = filename[:-4] if filename.lower().endswith(".csv") else filename
+    return stem.split(" - ", 1)[0].strip()
+
+
+def _otii_named(path: Path) -> bool:
+    """A file named as Otii names a channel's export: never a log a meter is still writing."""
+    return " - " in path.name and _otii_label(path.name).lower() in _OTII_CHANNELS
+
+
+def _otii_value(filename: str, header: str, at: str) -> Column:
+    """The 'Value' column of an Otii export: its quantity and unit from the channel the file name names."""
+    label = _otii_label(filename)
+    quantity, unit = _OTII_CHANNELS.get(label.lower(), (None, None))
+    if quantity is None:
+        raise UsageError(f"the power log's column '{header}' has no unit: it is laid out as Otii's CSV export, which "
+                         f"names its channel (and so the unit) only in the file name, and '{filename}' names none",
+                         at, "keep the name Otii gives the file ('Main power - Arc.csv': power in W), or name the "
+                             "unit in the header, e.g. 'Timestamp,power (W)'")
+    if quantity not in ("power", "current"):
+        raise UsageError(f"the power log is Otii's export of its '{label}' channel ({quantity}"
+                         f"{', ' + unit if unit else ''}), which holds no power or current", at, _OTII_FIX)
+    return Column(1, f"{label} ({unit})", quantity, unit, 1.0)
 
 
 def _seconds(text: str, col: Column) -> tuple[float, str]:
@@ -289,10 +344,12 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
     # A last line without its newline may be one the meter is writing right now (before the run, or after
     # it while the meter keeps logging): if it does not read, it is not a reading yet, not an error.
     cut = len(lines) if lines and not path.read_bytes().endswith(b"\n") else None
-    if partial and not any(ln.strip() for ln in lines):
+    if partial and not any(ln.strip() for ln in lines) and not _otii_named(path):
         return [], {"format": None, "columns": [], "time": None}  # created, nothing written yet
     first = _header_index(lines, where)
     layout = _Layout(where, first + 1, lines[first], log.voltage)
+    if layout.format == OTII_FORMAT:
+        _whole_export(lines, first, cut, where)
     raw: list[tuple[float, float, int]] = []
     kind = None
     for n, line in enumerate(lines[first + 1:], start=first + 2):
@@ -312,12 +369,14 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
         if kind is None:
             kind = k
             if k == "relative":
-                how = ("set the statistics recording's time format to UTC in the Joulescope UI"
+                how = ("set the statistics recording's time format to UTC in the Joulescope UI, or pass"
                        if layout.format and "Joulescope" in layout.format else
-                       "log clock times (Unix seconds or ISO 8601) rather than times from the start of the recording")
+                       "pass" if layout.format == OTII_FORMAT else  # the export has no other time format
+                       "log clock times (Unix seconds or ISO 8601) rather than times from the start of the recording"
+                       ", or pass")
                 raise UsageError(f"the power log's times count from the start of its recording ('{row[layout.time.index]}'"
                                  f" in column '{layout.time.header}'), so they cannot be placed against the run",
-                                 f"{where}:{n}", how + ", or pass the clock time its recording started with "
+                                 f"{where}:{n}", how + " the clock time its recording started with "
                                  "--power-log-start TIME (ISO 8601 or Unix seconds)")
         elif k != kind:
             raise UsageError(f"the power log's line {n} has a time of another kind than the lines before it",
@@ -350,6 +409,18 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
 
 
 _TIME_KINDS = {"unix": "clock", "day": "time of day", "placed": "from the recording's start (given)"}
+
+
+def _whole_export(lines: list[str], header: int, cut: int | None, where: str) -> None:
+    """An export is written whole, after its recording, every line ending in a line break: one cut short or
+    holding no sample is a file that did not arrive whole, refused now, not read as a meter still logging."""
+    if cut is not None:
+        raise UsageError(f"the power log ends inside its line {cut} ('{lines[-1].strip()[:40]}'): an Otii export ends "
+                         "every line with a line break, so this one was cut short", f"{where}:{cut}",
+                         "export the channel from Otii again, or copy the whole file")
+    if not any(ln.strip() for ln in lines[header + 1:]):
+        raise UsageError("the power log is an Otii export with no samples in it", where,
+                         "export the recording that ran during the command (its 'Main power' channel) from Otii")
 
 
 def _place_on_day(raw, near: float):

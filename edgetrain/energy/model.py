@@ -209,8 +209,11 @@ def check_positive(value, where: str, unit: str):
 
 def energy_per_inference(latency_ms: float, profile, latency_label: str = "measured",
                          latency_source: str = "", threads: int | None = None, p10_ms: float | None = None,
-                         p90_ms: float | None = None) -> dict:
-    """Energy of one inference on ``profile``'s board from its p50 latency: total and above idle, in mJ."""
+                         p90_ms: float | None = None, p50_range_ms: list[float] | None = None) -> dict:
+    """Energy of one inference on ``profile``'s board from its p50 latency: total and above idle, in mJ.
+
+    ``p50_range_ms``: where the p50 estimate itself may fall (the measured spread of the timing it rests on,
+    e.g. the per-round ratios of a paired timing); the interval then reaches it too."""
     watts, how = busy_power(profile, threads)
     load, idle = profile.power.load_w, profile.power.idle_w
 
@@ -230,6 +233,9 @@ def energy_per_inference(latency_ms: float, profile, latency_label: str = "measu
     low_w, high_w, range_how = power_range(profile, threads)
     lo_ms, hi_ms = (p10_ms, p90_ms) if p10_ms is not None and p90_ms is not None else (latency_ms, latency_ms)
     timing = "the p10-p90 latency" if p10_ms is not None and p90_ms is not None else "the p50 latency (no spread)"
+    if p50_range_ms:
+        lo_ms, hi_ms = min(lo_ms, p50_range_ms[0]), max(hi_ms, p50_range_ms[1])
+        timing += " widened to the p10-p90 of the timing's per-round ratios"
     u = uncertainty.modelled(latency_ms * watts / 1000.0, lo_ms * low_w / 1000.0, hi_ms * high_w / 1000.0,
                              f"{timing} x the power {range_how}")
     out["uncertainty"] = uncertainty.per_unit(u, 1)
@@ -300,7 +306,8 @@ def budget_verdict(energy_mj: float, budget_mj: float, provenance: str) -> dict:
 def energy_report(latency_ms: float, profile, battery_wh: float | None = None, rate_per_h: float | None = None,
                   budget_mj: float | None = None, latency_label: str = "measured", latency_source: str = "",
                   threads: int | None = None, p10_ms: float | None = None, p90_ms: float | None = None,
-                  reliable: dict | None = None, measured: dict | None = None) -> dict:
+                  reliable: dict | None = None, measured: dict | None = None,
+                  p50_range_ms: list[float] | None = None) -> dict:
     """The energy-budget report for a model whose p50 latency on ``profile``'s device is ``latency_ms``.
 
     Used by ``profile`` and at the end of ``export``. ``latency_label`` says how the latency was
@@ -314,7 +321,8 @@ def energy_report(latency_ms: float, profile, battery_wh: float | None = None, r
         rate_per_h = parse_rate(rate_per_h)
     battery_wh = check_positive(battery_wh, "--battery-wh", "watt-hours")
     budget_mj = check_positive(budget_mj, "--budget-mj", "millijoules")
-    modelled = energy_per_inference(latency_ms, profile, latency_label, latency_source, threads, p10_ms, p90_ms)
+    modelled = energy_per_inference(latency_ms, profile, latency_label, latency_source, threads, p10_ms, p90_ms,
+                                    p50_range_ms)
     if reliable is not None:
         modelled["reliability"] = reliable
     per_inf = measured if measured is not None else modelled

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -125,7 +126,9 @@ def paired(spec: dict) -> dict:
 
     A busy host slows both alike when they alternate within milliseconds (a shared core, caches, the
     clock), so their ratio holds where two runs minutes apart drift; CPU time leaves out the time the
-    host gave to other processes. ``rounds`` rounds of ``per_round`` model runs then one reference run.
+    host gave to other processes. ``rounds`` rounds of ``per_round`` model runs then one reference run;
+    ``round_ratios`` holds each round's ratio, the median of its model runs' CPU time over the reference's
+    (the estimate takes the median of those).
     """
     model = OrtRunner(spec["model"]) if spec["model"]["runtime"] == "onnxruntime" else MxnetRunner(spec["model"])
     ref = OrtRunner(spec["reference"]) if spec["reference"]["runtime"] == "onnxruntime" else \
@@ -153,11 +156,16 @@ def paired(spec: dict) -> dict:
         wall.append((time.perf_counter() - t0) * 1000)
         cpu.append((time.process_time() - c0) * 1000)
 
+    out["round_ratios"] = []
     for _ in range(spec["rounds"]):
         model.infer()  # untimed: the reference run just before has evicted the model from the caches
         for _ in range(per_round):
             timed(model, out["model_cpu_ms"], out["model_wall_ms"])
         timed(ref, out["ref_cpu_ms"], out["ref_wall_ms"])
+        # This round's median model CPU time over the reference's, timed back to back: the host's state
+        # (load, caches, clock) is as near the same for both as it gets, so the ratio is taken per round.
+        out["round_ratios"].append(statistics.median(out["model_cpu_ms"][-per_round:]) /
+                                   max(out["ref_cpu_ms"][-1], 1e-6))
     out["loadavg_after"] = _loadavg()
     return out
 

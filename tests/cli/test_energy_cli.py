@@ -175,19 +175,52 @@ def test_finetune_without_a_sensor_is_modelled_at_its_busy_cores(cli, digits_npz
 FIXTURE_LOGS = __import__("pathlib").Path(__file__).parents[1] / "fixtures" / "power" / "logs"
 
 
+def _otii_case(tmp_path, case: str):
+    """(log, extra flags, fragments of the one error line): the Otii 3 app's CSV export (SOURCES.md: the
+    verbatim 'VBUS - Ace.csv', the written 'Main power - Arc.csv' and 'Main current - Arc.csv') and its
+    hostile copies."""
+    power = (FIXTURE_LOGS / "Main power - Arc.csv").read_text()
+    rows = power.splitlines(keepends=True)
+
+    def copy(text, name="Main power - Arc.csv"):
+        (tmp_path / "otii").mkdir(exist_ok=True)
+        p = tmp_path / "otii" / name
+        p.write_text(text)
+        return p
+
+    start = ["--power-log-start", "2026-12-03T10:00:00"]
+    return {
+        "otii no start": (FIXTURE_LOGS / "Main power - Arc.csv", [], ("count from the start of its recording",
+                                                                      "--power-log-start TIME")),
+        "otii current without voltage": (FIXTURE_LOGS / "Main current - Arc.csv", start,
+                                         ("'Main current' channel: current only", "--power-log-voltage V")),
+        "otii wrong channel": (FIXTURE_LOGS / "VBUS - Ace.csv", start, ("'VBUS' channel (voltage, V)", "'Main power'")),
+        "otii missing unit": (lambda: copy(power, "meter.csv"), start, ("column 'Value' has no unit", "meter.csv:1")),
+        "otii truncated": (lambda: copy("".join(rows[:12]) + rows[12][:7]), start, ("ends inside its line 13",)),
+        "otii empty": (lambda: copy(rows[0]), start, ("an Otii export with no samples",)),
+    }[case]
+
+
+@pytest.mark.parametrize("case", ["joulescope relative", "otii no start", "otii current without voltage",
+                                  "otii wrong channel", "otii missing unit", "otii truncated", "otii empty"])
 @pytest.mark.parametrize("command", ["finetune", "profile"])
-def test_a_log_in_a_format_edgetrain_cannot_read_is_refused_before_any_work(cli, onnx_file, tmp_path, command):
-    """A Joulescope statistics record in its 'relative' time format (tests/fixtures/power/SOURCES.md): refused
-    in one line before the fine-tune trains or the profile runs, not after."""
-    log = FIXTURE_LOGS / "joulescope-statistics-relative.csv"
+def test_a_log_in_a_format_edgetrain_cannot_read_is_refused_before_any_work(cli, onnx_file, tmp_path, command, case):
+    """A Joulescope statistics record in its 'relative' time format, and an Otii export that cannot give the
+    run's power (tests/fixtures/power/SOURCES.md): refused in one line before the fine-tune trains or the
+    profile runs, not after."""
+    if case == "joulescope relative":
+        log, flags = FIXTURE_LOGS / "joulescope-statistics-relative.csv", []
+        frags = ("count from the start of its recording", "joulescope-statistics-relative.csv:2", "time format to UTC")
+    else:
+        log, flags, frags = _otii_case(tmp_path, case)
+        log = log() if callable(log) else log
     out = tmp_path / "o"
     args = (["finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", out, "--epochs", "50"]
             if command == "finetune" else ["profile", onnx_file, *FAST])
     t0 = time.monotonic()
-    res = cli(*args, "--power-log", log, env=no_sensor_env(tmp_path), cwd=tmp_path)
+    res = cli(*args, "--power-log", log, *flags, env=no_sensor_env(tmp_path), cwd=tmp_path)
     elapsed = time.monotonic() - t0
-    assert_user_error(res, 2, "count from the start of its recording", "joulescope-statistics-relative.csv:2",
-                      "time format to UTC")
+    assert_user_error(res, 2, *frags)
     assert elapsed < 30, f"refused after {elapsed:.0f} s: the work ran first"
     assert not out.exists()  # no OUTDIR half made
 
@@ -445,3 +478,28 @@ def test_a_ppk2_export_without_what_it_leaves_out_is_one_error_line_before_any_w
             "unreadable start": "cannot read the time 'soon'"}[case]
     res = cli("profile", onnx_file, *args, *FAST, env=no_sensor_env(tmp_path))
     assert_user_error(res, 2, frag)
+
+
+# --- the Otii 3 app's CSV export: one channel per file, named by the channel, timed from the recording's start -
+
+def _otii_export(path, seconds: float, watts: float, hz: float = 100.0):
+    """Written as the Otii 3 app writes a channel's export (SOURCES.md, 'VBUS - Ace.csv': header
+    '"Timestamp","Value"', %.6f seconds from the recording's start, %.9g values in the channel's unit, LF); the
+    app exports every sample (4 kHz on an Arc), this one row every 1/hz s, to keep the file small."""
+    rows = [f"{i / hz:.6f},{watts:.9g}" for i in range(int(seconds * hz) + 1)]
+    path.write_text('"Timestamp","Value"\n' + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_profile_reads_an_otii_main_power_export_given_its_recordings_start(cli, onnx_file, this_host, tmp_path):
+    start = time.time() - 5
+    log = _otii_export(tmp_path / "Main power - Arc.csv", 300, watts=3.25)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)) + f"{start % 1:.3f}"[1:]
+    res = cli("profile", onnx_file, "--device", this_host, "--power-log", log, "--power-log-start", stamp,
+              "--json", "-", *FAST, env=no_sensor_env(tmp_path))
+    assert res.code == 0, res.err
+    pi = res.json()["energy"]["per_inference"]
+    cfg = res.json()["configs"][0]["power"]
+    assert pi["meter"] == "power-log" and pi["provenance"] == "measured"
+    assert cfg["average_w"] == pytest.approx(3.25, rel=1e-6)  # W, the Main power channel's unit
+    assert cfg["log_format"]["format"] == "Otii 3 CSV export" and cfg["log_format"]["columns"] == ["Main power (W)"]
