@@ -47,7 +47,14 @@ def main() -> None:
     ap.add_argument("--server-momentum", type=float, default=None, help=f"default: {SERVER_MOMENTUM} with ternary, else 0")
     ap.add_argument("--train-layers", default="head")
     ap.add_argument("--work", default="/tmp/fleet-codec-sim")
+    ap.add_argument("--exact", default="", help="diagnosis: comma-separated parts sent exactly (fp32, uncounted "
+                    "beyond their float32 bytes): weights, control, downlink, stats")
+    ap.add_argument("--reset-residual", action="store_true",
+                    help="diagnosis: a device's error-feedback residual is dropped after each round, not carried")
     a = ap.parse_args()
+    a.exact = {x for x in a.exact.split(",") if x}
+    if a.exact - {"weights", "control", "downlink", "stats"}:
+        ap.error(f"--exact: unknown part(s) {sorted(a.exact - {'weights', 'control', 'downlink', 'stats'})}")
     d = Path(a.data)
     val = str(d / "val.npz")
     devs = sorted(str(p) for p in d.glob("device-*"))
@@ -59,19 +66,36 @@ def main() -> None:
           f"slr {a.server_lr:g} smom {smom:g}, {a.rounds} rounds", flush=True)
     gaps, finals, ratios = [], [], []
     for seed in [int(x) for x in a.seeds.split(",")]:
-        ref, _, _, fp32 = fleet(a, ev, devs, seed, "fp32", 0.0, "scaffold", 1.0)
+        ref, _, _, fp32 = fleet_ref(a, ev, devs, seed)
         accs, up, down, _ = fleet(a, ev, devs, seed, cdc, smom, a.mode, a.density)
         gaps.append(100 * (ref[-1] - accs[-1]))
         finals.append(accs[-1])
         ratios.append(fp32 / up)
         print(f"seed {seed}: fp32 {ref[-1]:.4f}, {cdc} {accs[-1]:.4f} ({-gaps[-1]:+.1f} points), up {up} B "
               f"({fp32 / up:.1f}x fewer), down {down:.1f}x fewer; per round {accs}", flush=True)
+        print(f"  round 2: fp32 {ref[1]:.4f}, {cdc} {accs[1]:.4f}; fp32 per round {ref}", flush=True)
     print(f"mean {np.mean(finals):.4f}, gap to fp32 mean {np.mean(gaps):.2f} points, worst {max(gaps):.2f}; "
           f"uplink {min(ratios):.1f}x fewer (least)", flush=True)
 
 
-def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: float):
+def fleet_ref(a, ev, devs, seed: int):
+    """The fp32 fleet of ``seed`` (cached in --work: it does not depend on the variant's options)."""
+    import json
+
+    key = Path(a.work) / f"ref-{seed}-{a.rounds}-{a.train_layers.replace(':', '_')}-{Path(a.data).resolve().name}.json"
+    if key.exists():
+        return tuple(json.loads(key.read_text()))
+    out = fleet(a, ev, devs, seed, "fp32", 0.0, "scaffold", 1.0, exact=set(), reset=False)
+    key.parent.mkdir(parents=True, exist_ok=True)
+    key.write_text(json.dumps(out))
+    return out
+
+
+def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: float, exact=None, reset=None):
     """One fleet run in-process: (top-1 per round, bytes up, downlink x fewer, the fp32 fleet's bytes up)."""
+    exact = a.exact if exact is None else exact
+    reset = a.reset_residual if reset is None else reset
+    dl = cdc == "ternary" and "downlink" not in exact
     arrays = dict(ev.initial)
     stats = set(ev.statistics)  # BatchNorm's running statistics: averaged, no control variate, no momentum
     control = {k: np.zeros_like(v) for k, v in arrays.items() if k not in stats}
@@ -80,14 +104,14 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
     mom = {k: np.zeros_like(v) for k, v in control.items()}
     up, down, down32, held, accs = 0, 0, 0, {}, []
     for r in range(1, a.rounds + 1):
-        if cdc == "ternary":  # the coordinator's downlink: an int8 delta against what the devices hold
+        if dl:  # the coordinator's downlink: an int8 delta against what the devices hold
             target = {**arrays, **({"control/" + k: v for k, v in control.items()} if mode != "fedavg" else {})}
             enc_down, held = codec.downlink_delta(target, held, exact=stats)
             down += codec.update_bytes(enc_down) * len(devs)
             down32 += sum(4 * v.size for v in target.values()) * len(devs)
         # what the devices train from: with ternary, what they rebuild from the int8 downlink (as the fleet)
-        start = {k: held[k] for k in arrays} if cdc == "ternary" else arrays
-        c_down = ({k: held["control/" + k] for k in control} if cdc == "ternary" and mode != "fedavg" else control)
+        start = {k: held[k] for k in arrays} if dl else arrays
+        c_down = ({k: held["control/" + k] for k in control} if dl and mode != "fedavg" else control)
         deltas = []
         for i, p in enumerate(devs):
             spec = LocalSpec(model=MODEL, data=p, workdir=f"{a.work}/d{i}", epochs=1, batch_size=32, seed=seed,
@@ -102,9 +126,17 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                 cm_old, cm[i] = cm[i], cn
             ctl = {k for k in delta if k.startswith("control/")}
             cd = density if a.ctl_density is None or density >= 1 else a.ctl_density
-            enc, r1 = codec.encode_update({k: v for k, v in delta.items() if k not in ctl}, cdc, resid[i],
-                                          exact=res.fleet_statistics, density=density, floor=a.min_keep)
-            ctl_codec = cdc if cdc in ("int8", "2bit") else "fp32" if cd >= 1 else "ternary"
+            if reset:
+                resid[i] = {}
+            st = set(res.fleet_statistics)
+            wts = {k: v for k, v in delta.items() if k not in ctl and k not in st}
+            enc, r1 = codec.encode_update(wts, "fp32" if "weights" in exact else cdc, resid[i],
+                                          density=density, floor=a.min_keep)
+            enc3, r3 = codec.encode_update({k: delta[k] for k in st}, "fp32" if "stats" in exact else cdc, resid[i],
+                                           exact=st)
+            enc.update(enc3)
+            r1.update(r3)
+            ctl_codec = cdc if cdc in ("int8", "2bit") else "fp32" if cd >= 1 or "control" in exact else "ternary"
             enc2, r2 = codec.encode_update({k: delta[k] for k in ctl}, ctl_codec, resid[i],
                                            density=cd, floor=a.min_keep)
             enc.update(enc2)
