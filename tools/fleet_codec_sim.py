@@ -12,8 +12,13 @@ data, and prints both, the gap in points, and at the end the mean and worst gap 
 ``2bit``: that codec's fleet instead of ternary's). Variants: ``--mode``
 scaffold (control deltas compressed like the weights), fedavg (no control variates), derived (the control
 delta is derived on both sides from the *decoded* weight delta: no bytes for it), sent (a device's control
-variate moves by what the coordinator decodes); ``--server-lr`` and ``--server-momentum`` (FedAvgM, default
-the coordinator's with ternary) on the averaged update. Bytes: every encoded payload byte (plus 4 per
+variate moves by what the coordinator decodes), consistent (SCAFFOLD's correction uses c_i as the coordinator
+holds it: c_i minus its unsent residual); ``--server-lr`` and ``--server-momentum`` (FedAvgM, default
+the coordinator's with ternary) on the averaged update; ``--fold-residual`` (a device trains from the global
+weights plus its unsent residual). Diagnosis: ``--exact PARTS`` sends parts as float32 (weights, control,
+downlink, stats, or tensors by part of their name), ``--reset-residual`` drops the residual after each round;
+each seed's line is followed by its round-2 top-1 and the fp32 fleet's per-round top-1 (cached in --work).
+Bytes: every encoded payload byte (plus 4 per
 message in derived mode: the device's displacement scale, a float32 the coordinator needs); "x fewer" is
 against the fp32 fleet's messages (weights and control deltas, as the bench counts them).
 """
@@ -37,7 +42,7 @@ def main() -> None:
     ap.add_argument("--codec", default="ternary", choices=["ternary", "int8", "2bit"],
                     help="the codec compared with the fp32 fleet (int8, 2bit: as the fleet, no server momentum)")
     ap.add_argument("--density", type=float, default=codec.DENSITY, help="ternary density (>= 1: fp32)")
-    ap.add_argument("--mode", default="scaffold", choices=["scaffold", "fedavg", "derived", "sent"])
+    ap.add_argument("--mode", default="scaffold", choices=["scaffold", "fedavg", "derived", "sent", "consistent"])
     ap.add_argument("--ctl-density", type=float, default=codec.CONTROL_DENSITY,
                     help="the control deltas' density if not --density (>= 1: they travel as fp32)")
     ap.add_argument("--min-keep", type=int, default=codec.MIN_KEEP, help="ternary: at least this many entries a tensor")
@@ -48,13 +53,16 @@ def main() -> None:
     ap.add_argument("--train-layers", default="head")
     ap.add_argument("--work", default="/tmp/fleet-codec-sim")
     ap.add_argument("--exact", default="", help="diagnosis: comma-separated parts sent exactly (fp32, uncounted "
-                    "beyond their float32 bytes): weights, control, downlink, stats")
+                    "beyond their float32 bytes): weights, control, downlink, stats, or a part of a weight tensor's name")
+    ap.add_argument("--fold-residual", action="store_true",
+                    help="a device trains from the global weights plus its own unsent weight residual (its update "
+                    "then includes it: nothing is added at encoding)")
     ap.add_argument("--reset-residual", action="store_true",
                     help="diagnosis: a device's error-feedback residual is dropped after each round, not carried")
     a = ap.parse_args()
     a.exact = {x for x in a.exact.split(",") if x}
-    if a.exact - {"weights", "control", "downlink", "stats"}:
-        ap.error(f"--exact: unknown part(s) {sorted(a.exact - {'weights', 'control', 'downlink', 'stats'})}")
+    # any other part: the trained tensors whose name contains it (their control deltas stay as they are)
+    a.exact_names = a.exact - {"weights", "control", "downlink", "stats"}
     d = Path(a.data)
     val = str(d / "val.npz")
     devs = sorted(str(p) for p in d.glob("device-*"))
@@ -116,12 +124,18 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
         for i, p in enumerate(devs):
             spec = LocalSpec(model=MODEL, data=p, workdir=f"{a.work}/d{i}", epochs=1, batch_size=32, seed=seed,
                              threads=1, train_layers=a.train_layers)
-            corr = {k: c_down[k] - cm[i][k] for k in control} if mode != "fedavg" else None
-            new, res = train_round(spec, start, r, corr)
+            # consistent: the correction uses c_i as the coordinator holds it (c_i minus its unsent residual)
+            seen = ({k: cm[i][k] - resid[i].get("control/" + k, 0) for k in control} if mode == "consistent"
+                    else cm[i])
+            corr = {k: c_down[k] - seen[k] for k in control} if mode != "fedavg" else None
+            fold = a.fold_residual and cdc == "ternary" and "weights" not in exact
+            mine = ({k: (v + resid[i][k]).astype(np.float32) if k in resid[i] and k in control else v
+                     for k, v in start.items()} if fold else start)
+            new, res = train_round(spec, mine, r, corr)
             delta = {k: new[k] - start[k] for k in new}
             scale = np.float32(res.fleet_scale)
-            if mode in ("scaffold", "sent"):
-                cn = {k: cm[i][k] - c_down[k] + (start[k] - new[k]) / scale for k in control}
+            if mode in ("scaffold", "sent", "consistent"):  # c_i+ = displacement / scale - the correction used
+                cn = {k: seen[k] - c_down[k] + (mine[k] - new[k]) / scale for k in control}
                 delta.update({"control/" + k: (cn[k] - cm[i][k]).astype(np.float32) for k in control})
                 cm_old, cm[i] = cm[i], cn
             ctl = {k for k in delta if k.startswith("control/")}
@@ -130,8 +144,12 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                 resid[i] = {}
             st = set(res.fleet_statistics)
             wts = {k: v for k, v in delta.items() if k not in ctl and k not in st}
-            enc, r1 = codec.encode_update(wts, "fp32" if "weights" in exact else cdc, resid[i],
+            named = {k for k in wts if any(n in k for n in getattr(a, "exact_names", ())) and cdc != "fp32"}
+            enc, r1 = codec.encode_update({k: v for k, v in wts.items() if k not in named},
+                                          "fp32" if "weights" in exact else cdc, None if fold else resid[i],
                                           density=density, floor=a.min_keep)
+            enc4, _ = codec.encode_update({k: wts[k] for k in named}, "fp32")
+            enc.update(enc4)
             enc3, r3 = codec.encode_update({k: delta[k] for k in st}, "fp32" if "stats" in exact else cdc, resid[i],
                                            exact=st)
             enc.update(enc3)
