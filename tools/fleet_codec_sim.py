@@ -15,7 +15,9 @@ delta is derived on both sides from the *decoded* weight delta: no bytes for it)
 variate moves by what the coordinator decodes), consistent (SCAFFOLD's correction uses c_i as the coordinator
 holds it: c_i minus its unsent residual); ``--server-lr`` and ``--server-momentum`` (FedAvgM, default
 the coordinator's with ternary) on the averaged update; ``--fold-residual`` (a device trains from the global
-weights plus its unsent residual). Diagnosis: ``--exact PARTS`` sends parts as float32 (weights, control,
+weights plus its unsent residual); ``--residual-decay`` (the weights' residual scaled before it is added);
+``--early ROUNDS:MOMENTUM:LR`` (another server momentum and lr up to round ROUNDS).
+Diagnosis: ``--exact PARTS`` sends parts as float32 (weights, control,
 downlink, stats, or tensors by part of their name), ``--reset-residual`` drops the residual after each round;
 each seed's line is followed by its round-2 top-1 and the fp32 fleet's per-round top-1 (cached in --work).
 Bytes: every encoded payload byte (plus 4 per
@@ -57,6 +59,10 @@ def main() -> None:
     ap.add_argument("--fold-residual", action="store_true",
                     help="a device trains from the global weights plus its own unsent weight residual (its update "
                     "then includes it: nothing is added at encoding)")
+    ap.add_argument("--residual-decay", type=float, default=1.0,
+                    help="the weights' residual is multiplied by this before it is added to the next update")
+    ap.add_argument("--early", default="", help="experiment: ROUNDS:MOMENTUM:LR, the server momentum and lr up to "
+                    "round ROUNDS")
     ap.add_argument("--reset-residual", action="store_true",
                     help="diagnosis: a device's error-feedback residual is dropped after each round, not carried")
     a = ap.parse_args()
@@ -145,8 +151,10 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             st = set(res.fleet_statistics)
             wts = {k: v for k, v in delta.items() if k not in ctl and k not in st}
             named = {k for k in wts if any(n in k for n in getattr(a, "exact_names", ())) and cdc != "fp32"}
+            rw = (None if fold else resid[i] if a.residual_decay == 1 else
+                  {k: (v * np.float32(a.residual_decay)).astype(np.float32) for k, v in resid[i].items()})
             enc, r1 = codec.encode_update({k: v for k, v in wts.items() if k not in named},
-                                          "fp32" if "weights" in exact else cdc, None if fold else resid[i],
+                                          "fp32" if "weights" in exact else cdc, rw,
                                           density=density, floor=a.min_keep)
             enc4, _ = codec.encode_update({k: wts[k] for k in named}, "fp32")
             enc.update(enc4)
@@ -172,8 +180,10 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
         avg = average(deltas)
         for k in arrays:  # as the coordinator: no momentum for BatchNorm's running statistics
             if k in mom:
-                mom[k] = np.float32(smom) * mom[k] + avg[k]
-                arrays[k] = (arrays[k] + np.float32(a.server_lr) * mom[k].astype(np.float32)).astype(np.float32)
+                er = [float(x) for x in a.early.split(":")] if a.early and cdc == "ternary" else None
+                bm, lr = (er[1], er[2]) if er and r <= er[0] else (smom, a.server_lr)
+                mom[k] = np.float32(bm) * mom[k] + avg[k]
+                arrays[k] = (arrays[k] + np.float32(lr) * mom[k].astype(np.float32)).astype(np.float32)
             else:
                 arrays[k] = (arrays[k] + avg[k]).astype(np.float32)
                 if "var" in k.rsplit("_", 1)[-1]:
