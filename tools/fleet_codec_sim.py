@@ -16,7 +16,9 @@ variate moves by what the coordinator decodes), consistent (SCAFFOLD's correctio
 holds it: c_i minus its unsent residual); ``--server-lr`` and ``--server-momentum`` (FedAvgM, default
 the coordinator's with ternary) on the averaged update; ``--fold-residual`` (a device trains from the global
 weights plus its unsent residual); ``--residual-decay`` (the weights' residual scaled before it is added);
-``--early ROUNDS:MOMENTUM:LR`` (another server momentum and lr up to round ROUNDS).
+``--early ROUNDS:MOMENTUM:LR`` (another server momentum and lr up to round ROUNDS); ``--lowrank R`` (the
+4-d weights as a rank-R product of two int8 factors, with error feedback; ``--lowrank-control``: their control
+deltas too).
 Diagnosis: ``--exact PARTS`` sends parts as float32 (weights, control,
 downlink, stats, or tensors by part of their name), ``--reset-residual`` drops the residual after each round;
 each seed's line is followed by its round-2 top-1 and the fp32 fleet's per-round top-1 (cached in --work).
@@ -63,6 +65,9 @@ def main() -> None:
                     help="the weights' residual is multiplied by this before it is added to the next update")
     ap.add_argument("--early", default="", help="experiment: ROUNDS:MOMENTUM:LR, the server momentum and lr up to "
                     "round ROUNDS")
+    ap.add_argument("--lowrank", type=int, default=0, help="experiment: the 4-d weights (and with --lowrank-control "
+                    "their control deltas) as a rank-R product, both factors symmetric int8, with error feedback")
+    ap.add_argument("--lowrank-control", action="store_true")
     ap.add_argument("--reset-residual", action="store_true",
                     help="diagnosis: a device's error-feedback residual is dropped after each round, not carried")
     a = ap.parse_args()
@@ -148,6 +153,7 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             cd = density if a.ctl_density is None or density >= 1 else a.ctl_density
             if reset:
                 resid[i] = {}
+            rw_all = dict(resid[i])
             st = set(res.fleet_statistics)
             wts = {k: v for k, v in delta.items() if k not in ctl and k not in st}
             named = {k for k in wts if any(n in k for n in getattr(a, "exact_names", ())) and cdc != "fp32"}
@@ -167,6 +173,18 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                                            density=cd, floor=a.min_keep)
             enc.update(enc2)
             resid[i] = {**r1, **r2}
+            for k in (list(enc) if a.lowrank and cdc == "ternary" else []):
+                if len(enc[k].shape) != 4 or (k.startswith("control/") and not a.lowrank_control):
+                    continue
+                value = delta[k] + rw_all.get(k, 0)
+                m = value.reshape(value.shape[0], -1).astype(np.float64)
+                u, sv, vt = np.linalg.svd(m, full_matrices=False)
+                fa, da = codec.encode_tensor((u[:, :a.lowrank] * sv[:a.lowrank]).astype(np.float32), codec.DOWN)
+                fb, db = codec.encode_tensor(vt[:a.lowrank].astype(np.float32), codec.DOWN)
+                dec_k = (da @ db).astype(np.float32).reshape(value.shape)
+                enc[k] = codec.Encoded("fp32", enc[k].shape, dec_k.astype("<f4").tobytes())
+                up += fa.nbytes + fb.nbytes - enc[k].nbytes
+                resid[i][k] = (value - dec_k).astype(np.float32)
             up += codec.update_bytes(enc)
             dec = {k: codec.decode_tensor(e) for k, e in enc.items()}
             if mode == "sent":  # the device's control variate moves by what the coordinator decodes
