@@ -13,7 +13,8 @@ data, and prints both, the gap in points, and at the end the mean and worst gap 
 scaffold (control deltas compressed like the weights), fedavg (no control variates), derived (the control
 delta is derived on both sides from the *decoded* weight delta: no bytes for it), sent (a device's control
 variate moves by what the coordinator decodes), consistent (SCAFFOLD's correction uses c_i as the coordinator
-holds it: c_i minus its unsent residual); ``--server-lr`` and ``--server-momentum`` (FedAvgM, default
+holds it: c_i minus its unsent residual), derived-exact (no control deltas travel: the coordinator derives
+them from the decoded weight delta, the device keeps its exact c_i); ``--server-lr`` and ``--server-momentum`` (FedAvgM, default
 the coordinator's with ternary) on the averaged update; ``--fold-residual`` (a device trains from the global
 weights plus its unsent residual); ``--residual-decay`` (the weights' residual scaled before it is added);
 ``--early ROUNDS:MOMENTUM:LR`` (another server momentum and lr up to round ROUNDS); ``--lowrank R`` (the
@@ -46,7 +47,8 @@ def main() -> None:
     ap.add_argument("--codec", default="ternary", choices=["ternary", "int8", "2bit"],
                     help="the codec compared with the fp32 fleet (int8, 2bit: as the fleet, no server momentum)")
     ap.add_argument("--density", type=float, default=codec.DENSITY, help="ternary density (>= 1: fp32)")
-    ap.add_argument("--mode", default="scaffold", choices=["scaffold", "fedavg", "derived", "sent", "consistent"])
+    ap.add_argument("--mode", default="scaffold",
+                    choices=["scaffold", "fedavg", "derived", "sent", "consistent", "derived-exact"])
     ap.add_argument("--ctl-density", type=float, default=codec.CONTROL_DENSITY,
                     help="the control deltas' density if not --density (>= 1: they travel as fp32)")
     ap.add_argument("--min-keep", type=int, default=codec.MIN_KEEP, help="ternary: at least this many entries a tensor")
@@ -145,6 +147,8 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             new, res = train_round(spec, mine, r, corr)
             delta = {k: new[k] - start[k] for k in new}
             scale = np.float32(res.fleet_scale)
+            if mode == "derived-exact":  # the device keeps its exact c_i; the coordinator derives its control deltas
+                cm[i] = {k: (cm[i][k] - c_down[k] + (mine[k] - new[k]) / scale).astype(np.float32) for k in control}
             if mode in ("scaffold", "sent", "consistent"):  # c_i+ = displacement / scale - the correction used
                 cn = {k: seen[k] - c_down[k] + (mine[k] - new[k]) / scale for k in control}
                 delta.update({"control/" + k: (cn[k] - cm[i][k]).astype(np.float32) for k in control})
@@ -189,10 +193,11 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             dec = {k: codec.decode_tensor(e) for k, e in enc.items()}
             if mode == "sent":  # the device's control variate moves by what the coordinator decodes
                 cm[i] = {k: (cm[i][k] - cn[k] + cm_old[k] + dec["control/" + k]).astype(np.float32) for k in control}
-            if mode == "derived":  # both sides: c_i += -c - decoded delta / scale
+            if mode in ("derived", "derived-exact"):  # both sides (derived-exact: the coordinator's side only)
                 up += 4
                 dc = {k: (-c_down[k] - dec[k] / scale).astype(np.float32) for k in control}
-                cm[i] = {k: cm[i][k] + dc[k] for k in control}
+                if mode == "derived":
+                    cm[i] = {k: cm[i][k] + dc[k] for k in control}
                 dec.update({"control/" + k: dc[k] for k in control})
             deltas.append((dec, int(res.epochs[-1]["samples"])))
         avg = average(deltas)
