@@ -70,6 +70,10 @@ def main() -> None:
     ap.add_argument("--lowrank", type=int, default=0, help="experiment: the 4-d weights (and with --lowrank-control "
                     "their control deltas) as a rank-R product, both factors symmetric int8, with error feedback")
     ap.add_argument("--lowrank-control", action="store_true")
+    ap.add_argument("--exact-values", action="store_true", help="experiment: the ternary weights' kept entries "
+                    "decode to their exact values (counted as 2 more bytes each, bfloat16)")
+    ap.add_argument("--reset-rounds", default="", help="experiment: drop the weights' residual after these rounds "
+                    "(comma-separated)")
     ap.add_argument("--reset-residual", action="store_true",
                     help="diagnosis: a device's error-feedback residual is dropped after each round, not carried")
     a = ap.parse_args()
@@ -176,7 +180,20 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             enc2, r2 = codec.encode_update({k: delta[k] for k in ctl}, ctl_codec, resid[i],
                                            density=cd, floor=a.min_keep)
             enc.update(enc2)
+            if str(r) in a.reset_rounds.split(","):
+                r1 = {k: v for k, v in r1.items() if k in st}
             resid[i] = {**r1, **r2}
+            ternary_bytes = {k: e.nbytes for k, e in enc.items()}
+            for k in (list(enc) if a.exact_values and cdc == "ternary" else []):
+                if enc[k].codec != "ternary" or k.startswith("control/"):
+                    continue
+                value = delta[k] + rw_all.get(k, 0)
+                kept = codec.decode_tensor(enc[k]) != 0
+                dec_k = np.where(kept, value, 0).astype(np.float32)
+                up += 2 * int(kept.sum())
+                enc[k] = codec.Encoded("fp32", enc[k].shape, dec_k.astype("<f4").tobytes())
+                resid[i][k] = (value - dec_k).astype(np.float32)
+                up -= enc[k].nbytes - ternary_bytes.get(k, 0)
             for k in (list(enc) if a.lowrank and cdc == "ternary" else []):
                 if len(enc[k].shape) != 4 or (k.startswith("control/") and not a.lowrank_control):
                     continue
