@@ -19,7 +19,8 @@ the coordinator's with ternary) on the averaged update; ``--fold-residual`` (a d
 weights plus its unsent residual); ``--residual-decay`` (the weights' residual scaled before it is added);
 ``--early ROUNDS:MOMENTUM:LR`` (another server momentum and lr up to round ROUNDS); ``--lowrank R`` (the
 4-d weights as a rank-R product of two int8 factors, with error feedback; ``--lowrank-control``: their control
-deltas too).
+deltas too); ``--exact-values`` (the kept entries decode to their exact values, 2 bytes more each);
+``--reset-rounds R,..`` (the weights' residual dropped after those rounds).
 Diagnosis: ``--exact PARTS`` sends parts as float32 (weights, control,
 downlink, stats, or tensors by part of their name), ``--reset-residual`` drops the residual after each round;
 each seed's line is followed by its round-2 top-1 and the fp32 fleet's per-round top-1 (cached in --work).
