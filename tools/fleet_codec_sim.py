@@ -108,7 +108,10 @@ def fleet_ref(a, ev, devs, seed: int):
     """The fp32 fleet of ``seed`` (cached in --work: it does not depend on the variant's options)."""
     import json
 
-    key = Path(a.work) / f"ref-{seed}-{a.rounds}-{a.train_layers.replace(':', '_')}-{Path(a.data).resolve().name}.json"
+    import hashlib
+
+    where = hashlib.sha256(str(Path(a.data).resolve()).encode()).hexdigest()[:12]
+    key = Path(a.work) / f"ref-{seed}-{a.rounds}-{a.train_layers.replace(':', '_')}-{where}.json"
     if key.exists():
         return tuple(json.loads(key.read_text()))
     out = fleet(a, ev, devs, seed, "fp32", 0.0, "scaffold", 1.0, exact=set(), reset=False)
