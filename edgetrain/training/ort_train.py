@@ -1,0 +1,250 @@
+"""A whole training step of a :class:`~.onnx_grad.GradGraph` as one ONNX Runtime graph: forward, the loss's
+gradient and the backward, with ``--train-layers bias`` and ``lite``.
+
+The graph is the model's, with the trainable initializers made inputs (fed their current values at each
+run) and, after its nodes, the softmax cross-entropy's dL/dlogits (from one-hot labels and the 1/batch scale,
+both inputs) and the backward: each node's in :meth:`~.onnx_grad._Op.emit`, beside its NumPy backward (a
+frozen Conv's input gradient is a ConvTranspose of the same initializer, a ReLU/ReLU6's a Where on the
+boolean computed beside it in the forward, a bias's a ReduceSum, a trained Conv's weight gradient a Conv of
+the swapped input and dy). Its outputs are the logits (the loss and the count of right answers are NumPy's,
+from them) and one gradient per trainable initializer.
+
+So the masks never leave ONNX Runtime and the frozen weights are in it once, the forward's Conv and the
+backward's ConvTranspose reading the same initializer. A node runs where the graph places it (the boolean of a
+ReLU's input right before the ReLU, so that input dies there as in inference; the backward in reverse
+order after the forward). Evaluation runs the forward alone in a second session that is given the same
+initializer buffers (``SessionOptions.add_initializer``) rather than a copy of them.
+
+A graph with an op whose backward has no ONNX form here (:class:`~.onnx_grad.NotEmitted`) is refused at
+build; the engine then trains it with the forward in ONNX Runtime and NumPy's backward (ort_forward).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _lazy
+from .onnx_grad import GradGraph, NotEmitted, load_model
+from .onnx_layers import shapes_of
+
+ONEHOT, SCALE, PREFIX = "edgetrain_onehot", "edgetrain_scale", "edgetrain_bwd"
+
+# What the two sessions take beyond the process before them (the library, the graph's own copies and
+# transforms of the weights, their first runs), MiB: 45 + 2x the file bounds what was measured (see plan()).
+SESSIONS_FIXED_MB = 45.0
+SESSIONS_PER_MODEL_MB = 2.0
+
+
+def sessions_mb(model_bytes: int) -> float:
+    return SESSIONS_FIXED_MB + SESSIONS_PER_MODEL_MB * model_bytes / 2**20
+
+
+class _Emitter:
+    """What an op's :meth:`emit` writes through: backward nodes, constants, and what it reads of the forward
+    (static dims, a Shape, a ReLU/Clip mask or a MaxPool's Indices added to the forward beside the node)."""
+
+    def __init__(self, grad: GradGraph, shapes: dict):
+        self.grad, self.shapes = grad, shapes
+        self.nodes: list = []
+        self.inits: list = []
+        self.before: dict[str, list] = {}     # forward node (first output) -> nodes that run just before it
+        self.outputs: dict[str, list] = {}    # forward node (first output) -> its added outputs
+        self.current = None
+        self._count = 0
+        self._ints: dict[tuple, str] = {}
+        self._shape: dict[str, str] = {}
+        self.helper = _lazy.onnx().helper
+        self.numpy_helper = _lazy.from_import("onnx", "numpy_helper")
+
+    def _name(self) -> str:
+        self._count += 1
+        return f"{PREFIX}{self._count}"
+
+    def node(self, op: str, inputs: list, **attrs) -> str:
+        out = self._name()
+        self.nodes.append(self.helper.make_node(op, list(inputs), [out], name=out, **attrs))
+        return out
+
+    def const(self, value) -> str:
+        name = self._name()
+        self.inits.append(self.numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def ints(self, values) -> str:
+        key = tuple(int(v) for v in values)
+        if key not in self._ints:
+            self._ints[key] = self.const(np.asarray(key, np.int64))
+        return self._ints[key]
+
+    def const_value(self, name: str) -> np.ndarray:
+        return self.grad.const(name)
+
+    def const_shape(self, name: str) -> tuple:
+        return tuple(self.grad.const(name).shape)
+
+    def dims(self, name: str) -> tuple:
+        """The value's shape, None for the batch (an activation); an initializer's own."""
+        if name in self.grad.params or name in self.grad._constants:
+            return self.const_shape(name)
+        if name in self.shapes:
+            return (None, *self.shapes[name])
+        node, op = self.current
+        raise NotEmitted(op.op, op.label, f"the shape of {name} cannot be inferred")
+
+    def _forward(self, node, made) -> None:
+        self.before.setdefault(node.output[0], []).append(made)
+
+    def shape(self, name: str) -> str:
+        """A Shape of a value of the forward, taken just before the node being differentiated."""
+        if name not in self._shape:
+            self._shape[name] = out = self._name()
+            self._forward(self.current[0], self.helper.make_node("Shape", [name], [out], name=out))
+        return self._shape[name]
+
+    def mask(self, node, op) -> str:
+        """The boolean where ``node``'s input was inside (low, high), computed just before the node."""
+        consts = [self.grad.const(n) if c else None for n, c in zip(node.input, op.is_const)]
+        parts = []
+        for bound, cmp in zip(op.mask_bounds(consts), ("Greater", "Less")):
+            if bound is not None:
+                out = self._name()
+                self._forward(node, self.helper.make_node(cmp, [node.input[0], self.const(np.float32(bound))], [out],
+                                                          name=out))
+                parts.append(out)
+        if not parts:
+            return self.const(np.ones((), bool))
+        if len(parts) == 2:
+            out = self._name()
+            self._forward(node, self.helper.make_node("And", parts, [out], name=out))
+            parts = [out]
+        return parts[0]
+
+    def indices(self, node) -> str:
+        """The forward node's second output (MaxPool's Indices), added."""
+        out = self._name()
+        self.outputs.setdefault(node.output[0], []).append(out)
+        return out
+
+    def unbroadcast(self, g: str, gdims: tuple, name: str) -> str:
+        """``g`` (of ``gdims``) summed back over the axes ``name`` was broadcast along."""
+        dims = self.dims(name)
+        if tuple(gdims) == tuple(dims):
+            return g
+        lead = len(gdims) - len(dims)
+        axes = list(range(lead)) + [lead + i for i, d in enumerate(dims) if d == 1 and gdims[lead + i] != 1]
+        if axes:
+            g = self.node("ReduceSum", [g, self.ints(axes)], keepdims=1)
+        if lead:
+            g = self.node("Reshape", [g, self.ints(dims) if None not in dims else self.shape(name)])
+        return g
+
+
+class OrtTrain:
+    """``step(x, labels, scale) -> (logits, {trainable: gradient})`` of the summed cross-entropy times
+    ``scale``, and ``predict(x)``, each one ONNX Runtime run. Raises NotEmitted for a graph it cannot write."""
+
+    def __init__(self, model, grad: GradGraph, threads: int, arena: bool = False):
+        if grad.dtype != np.float32:
+            raise NotEmitted("model", "graph", "only float32 graphs")
+        onnx = _lazy.onnx()
+        helper = onnx.helper
+        proto = onnx.ModelProto()
+        proto.CopyFrom(load_model(model))
+        self.grad = grad
+        trainable = set(grad.trainable)
+        e = _Emitter(grad, shapes_of(proto))
+        out_dims = e.dims(grad.output) if grad.output in e.shapes else None
+        if out_dims is None:
+            raise NotEmitted("model", grad.output, "the output's shape cannot be inferred")
+        self.classes = int(np.prod(out_dims[1:]))
+
+        # the loss: dL/dlogits = (softmax(logits) - onehot) * scale, shaped as the logits
+        flat = e.node("Flatten", [grad.output], axis=1)
+        diff = e.node("Sub", [e.node("Softmax", [flat], axis=1), ONEHOT])
+        pending: dict[str, list] = {grad.output: [e.node("Reshape", [e.node("Mul", [diff, SCALE]),
+                                                                     e.ints((-1, *out_dims[1:]))])]}
+
+        def take(name: str) -> str | None:
+            parts = pending.pop(name, [])
+            return None if not parts else parts[0] if len(parts) == 1 else e.node("Sum", parts)
+
+        for node, op in reversed(grad.nodes):
+            if not any(op.need):
+                continue
+            dy = take(node.output[0])
+            if dy is None:
+                continue
+            e.current = (node, op)
+            for name, need, g in zip(node.input, op.need, op.emit(e, node, dy)):
+                if need and g is not None:
+                    pending.setdefault(name, []).append(g)
+        self.grad_outputs = {}
+        for i, name in enumerate(grad.trainable):
+            g = take(name)
+            if g is None:   # no path from this initializer to the output: its gradient is zero
+                g = e.const(np.zeros(grad.params[name].shape, np.float32))
+            self.grad_outputs[name] = out = f"{PREFIX}_grad{i}"
+            e.nodes.append(helper.make_node("Identity", [g], [out], name=out))
+
+        graph = proto.graph
+        moved = [t for t in graph.initializer if t.name in trainable]
+        kept = [t for t in graph.initializer if t.name not in trainable]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+        graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved)
+        del graph.output[:]
+        del graph.value_info[:]
+        graph.output.append(helper.make_empty_tensor_value_info(grad.output))
+        forward = onnx.ModelProto()
+        forward.CopyFrom(proto)
+
+        nodes = list(graph.node)
+        del graph.node[:]
+        for node in nodes:   # in place: a mask computed last would keep every ReLU input alive to the end
+            graph.node.extend(e.before.get(node.output[0], []))
+            node.output.extend(e.outputs.get(node.output[0], []))
+            graph.node.append(node)
+        graph.node.extend(e.nodes)
+        graph.initializer.extend(e.inits)
+        graph.input.extend([helper.make_tensor_value_info(ONEHOT, onnx.TensorProto.FLOAT, [None, self.classes]),
+                            helper.make_tensor_value_info(SCALE, onnx.TensorProto.FLOAT, [])])
+        graph.output.extend(helper.make_empty_tensor_value_info(n) for n in self.grad_outputs.values())
+        self.trainable = [t.name for t in moved]
+        self.outputs = [grad.output, *self.grad_outputs.values()]
+        self.session = _session(proto, grad, threads, arena)
+        self.eval_session = _session(forward, grad, threads, arena)
+
+    def _feeds(self, x: np.ndarray) -> dict:
+        feeds = {self.grad.input: np.asarray(x, np.float32)}
+        feeds.update({n: self.grad.params[n] for n in self.trainable})
+        return feeds
+
+    def step(self, x: np.ndarray, labels: np.ndarray, scale: float) -> tuple:
+        feeds = self._feeds(x)
+        onehot = np.zeros((len(labels), self.classes), np.float32)
+        onehot[np.arange(len(labels)), np.asarray(labels, np.int64)] = 1
+        feeds[ONEHOT], feeds[SCALE] = onehot, np.asarray(scale, np.float32)
+        got = self.session.run(self.outputs, feeds)
+        return got[0], {n: g.reshape(self.grad.params[n].shape) for n, g in zip(self.grad_outputs, got[1:])}
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return self.eval_session.run([self.grad.output], self._feeds(x))[0]
+
+
+def _session(proto, grad: GradGraph, threads: int, arena: bool):
+    """A session of ``proto`` whose frozen float initializers are the buffers ``grad.params`` holds (one copy
+    in the process, shared by both sessions), where this onnxruntime can (add_initializer, 1.8+)."""
+    ort = _lazy.onnxruntime()
+    opts = _lazy.ort_session_options(threads, arena=arena, priority_order=True, prepack=False)
+    share = hasattr(opts, "add_initializer") and hasattr(ort, "OrtValue")
+    if share:
+        shared = []
+        for t in proto.graph.initializer:
+            value = grad.params.get(t.name)
+            if value is not None and value.dtype == np.float32 and value.flags.c_contiguous and value.size > 16:
+                ort_value = ort.OrtValue.ortvalue_from_numpy(value)
+                opts.add_initializer(t.name, ort_value)
+                shared.append(ort_value)
+    session = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    if share:
+        session._edgetrain_shared = shared   # the OrtValues must outlive the session
+    return session
