@@ -41,7 +41,7 @@ from ..fileio import atomic_write_bytes
 from ..models import load_onnx
 from . import checkpoint as ckpt
 from . import lite, onnx_grad, store
-from . import ort_forward
+from . import ort_forward, ort_train
 from .ort_forward import OrtForward
 from .memplan import MB, Costs, choose, plan_for
 from .onnx_layers import WEIGHTED, cut_before_layer, extract, shapes_of
@@ -70,6 +70,7 @@ class OnnxEngine:
         self.proto = None            # the model, its output layer resized when the classes differ
         self.grad: onnx_grad.GradGraph | None = None
         self.fwd: OrtForward | None = None   # bias/lite: the forward in ONNX Runtime (the backward: self.grad)
+        self.step_graph: ort_train.OrtTrain | None = None   # bias/lite: the whole step in ONNX Runtime
         self.weights: dict[str, np.ndarray] = {}
         self.cut: str | None = None
         self.frozen_bytes: bytes | None = None
@@ -208,21 +209,48 @@ class OnnxEngine:
                       feat * 4, job.batch_size, self.has_frozen)
         if self.kind not in ("bias", "lite"):
             return plan_for(costs, job.budget_mb, saved), costs
-        # ONNX Runtime's sessions cost memory up front (and the masks come back a byte per value): used when
-        # they fit the budget (always without one), else NumPy's forward, as a resumed run's plan says
-        with_ort = dataclasses.replace(costs, base_mb=costs.base_mb + ort_forward.sessions_mb(len(self.model_bytes())),
+        return self._plan_runtime(costs, train_mb, masks_mb, saved)
+
+    def _plan_runtime(self, costs: Costs, train_mb: float, masks_mb: float, saved: dict | None):
+        """bias/lite: where the step runs, the fastest that fits the budget (always the first without one), as a
+        resumed run's plan says (the three round differently):
+        - ``ort_step``: the whole step as one ONNX Runtime graph (ort_train), when the graph's backward can be
+          written in ONNX;
+        - ``ort_forward``: the forward in ONNX Runtime, the backward NumPy's with ORT's ConvTranspose;
+        - else NumPy's forward and backward.
+        ONNX Runtime's sessions cost memory up front, and its tensors (masks a byte per value) per sample."""
+        job = self.job
+        x = np.zeros((1, *job.pre.input_shape), np.float32)
+        size = len(self.model_bytes())
+        fused = dataclasses.replace(costs, base_mb=costs.base_mb + ort_train.sessions_mb(size),
+                                    train_per_sample=ort_train.STEP_PER_SAMPLE * (train_mb + masks_mb))
+        with_ort = dataclasses.replace(costs, base_mb=costs.base_mb + ort_forward.sessions_mb(size),
                                        train_per_sample=train_mb + masks_mb)
-        use = saved.get("ort_forward", False) if saved is not None else self._fits(with_ort)
-        plan = plan_for(with_ort if use else costs, job.budget_mb, saved)
-        plan.ort_forward = use
-        if use:
+        step = None
+        if saved.get("ort_step", False) if saved is not None else self._fits(fused):
+            try:   # written only when it may run: the graph's making alone takes memory (a NumPy plan's margin)
+                step = ort_train.OrtTrain(self.proto, self.grad)
+            except onnx_grad.NotEmitted as e:
+                job.notes.append(f"the backward runs in NumPy: {e}")
+        if saved is not None:
+            use_step, use_fwd = saved.get("ort_step", False), saved.get("ort_forward", False)
+        else:
+            use_step = step is not None
+            use_fwd = not use_step and self._fits(with_ort)
+        plan = plan_for(fused if use_step else with_ort if use_fwd else costs, job.budget_mb, saved)
+        plan.ort_step, plan.ort_forward = use_step, use_fwd
+        if use_step:
+            self.step_graph = step.start(job.threads)
+            self.step_graph.step(x, np.zeros(1, np.int64), 0.0)   # its first run allocates what later ones reuse
+        elif use_fwd:
             self.fwd = OrtForward(self.proto, self.grad, job.threads)
             out, tape = self.fwd.forward(x)   # its ConvTranspose sessions are made at first use
             self.grad.backward(tape, np.zeros_like(out))
-        else:
-            job.notes.append(f"the forward runs in NumPy: ONNX Runtime's sessions (about "
-                             f"{ort_forward.sessions_mb(len(self.model_bytes())):.0f} MB) do not fit the memory budget")
-        return plan, (with_ort if use else costs)
+        elif saved is None:
+            least = min(ort_train.sessions_mb(size), ort_forward.sessions_mb(size))
+            job.notes.append(f"the step runs in NumPy: ONNX Runtime's sessions (about {least:.0f} MB) do not fit "
+                             "the memory budget")
+        return plan, (fused if use_step else with_ort if use_fwd else costs)
 
     def _fits(self, costs: Costs) -> bool:
         if self.job.budget_mb is None:
@@ -271,6 +299,13 @@ class OnnxEngine:
         with np.errstate(over="ignore", invalid="ignore"):  # a diverged loss is reported by the job, once
             for start in range(0, real, micro):
                 part = idx[start:start + micro]
+                if self.step_graph is not None:
+                    out, got = self.step_graph.step(inputs(part), labels[part], 1.0 / real)
+                    loss, right, _ = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])
+                    loss_sum, correct = loss_sum + loss, correct + right
+                    for k, g in got.items():
+                        grads[k] += g
+                    continue
                 out, tape = self._forward(inputs(part))
                 loss, right, dlogits = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])
                 loss_sum, correct = loss_sum + loss, correct + right
@@ -283,6 +318,8 @@ class OnnxEngine:
         return self.fwd.forward(x) if self.fwd is not None else self.grad.forward(x)
 
     def _output(self, x: np.ndarray) -> np.ndarray:
+        if self.step_graph is not None:
+            return self.step_graph.predict(x)
         return self.fwd.predict(x) if self.fwd is not None else self.grad.forward(x)[0]
 
     def evaluate(self, inputs, labels: np.ndarray, micro: int) -> tuple[float, float]:

@@ -65,8 +65,11 @@ class MemoryPlan:
     # 109-125 MB with the arena. A plan saved (in a checkpoint) with it off keeps it off.
     arena: bool = True
     # --train-layers bias/lite: the forward (and each Conv's input gradient) in ONNX Runtime sessions, when
-    # they fit the budget; else NumPy's. A resumed run keeps the choice (the two round differently).
+    # they fit the budget and ort_step is not used; else NumPy's. A resumed run keeps the choice (the two round differently).
     ort_forward: bool = False
+    # --train-layers bias/lite: the whole step (forward, loss gradient, backward) as one ONNX Runtime graph
+    # (ort_train), when its backward can be written in ONNX and the sessions fit; kept on resume as above
+    ort_step: bool = False
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:

@@ -34,6 +34,11 @@ SESSIONS_FIXED_MB = 45.0
 SESSIONS_PER_MODEL_MB = 2.0
 
 
+# A step's tensors per sample against NumPy's figure for it (its peak, tape and temporaries, plus the masks at a
+# byte per value): measured 15 MB against 13.2 (MobileNetV2-1.0 lite, 160x160, batch 1 and 4, ORT's arena).
+STEP_PER_SAMPLE = 1.25
+
+
 def sessions_mb(model_bytes: int) -> float:
     return SESSIONS_FIXED_MB + SESSIONS_PER_MODEL_MB * model_bytes / 2**20
 
@@ -142,13 +147,13 @@ class OrtTrain:
     """``step(x, labels, scale) -> (logits, {trainable: gradient})`` of the summed cross-entropy times
     ``scale``, and ``predict(x)``, each one ONNX Runtime run. Raises NotEmitted for a graph it cannot write."""
 
-    def __init__(self, model, grad: GradGraph, threads: int, arena: bool = False):
+    def __init__(self, model, grad: GradGraph):
         if grad.dtype != np.float32:
             raise NotEmitted("model", "graph", "only float32 graphs")
         onnx = _lazy.onnx()
         helper = onnx.helper
-        proto = onnx.ModelProto()
-        proto.CopyFrom(load_model(model))
+        shared = _shared(load_model(model).graph, grad) if _shares() else []
+        proto = _copy(load_model(model), shared)
         self.grad = grad
         trainable = set(grad.trainable)
         e = _Emitter(grad, shapes_of(proto))
@@ -204,14 +209,25 @@ class OrtTrain:
             node.output.extend(e.outputs.get(node.output[0], []))
             graph.node.append(node)
         graph.node.extend(e.nodes)
-        graph.initializer.extend(e.inits)
+        used = {name for node in graph.node for name in node.input}   # ORT warns of an unused one, on stderr
+        graph.initializer.extend(t for t in e.inits if t.name in used)
         graph.input.extend([helper.make_tensor_value_info(ONEHOT, onnx.TensorProto.FLOAT, [None, self.classes]),
                             helper.make_tensor_value_info(SCALE, onnx.TensorProto.FLOAT, [])])
         graph.output.extend(helper.make_empty_tensor_value_info(n) for n in self.grad_outputs.values())
         self.trainable = [t.name for t in moved]
         self.outputs = [grad.output, *self.grad_outputs.values()]
-        self.session = _session(proto, grad, threads, arena)
-        self.eval_session = _session(forward, grad, threads, arena)
+        self.protos, self.shared = (proto, forward), shared
+        self.session = self.eval_session = None
+
+    def start(self, threads: int, evaluate: bool = True) -> OrtTrain:
+        """The sessions: the step's (with ORT's arena: its tensors' sizes repeat every step) and, if
+        ``evaluate``, a forward-only one for :meth:`predict` (else predict runs the step's, its gradients
+        unused: slower, no memory more)."""
+        train, forward = self.protos
+        self.session = _session(train, self.grad, threads, True, self.shared)
+        self.eval_session = _session(forward, self.grad, threads, False, self.shared) if evaluate else None
+        self.protos = None
+        return self
 
     def _feeds(self, x: np.ndarray) -> dict:
         feeds = {self.grad.input: np.asarray(x, np.float32)}
@@ -227,24 +243,68 @@ class OrtTrain:
         return got[0], {n: g.reshape(self.grad.params[n].shape) for n, g in zip(self.grad_outputs, got[1:])}
 
     def predict(self, x: np.ndarray) -> np.ndarray:
+        if self.eval_session is None:
+            return self.step(x, np.zeros(len(x), np.int64), 0.0)[0]
         return self.eval_session.run([self.grad.output], self._feeds(x))[0]
 
 
-def _session(proto, grad: GradGraph, threads: int, arena: bool):
-    """A session of ``proto`` whose frozen float initializers are the buffers ``grad.params`` holds (one copy
-    in the process, shared by both sessions), where this onnxruntime can (add_initializer, 1.8+)."""
+def _shares() -> bool:
+    """This onnxruntime takes a session's initializers as the caller's buffers (add_external_initializers)."""
+    ort = _lazy.onnxruntime()
+    return hasattr(ort.SessionOptions, "add_external_initializers") and hasattr(ort, "OrtValue")
+
+
+def _shared(graph, grad: GradGraph) -> list[str]:
+    """The initializers a session takes from ``grad.params`` rather than from the graph: the frozen float32
+    weights (a scalar or a few values stay in the graph, where constant folding may read them; the trained ones
+    are inputs)."""
+    trainable = set(grad.trainable)
+    return [t.name for t in graph.initializer if t.name in grad.params and t.name not in trainable
+            and grad.params[t.name].dtype == np.float32
+            and grad.params[t.name].size > 16 and grad.params[t.name].flags.c_contiguous]
+
+
+def _copy(model, shared: list[str]):
+    """A copy of ``model`` whose ``shared`` initializers are empty (their dims kept): the sessions read the
+    buffers instead, and the copies made on the way (this one, the serialized bytes, ONNX Runtime's parse)
+    stay small."""
+    onnx = _lazy.onnx()
+    graph = model.graph
+    kept = list(graph.initializer)
+    del graph.initializer[:]   # not copied: put back below, untouched
+    try:
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+    finally:
+        graph.initializer.extend(kept)
+    names = set(shared)
+    for t in kept:
+        if t.name in names:
+            empty = proto.graph.initializer.add()
+            empty.name, empty.data_type = t.name, t.data_type
+            empty.dims.extend(t.dims)
+            empty.data_location = onnx.TensorProto.EXTERNAL   # what add_external_initializers replaces
+            where = empty.external_data.add()
+            where.key, where.value = "location", "edgetrain-shared"
+        else:
+            proto.graph.initializer.add().CopyFrom(t)
+    return proto
+
+
+def _session(proto, grad: GradGraph, threads: int, arena: bool, shared: list[str]):
+    """A session of ``proto`` whose ``shared`` initializers are the buffers ``grad.params`` holds (one copy of
+    the weights in the process, whatever the number of sessions)."""
     ort = _lazy.onnxruntime()
     opts = _lazy.ort_session_options(threads, arena=arena, priority_order=True, prepack=False)
-    share = hasattr(opts, "add_initializer") and hasattr(ort, "OrtValue")
-    if share:
-        shared = []
-        for t in proto.graph.initializer:
-            value = grad.params.get(t.name)
-            if value is not None and value.dtype == np.float32 and value.flags.c_contiguous and value.size > 16:
-                ort_value = ort.OrtValue.ortvalue_from_numpy(value)
-                opts.add_initializer(t.name, ort_value)
-                shared.append(ort_value)
+    # the arena without ORT's memory pattern: the pattern's one block came on top of the first run's chunks,
+    # which the arena keeps (a batch-4 lite step at 160x160 peaked 36 MB higher with it, at the same speed)
+    opts.enable_mem_pattern = False
+    # ENABLE_ALL's NCHWc layout copied every Conv weight again (9 MB more for MobileNetV2 lite) for no speed
+    # here: a step took 151-200 ms either way (160x160, batch 4)
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    values = [ort.OrtValue.ortvalue_from_numpy(grad.params[n]) for n in shared]
+    if shared:
+        opts.add_external_initializers(shared, values)
     session = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    if share:
-        session._edgetrain_shared = shared   # the OrtValues must outlive the session
+    session._edgetrain_shared = values   # the OrtValues (views of grad.params) must outlive the session
     return session
