@@ -24,19 +24,22 @@ import numpy as np
 
 from .. import _lazy
 from .onnx_grad import GradGraph, NotEmitted, load_model
-from .onnx_layers import shapes_of
+from .onnx_layers import shapes_of, without_weights
 
-ONEHOT, SCALE, PREFIX = "edgetrain_onehot", "edgetrain_scale", "edgetrain_bwd"
+ONEHOT, SCALE, TRAIN, PREFIX = "edgetrain_onehot", "edgetrain_scale", "edgetrain_train", "edgetrain_bwd"
 
 # What the two sessions take beyond the process before them (the library, the graph's own copies and
 # transforms of the weights, their first runs), MiB: 45 + 2x the file bounds what was measured (see plan()).
-SESSIONS_FIXED_MB = 45.0
-SESSIONS_PER_MODEL_MB = 2.0
+SESSIONS_FIXED_MB = 30.0
+SESSIONS_PER_MODEL_MB = 1.25
 
 
 # A step's tensors per sample against NumPy's figure for it (its peak, tape and temporaries, plus the masks at a
 # byte per value): measured 15 MB against 13.2 (MobileNetV2-1.0 lite, 160x160, batch 1 and 4, ORT's arena).
 STEP_PER_SAMPLE = 1.25
+# The step's speed per sample is the same at any micro-batch (MobileNetV2 lite, 160x160: 38 ms at 1, 135 at 4),
+# its memory is not: the plan holds its tensors to this (at least one sample), budget or not.
+STEP_CAP_MB = 24.0
 
 
 def sessions_mb(model_bytes: int) -> float:
@@ -123,6 +126,11 @@ class _Emitter:
             parts = [out]
         return parts[0]
 
+    def masked(self, dy: str, mask: str) -> str:
+        """``dy`` where ``mask`` holds, else 0: a multiply by the mask cast to float (ORT's Where against a scalar
+        0 took 13.6 of a 52 ms step, MobileNetV2 lite at 160x160; this, a third of that)."""
+        return self.node("Mul", [dy, self.node("Cast", [mask], to=1)])
+
     def indices(self, node) -> str:
         """The forward node's second output (MaxPool's Indices), added."""
         out = self._name()
@@ -152,8 +160,9 @@ class OrtTrain:
             raise NotEmitted("model", "graph", "only float32 graphs")
         onnx = _lazy.onnx()
         helper = onnx.helper
-        shared = _shared(load_model(model).graph, grad) if _shares() else []
-        proto = _copy(load_model(model), shared)
+        model = load_model(model)
+        shared = frozen_weights(model.graph, grad) if _shares() else []
+        proto = without_weights(model, shared)
         self.grad = grad
         trainable = set(grad.trainable)
         e = _Emitter(grad, shapes_of(proto))
@@ -182,13 +191,14 @@ class OrtTrain:
             for name, need, g in zip(node.input, op.need, op.emit(e, node, dy)):
                 if need and g is not None:
                     pending.setdefault(name, []).append(g)
-        self.grad_outputs = {}
+        self.grad_outputs, inner = {}, []
         for i, name in enumerate(grad.trainable):
             g = take(name)
             if g is None:   # no path from this initializer to the output: its gradient is zero
                 g = e.const(np.zeros(grad.params[name].shape, np.float32))
-            self.grad_outputs[name] = out = f"{PREFIX}_grad{i}"
-            e.nodes.append(helper.make_node("Identity", [g], [out], name=out))
+            self.grad_outputs[name] = f"{PREFIX}_grad{i}"
+            inner.append(f"{PREFIX}_g{i}")
+            e.nodes.append(helper.make_node("Identity", [g], [inner[-1]], name=inner[-1]))
 
         graph = proto.graph
         moved = [t for t in graph.initializer if t.name in trainable]
@@ -199,34 +209,41 @@ class OrtTrain:
         del graph.output[:]
         del graph.value_info[:]
         graph.output.append(helper.make_empty_tensor_value_info(grad.output))
-        forward = onnx.ModelProto()
-        forward.CopyFrom(proto)
-
         nodes = list(graph.node)
         del graph.node[:]
         for node in nodes:   # in place: a mask computed last would keep every ReLU input alive to the end
             graph.node.extend(e.before.get(node.output[0], []))
             node.output.extend(e.outputs.get(node.output[0], []))
             graph.node.append(node)
-        graph.node.extend(e.nodes)
-        used = {name for node in graph.node for name in node.input}   # ORT warns of an unused one, on stderr
+        # the loss and the backward run only when TRAIN is true (evaluation: the forward alone, in the same
+        # session; a second, forward-only session cost 10 MB more and its run 7, MobileNetV2 lite at 160x160)
+        float_out = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in inner]
+        backward = helper.make_graph(e.nodes, f"{PREFIX}_backward", [], float_out)
+        nothing = [f"{PREFIX}_none{i}" for i in range(len(inner))]
+        skipped = helper.make_graph(
+            [helper.make_node("Constant", [], [n], value=self._empty(onnx)) for n in nothing], f"{PREFIX}_skipped", [],
+            [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in nothing])
+        graph.node.append(helper.make_node("If", [TRAIN], list(self.grad_outputs.values()), name=f"{PREFIX}_if",
+                                           then_branch=backward, else_branch=skipped))
+        used = {name for node in e.nodes + list(graph.node) for name in node.input}   # ORT warns of an unused one
         graph.initializer.extend(t for t in e.inits if t.name in used)
         graph.input.extend([helper.make_tensor_value_info(ONEHOT, onnx.TensorProto.FLOAT, [None, self.classes]),
-                            helper.make_tensor_value_info(SCALE, onnx.TensorProto.FLOAT, [])])
+                            helper.make_tensor_value_info(SCALE, onnx.TensorProto.FLOAT, []),
+                            helper.make_tensor_value_info(TRAIN, onnx.TensorProto.BOOL, [])])
         graph.output.extend(helper.make_empty_tensor_value_info(n) for n in self.grad_outputs.values())
         self.trainable = [t.name for t in moved]
         self.outputs = [grad.output, *self.grad_outputs.values()]
-        self.protos, self.shared = (proto, forward), shared
-        self.session = self.eval_session = None
+        self.proto, self.shared = proto, shared
+        self.session = None
 
-    def start(self, threads: int, evaluate: bool = True) -> OrtTrain:
-        """The sessions: the step's (with ORT's arena: its tensors' sizes repeat every step) and, if
-        ``evaluate``, a forward-only one for :meth:`predict` (else predict runs the step's, its gradients
-        unused: slower, no memory more)."""
-        train, forward = self.protos
-        self.session = _session(train, self.grad, threads, True, self.shared)
-        self.eval_session = _session(forward, self.grad, threads, False, self.shared) if evaluate else None
-        self.protos = None
+    @staticmethod
+    def _empty(onnx):
+        return onnx.numpy_helper.from_array(np.zeros(0, np.float32))
+
+    def start(self, threads: int) -> OrtTrain:
+        """The session (with ORT's arena: its tensors' sizes repeat every step)."""
+        self.session = _session(self.proto, self.grad, threads, True, self.shared)
+        self.proto = None
         return self
 
     def _feeds(self, x: np.ndarray) -> dict:
@@ -235,17 +252,20 @@ class OrtTrain:
         return feeds
 
     def step(self, x: np.ndarray, labels: np.ndarray, scale: float) -> tuple:
-        feeds = self._feeds(x)
-        onehot = np.zeros((len(labels), self.classes), np.float32)
-        onehot[np.arange(len(labels)), np.asarray(labels, np.int64)] = 1
-        feeds[ONEHOT], feeds[SCALE] = onehot, np.asarray(scale, np.float32)
-        got = self.session.run(self.outputs, feeds)
-        return got[0], {n: g.reshape(self.grad.params[n].shape) for n, g in zip(self.grad_outputs, got[1:])}
+        logits, grads = self._run(x, labels, scale, True)
+        return logits, {n: g.reshape(self.grad.params[n].shape) for n, g in zip(self.grad_outputs, grads)}
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        if self.eval_session is None:
-            return self.step(x, np.zeros(len(x), np.int64), 0.0)[0]
-        return self.eval_session.run([self.grad.output], self._feeds(x))[0]
+        return self._run(x, np.zeros(len(x), np.int64), 0.0, False)[0]
+
+    def _run(self, x, labels, scale, train: bool) -> tuple:
+        feeds = {self.grad.input: np.asarray(x, np.float32)}
+        feeds.update({n: self.grad.params[n] for n in self.trainable})
+        onehot = np.zeros((len(labels), self.classes), np.float32)
+        onehot[np.arange(len(labels)), np.asarray(labels, np.int64)] = 1
+        feeds[ONEHOT], feeds[SCALE], feeds[TRAIN] = onehot, np.asarray(scale, np.float32), np.asarray(train)
+        got = self.session.run(self.outputs, feeds)
+        return got[0], got[1:]
 
 
 def _shares() -> bool:
@@ -254,41 +274,14 @@ def _shares() -> bool:
     return hasattr(ort.SessionOptions, "add_external_initializers") and hasattr(ort, "OrtValue")
 
 
-def _shared(graph, grad: GradGraph) -> list[str]:
+def frozen_weights(graph, grad: GradGraph) -> list[str]:
     """The initializers a session takes from ``grad.params`` rather than from the graph: the frozen float32
     weights (a scalar or a few values stay in the graph, where constant folding may read them; the trained ones
     are inputs)."""
     trainable = set(grad.trainable)
     return [t.name for t in graph.initializer if t.name in grad.params and t.name not in trainable
-            and grad.params[t.name].dtype == np.float32
+            and t.data_type == 1 and grad.params[t.name].dtype == np.float32
             and grad.params[t.name].size > 16 and grad.params[t.name].flags.c_contiguous]
-
-
-def _copy(model, shared: list[str]):
-    """A copy of ``model`` whose ``shared`` initializers are empty (their dims kept): the sessions read the
-    buffers instead, and the copies made on the way (this one, the serialized bytes, ONNX Runtime's parse)
-    stay small."""
-    onnx = _lazy.onnx()
-    graph = model.graph
-    kept = list(graph.initializer)
-    del graph.initializer[:]   # not copied: put back below, untouched
-    try:
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model)
-    finally:
-        graph.initializer.extend(kept)
-    names = set(shared)
-    for t in kept:
-        if t.name in names:
-            empty = proto.graph.initializer.add()
-            empty.name, empty.data_type = t.name, t.data_type
-            empty.dims.extend(t.dims)
-            empty.data_location = onnx.TensorProto.EXTERNAL   # what add_external_initializers replaces
-            where = empty.external_data.add()
-            where.key, where.value = "location", "edgetrain-shared"
-        else:
-            proto.graph.initializer.add().CopyFrom(t)
-    return proto
 
 
 def _session(proto, grad: GradGraph, threads: int, arena: bool, shared: list[str]):
