@@ -223,6 +223,30 @@ def test_an_op_the_gradient_code_lacks_is_one_line_and_no_model(host_export, dev
     assert res.code == 0, res.err
 
 
+@pytest.mark.parametrize("layers", ["bias", "lite"])
+def test_a_backward_onnx_cannot_write_trains_with_numpys_and_says_so(layers, host_export, device_env, tmp_path):
+    """Max-pools whose windows overlap (3x3, stride 2: the same output size here): the step's ONNX graph has no
+    form for their backward (MaxUnpool writes, it does not add), so the run says so in a note and trains with
+    ONNX Runtime's forward and NumPy's backward, which covers them."""
+    import onnx
+
+    proto = onnx.load(str(host_export / "digits5.onnx"))
+    for node in (n for n in proto.graph.node if n.op_type == "MaxPool"):
+        del node.attribute[:]
+        node.attribute.extend([onnx.helper.make_attribute("kernel_shape", [3, 3]),
+                               onnx.helper.make_attribute("strides", [2, 2]),
+                               onnx.helper.make_attribute("pads", [1, 1, 1, 1])])
+    onnx.save(proto, str(tmp_path / "overlap.onnx"))
+    res = run_edgetrain("finetune", tmp_path / "overlap.onnx", "--data", host_export / "train.npz", "-o",
+                        tmp_path / "run", "--train-layers", layers, "--epochs", "1", "--allow-chance", "--json", "-",
+                        env=device_env)
+    assert res.code == 0, res.err
+    r = res.json()
+    assert r["plan"]["ort_step"] is False and r["plan"]["ort_forward"] is True, r["plan"]
+    assert any(n.startswith("the backward runs in NumPy: cannot differentiate MaxPool node") and "overlapping" in n
+               for n in r["notes"]), r["notes"]
+
+
 @pytest.mark.parametrize("layers", ["head", "bias"])
 def test_a_diverging_run_on_the_device_fails_and_writes_no_model(layers, host_export, device_env, tmp_path):
     res = run_edgetrain("finetune", host_export / "digits5.onnx", "--data", host_export / "train.npz", "-o",
