@@ -16,9 +16,10 @@ in its metadata. What trains follows ``--train-layers``:
   ops: a small group convolution on a 2x-downsampled copy of each block's input, a 1x1 projection, upsampled
   and added to the block's output. Their weights train from a zero output; every original weight is frozen.
   The backward pass keeps the same bit masks as ``bias`` plus the modules' own (downsampled) inputs.
-  With ``bias`` and ``lite`` the forward runs in ONNX Runtime, the graph's extra outputs being what the
-  tape holds (ort_forward), and each Conv's input gradient is ORT's ConvTranspose; the rest of the backward
-  is NumPy's (onnx_grad), which stays the reference both are tested against.
+  With ``bias`` and ``lite`` the whole step (forward, the loss's gradient, backward) is one ONNX Runtime graph
+  (ort_train) when the plan fits it; if the graph's backward has an op ONNX cannot write here, the forward runs
+  in ONNX Runtime and the backward in NumPy (ort_forward); else both in NumPy (onnx_grad), which stays the
+  reference the others are tested against.
 - ``all``: every weight trains in NumPy (the activations a weight's gradient needs are kept).
 
 The result is OUTDIR/model.onnx: the same graph with the trained initializers (a replaced output layer

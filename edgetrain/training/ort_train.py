@@ -131,6 +131,12 @@ class _Emitter:
             parts = [out]
         return parts[0]
 
+    def channel_sum(self, t: str) -> str:
+        """``t`` (N, C, ...) summed over every axis but the channels: (C,), whatever its rank (a backward value's
+        shape is not inferred; one ReduceSum over axes 0, 2, ... was no faster)."""
+        rows = self.node("ReduceSum", [self.node("Reshape", [t, self.ints([0, 0, -1])]), self.ints([2])], keepdims=0)
+        return self.node("ReduceSum", [rows, self.ints([0])], keepdims=0)
+
     def masked(self, dy: str, mask: str) -> str:
         """``dy`` where ``mask`` holds, else 0: a multiply by the mask cast to float (ORT's Where against a scalar
         0 took 13.6 of a 52 ms step, MobileNetV2 lite at 160x160; this, a third of that)."""
