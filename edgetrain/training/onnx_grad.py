@@ -377,7 +377,7 @@ class _Conv(_Op):
         x, w = node.input[:2]
         _, h, wd = e.dims(x)[1:]
         if len(self.need) > 2 and self.need[2]:
-            grads[2] = e.channel_sum(dy)
+            grads[2] = e.channel_sum(dy, 4)
         if self.need[0]:
             grads[0] = e.node("ConvTranspose", [dy, w], group=self.groups, **self.win.transpose_attrs(h, wd))
         if self.need[1]:
@@ -512,17 +512,20 @@ class _BatchNorm(_Op):
     def emit(self, e, node, dy):
         x, scale, _, mean, var = node.input
         rank = len(e.dims(x))
-        channel = e.ints([-1] + [1] * (rank - 2))
         var_c = e.const_value(var)
-        inv = e.const(_per_channel(1 / np.sqrt(var_c + var_c.dtype.type(self.a.get("epsilon", 1e-5))), rank))
+        inv = _per_channel(1 / np.sqrt(var_c + var_c.dtype.type(self.a.get("epsilon", 1e-5))), rank)
         grads = [None] * 5
         if self.need[2]:
-            grads[2] = e.channel_sum(dy)
+            grads[2] = e.channel_sum(dy, rank)
         if self.need[1]:
-            xhat = e.node("Mul", [e.node("Sub", [x, e.const(_per_channel(e.const_value(mean), rank))]), inv])
-            grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]))
+            xhat = e.node("Mul", [e.node("Sub", [x, e.const(_per_channel(e.const_value(mean), rank))]), e.const(inv)])
+            grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]), rank)
         if self.need[0]:
-            grads[0] = e.node("Mul", [dy, e.node("Mul", [e.node("Reshape", [scale, channel]), inv])])
+            if self.need[1]:   # the scale trains: the gain from its current value
+                gain = e.node("Mul", [e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))]), e.const(inv)])
+            else:
+                gain = e.const((_per_channel(e.const_value(scale), rank) * inv).astype(np.float32))
+            grads[0] = e.node("Mul", [dy, gain])
         return grads
 
 

@@ -131,11 +131,9 @@ class _Emitter:
             parts = [out]
         return parts[0]
 
-    def channel_sum(self, t: str) -> str:
-        """``t`` (N, C, ...) summed over every axis but the channels: (C,), whatever its rank (a backward value's
-        shape is not inferred; one ReduceSum over axes 0, 2, ... was no faster)."""
-        rows = self.node("ReduceSum", [self.node("Reshape", [t, self.ints([0, 0, -1])]), self.ints([2])], keepdims=0)
-        return self.node("ReduceSum", [rows, self.ints([0])], keepdims=0)
+    def channel_sum(self, t: str, rank: int) -> str:
+        """``t`` (N, C, ...) of ``rank`` summed over every axis but the channels: (C,)."""
+        return self.node("ReduceSum", [t, self.ints([0] + list(range(2, rank)))], keepdims=0)
 
     def masked(self, dy: str, mask: str) -> str:
         """``dy`` where ``mask`` holds, else 0: a multiply by the mask cast to float (ORT's Where against a scalar
@@ -203,13 +201,17 @@ class OrtTrain:
                 if need and g is not None:
                     pending.setdefault(name, []).append(g)
         self.grad_outputs, inner = {}, []
+        made = {o for node in e.nodes for o in node.output}
         for i, name in enumerate(grad.trainable):
             g = take(name)
             if g is None:   # no path from this initializer to the output: its gradient is zero
                 g = e.const(np.zeros(grad.params[name].shape, np.float32))
             self.grad_outputs[name] = f"{PREFIX}_grad{i}"
-            inner.append(f"{PREFIX}_g{i}")
-            e.nodes.append(helper.make_node("Identity", [g], [inner[-1]], name=inner[-1]))
+            if g in made and g not in inner:   # the branch's own value: its output as it is (fewer nodes to run)
+                inner.append(g)
+            else:   # a constant, or a value given twice: an output of its own
+                inner.append(f"{PREFIX}_g{i}")
+                e.nodes.append(helper.make_node("Identity", [g], [inner[-1]], name=inner[-1]))
 
         graph = proto.graph
         moved = [t for t in graph.initializer if t.name in trainable]
