@@ -19,8 +19,9 @@ forward).
 
 A graph with an op whose backward has no ONNX form here (:class:`~.onnx_grad.NotEmitted`) is refused at
 build; the engine then trains it with the forward in ONNX Runtime and NumPy's backward (ort_forward).
-Measured (MobileNetV2-1.0 lite, 160x160, one sample a step, 2 threads): 24-38 ms a step against 95 + 198 ms
-NumPy's and 42 + 114 ms with ort_forward; the sessions ~45 MB against ort_forward's 92.
+Measured (MobileNetV2-1.0 lite, 160x160, 2 threads, a loaded machine): 24-38 ms a one-sample step, against
+about 73 a sample for NumPy's and 39 with ort_forward (batch 4); the library and session about 45 MB against
+ort_forward's 92.
 """
 from __future__ import annotations
 
