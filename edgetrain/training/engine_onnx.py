@@ -236,7 +236,8 @@ class OnnxEngine:
             except onnx_grad.NotEmitted as e:
                 job.notes.append(f"the backward runs in NumPy: {e}")
         if saved is not None:
-            use_step, use_fwd = saved.get("ort_step", False), saved.get("ort_forward", False)
+            # (a step graph the saved plan used and this one cannot write: NumPy's backward, said in the notes)
+            use_step, use_fwd = saved.get("ort_step", False) and step is not None, saved.get("ort_forward", False)
         else:
             use_step = step is not None
             use_fwd = not use_step and self._fits(with_ort)
