@@ -16,9 +16,10 @@ in its metadata. What trains follows ``--train-layers``:
   ops: a small group convolution on a 2x-downsampled copy of each block's input, a 1x1 projection, upsampled
   and added to the block's output. Their weights train from a zero output; every original weight is frozen.
   The backward pass keeps the same bit masks as ``bias`` plus the modules' own (downsampled) inputs.
-  With ``bias`` and ``lite`` the forward runs in ONNX Runtime, the graph's extra outputs being what the
-  tape holds (ort_forward), and each Conv's input gradient is ORT's ConvTranspose; the rest of the backward
-  is NumPy's (onnx_grad), which stays the reference both are tested against.
+  With ``bias`` and ``lite`` the whole step (forward, the loss's gradient, backward) is one ONNX Runtime graph
+  (ort_train) when the plan fits it; if the graph's backward has an op ONNX cannot write here, the forward runs
+  in ONNX Runtime and the backward in NumPy (ort_forward); else both in NumPy (onnx_grad), which stays the
+  reference the others are tested against.
 - ``all``: every weight trains in NumPy (the activations a weight's gradient needs are kept).
 
 The result is OUTDIR/model.onnx: the same graph with the trained initializers (a replaced output layer
@@ -41,10 +42,10 @@ from ..fileio import atomic_write_bytes
 from ..models import load_onnx
 from . import checkpoint as ckpt
 from . import lite, onnx_grad, store
-from . import ort_forward
+from . import ort_forward, ort_train
 from .ort_forward import OrtForward
 from .memplan import MB, Costs, choose, plan_for
-from .onnx_layers import WEIGHTED, cut_before_layer, extract, shapes_of
+from .onnx_layers import WEIGHTED, cut_before_layer, extract, shapes_of, without_weights, write_streamed
 from .optimizers import make_numpy_optimizer
 from .outdir import ONNX_MODEL
 
@@ -70,6 +71,8 @@ class OnnxEngine:
         self.proto = None            # the model, its output layer resized when the classes differ
         self.grad: onnx_grad.GradGraph | None = None
         self.fwd: OrtForward | None = None   # bias/lite: the forward in ONNX Runtime (the backward: self.grad)
+        self.step_graph: ort_train.OrtTrain | None = None   # bias/lite: the whole step in ONNX Runtime
+        self.stripped: list[str] = []   # frozen initializers whose values only self.grad.params holds
         self.weights: dict[str, np.ndarray] = {}
         self.cut: str | None = None
         self.frozen_bytes: bytes | None = None
@@ -208,21 +211,54 @@ class OnnxEngine:
                       feat * 4, job.batch_size, self.has_frozen)
         if self.kind not in ("bias", "lite"):
             return plan_for(costs, job.budget_mb, saved), costs
-        # ONNX Runtime's sessions cost memory up front (and the masks come back a byte per value): used when
-        # they fit the budget (always without one), else NumPy's forward, as a resumed run's plan says
-        with_ort = dataclasses.replace(costs, base_mb=costs.base_mb + ort_forward.sessions_mb(len(self.model_bytes())),
+        return self._plan_runtime(costs, train_mb, masks_mb, saved)
+
+    def _plan_runtime(self, costs: Costs, train_mb: float, masks_mb: float, saved: dict | None):
+        """bias/lite: where the step runs, the fastest that fits the budget (always the first without one), as a
+        resumed run's plan says (the three round differently):
+        - ``ort_step``: the whole step as one ONNX Runtime graph (ort_train), when the graph's backward can be
+          written in ONNX;
+        - ``ort_forward``: the forward in ONNX Runtime, the backward NumPy's with ORT's ConvTranspose;
+        - else NumPy's forward and backward.
+        ONNX Runtime's sessions cost memory up front, and its tensors (masks a byte per value) per sample."""
+        job = self.job
+        x = np.zeros((1, *job.pre.input_shape), np.float32)
+        size = self.proto.ByteSize()
+        fused = dataclasses.replace(costs, base_mb=costs.base_mb + ort_train.sessions_mb(size),
+                                    train_per_sample=ort_train.STEP_PER_SAMPLE * (train_mb + masks_mb),
+                                    train_cap_mb=ort_train.STEP_CAP_MB)
+        with_ort = dataclasses.replace(costs, base_mb=costs.base_mb + ort_forward.sessions_mb(size),
                                        train_per_sample=train_mb + masks_mb)
-        use = saved.get("ort_forward", False) if saved is not None else self._fits(with_ort)
-        plan = plan_for(with_ort if use else costs, job.budget_mb, saved)
-        plan.ort_forward = use
-        if use:
+        step = None
+        if saved.get("ort_step", False) if saved is not None else self._fits(fused):
+            try:   # written only when it may run: the graph's making alone takes memory (a NumPy plan's margin)
+                step = ort_train.OrtTrain(self.proto, self.grad)
+            except onnx_grad.NotEmitted as e:
+                job.notes.append(f"the backward runs in NumPy: {e}")
+        if saved is not None:
+            # (a step graph the saved plan used and this one cannot write: NumPy's backward, said in the notes)
+            use_step, use_fwd = saved.get("ort_step", False) and step is not None, saved.get("ort_forward", False)
+        else:
+            use_step = step is not None
+            use_fwd = not use_step and self._fits(with_ort)
+        plan = plan_for(fused if use_step else with_ort if use_fwd else costs, job.budget_mb, saved)
+        plan.ort_step, plan.ort_forward = use_step, use_fwd
+        if not use_fwd:   # the graph's copy of the frozen weights is GradGraph's: hold one (OrtForward reads the graph's)
+            self.stripped = ort_train.frozen_weights(self.proto.graph, self.grad)
+            self.proto = without_weights(self.proto, self.stripped)
+            store.release_freed_memory()
+        if use_step:
+            self.step_graph = step.start(job.threads)
+            self.step_graph.step(x, np.zeros(1, np.int64), 0.0)   # its first run allocates what later ones reuse
+        elif use_fwd:
             self.fwd = OrtForward(self.proto, self.grad, job.threads)
             out, tape = self.fwd.forward(x)   # its ConvTranspose sessions are made at first use
             self.grad.backward(tape, np.zeros_like(out))
-        else:
-            job.notes.append(f"the forward runs in NumPy: ONNX Runtime's sessions (about "
-                             f"{ort_forward.sessions_mb(len(self.model_bytes())):.0f} MB) do not fit the memory budget")
-        return plan, (with_ort if use else costs)
+        elif saved is None:
+            least = min(ort_train.sessions_mb(size), ort_forward.sessions_mb(size))
+            job.notes.append(f"the step runs in NumPy: ONNX Runtime's sessions (about {least:.0f} MB) do not fit "
+                             "the memory budget")
+        return plan, (fused if use_step else with_ort if use_fwd else costs)
 
     def _fits(self, costs: Costs) -> bool:
         if self.job.budget_mb is None:
@@ -232,9 +268,6 @@ class OnnxEngine:
         except UsageError:
             return False
         return True
-
-    def model_bytes(self) -> bytes:
-        return self.proto.SerializeToString()
 
     def start_from(self, arrays: dict[str, np.ndarray]) -> None:
         for name in self.weights:
@@ -271,6 +304,13 @@ class OnnxEngine:
         with np.errstate(over="ignore", invalid="ignore"):  # a diverged loss is reported by the job, once
             for start in range(0, real, micro):
                 part = idx[start:start + micro]
+                if self.step_graph is not None:
+                    out, got = self.step_graph.step(inputs(part), labels[part], 1.0 / real)
+                    loss, right, _ = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])
+                    loss_sum, correct = loss_sum + loss, correct + right
+                    for k, g in got.items():
+                        grads[k] += g
+                    continue
                 out, tape = self._forward(inputs(part))
                 loss, right, dlogits = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])
                 loss_sum, correct = loss_sum + loss, correct + right
@@ -283,6 +323,8 @@ class OnnxEngine:
         return self.fwd.forward(x) if self.fwd is not None else self.grad.forward(x)
 
     def _output(self, x: np.ndarray) -> np.ndarray:
+        if self.step_graph is not None:
+            return self.step_graph.predict(x)
         return self.fwd.predict(x) if self.fwd is not None else self.grad.forward(x)[0]
 
     def evaluate(self, inputs, labels: np.ndarray, micro: int) -> tuple[float, float]:
@@ -322,13 +364,10 @@ class OnnxEngine:
         return outdir / ONNX_MODEL
 
     def write_model(self, path: Path, pre, extra: dict) -> None:
-        """OUTDIR/model.onnx: the graph with the trained initializers, its metadata the run's."""
-        numpy_helper = _lazy.from_import("onnx", "numpy_helper")
-        proto = type(self.proto)()
-        proto.CopyFrom(self.proto)
-        for t in proto.graph.initializer:
-            if t.name in self.weights:
-                t.CopyFrom(numpy_helper.from_array(np.asarray(self.weights[t.name], np.float32), t.name))
+        """OUTDIR/model.onnx: the graph with the trained initializers, its metadata the run's (set in the engine's
+        own graph: a copy of it took 20 MB more at the end of a run, MobileNetV2 at 160x160, where a bias/lite
+        run peaked), written a weight at a time, the frozen ones the graph no longer holds from GradGraph's."""
+        proto = self.proto
         meta = {**{k: v for k, v in self.meta.items()}, f"{META_PREFIX}preprocess": json.dumps(pre.to_dict()),
                 f"{META_PREFIX}class_names": json.dumps(list(pre.class_names or [])),
                 f"{META_PREFIX}num_classes": str(len(pre.class_names or [])),
@@ -337,4 +376,6 @@ class OnnxEngine:
         for key, value in meta.items():
             entry = proto.metadata_props.add()
             entry.key, entry.value = key, value
-        atomic_write_bytes(path, proto.SerializeToString(), "model")
+        values = {name: self.grad.params[name] for name in self.stripped}
+        write_streamed(path, proto, {**values, **self.weights}, "model")
+

@@ -43,6 +43,9 @@ class Costs:
     feature_bytes: int        # one row of the feature cache
     effective_batch: int
     has_frozen: bool
+    # at most this many MiB of a training pass's tensors, budget or not (None: as much as fits): a runtime whose
+    # speed per sample does not grow with the micro-batch (ort_train's step) need not hold a larger one
+    train_cap_mb: float | None = None
 
     @property
     def cache_mb(self) -> float:
@@ -65,8 +68,11 @@ class MemoryPlan:
     # 109-125 MB with the arena. A plan saved (in a checkpoint) with it off keeps it off.
     arena: bool = True
     # --train-layers bias/lite: the forward (and each Conv's input gradient) in ONNX Runtime sessions, when
-    # they fit the budget; else NumPy's. A resumed run keeps the choice (the two round differently).
+    # they fit the budget and ort_step is not used; else NumPy's. A resumed run keeps the choice (the two round differently).
     ort_forward: bool = False
+    # --train-layers bias/lite: the whole step (forward, loss gradient, backward) as one ONNX Runtime graph
+    # (ort_train), when its backward can be written in ONNX and the sessions fit; kept on resume as above
+    ort_step: bool = False
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -100,6 +106,8 @@ def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
     if not c.has_frozen:
         fbs = [1]
     ms = divisors_desc(c.effective_batch)
+    if c.train_cap_mb is not None:
+        ms = [d for d in ms if d == 1 or c.train_per_sample * d * scale <= c.train_cap_mb]
     caches = ("memory", "disk") if c.has_frozen else ("none",)
     if budget_mb is None:
         fb = next((b for b in fbs if c.frozen_per_sample * b * scale <= UNBUDGETED_FROZEN_MB), fbs[-1])

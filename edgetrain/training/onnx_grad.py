@@ -51,6 +51,10 @@ class Unsupported(UsageError):
         super().__init__(f"cannot differentiate {op} node {node!r}: {why}")
 
 
+class NotEmitted(Unsupported):
+    """An op whose backward has no ONNX form here (ort_train): its graph trains with NumPy's backward instead."""
+
+
 # ------------------------------------------------------------------------------------------------ the tape
 class BitMask:
     """A boolean array packed 8 to a byte: all that ReLU/Clip need for backward."""
@@ -154,6 +158,20 @@ class _Window:
         (kh, kw), (sh, sw), (dh, dw), (hp, wp) = self.kernel, self.strides, self.dilations, self.padded(h, w)
         return (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
 
+    def output_padding(self, h: int, w: int) -> list:
+        """A ConvTranspose's output_padding that gives back an (h, w) input from this window's output (a strided
+        window drops the last rows and columns it does not reach)."""
+        (kh, kw), (sh, sw), (dh, dw) = self.kernel, self.strides, self.dilations
+        top, left, bottom, right = self.pads
+        ho, wo = (int(v) for v in self.out_hw(h, w))
+        return [h - (sh * (ho - 1) + dh * (kh - 1) + 1 - top - bottom),
+                w - (sw * (wo - 1) + dw * (kw - 1) + 1 - left - right)]
+
+    def transpose_attrs(self, h: int, w: int) -> dict:
+        """ConvTranspose's attributes for the transposed window back onto an (h, w) input."""
+        return {"kernel_shape": list(self.kernel), "strides": list(self.strides), "pads": list(self.pads),
+                "dilations": list(self.dilations), "output_padding": self.output_padding(h, w)}
+
     def pad(self, x: np.ndarray, fill: float = 0.0) -> np.ndarray:
         top, left, bottom, right = self.pads
         if not any(self.pads):
@@ -236,6 +254,14 @@ class _Op:
         """What :meth:`forward` would have kept, from the inputs :meth:`kept_inputs` names (others None) and
         every input's shape."""
         return self.forward(xs)[1]
+
+    # -- the backward as ONNX nodes (ort_train: forward and backward in one ONNX Runtime graph)
+    def emit(self, e, node, dy: str) -> list:
+        """:meth:`backward` written as ONNX nodes through ``e`` (ort_train's emitter: ``e.node``, ``e.const``,
+        ``e.dims``, ``e.shape``, ``e.mask``, ``e.unbroadcast``), from the value ``dy``; one gradient value name
+        (or None) per input. What the NumPy backward keeps on the tape, this reads from the forward's values
+        (masks computed beside the node, kept inputs by name). An op with no ONNX form raises NotEmitted."""
+        raise NotEmitted(self.op, self.label, "no ONNX form of its backward")
 
 
 class _ShapeOnly(_Op):
@@ -346,6 +372,34 @@ class _Conv(_Op):
                 self.win.view(dxp, i, j, out_hw)[...] += dcols[:, i, j].transpose(1, 0, 2, 3)
         return self.win.unpad(dxp, h, wd)
 
+    def emit(self, e, node, dy):
+        grads = [None] * len(node.input)
+        x, w = node.input[:2]
+        _, h, wd = e.dims(x)[1:]
+        if len(self.need) > 2 and self.need[2]:
+            grads[2] = e.channel_sum(dy, 4)
+        if self.need[0]:
+            grads[0] = e.node("ConvTranspose", [dy, w], group=self.groups, **self.win.transpose_attrs(h, wd))
+        if self.need[1]:
+            grads[1] = self._emit_weight_grad(e, x, dy, e.const_shape(w))
+        return grads
+
+    def _emit_weight_grad(self, e, x, dy, wshape):
+        """dW as one Conv: the input, channels and batch swapped ((Cg, G*N, H, W)), convolved group by group with
+        dy as the kernel ((M, N, Ho, Wo)), the forward's strides as dilations and its dilations as strides;
+        the first kh x kw of its output, channels first again, is dW."""
+        c, h, wd = e.dims(x)[1:]
+        g = self.groups
+        cg = c // g
+        kh, kw = self.win.kernel
+        xs = e.node("Reshape", [x, e.ints([0, g, cg, h, wd])])
+        xs = e.node("Reshape", [e.node("Transpose", [xs], perm=[2, 1, 0, 3, 4]), e.ints([cg, -1, h, wd])])
+        kernel = e.node("Transpose", [dy], perm=[1, 0, 2, 3])
+        dw = e.node("Conv", [xs, kernel], group=g, strides=list(self.win.dilations), dilations=list(self.win.strides),
+                    pads=list(self.win.pads))
+        dw = e.node("Slice", [dw, e.ints([0, 0]), e.ints([kh, kw]), e.ints([2, 3])])
+        return e.node("Transpose", [dw], perm=[1, 0, 2, 3])
+
 
 class _Depthwise:
     """A convolution with one input channel per output channel, one multiply-add per kernel tap.
@@ -455,6 +509,25 @@ class _BatchNorm(_Op):
             grads[0] = dy * _per_channel(self._gain(scale, var), dy.ndim)
         return grads
 
+    def emit(self, e, node, dy):
+        x, scale, _, mean, var = node.input
+        rank = len(e.dims(x))
+        var_c = e.const_value(var)
+        inv = _per_channel(1 / np.sqrt(var_c + var_c.dtype.type(self.a.get("epsilon", 1e-5))), rank)
+        grads = [None] * 5
+        if self.need[2]:
+            grads[2] = e.channel_sum(dy, rank)
+        if self.need[1]:
+            xhat = e.node("Mul", [e.node("Sub", [x, e.const(_per_channel(e.const_value(mean), rank))]), e.const(inv)])
+            grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]), rank)
+        if self.need[0]:
+            if self.need[1]:   # the scale trains: the gain from its current value
+                gain = e.node("Mul", [e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))]), e.const(inv)])
+            else:
+                gain = e.const((_per_channel(e.const_value(scale), rank) * inv).astype(np.float32))
+            grads[0] = e.node("Mul", [dy, gain])
+        return grads
+
 
 class _Relu(_Op):
     def mask_bounds(self, consts: list) -> tuple:
@@ -467,6 +540,9 @@ class _Relu(_Op):
 
     def backward(self, dy, saved, consts):
         return [dy * saved["mask"].unpack()]
+
+    def emit(self, e, node, dy):
+        return [e.masked(dy, e.mask(node, self))]
 
 
 class _Clip(_Op):
@@ -487,6 +563,9 @@ class _Clip(_Op):
     def backward(self, dy, saved, consts):
         return [dy * saved["mask"].unpack()] + [None] * (len(self.need) - 1)
 
+    def emit(self, e, node, dy):
+        return [e.masked(dy, e.mask(node, self))] + [None] * (len(self.need) - 1)
+
 
 class _Add(_Op):
     differentiable = (0, 1)
@@ -502,6 +581,10 @@ class _Add(_Op):
 
     def backward(self, dy, saved, consts):
         return [_unbroadcast(dy, s) if need else None for s, need in zip(saved["shapes"], self.need)]
+
+    def emit(self, e, node, dy):
+        out = e.dims(node.output[0])
+        return [e.unbroadcast(dy, out, name) if need else None for name, need in zip(node.input, self.need)]
 
 
 class _Mul(_Op):
@@ -527,6 +610,11 @@ class _Mul(_Op):
         ops = [consts[i] if self.is_const[i] else saved.get(f"operand{i}") for i in (0, 1)]
         return [_unbroadcast(dy * ops[1 - i], saved["shapes"][i]) if self.need[i] else None for i in (0, 1)]
 
+    def emit(self, e, node, dy):
+        out = e.dims(node.output[0])
+        return [e.unbroadcast(e.node("Mul", [dy, node.input[1 - i]]), out, node.input[i]) if self.need[i] else None
+                for i in (0, 1)]
+
 
 class _GlobalAveragePool(_ShapeOnly):
     def forward(self, xs):
@@ -536,6 +624,10 @@ class _GlobalAveragePool(_ShapeOnly):
     def backward(self, dy, saved, consts):
         shape = saved["shape"]
         return [np.broadcast_to(dy / dy.dtype.type(shape[2] * shape[3]), shape)]
+
+    def emit(self, e, node, dy):
+        _, _, h, w = e.dims(node.input[0])
+        return [e.node("Expand", [e.node("Mul", [dy, e.const(np.float32(1 / (h * w)))]), e.ints([1, 1, h, w])])]
 
 
 class _AveragePool(_ShapeOnly):
@@ -568,6 +660,13 @@ class _AveragePool(_ShapeOnly):
         for _, i, j in self.win.taps():
             self.win.view(dxp, i, j, out_hw)[...] += share
         return [self.win.unpad(dxp, h, w)]
+
+    def emit(self, e, node, dy):
+        _, c, h, w = e.dims(node.input[0])
+        out_hw = self.win.out_hw(h, w)
+        share = e.node("Div", [dy, e.const(np.asarray(self._counts(h, w, np.dtype(np.float32), out_hw), np.float32))])
+        ones = e.const(np.ones((c, 1, *self.win.kernel), np.float32))
+        return [e.node("ConvTranspose", [share, ones], group=c, **self.win.transpose_attrs(h, w))]
 
 
 class _MaxPool(_Op):
@@ -603,12 +702,24 @@ class _MaxPool(_Op):
             self.win.view(dxp, i, j, dy.shape[2:])[...] += np.where(arg == k, dy, 0)
         return [self.win.unpad(dxp, h, w)]
 
+    def emit(self, e, node, dy):
+        """MaxUnpool puts each output's gradient where the forward's Indices output says its maximum was: exact
+        when no two windows share an input (a shared input would get one gradient, not their sum)."""
+        if any(k > s for k, s in zip(self.win.kernel, self.win.strides)) or any(d != 1 for d in self.win.dilations):
+            raise NotEmitted(self.op, self.label, "overlapping windows (MaxUnpool writes, it does not add)")
+        x = node.input[0]
+        return [e.node("MaxUnpool", [dy, e.indices(node), e.shape(x)], kernel_shape=list(self.win.kernel),
+                       strides=list(self.win.strides), pads=list(self.win.pads))]
+
 
 class _Reshaping(_ShapeOnly):
     """Flatten, Reshape, Identity, inference Dropout: the gradient is reshaped back, nothing kept."""
 
     def backward(self, dy, saved, consts):
         return [dy.reshape(saved["shape"])] + [None] * (len(self.need) - 1)
+
+    def emit(self, e, node, dy):
+        return [e.node("Reshape", [dy, e.shape(node.input[0])])] + [None] * (len(self.need) - 1)
 
 
 class _Flatten(_Reshaping):
@@ -661,6 +772,9 @@ class _Expand(_ShapeOnly):
     def backward(self, dy, saved, consts):
         return [_unbroadcast(dy, saved["shape"]), None]
 
+    def emit(self, e, node, dy):
+        return [e.unbroadcast(dy, e.dims(node.output[0]), node.input[0]), None]
+
 
 class _Slice(_ShapeOnly):
     """A window of a tensor (constant starts/ends/axes, step 1): the gradient is zero outside it."""
@@ -690,6 +804,16 @@ class _Slice(_ShapeOnly):
         dx = np.zeros(saved["shape"], dy.dtype)
         dx[self._window(saved["shape"])] = dy
         return [dx] + [None] * (len(self.need) - 1)
+
+    def emit(self, e, node, dy):
+        dims = e.dims(node.input[0])
+        axes = range(len(self.starts)) if self.axes is None else self.axes
+        if dims[0] is None and any(int(a) % len(dims) == 0 for a in axes):
+            raise NotEmitted(self.op, self.label, "a slice of the batch axis")
+        full = (1,) + tuple(dims[1:])
+        spans = [w.indices(n)[:2] for w, n in zip(self._window(full), full)]
+        pads = [start for start, _ in spans] + [n - stop for (_, stop), n in zip(spans, full)]
+        return [e.node("Pad", [dy, e.ints(pads)])] + [None] * (len(self.need) - 1)
 
 
 class _Gemm(_Op):
@@ -727,6 +851,21 @@ class _Gemm(_Op):
             grads[2] = _unbroadcast(dy * dy.dtype.type(self.a.get("beta", 1.0)), saved["shapes"][2])
         return grads
 
+    def emit(self, e, node, dy):
+        a, b = node.input[:2]
+        ta, tb = self.a.get("transA", 0), self.a.get("transB", 0)
+        g = dy if self._alpha() == 1.0 else e.node("Mul", [dy, e.const(np.float32(self._alpha()))])
+        grads = [None] * len(node.input)
+        if self.need[0]:   # dA = g op(B)^T, transposed back when A was
+            grads[0] = e.node("Gemm", [b, g], transA=tb, transB=1) if ta else e.node("Gemm", [g, b], transB=1 - tb)
+        if self.need[1]:   # dB = op(A)^T g, transposed back when B was
+            grads[1] = e.node("Gemm", [g, a], transA=1, transB=ta) if tb else e.node("Gemm", [a, g], transA=1 - ta)
+        if len(self.need) > 2 and self.need[2]:
+            beta = self.a.get("beta", 1.0)
+            scaled = dy if beta == 1.0 else e.node("Mul", [dy, e.const(np.float32(beta))])
+            grads[2] = e.unbroadcast(scaled, e.dims(node.output[0]), node.input[2])
+        return grads
+
 
 class _MatMul(_Op):
     differentiable = (0, 1)
@@ -747,6 +886,16 @@ class _MatMul(_Op):
         return [_unbroadcast(dy @ np.swapaxes(b, -1, -2), sa) if self.need[0] else None,
                 _unbroadcast(np.swapaxes(a, -1, -2) @ dy, sb) if self.need[1] else None]
 
+    def emit(self, e, node, dy):
+        a, b = node.input
+        out = e.dims(node.output[0])
+
+        def swapped(name):
+            rank = len(e.dims(name))
+            return e.node("Transpose", [name], perm=list(range(rank - 2)) + [rank - 1, rank - 2])
+        return [e.unbroadcast(e.node("MatMul", [dy, swapped(b)]), out, a) if self.need[0] else None,
+                e.unbroadcast(e.node("MatMul", [swapped(a), dy]), out, b) if self.need[1] else None]
+
 
 class _Softmax(_Op):
     attrs = {"axis": None}
@@ -761,6 +910,11 @@ class _Softmax(_Op):
     def backward(self, dy, saved, consts):
         y = saved["output"]
         return [y * (dy - (dy * y).sum(axis=self.a.get("axis", -1), keepdims=True))]
+
+    def emit(self, e, node, dy):
+        y = node.output[0]
+        total = e.node("ReduceSum", [e.node("Mul", [dy, y]), e.ints([self.a.get("axis", -1)])], keepdims=1)
+        return [e.node("Mul", [y, e.node("Sub", [dy, total])])]
 
 
 OPS = {"Conv": _Conv, "BatchNormalization": _BatchNorm, "Relu": _Relu, "Clip": _Clip, "Add": _Add, "Mul": _Mul,
@@ -861,6 +1015,9 @@ class GradGraph:
             cls = OPS.get(node.op_type)
             if cls is None:
                 raise Unsupported(node.op_type, label, "no NumPy forward/backward for this op")
+            # a copy of its own: protobuf's C core frees a model only when no part of it is held, and a node held
+            # here kept every weight of the file alive beside self.params (12 MB, MobileNetV2 lite)
+            node = type(node).FromString(node.SerializeToString())
             compiled.append((node, cls(node, label, {**self.params, **self._constants})))
         if self.output not in known:
             raise UsageError(f"no value named {self.output!r} in the graph", "output")

@@ -167,15 +167,9 @@ class ConvTranspose:
     def _session(self, w: np.ndarray, h: int, wd: int):
         onnx = _lazy.onnx()
         helper = onnx.helper
-        win = self.op.win
-        (kh, kw), (sh, sw), (dh, dw) = win.kernel, win.strides, win.dilations
-        top, left, bottom, right = win.pads
-        ho, wo = (int(v) for v in win.out_hw(h, wd))
-        out_pad = [h - (sh * (ho - 1) + dh * (kh - 1) + 1 - top - bottom),
-                   wd - (sw * (wo - 1) + dw * (kw - 1) + 1 - left - right)]
-        node = helper.make_node("ConvTranspose", ["dy", "w"], ["dx"], kernel_shape=[kh, kw], strides=[sh, sw],
-                                pads=[top, left, bottom, right], dilations=[dh, dw], group=self.op.groups,
-                                output_padding=out_pad)
+        attrs = self.op.win.transpose_attrs(h, wd)
+        ho, wo = (int(v) for v in self.op.win.out_hw(h, wd))
+        node = helper.make_node("ConvTranspose", ["dy", "w"], ["dx"], group=self.op.groups, **attrs)
         inputs = [helper.make_tensor_value_info("dy", onnx.TensorProto.FLOAT, [None, int(w.shape[0]), int(ho), int(wo)])]
         if self.trains:
             inputs.append(helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, list(w.shape)))
