@@ -161,7 +161,8 @@ def measured_run(rec: dict | None, epochs: int = 0, samples: int = 0) -> dict | 
             "uncertainty": rec.get("uncertainty"), **{k: rec[k] for k in ("sampler", "calibration") if rec.get(k)},
             "source": (f"measured by {rec['source']}: {rec.get('detail', '')}; {rec.get('samples')} samples{rate} over "
                        f"{rec['window']['seconds']:.3g} s"
-                       + (f"; idle {idle['average_w']:.3g} W from {idle['samples']} samples just before" if idle else ""))}
+                       + (f"; idle {idle['average_w']:.3g} W from {idle['samples']} samples just before" if idle else "")
+                       + (f"; {rec['note']}" if rec.get("note") else ""))}
 
 
 def reliability(spread_p99_p50: float | None, loadavg: float | None, cores: int | None,
