@@ -166,8 +166,9 @@ def measured_run(rec: dict | None, epochs: int = 0, samples: int = 0) -> dict | 
 
 
 def reliability(spread_p99_p50: float | None, loadavg: float | None, cores: int | None,
-                reference_spread: float | None = None) -> dict:
-    """Whether the latency behind a modelled figure was timed on a quiet host."""
+                reference_spread: float | None = None, contention: dict | None = None) -> dict:
+    """Whether the latency behind a modelled figure was timed on a quiet host. ``contention``: what the paired
+    timing measured of it (``measure.contention``); a drift above its limit is a reason."""
     reasons = []
     from ..host import oversubscribed
 
@@ -179,7 +180,11 @@ def reliability(spread_p99_p50: float | None, loadavg: float | None, cores: int 
                        "interrupted")
     if reference_spread is not None and reference_spread > UNSTEADY_SPREAD:
         reasons.append(f"the speed reference's p99/p50 was {reference_spread:.2f}: its timing was interrupted")
-    return {"reliable": not reasons, "reasons": reasons, "loadavg": loadavg, "cores": cores,
+    if contention and contention.get("drift", 1.0) > contention.get("limit", math.inf):
+        reasons.append(f"contention on the host may have raised the figure up to {contention['drift']:.2f}x (limit "
+                       f"{contention['limit']:.2f}x): {contention['source']}; the interval reaches down to the figure / "
+                       f"{contention['drift']:.2f}")
+    return {"reliable": not reasons, "contention": contention, "reasons": reasons, "loadavg": loadavg, "cores": cores,
             "spread_p99_p50": spread_p99_p50, "threshold_spread": UNSTEADY_SPREAD}
 
 
@@ -236,7 +241,7 @@ def energy_per_inference(latency_ms: float, profile, latency_label: str = "measu
     timing = "the p10-p90 latency" if p10_ms is not None and p90_ms is not None else "the p50 latency (no spread)"
     if p50_range_ms:
         lo_ms, hi_ms = min(lo_ms, p50_range_ms[0]), max(hi_ms, p50_range_ms[1])
-        timing += " widened to the p10-p90 of the timing's per-round ratios"
+        timing += " widened to the p10-p90 of the timing's per-round ratios and the contention measured"
     u = uncertainty.modelled(latency_ms * watts / 1000.0, lo_ms * low_w / 1000.0, hi_ms * high_w / 1000.0,
                              f"{timing} x the power {range_how}")
     out["uncertainty"] = uncertainty.per_unit(u, 1)

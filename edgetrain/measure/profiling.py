@@ -26,7 +26,7 @@ from ..host import detect_host
 from ..models import parse_model_ref
 from ..options import ProfileOptions
 from ..results import ProgressFn, Result, report
-from . import memory_model
+from . import contention, memory_model
 
 RUNTIMES = ("onnxruntime", "mxnet")
 # Generous: a zoo model under QEMU or on a Pi Zero takes minutes; a hang still ends.
@@ -275,7 +275,8 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
             on_device = host.matches(prof)
             measured = energy.measured_per_inference(timed.get("power")) if on_device else None
             reliable = energy.reliability(timed["latency"]["spread_p99_p50"], timed.get("loadavg"), host.cores_usable,
-                                          (lat.get("reference") or {}).get("host_spread_p99_p50"))
+                                          (lat.get("reference") or {}).get("host_spread_p99_p50"),
+                                          contention=(lat.get("paired") or {}).get("contention"))
             energy_d = energy.energy_report(lat["p50_ms"], prof, battery_wh=battery_wh, rate_per_h=rate_per_h,
                                             budget_mj=budget_mj, latency_label=lat["provenance"],
                                             latency_source=lat["source"], threads=lat["threads"],
@@ -379,9 +380,16 @@ def _latency_verdict(best: dict, configs: list[dict], prof, host, label: str, ti
         basis = ("CPU time per inference, timed in turns with the reference (median of the per-round ratios)"
                  if ratio else "CPU time per inference, timed in turns with the reference" if pr else "latency")
         factor = refp.latency_ms / ref_ms
-        extra = {"p50_range_ms": [refp.latency_ms * ratio["p10"], refp.latency_ms * ratio["p90"]],
-                 "p50_range_source": f"the device's reference latency x the p10-p90 of the {ratio['rounds']} "
-                                     "per-round model/reference ratios: where the p50 estimate may fall"} if ratio else {}
+        extra = {}
+        if ratio:
+            drift = (pr.get("contention") or {}).get("drift") or 1.0
+            # Down to the figure the host's contention measured would leave (contention.py): a busy neighbour
+            # lifts whole runs, which the spread of one run's rounds does not show.
+            extra = {"p50_range_ms": [refp.latency_ms * min(ratio["p10"], ratio["p50"] / drift),
+                                      refp.latency_ms * ratio["p90"]],
+                     "p50_range_source": f"the device's reference latency x the p10-p90 of the {ratio['rounds']} "
+                                         "per-round model/reference ratios, reaching down to the median ratio / "
+                                         f"the contention measured ({drift:.3f}): where the p50 estimate may fall"}
         return {**out, "provenance": "estimated", "factor": factor, "basis": "paired_cpu_time" if pr else "wall_clock",
                 **extra,
                 "paired": {k: v for k, v in pr.items() if k != "model_cpu"} if pr else None,
@@ -484,6 +492,7 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None, pai
                             "the model and the speed reference in turns", timeout)
             summary = latency_summary(raw["ref_wall_ms"])
             loads = [x for x in (raw.get("loadavg_before"), raw.get("loadavg_after")) if x is not None]
+            ratio = paired_ratio(raw)
             return {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"],
                     "spread_p99_p50": latency_summary(raw["ref_cpu_ms"])["spread_p99_p50"],
                     "cpu_p50_ms": percentile(raw["ref_cpu_ms"], 50),
@@ -494,7 +503,10 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None, pai
                                "reference_cpu_p50_ms": percentile(raw["ref_cpu_ms"], 50),
                                "reference_wall_p50_ms": summary["p50_ms"], "rounds": raw["rounds"],
                                "per_round": raw["per_round"], "loadavg": max(loads) if loads else None,
-                               "ratio": paired_ratio(raw)}}
+                               "ratio": ratio,
+                               "contention": contention.measure(
+                                   raw["model_cpu_ms"], raw["ref_cpu_ms"], ratio["p50"],
+                                   f"{detect_host().cpu}|{refp.model}|{refp.input}|{rt} {raw.get('runtime_version')}")}}
         raw = run_child(run_spec, refp.threads, "the speed reference run", timeout)
     summary = latency_summary(raw["latencies_ms"])
     out = {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"], "spread_p99_p50": summary["spread_p99_p50"],
