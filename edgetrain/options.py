@@ -663,6 +663,10 @@ class ProfileOptions(ModelOptions, EnergyOptions, CarbonOptions, PowerLogOptions
                                    help="A power meter's log recorded during the run: clock times and power (or "
                                         "voltage and current), units in its header, e.g. 'timestamp,power (W)'; "
                                         "read before the work starts. Energy is measured from it over the timed runs.")
+    meter_export: bool = opt(False, recipe=False,
+                             help="A meter records during the run and its app exports the log after it (Nordic PPK2, "
+                                  "Otii): each configuration gets the idle stretch and the timed window --power-log "
+                                  "would; give the export to `edgetrain energy attribute` afterwards.")
 
     def thread_cap(self) -> int | None:  # a sweep: each child gets its own cap
         prof = self.profile()
@@ -701,6 +705,14 @@ class PredictOptions(DeviceOptions):
 
 
 COMMANDS["predict"] = PredictOptions
+
+
+class EnergyAttributeOptions(PowerLogOptions):
+    """``edgetrain energy attribute RESULT METER_LOG``: a meter's export attributed to a finished profile's windows."""
+
+    output: Optional[str] = opt(None, metavar="FILE", short="-o", recipe=False,
+                                help="Where to write the result with the measured energy (atomically; default "
+                                     "RESULT's name with '-measured' before '.json'). Never RESULT itself.")
 
 
 class EnergyCalibrateOptions(Options):

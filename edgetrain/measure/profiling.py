@@ -66,6 +66,9 @@ class ProfileResult(Result):
     # its reasons, as the human output's warning lines, in ``warnings``.
     reliability: dict | None = None
     warnings: list[str] = field(default_factory=list)
+    # Each configuration's idle stretch and timed window on this machine's clock, so a meter's export made after
+    # the run can be attributed to them later (measure.attribution, `edgetrain energy attribute`).
+    meter_windows: dict | None = None
 
     def checks(self) -> list[str]:
         """Budgets the run did not meet (memory fit, energy budget)."""
@@ -186,6 +189,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
 
     say = lambda message: report(progress, "profile", message=message)  # noqa: E731
     thread_list, rate_per_h = threads, rate
+    meter = opts.power_log is not None or opts.meter_export  # a meter logs now: hold the windows it needs
     power_log = opts.power_log_spec()  # read now (with its --power-log-voltage/-start): a bad log costs seconds
     prof = device
     grid = opts.carbon_grid()  # an unknown country or both figures refused now, before the work
@@ -216,8 +220,8 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
 
     with temp_dir("profile_model") as tmp:
         base_spec = {"runtime": runtime_name, "batch": batch, "chw": chw, "params": params, "model": str(model),
-                     "power": {"measure": True, "idle_s": energy.DEFAULT_IDLE_S, "log": power_log is not None,
-                               "min_window_s": energy.POWER_LOG_MIN_WINDOW_S if power_log is not None else 0.0}}
+                     "power": {"measure": True, "idle_s": energy.DEFAULT_IDLE_S, "log": meter,
+                               "min_window_s": energy.POWER_LOG_MIN_WINDOW_S if meter else 0.0}}
         if is_onnx:
             base_spec["model_file"] = str(Path(model).resolve())
         plan_spec = {**base_spec, "mode": "plan"}
@@ -250,7 +254,12 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
     input_shape_full = (configs[0].get("input") or {}).get("shape") or base_spec["input_shape"] or []
     if power_log is not None:
         for c in configs:  # the meter's log, aligned to the window each child recorded
-            c["power"] = _log_power(power_log, c)
+            c["power"] = log_power(power_log, c)
+    elif meter:
+        for c in configs:
+            if c.get("power") and not c["power"].get("available"):
+                c["power"]["note"] = ("a meter recorded this window (--meter-export): give its export to `edgetrain "
+                                      "energy attribute` for the measured energy")
 
     best = min(configs, key=lambda c: c["latency"]["p50_ms"])
     best_summary = {"threads": best["threads"], "p50_ms": best["latency"]["p50_ms"],
@@ -308,7 +317,8 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
         input_shape=list(input_shape_full), batch=batch, warmup=warmup, runs=runs,
         host=_host_summary(host), device=_device_summary(prof) if prof is not None else None,
         prediction=prediction_d, configs=configs, best=best_summary, verdict=verdict, energy=energy_d,
-        host_energy=host_energy, figures=[], notes=notes, reliability=host_quiet, warnings=warnings)
+        host_energy=host_energy, figures=[], notes=notes, reliability=host_quiet, warnings=warnings,
+        meter_windows=meter_windows(configs, prof is not None and host.matches(prof), meter))
     result.figures = collect_figures(result)
     return result
 
@@ -539,7 +549,19 @@ def _host_energy(configs: list[dict]) -> dict | None:
     return out
 
 
-def _log_power(path, config: dict) -> dict:
+def meter_windows(configs: list[dict], on_device: bool, held: bool) -> dict:
+    """Where a meter's log is read for each configuration: its idle stretch and timed window (Unix s)."""
+    from .. import __version__
+
+    return {"command": "profile", "edgetrain_version": __version__, "clock": "Unix seconds on this machine's clock",
+            "held_for_a_meter": held, "on_device": on_device,
+            "configs": [{"threads": c["threads"], "timed": (c.get("power") or {}).get("window_wall") or c.get("wall_timed"),
+                         "idle": c.get("wall_idle"),
+                         **{k: (c.get("power") or {}).get(k) for k in ("inferences", "timed_runs", "extra_runs")}}
+                        for c in configs]}
+
+
+def log_power(path, config: dict) -> dict:
     """A configuration's measured record from the meter's log, over the window its child recorded."""
     rec = config.get("power") or {}
     window = rec.get("window_wall") or config.get("wall_timed")
