@@ -44,6 +44,15 @@ def one(recipe: str | None, out: Path) -> dict:
             "load": (load0, os.getloadavg()[0])}
 
 
+def why(reasons: list[str] | None) -> str:
+    """'no', or 'yes (load, contention)': which of energy.reliability's reasons flagged the run."""
+    if not reasons:
+        return "no"
+    kinds = ["load" if "load average" in r else "contention" if r.startswith("contention") else "p99/p50"
+             for r in reasons]
+    return f"yes ({', '.join(dict.fromkeys(kinds))})"
+
+
 def holds(r: dict, value: float) -> bool:
     return r["interval"].get("low_mj", float("inf")) <= value <= r["interval"].get("high_mj", float("-inf"))
 
@@ -87,7 +96,7 @@ def main() -> None:
         u = r["interval"]
         print(f"{i + 1:>3}  {r['energy_mj']:.3f}  {off:+.1%}  {n}/{len(others)}  "
               f"-{u.get('minus_mj', 0) / r['energy_mj']:.1%} / +{u.get('plus_mj', 0) / r['energy_mj']:.1%}  "
-              f"{'yes' if r['unreliable'] else 'no'}  {'MISSED' if miss else ''}")
+              f"{why(r['unreliable'])}  {'MISSED' if miss else ''}")
     if pairs:
         print(f"interval holds the other run's figure: {held}/{pairs} pairs ({held / pairs:.0%}; goal >= 90%); runs off "
               f"the median by > 10% and not flagged: {missed} (goal 0); median low side "
