@@ -319,6 +319,16 @@ def _lines(path: Path) -> list[str]:
     return text.splitlines()
 
 
+def _ends_with_newline(path: Path) -> bool:
+    """Whether the file's last byte is a line break (read alone: the log is not read into memory a second time)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
 def _header_index(lines: list[str], where: str) -> int:
     """The header: the first non-blank line that names columns. A '#' line is a comment unless it is the
     header itself (the Joulescope UI writes '#time,current,...')."""
@@ -348,7 +358,7 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
     lines = _lines(path)
     # A last line without its newline may be one the meter is writing right now (before the run, or after
     # it while the meter keeps logging): if it does not read, it is not a reading yet, not an error.
-    cut = len(lines) if lines and not path.read_bytes().endswith(b"\n") else None
+    cut = len(lines) if lines and not _ends_with_newline(path) else None
     if partial and not any(ln.strip() for ln in lines) and not _otii_named(path):
         return [], {"format": None, "columns": [], "time": None}  # created, nothing written yet
     first = _header_index(lines, where)
