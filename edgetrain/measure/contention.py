@@ -11,8 +11,10 @@ runs at a time, so the spread of the per-round ratios within a run did not see i
 - across runs: the reference's fastest run over the fastest this host has ever given it (kept in the
   per-user cache, ``QUIET_FILE``, per CPU, reference and runtime): a whole run slowed, which the first
   measure cannot see. Until the host has been seen quiet it is not known (the first run counts as quiet).
+  Where this model (by its file's digest) was timed here before, the median ratio over the ratio of the
+  two workloads' fastest ever is taken when it is more: a neighbour may slow the model and not the reference.
 
-Their product, ``drift``, bounds how much the figure may read high: the reference slowing by a factor
+Their product (or that, when more), ``drift``, bounds how much the figure may read high: the reference slowing by a factor
 moved the ratio by less than that factor in every run measured, so taking it whole errs wide. The figure's
 interval reaches down to the figure / drift, and a drift above ``1 + CONTENTION_LIMIT`` flags the figure
 unreliable (energy.reliability), with the figures in the reason.
@@ -28,26 +30,42 @@ QUIET_FILE = "quiet-reference.json"
 CONTENTION_LIMIT = 0.10
 
 
-def measure(model_cpu_ms: list[float], ref_cpu_ms: list[float], ratio_p50: float, key: str) -> dict:
-    """The contention behind a paired timing (see the module's account); remembers the reference's fastest
-    run on this host when it is the fastest yet."""
+def measure(model_cpu_ms: list[float], ref_cpu_ms: list[float], ratio_p50: float, key: str,
+            model_key: str | None = None) -> dict:
+    """The contention behind a paired timing (see the module's account); remembers the reference's (and, with
+    ``model_key``, the model's) fastest run on this host when it is the fastest yet."""
     model_fast, ref_fast = min(model_cpu_ms), min(ref_cpu_ms)
     quiet_ratio = model_fast / max(ref_fast, 1e-9)
     in_run = max(ratio_p50 / quiet_ratio, 1.0) if quiet_ratio > 0 else 1.0
-    quiet_ref, known = _quiet_reference(key, ref_fast)
+    quiet_ref, known = _quiet(key, ref_fast)
     shift = max(ref_fast / quiet_ref, 1.0)
     drift = in_run * shift
-    return {"drift": drift, "in_run": in_run, "reference_shift": shift, "quiet_ratio": quiet_ratio,
-            "reference_fastest_cpu_ms": ref_fast, "model_fastest_cpu_ms": model_fast,
-            "reference_quiet_cpu_ms": quiet_ref, "quiet_known": known, "limit": 1.0 + CONTENTION_LIMIT,
-            "source": ("the median model/reference ratio over the ratio of their fastest runs in this run "
-                       f"({in_run:.3f}) x the reference's fastest CPU time {ref_fast:.3g} ms over the fastest this "
-                       f"host has given it, {quiet_ref:.3g} ms ({shift:.3f})"
-                       + ("" if known else "; this host's quiet figure is this run's own (the first seen)"))}
+    out = {"in_run": in_run, "reference_shift": shift, "quiet_ratio": quiet_ratio,
+           "reference_fastest_cpu_ms": ref_fast, "model_fastest_cpu_ms": model_fast,
+           "reference_quiet_cpu_ms": quiet_ref, "quiet_known": known, "limit": 1.0 + CONTENTION_LIMIT}
+    how = ""
+    if model_key is not None:
+        # The same model timed here before: its ratio at the two workloads' quietest ever. A neighbour that
+        # slows the model and not the reference (cache-resident model, memory-bound neighbour) shows here only.
+        quiet_model, model_known = _quiet(f"{key}|model {model_key}", model_fast)
+        out["model_quiet_cpu_ms"] = quiet_model
+        if model_known:
+            ever = ratio_p50 / (quiet_model / quiet_ref)
+            out["against_quietest"] = ever
+            if ever > drift:
+                drift = ever
+                how = (f"; the median ratio over this model's and the reference's fastest on this host "
+                       f"({quiet_model:.3g} / {quiet_ref:.3g} ms) is more, {ever:.3f}, and is taken")
+    out["drift"] = drift
+    out["source"] = ("the median model/reference ratio over the ratio of their fastest runs in this run "
+                     f"({in_run:.3f}) x the reference's fastest CPU time {ref_fast:.3g} ms over the fastest this "
+                     f"host has given it, {quiet_ref:.3g} ms ({shift:.3f})" + how
+                     + ("" if known else "; this host's quiet figure is this run's own (the first seen)"))
+    return out
 
 
-def _quiet_reference(key: str, ref_fast: float) -> tuple[float, bool]:
-    """(the fastest reference CPU time this host has given, whether it was known before this run)."""
+def _quiet(key: str, ref_fast: float) -> tuple[float, bool]:
+    """(the fastest CPU time this host has given ``key``'s workload, whether it was known before this run)."""
     root = cache_root()
     path = root / QUIET_FILE if root is not None else None
     seen: dict = {}

@@ -516,13 +516,28 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None, pai
                                "ratio": ratio,
                                "contention": contention.measure(
                                    raw["model_cpu_ms"], raw["ref_cpu_ms"], ratio["p50"],
-                                   f"{detect_host().cpu}|{refp.model}|{refp.input}|{rt} {raw.get('runtime_version')}")}}
+                                   f"{detect_host().cpu}|{refp.model}|{refp.input}|{rt} {raw.get('runtime_version')}",
+                                   _model_key(paired_with))}}
         raw = run_child(run_spec, refp.threads, "the speed reference run", timeout)
     summary = latency_summary(raw["latencies_ms"])
     out = {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"], "spread_p99_p50": summary["spread_p99_p50"],
            "runtime": f"{rt} {raw.get('runtime_version')}"}
     _reference_cache[key] = out
     return out
+
+
+def _model_key(spec: dict) -> str | None:
+    """What identifies the model timed (its ONNX file's digest, its batch and input), for contention's memory."""
+    path = spec.get("model_file")
+    if not path:
+        return None
+    import hashlib
+
+    try:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+    return f"{digest} batch {spec.get('batch')} input {spec.get('input_shape') or spec.get('chw')}"
 
 
 def _host_energy(configs: list[dict]) -> dict | None:
