@@ -447,9 +447,12 @@ class EnergyMeter:
     (or no profile is given); otherwise the modelled figure leads and the measurement sits beside it.
     """
 
-    def __init__(self, profile=None, threads: int | None = None, power_log=None, source="auto"):
+    def __init__(self, profile=None, threads: int | None = None, power_log=None, source="auto",
+                 meter_export: bool = False):
         self.profile, self.threads = profile, threads
         self.power_log = meterlog.check_power_log(power_log) if power_log else None
+        # a meter logs now (its log given, or exported after the run): hold an idle stretch for it
+        self.held = self.power_log is not None or meter_export
         self.source = calibration.detect() if source == "auto" else source
         self.meter = sensors.PowerMeter(self.source) if self.source is not None else None
         self.window = self.idle_window = None
@@ -462,7 +465,7 @@ class EnergyMeter:
             self.idle_window = self.meter.idle_window
             self._t0 = self.meter.begin()
         else:
-            if self.power_log is not None:
+            if self.held:
                 t = time.time()
                 time.sleep(sensors.DEFAULT_IDLE_S)
                 self.idle_window = (t, time.time())
@@ -482,30 +485,46 @@ class EnergyMeter:
         elif self.power_log is not None:
             measured = measured_run(meterlog.log_record(self.power_log, self.window, self.idle_window))
         modelled = energy_for_duration(seconds, self.profile, self.threads) if self.profile is not None else None
-        if measured is not None and (self.profile is None or _on_device(self.profile)):
-            out = {**measured, "modelled": modelled}
-        elif modelled is not None:
-            out = {**modelled}
-            if measured is not None:
-                out["measured_here"] = {**measured, "note": "measured on this machine, which is not the profile's "
-                                                            "device"}
-        elif measured is not None:
-            out = measured
-        else:
-            out = None
+        on_device = self.profile is None or _on_device(self.profile)
+        out = run_record(measured, modelled, on_device)
         if out is not None:
             out["wall"] = list(self.window)
+            from .. import __version__
+
+            # where a meter's export made after the run is read (`edgetrain energy attribute`)
+            out["meter_windows"] = {"command": "finetune", "edgetrain_version": __version__,
+                                    "clock": "Unix seconds on this machine's clock", "held_for_a_meter": self.held,
+                                    "on_device": on_device, "timed": list(self.window),
+                                    "idle": list(self.idle_window) if self.idle_window else None}
         self.result = out
         return self._per_unit(out, epochs, samples)
 
     @staticmethod
     def _per_unit(out, epochs: int, samples: int):
-        if out is not None:
-            if epochs:
-                out["epochs"], out["joules_per_epoch"] = epochs, out["joules"] / epochs
-            if samples:
-                out["samples_trained"], out["joules_per_sample"] = samples, out["joules"] / samples
+        return per_unit_of_run(out, epochs, samples)
+
+
+def run_record(measured: dict | None, modelled: dict | None, on_device: bool) -> dict | None:
+    """A stretch of work's energy record: measured leads on the device (the modelled beside it), else the modelled
+    figure leads with this machine's measurement beside it."""
+    if measured is not None and on_device:
+        return {**measured, "modelled": modelled}
+    if modelled is not None:
+        out = {**modelled}
+        if measured is not None:
+            out["measured_here"] = {**measured, "note": "measured on this machine, which is not the profile's device"}
         return out
+    return None
+
+
+def per_unit_of_run(out, epochs: int, samples: int):
+    """``out`` with its joules per epoch and per sample trained."""
+    if out is not None:
+        if epochs:
+            out["epochs"], out["joules_per_epoch"] = epochs, out["joules"] / epochs
+        if samples:
+            out["samples_trained"], out["joules_per_sample"] = samples, out["joules"] / samples
+    return out
 
 
 @contextmanager

@@ -589,3 +589,39 @@ def test_a_meter_export_made_after_the_run_is_attributed_to_the_results_windows(
         assert_user_error(res, 2, frag)
     assert result.read_bytes() == before
     assert not (tmp_path / "profile-measured.json").exists()
+
+
+@pytest.mark.slow
+def test_a_meter_export_made_after_a_finetune_is_attributed_to_its_run(cli, this_host, tmp_path):
+    import json
+
+    result = tmp_path / "finetune.json"
+    res = cli("finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", tmp_path / "o",
+              "--epochs", "2", "--device", this_host, "--meter-export", "--country", "DE", "--json", result,
+              env=no_sensor_env(tmp_path), cwd=tmp_path)
+    assert res.code == 0, res.err
+    before = result.read_bytes()
+    d = json.loads(before)
+    w = d["energy"]["meter_windows"]
+    assert w["command"] == "finetune" and w["held_for_a_meter"] and w["idle"][1] > w["idle"][0]
+    assert d["energy"]["provenance"] == "modelled"
+    t0 = w["idle"][0] - 2.0
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0)) + f"{t0 % 1:.3f}"[1:]
+    otii = _fixture_rows("Main power - Arc.csv")
+    log = _tiled(tmp_path / "Main power - Arc.csv", '"Timestamp","Value"', [r[1] for r in otii],
+                 w["timed"][1] + 2.0 - t0, lambda s: f"{s:.6f}")
+    watts = sum(float(r[1]) for r in otii) / len(otii)
+    res = cli("energy", "attribute", result, log, "--power-log-start", start, "--json", "-")
+    assert res.code == 0, res.err
+    m = res.json()
+    assert json.loads((tmp_path / "finetune-measured.json").read_text()) == m and result.read_bytes() == before
+    e = m["energy"]  # on the device: the meter's figure leads, the modelled one beside it, as with --power-log
+    assert e["provenance"] == "measured" and e["meter"] == "power-log" and e["modelled"]["provenance"] == "modelled"
+    assert e["power_w"] == pytest.approx(watts, rel=0.02) and e["idle_w"] == pytest.approx(watts, rel=0.02)
+    assert e["joules"] == pytest.approx(watts * (w["timed"][1] - w["timed"][0]), rel=0.02)
+    assert m["joules_per_epoch"] == pytest.approx(e["joules"] / 2)
+    assert m["joules_per_sample"] == pytest.approx(e["joules"] / e["samples_trained"])
+    assert e["carbon"]["energy_provenance"] == "measured" and e["uncertainty"]["kind"] == "standard (1 sigma)"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**d, "energy": {**d["energy"], "meter_windows": {**w, "command": "profile"}}}))
+    assert_user_error(cli("energy", "attribute", other, log, "--power-log-start", start), 2, "written by profile")
