@@ -11,8 +11,8 @@ runs at a time, so the spread of the per-round ratios within a run did not see i
 - across runs: the reference's fastest run over the fastest this host has ever given it (kept in the
   per-user cache, ``QUIET_FILE``, per CPU, reference and runtime): a whole run slowed, which the first
   measure cannot see. Until the host has been seen quiet it is not known (the first run counts as quiet).
-  Where this model (by its file's digest) was timed here before, the median ratio over the ratio of the
-  two workloads' fastest ever is taken when it is more: a neighbour may slow the model and not the reference.
+  Where this model (by its file's digest) was timed here before, the median ratio over the lowest median
+  ratio it has had here is taken when it is more: a neighbour may slow the model and not the reference.
 
 Their product (or that, when more), ``drift``, bounds how much the figure may read high: the reference slowing by a factor
 moved the ratio by less than that factor in every run measured, so taking it whole errs wide. The figure's
@@ -45,17 +45,19 @@ def measure(model_cpu_ms: list[float], ref_cpu_ms: list[float], ratio_p50: float
            "reference_quiet_cpu_ms": quiet_ref, "quiet_known": known, "limit": 1.0 + CONTENTION_LIMIT}
     how = ""
     if model_key is not None:
-        # The same model timed here before: its ratio at the two workloads' quietest ever. A neighbour that
-        # slows the model and not the reference (cache-resident model, memory-bound neighbour) shows here only.
-        quiet_model, model_known = _quiet(f"{key}|model {model_key}", model_fast)
-        out["model_quiet_cpu_ms"] = quiet_model
+        # The same model timed here before: this run's median ratio over the lowest median ratio it has had on this
+        # host. A neighbour that slows the model and not the reference (a cache-resident model, a memory-bound
+        # neighbour) shows here only. Medians, not the fastest runs: the lowest of many runs' fastest would drift
+        # down with every run and flag quiet ones.
+        quiet_ratio_ever, model_known = _quiet(f"{key}|model ratio {model_key}", ratio_p50)
+        out["model_quiet_ratio"] = quiet_ratio_ever
         if model_known:
-            ever = ratio_p50 / (quiet_model / quiet_ref)
+            ever = ratio_p50 / quiet_ratio_ever
             out["against_quietest"] = ever
             if ever > drift:
                 drift = ever
-                how = (f"; the median ratio over this model's and the reference's fastest on this host "
-                       f"({quiet_model:.3g} / {quiet_ref:.3g} ms) is more, {ever:.3f}, and is taken")
+                how = (f"; this model's median ratio over its lowest on this host ({quiet_ratio_ever:.4g}) is more, "
+                       f"{ever:.3f}, and is taken")
     out["drift"] = drift
     out["source"] = ("the median model/reference ratio over the ratio of their fastest runs in this run "
                      f"({in_run:.3f}) x the reference's fastest CPU time {ref_fast:.3g} ms over the fastest this "
