@@ -14,10 +14,11 @@ runs at a time, so the spread of the per-round ratios within a run did not see i
   Where this model (by its file's digest) was timed here before, the median ratio over the lowest median
   ratio it has had here is taken when it is more: a neighbour may slow the model and not the reference.
 
-Their product (or that, when more), ``drift``, bounds how much the figure may read high: the reference slowing by a factor
-moved the ratio by less than that factor in every run measured, so taking it whole errs wide. The figure's
-interval reaches down to the figure / drift, and a drift above ``1 + CONTENTION_LIMIT`` flags the figure
-unreliable (energy.reliability), with the figures in the reason.
+Their product (or the model's own, when more), ``drift``, bounds how much the figure may read high: the
+reference slowing by a factor moved the ratio by less than that factor in every run measured, so taking it
+whole errs wide. The figure's interval reaches down to the figure / drift (its upper end, the p90 ratio x
+the profile's full-load power, already lies far above: +90% or more on the quickstart), and a drift above
+``1 + CONTENTION_LIMIT`` flags the figure unreliable (energy.reliability), with the figures in the reason.
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ CONTENTION_LIMIT = 0.10
 
 def measure(model_cpu_ms: list[float], ref_cpu_ms: list[float], ratio_p50: float, key: str,
             model_key: str | None = None) -> dict:
-    """The contention behind a paired timing (see the module's account); remembers the reference's (and, with
-    ``model_key``, the model's) fastest run on this host when it is the fastest yet."""
+    """The contention behind a paired timing (see the module's account); remembers the reference's fastest run
+    (and, with ``model_key``, the model's median ratio) on this host when it is the lowest yet."""
     model_fast, ref_fast = min(model_cpu_ms), min(ref_cpu_ms)
     quiet_ratio = model_fast / max(ref_fast, 1e-9)
     in_run = max(ratio_p50 / quiet_ratio, 1.0) if quiet_ratio > 0 else 1.0
