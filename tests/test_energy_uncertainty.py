@@ -200,3 +200,7 @@ def test_a_run_where_only_the_model_slowed_is_seen_against_this_models_quietest(
         assert (c["drift"] > c["limit"]) == (slower > 1.0)
     # another model has its own memory
     assert "against_quietest" not in contention.measure(model, ref, 0.0051, "cpu|ref", "model-b")
+    # a run whose own measures say it was not quiet (the reference slowed: the ratio reads low) is not remembered
+    low = contention.measure(model, [r * 1.5 for r in ref], 0.0051 / 1.5, "cpu|ref", "model-a")
+    assert low["reference_shift"] == pytest.approx(1.5) and low["model_quiet_ratio"] == pytest.approx(0.0051)
+    assert contention.measure(model, ref, 0.0051, "cpu|ref", "model-a")["against_quietest"] == pytest.approx(1.0)
