@@ -18,6 +18,7 @@ import re
 import time
 from pathlib import Path
 
+from . import envvars
 from .errors import EdgetrainError, RunFailed, UsageError, clip
 
 # Temp names carry the writer's PID: .NAME.edgetrain-tmp-PID.XXXXXXXX.tmp beside an output,
@@ -682,3 +683,12 @@ def remembered_digest(path, memo: Path | None) -> str:
         except (OSError, UsageError):
             pass  # a read-only or full cache folder: hashed every time, as before
     return digest
+
+
+def cache_root() -> Path | None:
+    """edgetrain's per-user cache folder: ``EDGETRAIN_CACHE_DIR`` (empty: none), else $XDG_CACHE_HOME/edgetrain."""
+    env = envvars.get("EDGETRAIN_CACHE_DIR")
+    if env is not None:
+        return Path(env) if env.strip() else None
+    base = envvars.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edgetrain"

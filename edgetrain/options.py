@@ -608,7 +608,16 @@ class ExportOptions(ModelOptions, EnergyOptions, CarbonOptions):
                                          "the data can show).")
 
 
-class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions):
+class MeterExportOptions(Options):
+    """A meter whose app exports its log only after the recording (Nordic PPK2, Otii)."""
+
+    meter_export: bool = opt(False, recipe=False,
+                             help="A meter records during the run and its app exports the log after it (Nordic PPK2, "
+                                  "Otii): the run holds the idle stretch and the windows --power-log would and records "
+                                  "them in the result; give the export to `edgetrain energy attribute` afterwards.")
+
+
+class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions, MeterExportOptions):
     data: str = opt(metavar="DATA", recipe=False, help="Training data (classes come from it).")
     out: str = opt(metavar="OUTDIR", short="-o", recipe=False,
                    help="Folder for the model (OUTDIR/model), metrics.json and the checkpoint.")
@@ -646,7 +655,7 @@ class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions):
         return float(prof.memory_budget_mb) if prof is not None else None
 
 
-class ProfileOptions(ModelOptions, EnergyOptions, CarbonOptions, PowerLogOptions):
+class ProfileOptions(ModelOptions, EnergyOptions, CarbonOptions, PowerLogOptions, MeterExportOptions):
     threads: ThreadList = opt(None, metavar="N[,N...]",  # type: ignore[assignment]  # a sweep, not one cap
                               help="Thread counts to sweep, e.g. 1,2,4; one fresh process each (default: the device's).")
     runtime: Optional[Literal["onnxruntime", "mxnet"]] = opt(
@@ -701,6 +710,14 @@ class PredictOptions(DeviceOptions):
 
 
 COMMANDS["predict"] = PredictOptions
+
+
+class EnergyAttributeOptions(PowerLogOptions):
+    """``edgetrain energy attribute RESULT METER_LOG``: a meter's export attributed to a finished profile's windows."""
+
+    output: Optional[str] = opt(None, metavar="FILE", short="-o", recipe=False,
+                                help="Where to write the result with the measured energy (atomically; default "
+                                     "RESULT's name with '-measured' before '.json'). Never RESULT itself.")
 
 
 class EnergyCalibrateOptions(Options):

@@ -14,7 +14,7 @@ import pytest
 
 from edgetrain.devices import load_device
 from edgetrain.energy import measured_per_inference, sensors
-from edgetrain.energy.model import energy_for_duration, energy_report, figure_text
+from edgetrain.energy.model import energy_for_duration, energy_per_inference, energy_report, figure_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "power" / "sysfs"
 NO_VCGENCMD = "/nonexistent/vcgencmd"
@@ -140,3 +140,67 @@ def test_modelled_figures_carry_the_timing_spread_and_the_profiles_power_range()
     u = energy_for_duration(100.0, nano, threads=4)["uncertainty"]
     assert u["low_j"] == pytest.approx(100 * 1.9) and u["high_j"] == pytest.approx(1000.0)
     assert "rated" in u["source"]
+
+
+def test_contention_is_the_runs_lift_over_its_quiet_moments_times_its_shift_from_the_hosts_quietest(
+        tmp_path, monkeypatch):
+    from edgetrain.energy import reliability
+    from edgetrain.measure import contention
+
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path))
+    model, ref = [0.02] * 50 + [0.03] * 50, [4.0] * 10 + [5.0] * 10  # fastest ratio 0.005
+    first = contention.measure(model, ref, 0.006, "cpu|ref")
+    assert not first["quiet_known"] and first["reference_shift"] == 1.0  # the first run is the quietest seen
+    assert first["in_run"] == pytest.approx(0.006 / 0.005) and first["drift"] == pytest.approx(1.2)
+    drifts = []
+    for slower in (1.0, 1.3, 1.6, 2.0):  # whole runs shifted: even the fastest reference run is slower
+        c = contention.measure([m * slower for m in model], [r * slower for r in ref], 0.005, "cpu|ref")
+        assert c["quiet_known"] and c["reference_quiet_cpu_ms"] == 4.5  # the reference's lowest median here
+        assert c["reference_shift"] == pytest.approx(slower) and c["drift"] == pytest.approx(slower)
+        drifts.append(c["drift"])
+        rel = reliability(1.2, 0.1, 2, 1.2, contention=c)
+        flagged = [r for r in rel["reasons"] if "contention on the host" in r]
+        assert bool(flagged) == (c["drift"] > 1 + contention.CONTENTION_LIMIT) == (not rel["reliable"])
+        if flagged:
+            assert f"{c['drift']:.2f}x" in flagged[0] and "4.5 ms" in flagged[0] and rel["contention"] is c
+    assert drifts == sorted(drifts)
+    # a faster run becomes the host's quiet figure; another key (CPU, reference, runtime) is its own
+    assert contention.measure(model, [3.0] * 5, 0.006, "cpu|ref")["reference_shift"] == 1.0
+    assert contention.measure(model, ref, 0.006, "cpu|ref")["reference_quiet_cpu_ms"] == 3.0
+    assert not contention.measure(model, ref, 0.006, "other|ref")["quiet_known"]
+    # no cache folder: nothing remembered, the run's own figure only
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", "")
+    assert not contention.measure(model, ref, 0.006, "cpu|ref")["quiet_known"]
+
+
+def test_the_modelled_interval_widens_with_the_contention_measured():
+    prof = load_device("rpi4b-4gb")
+    lows = []
+    for drift in (1.0, 1.2, 1.5, 2.0):
+        e = energy_per_inference(10.0, prof, threads=1, p10_ms=9.5, p90_ms=11.0, p50_range_ms=[10.0 / drift, 11.0])
+        lows.append(e["uncertainty"]["low_mj"])
+        assert e["uncertainty"]["low_mj"] <= e["total_mj"] / drift * 1.000001
+    assert lows == sorted(lows, reverse=True) and lows[-1] < lows[0]
+
+
+def test_a_run_where_only_the_model_slowed_is_seen_against_this_models_quietest(tmp_path, monkeypatch):
+    """A memory-bound neighbour may slow a cache-resident model and not the reference: neither this run's own
+    quiet moments nor the reference's shift shows it; this model's lowest median ratio on this host does."""
+    from edgetrain.measure import contention
+
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path))
+    model, ref = [0.02] * 50 + [0.021] * 50, [4.0] * 10 + [4.2] * 10
+    first = contention.measure(model, ref, 0.0051, "cpu|ref", "model-a")
+    assert "against_quietest" not in first  # not seen before
+    for slower in (1.0, 1.2, 1.5):
+        c = contention.measure([m * slower for m in model], ref, 0.0051 * slower, "cpu|ref", "model-a")
+        assert c["in_run"] == pytest.approx(first["in_run"]) and c["reference_shift"] == 1.0
+        assert c["against_quietest"] == pytest.approx(slower)  # over its lowest median ratio here
+        assert c["drift"] == pytest.approx(max(c["in_run"], c["against_quietest"]))
+        assert (c["drift"] > c["limit"]) == (slower > 1.0)
+    # another model has its own memory
+    assert "against_quietest" not in contention.measure(model, ref, 0.0051, "cpu|ref", "model-b")
+    # a run whose own measures say it was not quiet (the reference slowed: the ratio reads low) is not remembered
+    low = contention.measure(model, [r * 1.5 for r in ref], 0.0051 / 1.5, "cpu|ref", "model-a")
+    assert low["reference_shift"] == pytest.approx(1.5) and low["model_quiet_ratio"] == pytest.approx(0.0051)
+    assert contention.measure(model, ref, 0.0051, "cpu|ref", "model-a")["against_quietest"] == pytest.approx(1.0)

@@ -336,7 +336,7 @@ BAD_LOGS = {
     "text value": ("timestamp,watts\n1700000001,2.0\n1700000002,abc\n", "line 3"),
     "bad time": ("timestamp,watts\n1700000001,2.0\nyesterday,2.0\n", "line 3"),
     "short row": ("timestamp,volts,amps\n1700000001,5,0.5\n1700000002,5\n", "line 3"),
-    "negative watts": ("timestamp,watts\n1700000001,2.0\n1700000002,-1\n", "impossible value"),
+    "negative watts": ("timestamp,watts\n1700000001,2.0\n1700000002,-1\n", "below the meter's zero"),
     "infinite watts": ("timestamp,watts\n1700000001,2.0\n1700000002,inf\n", "impossible value"),
     "backwards": ("timestamp,watts\n1700000005,2.0\n1700000004,2.0\n", "go back 1 s at line 3"),
     "one reading": ("timestamp,watts\n1700000001,2.0\n", "1 reading"),

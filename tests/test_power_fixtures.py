@@ -479,3 +479,34 @@ def test_a_hostile_otii_export_is_refused_before_the_run_in_one_line(tmp_path, c
         meterlog.check_power_log(path, start=OTII_START)  # before the run: nothing of it is a meter still logging
     e = exc.value
     assert frag in e.what and fix in e.fix and path.name in e.where and "\n" not in e.line()
+
+
+def otii_current(tmp_path, amps: list[float]) -> Path:
+    """An Otii 'Main current' export in the app's format (as the fixture) with the given currents at 4 kHz."""
+    rows = "".join(f"{i / 4000:.6f},{a:.9g}\n" for i, a in enumerate(amps))
+    return otii_copy(tmp_path, '"Timestamp","Value"\n' + rows, "Main current - Arc.csv")
+
+
+def test_a_sleeping_boards_small_negative_currents_are_the_meters_noise_counted_as_read(tmp_path):
+    # Otii's Main current of a board asleep reads around 0: a few tens of µA either side
+    amps = [0.0004 if i % 3 else -0.00003 for i in range(40)] + [0.6] * 40
+    log_ = meterlog.PowerLog(otii_current(tmp_path, amps), voltage=5.0, start=OTII_START)
+    readings, info = meterlog.parse_power_log(log_)
+    neg = info["negative_readings"]
+    assert neg["count"] == sum(a < 0 for a in amps) and neg["of"] == len(amps)
+    assert [w for _, w in readings] == pytest.approx([5.0 * a for a in amps])  # as read: not clamped to 0
+    assert neg["lowest_w"] == pytest.approx(5.0 * min(amps)) and "not clamped" in neg["rule"]
+    rec = meterlog.log_record(log_, (OTII_START + 0.001, OTII_START + 0.019))
+    assert rec["available"] and "below 0 W" in rec["note"] and "offset noise" in rec["note"]
+    assert "below 0 W" in measured_per_inference({**rec, "inferences": 3})["source"]
+
+
+@pytest.mark.parametrize("amps,fragment,fix", [
+    ([-0.6] * 30 + [0.0001] * 10, "below 0 W in 30 of its 40 readings", "swap the shunt's leads"),
+    ([0.6] * 39 + [-0.05], "below the meter's zero by more than its noise", "zero the meter"),
+])
+def test_a_reversed_shunt_or_a_negative_beyond_the_noise_is_refused_in_one_line(tmp_path, amps, fragment, fix):
+    with pytest.raises(UsageError) as exc:
+        meterlog.check_power_log(otii_current(tmp_path, amps), voltage=5.0, start=OTII_START)
+    e = exc.value
+    assert fragment in e.what and fix in e.fix and "\n" not in e.line()

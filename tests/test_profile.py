@@ -117,7 +117,10 @@ def test_reference_latency_scales_the_host_measurement(onnx_file, tmp_path, thre
         assert ratio["ratio_of_medians"] == pytest.approx(pr["model_cpu_p50_ms"] / pr["reference_cpu_p50_ms"])
         # the modelled interval holds the figure at every per-round ratio from the p10 to the p90 (not shrunk to
         # the spread of the model's own runs)
-        assert lat["p50_range_ms"] == pytest.approx([50.0 * ratio["p10"], 50.0 * ratio["p90"]])
+        # ... and reaching down to the figure the host's measured contention would leave (contention.py)
+        drift = pr["contention"]["drift"]
+        assert drift >= 1.0
+        assert lat["p50_range_ms"] == pytest.approx([50.0 * min(ratio["p10"], ratio["p50"] / drift), 50.0 * ratio["p90"]])
         e = res.energy["per_inference"]
         u = e["uncertainty"]
         assert u["low_mj"] <= 50.0 * ratio["p10"] * e["power_w"] and u["high_mj"] >= 50.0 * ratio["p90"] * e["power_w"]
@@ -207,3 +210,50 @@ def test_timings_under_emulation_are_labelled_emulated_and_not_scaled(swept):
     assert not host.matches(pi4)  # an emulated host never counts as the device
     lat = _latency_verdict(swept.configs[0], swept.configs, pi4, host, label, 60, None)
     assert lat["provenance"] == "emulated" and lat["mean_ms"] is None
+
+
+@pytest.mark.slow
+def test_a_run_slower_than_the_host_has_been_widens_its_interval_and_is_flagged_with_the_reason(
+        onnx_file, tmp_path, monkeypatch):
+    """The whole-run shift a busy neighbour causes: the reference's median CPU time against the lowest this host
+    has given it. The host's memory says it once ran the reference 2x and 4x faster than the run before: the
+    interval reaches down by the drift measured (it widens with the contention) and the figure is flagged, the
+    reason in the JSON result."""
+    import json
+
+    from edgetrain.measure import contention
+
+    monkeypatch.setenv("EDGETRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    ref = {"model": "edgetrain.nets:digits_cnn", "input": 16, "threads": 1, "runtime": "mxnet",
+           "latency_ms": 50.0, "source": "a made-up figure for the test, 50 ms on the board"}
+    path = user_profile(tmp_path, name="slowboard", speed={"method": "reference_latency", "reference": ref})
+    memory = tmp_path / "cache" / contention.QUIET_FILE
+    lows, fast = {}, 0.0
+    for faster in (1, 2, 4):
+        if faster > 1:  # what this host gave before, made `faster` times quicker than this run saw
+            seen = json.loads(memory.read_text())
+            memory.write_text(json.dumps({k: (v if "|model ratio " in k else fast / faster) for k, v in seen.items()}))
+        res = profile(str(onnx_file), device=str(path), threads="1", **FAST)
+        lat, e = res.verdict["latency"], res.energy
+        c = lat["paired"]["contention"]
+        assert c["quiet_known"] == (faster > 1)
+        fast = c["reference_cpu_p50_ms"]
+        assert c["reference_shift"] == pytest.approx(max(fast / c["reference_quiet_cpu_ms"], 1.0))
+        u = e["per_inference"]["uncertainty"]
+        assert u["low_mj"] <= e["per_inference"]["total_mj"] / c["drift"] * 1.000001
+        lows[faster] = (u["low_mj"] / e["per_inference"]["total_mj"], c["drift"])
+        payload = json.loads(json.dumps(res.to_dict()))
+        reasons = payload["reliability"]["reasons"]
+        flagged = [r for r in reasons if r.startswith("contention on the host")]
+        if c["drift"] > c["limit"]:
+            assert flagged and f"{c['drift']:.2f}x" in flagged[0] and payload["reliability"]["reliable"] is False
+            assert payload["reliability"]["contention"]["drift"] == pytest.approx(c["drift"])
+            assert any("contention on the host" in w for w in payload["warnings"])
+        else:
+            assert not flagged
+        assert c["drift"] == pytest.approx(max(c["in_run"] * c["reference_shift"], c.get("against_quietest", 0)))
+        assert c["in_run"] >= 1.0 and ("against_quietest" not in c or faster > 1)  # only once timed here before
+        if faster > 1:
+            assert c["reference_shift"] > c["limit"] and flagged
+    # the interval widens with the contention measured: its low end is at most the figure / drift in every run
+    assert all(low <= 1.0 / d * 1.000001 for low, d in lows.values())

@@ -1,8 +1,10 @@
 """Issue 17's goal: quickstarts run back to back give modelled energy figures within 15% of each other.
 
 Runs `edgetrain run -o DIR` N times in a row (default 2, the quickstart), then prints each run's energy per
-inference, estimated p50 latency, the reference timing behind it, the host's load and the largest
-difference between runs. A goal, not a test: the figure depends on how busy the host is.
+inference, estimated p50 latency, the reference timing behind it, its interval, the contention measured, the
+host's load and the largest difference between runs; then, per run, whether its interval holds every other
+run's figure and whether a run off the batch median by more than 10% was flagged (issue 24's goal). A goal, not
+a test: the figure depends on how busy the host is.
 
 The paired timing (model and speed reference in turns, in one child) records each round's ratio; the estimate
 takes their median. Each run's JSON also carries the ratio of the two medians (the way before), so the same
@@ -38,7 +40,21 @@ def one(recipe: str | None, out: Path) -> dict:
             "unreliable": (profile["energy"].get("reliability") or {}).get("reasons"),
             "ratio": (lat.get("paired") or {}).get("ratio"),
             "interval": profile["energy"]["per_inference"].get("uncertainty") or {},
+            "contention": (lat.get("paired") or {}).get("contention") or {},
             "load": (load0, os.getloadavg()[0])}
+
+
+def why(reasons: list[str] | None) -> str:
+    """'no', or 'yes (load, contention)': which of energy.reliability's reasons flagged the run."""
+    if not reasons:
+        return "no"
+    kinds = ["load" if "load average" in r else "contention" if r.startswith("contention") else "p99/p50"
+             for r in reasons]
+    return f"yes ({', '.join(dict.fromkeys(kinds))})"
+
+
+def holds(r: dict, value: float) -> bool:
+    return r["interval"].get("low_mj", float("inf")) <= value <= r["interval"].get("high_mj", float("-inf"))
 
 
 def main() -> None:
@@ -51,22 +67,40 @@ def main() -> None:
         for i in range(args.runs):
             r = one(args.recipe, Path(tmp) / f"q{i + 1}")
             rows.append(r)
-            sp = r["spread"]
+            u, c = r["interval"], r["contention"]
             print(f"run {i + 1}: {r['energy_mj']:.3f} mJ [{r['provenance']}]  p50 {r['p50_ms']:.3f} ms "
                   f"(basis {r['basis']}, factor {r['factor']:.3g}, reference {r['reference_ms']:.3g} ms)  "
-                  f"p10-p90 {sp.get('p10', {}).get('total_mj', float('nan')):.3f}-"
-                  f"{sp.get('p90', {}).get('total_mj', float('nan')):.3f} mJ  load {r['load'][0]:.2f}->{r['load'][1]:.2f}"
+                  f"interval {u.get('low_mj', float('nan')):.3f}-{u.get('high_mj', float('nan')):.3f} mJ  "
+                  f"contention {c.get('drift', float('nan')):.3f} (in run {c.get('in_run', float('nan')):.3f} x "
+                  f"shift {c.get('reference_shift', float('nan')):.3f})  load {r['load'][0]:.2f}->{r['load'][1]:.2f}"
                   f"{'  UNRELIABLE' if r['unreliable'] else ''}", flush=True)
     values = [r["energy_mj"] for r in rows]
+    median = sorted(values)[len(values) // 2] if len(values) % 2 else \
+        sum(sorted(values)[len(values) // 2 - 1:len(values) // 2 + 1]) / 2
     print(f"largest / smallest: {max(values) / min(values):.3f} (goal: at most 1.15)  [median of per-round ratios]")
     if all(r["ratio"] for r in rows):
         old = [r["energy_mj"] * r["ratio"]["ratio_of_medians"] / r["ratio"]["p50"] for r in rows]
         print("same runs, ratio of medians: " + "  ".join(f"{v:.3f}" for v in old) +
               f" mJ; largest / smallest: {max(old) / min(old):.3f}")
-        inside = sum(1 for r in rows if all(r["interval"].get("low_mj", float("inf")) <= v <= r["interval"].get(
-            "high_mj", float("-inf")) for v in values))
-        print(f"runs whose reported interval holds every run's figure: {inside}/{len(rows)}")
-
+    # The goal (issue 24): each run's interval holds every other run's figure in >= 90% of the pairs, and every
+    # run off the batch's median by more than 10% is flagged unreliable.
+    print("run  figure  off median  interval holds (others)  low side / high side  flagged  off>10% & not flagged")
+    pairs = held = missed = 0
+    for i, r in enumerate(rows):
+        others = [v for j, v in enumerate(values) if j != i]
+        n = sum(holds(r, v) for v in others)
+        pairs, held = pairs + len(others), held + n
+        off = r["energy_mj"] / median - 1
+        miss = abs(off) > 0.10 and not r["unreliable"]
+        missed += miss
+        u = r["interval"]
+        print(f"{i + 1:>3}  {r['energy_mj']:.3f}  {off:+.1%}  {n}/{len(others)}  "
+              f"-{u.get('minus_mj', 0) / r['energy_mj']:.1%} / +{u.get('plus_mj', 0) / r['energy_mj']:.1%}  "
+              f"{why(r['unreliable'])}  {'MISSED' if miss else ''}")
+    if pairs:
+        print(f"interval holds the other run's figure: {held}/{pairs} pairs ({held / pairs:.0%}; goal >= 90%); runs off "
+              f"the median by > 10% and not flagged: {missed} (goal 0); median low side "
+              f"-{sorted(r['interval'].get('minus_mj', 0) / r['energy_mj'] for r in rows)[len(rows) // 2]:.1%}")
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..options import EnergyCalibrateOptions
+from ..options import EnergyAttributeOptions, EnergyCalibrateOptions
 from .common import json_option, quiet, say, setup, write_json
 from .options import declared_options, parse
 
@@ -44,3 +44,50 @@ def calibrate(meter_log, json_path, **values):
     say(json_path, f"sensor    {cal['instrument']}, {cal['sensor_range_w'][0]:.3g}-{cal['sensor_range_w'][1]:.3g} W "
                    "during the fit")
     say(json_path, f"written   {cal['file']}" + ("" if opts.output else " (read by every later measurement)"))
+
+
+@energy.command()
+@click.argument("result", metavar="RESULT")
+@click.argument("meter_log", metavar="METER_LOG")
+@declared_options(EnergyAttributeOptions)
+@json_option
+def attribute(result, meter_log, json_path, **values):
+    """Attribute a meter's export, written after the run, to a finished `edgetrain profile --meter-export --json
+    RESULT`: the Nordic PPK2 and Otii apps export their CSV only once the recording is stopped, too late for
+    --power-log. METER_LOG is read (the formats --power-log reads, with --power-log-voltage and --power-log-start
+    as there) over each configuration's idle stretch and timed window recorded in RESULT, and the result is
+    written with the measured energy (and carbon, provenance, uncertainty) the run would have had with
+    --power-log: to -o (default RESULT-measured.json), never over RESULT. Exit 2 when the log does not cover the
+    windows, RESULT has none, or RESULT was written by another edgetrain version.
+    """
+    import json
+    from pathlib import Path
+
+    from ..energy import check_power_log
+    from ..errors import UsageError
+    from ..fileio import atomic_write_text, check_outputs
+    from ..measure import attribute as attribute_log
+
+    opts = parse(EnergyAttributeOptions, values)
+    src = Path(result)
+    out = Path(opts.output) if opts.output else src.with_name(src.stem + "-measured.json")
+    check_outputs({"RESULT": result, "METER_LOG": meter_log}, {"-o": str(out), "--json": json_path})
+    try:
+        data = json.loads(src.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError("the result does not exist", result, "give the --json file a profile wrote") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"cannot read the result as JSON ({type(exc).__name__})", result,
+                         "give the --json file a profile wrote") from None
+    log = check_power_log(meter_log, opts.power_log_voltage, opts.power_log_start)
+    done = attribute_log(data, log, result)
+    atomic_write_text(out, json.dumps(done, indent=2) + "\n", "-o")
+    write_json(json_path, done)
+    board = (done.get("host_energy") or {}).get("board") or []
+    for b in board:
+        say(json_path, f"{b['threads']} thread(s)  {b['total_mj']:.4g} mJ per inference measured ({b['instrument']}, "
+                       f"{b['samples']} samples, {b['inferences']} inferences)")
+    per = (done.get("energy") or {}).get("per_inference") or {}
+    if per.get("provenance") == "measured":
+        say(json_path, "headline  the measured figure (this run was on the device itself)")
+    say(json_path, f"written   {out}")

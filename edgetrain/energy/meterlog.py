@@ -26,6 +26,11 @@ semicolons, tabs or blanks. What each column holds comes from its header and not
   ``Main power`` is read as W, ``Main current`` as A with ``--power-log-voltage``; a voltage, energy or
   temperature channel is refused (no power in it), and so is the format under a name that names no channel.
 
+A meter's zero is not exact: a sleeping board's current reads a little below 0 (Otii's Main current around
+0 A). Readings down to -max(5 mW, 1% of the log's peak power) are that offset noise, counted as read (not
+clamped) and counted in the record (``negative_readings``, and a note in its source); one further below, or
+a log more than half below 0 (a shunt wired backwards), is refused in one line.
+
 Meters stamp readings in bursts (FNIRSI's logger stamps each 4-sample USB packet from the time it
 arrived, so consecutive packets overlap by a few milliseconds): a step back shorter than
 ``BACKSTEP_PERIODS`` sampling periods is that jitter, and the readings are put in time order; a longer
@@ -314,6 +319,16 @@ def _lines(path: Path) -> list[str]:
     return text.splitlines()
 
 
+def _ends_with_newline(path: Path) -> bool:
+    """Whether the file's last byte is a line break (read alone: the log is not read into memory a second time)."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
 def _header_index(lines: list[str], where: str) -> int:
     """The header: the first non-blank line that names columns. A '#' line is a comment unless it is the
     header itself (the Joulescope UI writes '#time,current,...')."""
@@ -343,7 +358,7 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
     lines = _lines(path)
     # A last line without its newline may be one the meter is writing right now (before the run, or after
     # it while the meter keeps logging): if it does not read, it is not a reading yet, not an error.
-    cut = len(lines) if lines and not path.read_bytes().endswith(b"\n") else None
+    cut = len(lines) if lines and not _ends_with_newline(path) else None
     if partial and not any(ln.strip() for ln in lines) and not _otii_named(path):
         return [], {"format": None, "columns": [], "time": None}  # created, nothing written yet
     first = _header_index(lines, where)
@@ -381,9 +396,9 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
         elif k != kind:
             raise UsageError(f"the power log's line {n} has a time of another kind than the lines before it",
                              f"{where}:{n}", "give one time format throughout")
-        if not (math.isfinite(t) and math.isfinite(w)) or w < 0:
+        if not (math.isfinite(t) and math.isfinite(w)):
             raise UsageError(f"the power log's line {n} has an impossible value: '{s[:80]}'", f"{where}:{n}",
-                             "give finite, non-negative readings")
+                             "give finite readings")
         if w > MAX_WATTS:
             raise UsageError(f"the power log's line {n} reads {w:.3g} W, more than any device edgetrain measures "
                              f"draws ({MAX_WATTS:.0f} W)", f"{where}:{n}",
@@ -395,6 +410,7 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
                              f"{where}:{n}", "name the time unit in the header, e.g. 'timestamp (us)' or "
                              "'timestamp (ns)', or log Unix seconds or ISO 8601 times")
         raw.append((t, w, n))
+    negatives = _check_negatives(raw, where)
     if kind == "day":
         raw = _place_on_day(raw, near if near is not None else path.stat().st_mtime)
     readings = _in_order(raw, where)
@@ -402,10 +418,44 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
         raise UsageError(f"the power log has {len(readings)} reading(s)", where, "record at least two readings")
     info = {"format": layout.format or "CSV with units in its header",
             "columns": [c.header for c in layout.use], "time": _TIME_KINDS.get(kind, kind)}
+    if negatives is not None:
+        info["negative_readings"] = negatives
     if layout.voltage is not None:
         info["voltage_v"] = layout.voltage
         info["columns"] = info["columns"] + [f"{layout.voltage:g} V (given)"]
     return readings, info
+
+
+# A meter's zero is not exact: a sleeping board's current reads a little below 0 (offset noise, Otii's Main
+# current around 0). A reading down to -max(NOISE_FLOOR_W, NOISE_FRACTION x the log's peak) is that noise and is
+# counted as measured, as read (not clamped: clamping would bias the idle figure up); the record says how many
+# there were. Below it, or a log mostly below 0 (a shunt wired the wrong way round), is refused.
+NOISE_FLOOR_W = 0.005
+NOISE_FRACTION = 0.01
+
+
+def _check_negatives(raw, where: str) -> dict | None:
+    """None when no reading is below 0; else what the log's negative readings were (within the noise), or a
+    one-line UsageError for a reversed shunt or a negative reading beyond the meter's noise."""
+    neg = [(w, n) for _, w, n in raw if w < 0]
+    if not neg:
+        return None
+    if 2 * len(neg) > len(raw):
+        raise UsageError(f"the power log reads below 0 W in {len(neg)} of its {len(raw)} readings: the current flowed "
+                         "backwards through the meter", where, "connect the meter with its input to the supply and "
+                         "its output to the board (or swap the shunt's leads), then record again")
+    peak = max((w for _, w, _ in raw), default=0.0)
+    floor = max(NOISE_FLOOR_W, NOISE_FRACTION * peak)
+    lowest, line = min(neg)
+    if lowest < -floor:
+        raise UsageError(f"the power log's line {line} reads {lowest:.3g} W, below the meter's zero by more than its "
+                         f"noise ({floor:.3g} W: the larger of {NOISE_FLOOR_W * 1000:g} mW and "
+                         f"{NOISE_FRACTION:.0%} of the log's peak {peak:.3g} W)", f"{where}:{line}",
+                         "zero the meter (or check the current column's unit and the shunt's wiring) and record again")
+    return {"count": len(neg), "of": len(raw), "lowest_w": lowest, "noise_floor_w": floor,
+            "rule": f"readings down to -{floor:.3g} W (the larger of {NOISE_FLOOR_W * 1000:g} mW and "
+                    f"{NOISE_FRACTION:.0%} of the log's peak) are the meter's offset noise, counted as read, not "
+                    "clamped"}
 
 
 _TIME_KINDS = {"unix": "clock", "day": "time of day", "placed": "from the recording's start (given)"}
@@ -503,6 +553,11 @@ def log_record(path, window: tuple[float, float], idle_window: tuple[float, floa
                             f"{' x '.join(info['columns'])}, {info['time']} times)", 1.0 / median if median > 0 else None,
                             resolution=log_resolution([w for _, w in readings]))
     rec["log_format"] = info
+    neg = info.get("negative_readings")
+    if neg:
+        rec["note"] = "; ".join(x for x in (rec.get("note"), (
+            f"{neg['count']} of the log's {neg['of']} readings are below 0 W (down to {neg['lowest_w']:.3g} W): the "
+            f"meter's offset noise, counted as read") ) if x)
     rec["instrument"] = f"meter log {as_log(path).name}"
     return rec
 

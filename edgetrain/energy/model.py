@@ -161,12 +161,14 @@ def measured_run(rec: dict | None, epochs: int = 0, samples: int = 0) -> dict | 
             "uncertainty": rec.get("uncertainty"), **{k: rec[k] for k in ("sampler", "calibration") if rec.get(k)},
             "source": (f"measured by {rec['source']}: {rec.get('detail', '')}; {rec.get('samples')} samples{rate} over "
                        f"{rec['window']['seconds']:.3g} s"
-                       + (f"; idle {idle['average_w']:.3g} W from {idle['samples']} samples just before" if idle else ""))}
+                       + (f"; idle {idle['average_w']:.3g} W from {idle['samples']} samples just before" if idle else "")
+                       + (f"; {rec['note']}" if rec.get("note") else ""))}
 
 
 def reliability(spread_p99_p50: float | None, loadavg: float | None, cores: int | None,
-                reference_spread: float | None = None) -> dict:
-    """Whether the latency behind a modelled figure was timed on a quiet host."""
+                reference_spread: float | None = None, contention: dict | None = None) -> dict:
+    """Whether the latency behind a modelled figure was timed on a quiet host. ``contention``: what the paired
+    timing measured of it (``measure.contention``); a drift above its limit is a reason."""
     reasons = []
     from ..host import oversubscribed
 
@@ -178,7 +180,11 @@ def reliability(spread_p99_p50: float | None, loadavg: float | None, cores: int 
                        "interrupted")
     if reference_spread is not None and reference_spread > UNSTEADY_SPREAD:
         reasons.append(f"the speed reference's p99/p50 was {reference_spread:.2f}: its timing was interrupted")
-    return {"reliable": not reasons, "reasons": reasons, "loadavg": loadavg, "cores": cores,
+    if contention and contention.get("drift", 1.0) > contention.get("limit", math.inf):
+        reasons.append(f"contention on the host may have raised the figure up to {contention['drift']:.2f}x (limit "
+                       f"{contention['limit']:.2f}x): {contention['source']}; the interval reaches down to the figure / "
+                       f"{contention['drift']:.2f}")
+    return {"reliable": not reasons, "contention": contention, "reasons": reasons, "loadavg": loadavg, "cores": cores,
             "spread_p99_p50": spread_p99_p50, "threshold_spread": UNSTEADY_SPREAD}
 
 
@@ -235,7 +241,7 @@ def energy_per_inference(latency_ms: float, profile, latency_label: str = "measu
     timing = "the p10-p90 latency" if p10_ms is not None and p90_ms is not None else "the p50 latency (no spread)"
     if p50_range_ms:
         lo_ms, hi_ms = min(lo_ms, p50_range_ms[0]), max(hi_ms, p50_range_ms[1])
-        timing += " widened to the p10-p90 of the timing's per-round ratios"
+        timing += " widened to the p10-p90 of the timing's per-round ratios and the contention measured"
     u = uncertainty.modelled(latency_ms * watts / 1000.0, lo_ms * low_w / 1000.0, hi_ms * high_w / 1000.0,
                              f"{timing} x the power {range_how}")
     out["uncertainty"] = uncertainty.per_unit(u, 1)
@@ -441,9 +447,12 @@ class EnergyMeter:
     (or no profile is given); otherwise the modelled figure leads and the measurement sits beside it.
     """
 
-    def __init__(self, profile=None, threads: int | None = None, power_log=None, source="auto"):
+    def __init__(self, profile=None, threads: int | None = None, power_log=None, source="auto",
+                 meter_export: bool = False):
         self.profile, self.threads = profile, threads
         self.power_log = meterlog.check_power_log(power_log) if power_log else None
+        # a meter logs now (its log given, or exported after the run): hold an idle stretch for it
+        self.held = self.power_log is not None or meter_export
         self.source = calibration.detect() if source == "auto" else source
         self.meter = sensors.PowerMeter(self.source) if self.source is not None else None
         self.window = self.idle_window = None
@@ -456,7 +465,7 @@ class EnergyMeter:
             self.idle_window = self.meter.idle_window
             self._t0 = self.meter.begin()
         else:
-            if self.power_log is not None:
+            if self.held:
                 t = time.time()
                 time.sleep(sensors.DEFAULT_IDLE_S)
                 self.idle_window = (t, time.time())
@@ -476,30 +485,46 @@ class EnergyMeter:
         elif self.power_log is not None:
             measured = measured_run(meterlog.log_record(self.power_log, self.window, self.idle_window))
         modelled = energy_for_duration(seconds, self.profile, self.threads) if self.profile is not None else None
-        if measured is not None and (self.profile is None or _on_device(self.profile)):
-            out = {**measured, "modelled": modelled}
-        elif modelled is not None:
-            out = {**modelled}
-            if measured is not None:
-                out["measured_here"] = {**measured, "note": "measured on this machine, which is not the profile's "
-                                                            "device"}
-        elif measured is not None:
-            out = measured
-        else:
-            out = None
+        on_device = self.profile is None or _on_device(self.profile)
+        out = run_record(measured, modelled, on_device)
         if out is not None:
             out["wall"] = list(self.window)
+            from .. import __version__
+
+            # where a meter's export made after the run is read (`edgetrain energy attribute`)
+            out["meter_windows"] = {"command": "finetune", "edgetrain_version": __version__,
+                                    "clock": "Unix seconds on this machine's clock", "held_for_a_meter": self.held,
+                                    "on_device": on_device, "timed": list(self.window),
+                                    "idle": list(self.idle_window) if self.idle_window else None}
         self.result = out
         return self._per_unit(out, epochs, samples)
 
     @staticmethod
     def _per_unit(out, epochs: int, samples: int):
-        if out is not None:
-            if epochs:
-                out["epochs"], out["joules_per_epoch"] = epochs, out["joules"] / epochs
-            if samples:
-                out["samples_trained"], out["joules_per_sample"] = samples, out["joules"] / samples
+        return per_unit_of_run(out, epochs, samples)
+
+
+def run_record(measured: dict | None, modelled: dict | None, on_device: bool) -> dict | None:
+    """A stretch of work's energy record: measured leads on the device (the modelled beside it), else the modelled
+    figure leads with this machine's measurement beside it."""
+    if measured is not None and on_device:
+        return {**measured, "modelled": modelled}
+    if modelled is not None:
+        out = {**modelled}
+        if measured is not None:
+            out["measured_here"] = {**measured, "note": "measured on this machine, which is not the profile's device"}
         return out
+    return None
+
+
+def per_unit_of_run(out, epochs: int, samples: int):
+    """``out`` with its joules per epoch and per sample trained."""
+    if out is not None:
+        if epochs:
+            out["epochs"], out["joules_per_epoch"] = epochs, out["joules"] / epochs
+        if samples:
+            out["samples_trained"], out["joules_per_sample"] = samples, out["joules"] / samples
+    return out
 
 
 @contextmanager

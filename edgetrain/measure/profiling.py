@@ -26,7 +26,7 @@ from ..host import detect_host
 from ..models import parse_model_ref
 from ..options import ProfileOptions
 from ..results import ProgressFn, Result, report
-from . import memory_model
+from . import contention, memory_model
 
 RUNTIMES = ("onnxruntime", "mxnet")
 # Generous: a zoo model under QEMU or on a Pi Zero takes minutes; a hang still ends.
@@ -66,6 +66,9 @@ class ProfileResult(Result):
     # its reasons, as the human output's warning lines, in ``warnings``.
     reliability: dict | None = None
     warnings: list[str] = field(default_factory=list)
+    # Each configuration's idle stretch and timed window on this machine's clock, so a meter's export made after
+    # the run can be attributed to them later (measure.attribution, `edgetrain energy attribute`).
+    meter_windows: dict | None = None
 
     def checks(self) -> list[str]:
         """Budgets the run did not meet (memory fit, energy budget)."""
@@ -186,6 +189,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
 
     say = lambda message: report(progress, "profile", message=message)  # noqa: E731
     thread_list, rate_per_h = threads, rate
+    meter = opts.power_log is not None or opts.meter_export  # a meter logs now: hold the windows it needs
     power_log = opts.power_log_spec()  # read now (with its --power-log-voltage/-start): a bad log costs seconds
     prof = device
     grid = opts.carbon_grid()  # an unknown country or both figures refused now, before the work
@@ -216,8 +220,8 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
 
     with temp_dir("profile_model") as tmp:
         base_spec = {"runtime": runtime_name, "batch": batch, "chw": chw, "params": params, "model": str(model),
-                     "power": {"measure": True, "idle_s": energy.DEFAULT_IDLE_S, "log": power_log is not None,
-                               "min_window_s": energy.POWER_LOG_MIN_WINDOW_S if power_log is not None else 0.0}}
+                     "power": {"measure": True, "idle_s": energy.DEFAULT_IDLE_S, "log": meter,
+                               "min_window_s": energy.POWER_LOG_MIN_WINDOW_S if meter else 0.0}}
         if is_onnx:
             base_spec["model_file"] = str(Path(model).resolve())
         plan_spec = {**base_spec, "mode": "plan"}
@@ -250,7 +254,12 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
     input_shape_full = (configs[0].get("input") or {}).get("shape") or base_spec["input_shape"] or []
     if power_log is not None:
         for c in configs:  # the meter's log, aligned to the window each child recorded
-            c["power"] = _log_power(power_log, c)
+            c["power"] = log_power(power_log, c)
+    elif meter:
+        for c in configs:
+            if c.get("power") and not c["power"].get("available"):
+                c["power"]["note"] = ("a meter recorded this window (--meter-export): give its export to `edgetrain "
+                                      "energy attribute` for the measured energy")
 
     best = min(configs, key=lambda c: c["latency"]["p50_ms"])
     best_summary = {"threads": best["threads"], "p50_ms": best["latency"]["p50_ms"],
@@ -275,7 +284,8 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
             on_device = host.matches(prof)
             measured = energy.measured_per_inference(timed.get("power")) if on_device else None
             reliable = energy.reliability(timed["latency"]["spread_p99_p50"], timed.get("loadavg"), host.cores_usable,
-                                          (lat.get("reference") or {}).get("host_spread_p99_p50"))
+                                          (lat.get("reference") or {}).get("host_spread_p99_p50"),
+                                          contention=(lat.get("paired") or {}).get("contention"))
             energy_d = energy.energy_report(lat["p50_ms"], prof, battery_wh=battery_wh, rate_per_h=rate_per_h,
                                             budget_mj=budget_mj, latency_label=lat["provenance"],
                                             latency_source=lat["source"], threads=lat["threads"],
@@ -307,7 +317,8 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
         input_shape=list(input_shape_full), batch=batch, warmup=warmup, runs=runs,
         host=_host_summary(host), device=_device_summary(prof) if prof is not None else None,
         prediction=prediction_d, configs=configs, best=best_summary, verdict=verdict, energy=energy_d,
-        host_energy=host_energy, figures=[], notes=notes, reliability=host_quiet, warnings=warnings)
+        host_energy=host_energy, figures=[], notes=notes, reliability=host_quiet, warnings=warnings,
+        meter_windows=meter_windows(configs, prof is not None and host.matches(prof), meter))
     result.figures = collect_figures(result)
     return result
 
@@ -379,9 +390,16 @@ def _latency_verdict(best: dict, configs: list[dict], prof, host, label: str, ti
         basis = ("CPU time per inference, timed in turns with the reference (median of the per-round ratios)"
                  if ratio else "CPU time per inference, timed in turns with the reference" if pr else "latency")
         factor = refp.latency_ms / ref_ms
-        extra = {"p50_range_ms": [refp.latency_ms * ratio["p10"], refp.latency_ms * ratio["p90"]],
-                 "p50_range_source": f"the device's reference latency x the p10-p90 of the {ratio['rounds']} "
-                                     "per-round model/reference ratios: where the p50 estimate may fall"} if ratio else {}
+        extra = {}
+        if ratio:
+            drift = (pr.get("contention") or {}).get("drift") or 1.0
+            # Down to the figure the host's contention measured would leave (contention.py): a busy neighbour
+            # lifts whole runs, which the spread of one run's rounds does not show.
+            extra = {"p50_range_ms": [refp.latency_ms * min(ratio["p10"], ratio["p50"] / drift),
+                                      refp.latency_ms * ratio["p90"]],
+                     "p50_range_source": f"the device's reference latency x the p10-p90 of the {ratio['rounds']} "
+                                         "per-round model/reference ratios, reaching down to the median ratio / "
+                                         f"the contention measured ({drift:.3f}): where the p50 estimate may fall"}
         return {**out, "provenance": "estimated", "factor": factor, "basis": "paired_cpu_time" if pr else "wall_clock",
                 **extra,
                 "paired": {k: v for k, v in pr.items() if k != "model_cpu"} if pr else None,
@@ -484,6 +502,7 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None, pai
                             "the model and the speed reference in turns", timeout)
             summary = latency_summary(raw["ref_wall_ms"])
             loads = [x for x in (raw.get("loadavg_before"), raw.get("loadavg_after")) if x is not None]
+            ratio = paired_ratio(raw)
             return {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"],
                     "spread_p99_p50": latency_summary(raw["ref_cpu_ms"])["spread_p99_p50"],
                     "cpu_p50_ms": percentile(raw["ref_cpu_ms"], 50),
@@ -494,13 +513,31 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None, pai
                                "reference_cpu_p50_ms": percentile(raw["ref_cpu_ms"], 50),
                                "reference_wall_p50_ms": summary["p50_ms"], "rounds": raw["rounds"],
                                "per_round": raw["per_round"], "loadavg": max(loads) if loads else None,
-                               "ratio": paired_ratio(raw)}}
+                               "ratio": ratio,
+                               "contention": contention.measure(
+                                   raw["model_cpu_ms"], raw["ref_cpu_ms"], ratio["p50"],
+                                   f"{detect_host().cpu}|{refp.model}|{refp.input}|{rt} {raw.get('runtime_version')}",
+                                   _model_key(paired_with))}}
         raw = run_child(run_spec, refp.threads, "the speed reference run", timeout)
     summary = latency_summary(raw["latencies_ms"])
     out = {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"], "spread_p99_p50": summary["spread_p99_p50"],
            "runtime": f"{rt} {raw.get('runtime_version')}"}
     _reference_cache[key] = out
     return out
+
+
+def _model_key(spec: dict) -> str | None:
+    """What identifies the model timed (its ONNX file's digest, its batch and input), for contention's memory."""
+    path = spec.get("model_file")
+    if not path:
+        return None
+    import hashlib
+
+    try:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+    return f"{digest} batch {spec.get('batch')} input {spec.get('input_shape') or spec.get('chw')}"
 
 
 def _host_energy(configs: list[dict]) -> dict | None:
@@ -527,7 +564,19 @@ def _host_energy(configs: list[dict]) -> dict | None:
     return out
 
 
-def _log_power(path, config: dict) -> dict:
+def meter_windows(configs: list[dict], on_device: bool, held: bool) -> dict:
+    """Where a meter's log is read for each configuration: its idle stretch and timed window (Unix s)."""
+    from .. import __version__
+
+    return {"command": "profile", "edgetrain_version": __version__, "clock": "Unix seconds on this machine's clock",
+            "held_for_a_meter": held, "on_device": on_device,
+            "configs": [{"threads": c["threads"], "timed": (c.get("power") or {}).get("window_wall") or c.get("wall_timed"),
+                         "idle": c.get("wall_idle"),
+                         **{k: (c.get("power") or {}).get(k) for k in ("inferences", "timed_runs", "extra_runs")}}
+                        for c in configs]}
+
+
+def log_power(path, config: dict) -> dict:
     """A configuration's measured record from the meter's log, over the window its child recorded."""
     rec = config.get("power") or {}
     window = rec.get("window_wall") or config.get("wall_timed")

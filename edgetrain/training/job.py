@@ -441,7 +441,8 @@ class FinetuneJob:
 
     def _run(self, has_checkpoint: bool, t_start: float) -> FinetuneResult:
         # measured where a sensor is (or from the meter's log, with what was given for it)
-        self.energy_meter = EnergyMeter(self.profile, self.threads, self.opts.power_log_spec()).start()
+        self.energy_meter = EnergyMeter(self.profile, self.threads, self.opts.power_log_spec(),
+                                        meter_export=bool(getattr(self.opts, "meter_export", False))).start()
         self.load()
         if self.lr is None:
             self.lr = default_lr(self.optimizer, head_only=self.layers.kind == "last" and self.layers.n == 1)

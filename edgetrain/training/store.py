@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _lazy, envvars
+from .. import _lazy
 from ..compat import mxnet_onnx
 from ..errors import UsageError
-from ..fileio import atomic_path, atomic_write_text, remembered_digest
+from ..fileio import atomic_path, atomic_write_text, cache_root, remembered_digest
 from ..models import is_factory_ref
 from ..preprocess import sidecar_path, sidecar_text
 from . import checkpoint as ckpt
@@ -32,14 +32,6 @@ VALIDATE_SAMPLES = 4  # real samples the ONNX Runtime frozen part is checked on 
 FROZEN_TOLERANCE = (1e-4, 1e-3)  # atol (relative to the features' magnitude), rtol
 PREP_FORMAT = "edgetrain-finetune-prep/2"
 TEMPLATE_FORMAT = "edgetrain-finetune-template/1"
-
-
-def cache_root() -> Path | None:
-    env = envvars.get("EDGETRAIN_CACHE_DIR")
-    if env is not None:
-        return Path(env) if env.strip() else None
-    base = envvars.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "edgetrain"
 
 
 def file_sha(path: Path) -> str:

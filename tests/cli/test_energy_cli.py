@@ -503,3 +503,125 @@ def test_profile_reads_an_otii_main_power_export_given_its_recordings_start(cli,
     assert pi["meter"] == "power-log" and pi["provenance"] == "measured"
     assert cfg["average_w"] == pytest.approx(3.25, rel=1e-6)  # W, the Main power channel's unit
     assert cfg["log_format"]["format"] == "Otii 3 CSV export" and cfg["log_format"]["columns"] == ["Main power (W)"]
+
+
+# --- a meter's export made after the run (PPK2, Otii): `edgetrain energy attribute RESULT METER_LOG` -----------
+
+def _fixture_rows(name: str) -> list[list[str]]:
+    """The rows of a meter-log fixture (tests/fixtures/power/SOURCES.md), header left out."""
+    from pathlib import Path
+
+    lines = (Path(__file__).parents[1] / "fixtures" / "power" / "logs" / name).read_text().splitlines()
+    return [ln.split(",") for ln in lines[1:] if ln.strip()]
+
+
+def _tiled(path, header: str, values: list[str], seconds: float, stamp, hz: float = 100.0):
+    """The fixture's values repeated one row every 1/hz s over ``seconds``, in the fixture's own format: an export
+    that covers a real run's windows (the app exports every sample; every 1/hz s keeps the file small)."""
+    rows = [stamp(i / hz) + "," + values[i % len(values)] for i in range(int(seconds * hz) + 1)]
+    path.write_text(header + "\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+def test_a_meter_export_made_after_the_run_is_attributed_to_the_results_windows(cli, onnx_file, this_host, tmp_path):
+    import json
+
+    result = tmp_path / "profile.json"
+    res = cli("profile", onnx_file, "--device", this_host, "--meter-export", "--country", "DE", "--json", str(result),
+              *FAST, env=no_sensor_env(tmp_path))
+    assert res.code == 0, res.err
+    before = result.read_bytes()
+    d = json.loads(before)
+    w = d["meter_windows"]
+    assert w["held_for_a_meter"] and w["on_device"] and w["command"] == "profile"
+    cw = w["configs"][0]
+    assert cw["timed"][1] - cw["timed"][0] >= 10 and cw["idle"][1] > cw["idle"][0]  # as --power-log would hold
+    assert d["energy"]["per_inference"]["provenance"] == "modelled"
+    assert "edgetrain energy attribute" in d["host_energy"]["board_note"]
+    t0 = cw["idle"][0] - 2.0
+    span = cw["timed"][1] + 2.0 - t0
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0)) + f"{t0 % 1:.3f}"[1:]
+
+    ppk = _fixture_rows("ppk2-export.csv")  # the PPK2 fixture's currents, tiled over the run
+    ppk_log = _tiled(tmp_path / "ppk-20261203T100000.csv", "Timestamp(ms),Current(uA),D0-D7",
+                     [f"{r[1]},{r[2]}" for r in ppk], span, lambda s: f"{s * 1000:g}")
+    otii = _fixture_rows("Main power - Arc.csv")
+    otii_log = _tiled(tmp_path / "Main power - Arc.csv", '"Timestamp","Value"', [r[1] for r in otii], span,
+                      lambda s: f"{s:.6f}")
+    cases = [(ppk_log, ["--power-log-voltage", "3.3"], 3.3 * sum(float(r[1]) for r in ppk) / len(ppk) / 1e6),
+             (otii_log, [], sum(float(r[1]) for r in otii) / len(otii))]
+    for log, more, watts in cases:
+        out = tmp_path / f"measured-{log.stem}.json"
+        res = cli("energy", "attribute", result, log, *more, "--power-log-start", start, "-o", out, "--json", "-")
+        assert res.code == 0, res.err
+        m = res.json()
+        assert json.loads(out.read_text()) == m and result.read_bytes() == before  # written beside, never over
+        cfg = m["configs"][0]["power"]
+        assert cfg["available"] and cfg["source"] == "power-log"
+        assert cfg["average_w"] == pytest.approx(watts, rel=0.02) and cfg["idle_w"] == pytest.approx(watts, rel=0.02)
+        assert cfg["inferences"] == cw["inferences"] and log.name in cfg["instrument"]
+        pi = m["energy"]["per_inference"]  # on the device: the measured figure leads, as with --power-log
+        assert pi["provenance"] == "measured" and pi["meter"] == "power-log"
+        assert pi["total_mj"] == pytest.approx(cfg["joules"] / cfg["inferences"] * 1000)
+        assert pi["uncertainty"]["kind"] == "standard (1 sigma)"
+        assert m["energy"]["modelled_per_inference"]["provenance"] == "modelled"
+        assert m["energy"]["carbon"]["energy_provenance"] == "measured"
+        assert m["host_energy"]["board"][0]["total_mj"] == pytest.approx(pi["total_mj"])
+        assert any(f.get("provenance") == "measured" for f in m["figures"])
+
+    # refused in one line, exit 2, nothing written: a log that does not cover the windows, a result without
+    # windows, one from another version, one whose run held no windows for a meter, -o over RESULT
+    no_windows = tmp_path / "old.json"
+    no_windows.write_text(json.dumps({k: v for k, v in d.items() if k != "meter_windows"}))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**d, "meter_windows": {**w, "edgetrain_version": "0.0.1"}}))
+    unheld = tmp_path / "unheld.json"
+    unheld.write_text(json.dumps({**d, "meter_windows": {**w, "held_for_a_meter": False}}))
+    for args, frag in [((result, ppk_log, "--power-log-voltage", "3.3", "--power-log-start", "2026-01-01T00:00:00"),
+                        "the power log covers"),
+                       ((result, otii_log, "--power-log-start", start, "-o", result), "would overwrite the input"),
+                       ((no_windows, otii_log, "--power-log-start", start), "records no measured windows"),
+                       ((other, otii_log, "--power-log-start", start), "edgetrain 0.0.1"),
+                       ((unheld, otii_log, "--power-log-start", start), "not held for a meter"),
+                       ((result, otii_log), "--power-log-start TIME")]:
+        res = cli("energy", "attribute", *args)
+        assert_user_error(res, 2, frag)
+    assert result.read_bytes() == before
+    assert not (tmp_path / "profile-measured.json").exists()
+
+
+@pytest.mark.slow
+def test_a_meter_export_made_after_a_finetune_is_attributed_to_its_run(cli, this_host, tmp_path):
+    import json
+
+    result = tmp_path / "finetune.json"
+    res = cli("finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", tmp_path / "o",
+              "--epochs", "2", "--device", this_host, "--meter-export", "--country", "DE", "--json", result,
+              env=no_sensor_env(tmp_path), cwd=tmp_path)
+    assert res.code == 0, res.err
+    before = result.read_bytes()
+    d = json.loads(before)
+    w = d["energy"]["meter_windows"]
+    assert w["command"] == "finetune" and w["held_for_a_meter"] and w["idle"][1] > w["idle"][0]
+    assert d["energy"]["provenance"] == "modelled"
+    t0 = w["idle"][0] - 2.0
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0)) + f"{t0 % 1:.3f}"[1:]
+    otii = _fixture_rows("Main power - Arc.csv")
+    log = _tiled(tmp_path / "Main power - Arc.csv", '"Timestamp","Value"', [r[1] for r in otii],
+                 w["timed"][1] + 2.0 - t0, lambda s: f"{s:.6f}")
+    watts = sum(float(r[1]) for r in otii) / len(otii)
+    res = cli("energy", "attribute", result, log, "--power-log-start", start, "--json", "-")
+    assert res.code == 0, res.err
+    m = res.json()
+    assert json.loads((tmp_path / "finetune-measured.json").read_text()) == m and result.read_bytes() == before
+    e = m["energy"]  # on the device: the meter's figure leads, the modelled one beside it, as with --power-log
+    assert e["provenance"] == "measured" and e["meter"] == "power-log" and e["modelled"]["provenance"] == "modelled"
+    assert e["power_w"] == pytest.approx(watts, rel=0.02) and e["idle_w"] == pytest.approx(watts, rel=0.02)
+    assert e["joules"] == pytest.approx(watts * (w["timed"][1] - w["timed"][0]), rel=0.02)
+    assert m["joules_per_epoch"] == pytest.approx(e["joules"] / 2)
+    assert m["joules_per_sample"] == pytest.approx(e["joules"] / e["samples_trained"])
+    assert e["carbon"]["energy_provenance"] == "measured" and e["uncertainty"]["kind"] == "standard (1 sigma)"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**d, "energy": {**d["energy"], "meter_windows": {**w, "command": "profile"}}}))
+    assert_user_error(cli("energy", "attribute", other, log, "--power-log-start", start), 2, "written by profile")

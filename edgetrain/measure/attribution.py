@@ -1,0 +1,125 @@
+"""A meter's export, made after the run, attributed to a finished profile's windows.
+
+The Nordic PPK2 and Otii apps write their CSV only once the recording is stopped, so ``--power-log``
+(read when the command ends) cannot be given to the run. ``profile --meter-export`` holds each
+configuration's idle stretch and timed window as ``--power-log`` would and records them in the result
+(``meter_windows``; a fine-tune records its run's in ``energy.meter_windows``, ``finetune --meter-export``
+holding the idle stretch); ``attribute`` then reads the export and gives the result the measured figures the run
+would have had with ``--power-log``: each configuration's ``power`` record, the board figures in
+``host_energy``, and on the device itself the measured energy per inference as the headline (the modelled
+one beside it), with its budget, carbon and provenance; a fine-tune's joules, per epoch and per sample.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from .. import __version__, energy
+from ..errors import UsageError
+
+_FIX_RUN = ("run `edgetrain profile` (or `finetune`) with --meter-export and --json RESULT, with this edgetrain, while "
+            "the meter records")
+
+
+def attribute(result: dict, log, where: str) -> dict:
+    """``result`` (a profile's or a fine-tune's JSON) with the meter log ``log`` (a ``PowerLog``) read over its
+    windows."""
+    from .profiling import ProfileResult, collect_figures, log_power
+
+    if isinstance(result, dict) and "configs" not in result and isinstance(result.get("energy"), dict) \
+            and "trained_parameters" in result:
+        return _attribute_run(result, log, where)
+    if not isinstance(result, dict) or not isinstance(result.get("configs"), list):
+        raise UsageError("not an edgetrain profile or finetune result (no 'configs', no fine-tune energy)", where,
+                         _FIX_RUN)
+    windows = result.get("meter_windows")
+    _check_windows(windows, "profile", where)
+    if len(windows["configs"]) != len(result["configs"]):
+        raise UsageError("the result's windows do not match its configurations (edited?)", where, _FIX_RUN)
+    out = dict(result)
+    configs = []
+    for c, w in zip(result["configs"], windows["configs"]):
+        if not w.get("timed"):
+            raise UsageError(f"the result has no timed window for {w.get('threads')} thread(s)", where, _FIX_RUN)
+        c = {**c, "power": {**(c.get("power") or {}), "window_wall": w["timed"]}, "wall_idle": w.get("idle")}
+        c["power"] = log_power(log, c)
+        c["power"]["attributed"] = {"by": "edgetrain energy attribute", "log": str(log)}
+        configs.append(c)
+    out["configs"] = configs
+    board = [{"threads": c["threads"], **energy.measured_per_inference(c["power"])} for c in configs
+             if energy.measured_per_inference(c["power"]) is not None]
+    he = dict(out.get("host_energy") or {})
+    he.pop("board_note", None)
+    he["board"] = board
+    out["host_energy"] = he
+    en = out.get("energy")
+    if windows.get("on_device") and en and en.get("per_inference"):
+        threads = (out.get("verdict", {}).get("latency") or {}).get("threads")
+        mine = next((b for b in board if b["threads"] == threads), None)
+        if mine is not None:
+            out["energy"] = _measured_headline(dict(en), {k: v for k, v in mine.items() if k != "threads"})
+    res = ProfileResult(**{f.name: out[f.name] for f in fields(ProfileResult) if f.name in out})
+    res.figures = collect_figures(res)
+    return res.to_dict()
+
+
+def _check_windows(windows, command: str, where: str) -> None:
+    if not isinstance(windows, dict) or not (windows.get("configs") or windows.get("timed")):
+        raise UsageError("the result records no measured windows (written by an edgetrain before they were kept)",
+                         where, _FIX_RUN)
+    if windows.get("command") != command or windows.get("edgetrain_version") != __version__:
+        raise UsageError(f"the result was written by {windows.get('command')} of edgetrain "
+                         f"{windows.get('edgetrain_version')}, this is edgetrain {__version__}", where,
+                         f"attribute the export with the edgetrain that wrote the result, or run {command} again")
+    if not windows.get("held_for_a_meter"):
+        raise UsageError("the result's windows were not held for a meter (the run had no --meter-export): its "
+                         "timed windows may be too short for a meter's samples and it has no idle stretch", where,
+                         _FIX_RUN)
+
+
+# What a fine-tune's energy record carries besides its figure (EnergyMeter.stop, ops.finetune).
+_RUN_EXTRAS = ("measured_here", "wall", "meter_windows", "epochs", "joules_per_epoch", "samples_trained",
+               "joules_per_sample", "carbon", "modelled")
+
+
+def _attribute_run(result: dict, log, where: str) -> dict:
+    """A fine-tune's result with the meter's export read over its run (as EnergyMeter.stop with --power-log)."""
+    en = result["energy"]
+    w = en.get("meter_windows")
+    _check_windows(w, "finetune", where)
+    idle = tuple(w["idle"]) if w.get("idle") else None
+    measured = energy.measured_run(energy.log_record(log, tuple(w["timed"]), idle))
+    measured["attributed"] = {"by": "edgetrain energy attribute", "log": str(log)}
+    if en.get("provenance") == "measured":  # a board sensor measured too: the meter's figure leads, it stays beside
+        modelled = en.get("modelled")
+        sensor = {k: en.get(k) for k in ("source", "joules", "samples", "instrument") if en.get(k) is not None}
+    else:
+        modelled, sensor = {k: v for k, v in en.items() if k not in _RUN_EXTRAS}, None
+    new = energy.run_record(measured, modelled, bool(w.get("on_device")))
+    new["wall"], new["meter_windows"] = list(w["timed"]), w
+    if sensor:
+        new["board_sensor"] = sensor
+    energy.per_unit_of_run(new, en.get("epochs") or 0, en.get("samples_trained") or 0)
+    if (en.get("carbon") or {}).get("intensity"):
+        new["carbon"] = energy.carbon_of_run(new, en["carbon"]["intensity"])
+    out = {**result, "energy": new}
+    out["joules_per_epoch"], out["joules_per_sample"] = new.get("joules_per_epoch"), new.get("joules_per_sample")
+    return out
+
+
+def _measured_headline(en: dict, measured: dict) -> dict:
+    """The energy report with the measured figure as the headline, as ``energy_report(measured=...)`` makes it."""
+    modelled = en.get("modelled_per_inference") or en["per_inference"]
+    if en.get("reliability") is not None:
+        modelled.setdefault("reliability", en["reliability"])
+    en["per_inference"], en["modelled_per_inference"] = measured, modelled
+    en["inferences_per_wh_busy"] = 3600.0 / (measured["total_mj"] / 1000.0) if measured["total_mj"] else None
+    if en.get("budget"):
+        en["budget"] = energy.budget_verdict(measured["total_mj"], en["budget"]["budget_mj"], "measured")
+    if en.get("carbon"):
+        carbon = energy.carbon_of_report(en, en["carbon"].get("intensity"))
+        if carbon is not None:
+            en["carbon"] = carbon
+    if en.get("daily"):
+        en["daily"] = {**en["daily"], "note": "the daily figure stays modelled: attribute measured the inferences, "
+                                              "not a day"}
+    return en
