@@ -75,7 +75,7 @@ def measure(model_cpu_ms: list[float], ref_cpu_ms: list[float], ratio_p50: float
 
 
 def _quiet(key: str, ref_fast: float, remember: bool = True) -> tuple[float, bool]:
-    """(the fastest CPU time this host has given ``key``'s workload, whether it was known before this run)."""
+    """(the lowest median this host has given ``key`` (a CPU time, or a model's ratio), whether it was known before this run)."""
     root = cache_root()
     path = root / QUIET_FILE if root is not None else None
     seen: dict = {}
