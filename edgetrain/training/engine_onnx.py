@@ -310,6 +310,7 @@ class OnnxEngine:
                     loss_sum, correct = loss_sum + loss, correct + right
                     for k, g in got.items():
                         grads[k] += g
+                    out = got = g = None   # ORT's buffers, free before the next run (its arena reuses them)
                     continue
                 out, tape = self._forward(inputs(part))
                 loss, right, dlogits = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])

@@ -146,7 +146,7 @@ def _shell(model):
 
 def without_weights(model, names):
     """A copy of ``model`` (not touched) whose initializers ``names`` keep their name, type and dims but no data:
-    marked external, as ONNX Runtime's add_external_initializers replaces them (ort_train: the process's own
+    marked external (ort_train feeds them as inputs instead: the process's own
     arrays, one copy of the weights), and as write_streamed writes them from arrays."""
     onnx = _lazy.onnx()
     proto = _shell(model)

@@ -11,11 +11,12 @@ Its outputs are the logits (the loss and the count of right answers are NumPy's,
 per trainable initializer; with TRAIN false (evaluation) the If runs nothing, and the same session is the
 forward alone.
 
-So the masks never leave ONNX Runtime and the frozen weights are in the process once: the session takes them
-as the buffers GradGraph holds (``add_external_initializers``), the forward's Conv and the backward's
-ConvTranspose reading the same one. A node runs where the graph places it (the boolean of a ReLU's input
-right before the ReLU, so that input dies there as in inference; the backward in reverse order after the
-forward).
+So the masks never leave ONNX Runtime and the frozen weights are in the process once: they are inputs of the
+graph like the trained ones, fed the buffers GradGraph holds at each run (ONNX Runtime reads a fed array where
+it is; given them through ``add_external_initializers`` it kept a copy, 9 MB for MobileNetV2-1.0), the
+forward's Conv and the backward's ConvTranspose reading the same one. A node runs where the graph places it
+(the boolean of a ReLU's input right before the ReLU, so that input dies there as in inference; the backward
+in reverse order after the forward).
 
 A graph with an op whose backward has no ONNX form here (:class:`~.onnx_grad.NotEmitted`) is refused at
 build; the engine then trains it with the forward in ONNX Runtime and NumPy's backward (ort_forward).
@@ -35,9 +36,10 @@ ONEHOT, SCALE, TRAIN, PREFIX = "edgetrain_onehot", "edgetrain_scale", "edgetrain
 
 # What the session takes beyond the process before it (the library, 20 MB; the graph, its kernels and thread
 # pool; the first run's arena is STEP_PER_SAMPLE's), MiB: measured 38 MB for MobileNetV2-1.0 bias (an 8.7 MB
-# file) and 44 for lite (11.5 MB), at 160x160.
+# file) and 44 for lite (11.5 MB), at 160x160, when the session held its own copy of the frozen weights; 8-9 MB
+# less since they are fed.
 SESSIONS_FIXED_MB = 30.0
-SESSIONS_PER_MODEL_MB = 1.25
+SESSIONS_PER_MODEL_MB = 0.5
 
 
 # A step's tensors per sample against NumPy's figure for it (its peak, tape and temporaries, plus the masks at a
@@ -133,8 +135,13 @@ class _Emitter:
         return parts[0]
 
     def channel_sum(self, t: str, rank: int) -> str:
-        """``t`` (N, C, ...) of ``rank`` summed over every axis but the channels: (C,)."""
-        return self.node("ReduceSum", [t, self.ints([0] + list(range(2, rank)))], keepdims=0)
+        """``t`` (N, C, ...) of ``rank`` summed over every axis but the channels: (C,). As (N, C, rest) summed
+        over its last axis, then over N: ORT's ReduceSum over axes (0, 2, 3) at once, off its fast paths, took
+        11 of a 77 ms step when profiled (MobileNetV2 lite at 160x160, one sample; 1 ms for a 384x10x10 value)."""
+        if rank <= 2:
+            return self.node("ReduceSum", [t, self.ints([0])], keepdims=0)
+        rows = self.node("ReduceSum", [self.node("Reshape", [t, self.ints((0, 0, -1))]), self.ints([2])], keepdims=0)
+        return self.node("ReduceSum", [rows, self.ints([0])], keepdims=0)
 
     def masked(self, dy: str, mask: str) -> str:
         """``dy`` where ``mask`` holds, else 0: a multiply by the mask cast to float (ORT's Where against a scalar
@@ -171,7 +178,9 @@ class OrtTrain:
         onnx = _lazy.onnx()
         helper = onnx.helper
         model = load_model(model)
-        shared = frozen_weights(model.graph, grad) if _shares() else []
+        # the frozen weights are inputs too, fed GradGraph's arrays (ONNX Runtime reads a fed array where it is;
+        # given as add_external_initializers, it kept a copy of its own: 9 MB more for MobileNetV2-1.0)
+        shared = frozen_weights(model.graph, grad)
         proto = without_weights(model, shared)
         self.grad = grad
         trainable = set(grad.trainable)
@@ -215,8 +224,9 @@ class OrtTrain:
                 e.nodes.append(helper.make_node("Identity", [g], [inner[-1]], name=inner[-1]))
 
         graph = proto.graph
-        moved = [t for t in graph.initializer if t.name in trainable]
-        kept = [t for t in graph.initializer if t.name not in trainable]
+        fed = trainable | set(shared)
+        moved = [t for t in graph.initializer if t.name in fed]
+        kept = [t for t in graph.initializer if t.name not in fed]
         del graph.initializer[:]
         graph.initializer.extend(kept)
         graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved)
@@ -245,9 +255,9 @@ class OrtTrain:
                             helper.make_tensor_value_info(SCALE, onnx.TensorProto.FLOAT, []),
                             helper.make_tensor_value_info(TRAIN, onnx.TensorProto.BOOL, [])])
         graph.output.extend(helper.make_empty_tensor_value_info(n) for n in self.grad_outputs.values())
-        self.trainable = [t.name for t in moved]
+        self.fed = [t.name for t in moved]
         self.outputs = [grad.output, *self.grad_outputs.values()]
-        self.proto, self.shared = proto, shared
+        self.proto = proto
         self.session = None
 
     @staticmethod
@@ -256,14 +266,9 @@ class OrtTrain:
 
     def start(self, threads: int) -> OrtTrain:
         """The session (with ORT's arena: its tensors' sizes repeat every step)."""
-        self.session = _session(self.proto, self.grad, threads, True, self.shared)
+        self.session = _session(self.proto, threads, True)
         self.proto = None
         return self
-
-    def _feeds(self, x: np.ndarray) -> dict:
-        feeds = {self.grad.input: np.asarray(x, np.float32)}
-        feeds.update({n: self.grad.params[n] for n in self.trainable})
-        return feeds
 
     def step(self, x: np.ndarray, labels: np.ndarray, scale: float) -> tuple:
         logits, grads = self._run(x, labels, scale, True)
@@ -274,18 +279,12 @@ class OrtTrain:
 
     def _run(self, x, labels, scale, train: bool) -> tuple:
         feeds = {self.grad.input: np.asarray(x, np.float32)}
-        feeds.update({n: self.grad.params[n] for n in self.trainable})
+        feeds.update({n: self.grad.params[n] for n in self.fed})
         onehot = np.zeros((len(labels), self.classes), np.float32)
         onehot[np.arange(len(labels)), np.asarray(labels, np.int64)] = 1
         feeds[ONEHOT], feeds[SCALE], feeds[TRAIN] = onehot, np.asarray(scale, np.float32), np.asarray(train)
         got = self.session.run(self.outputs, feeds)
         return got[0], got[1:]
-
-
-def _shares() -> bool:
-    """This onnxruntime takes a session's initializers as the caller's buffers (add_external_initializers)."""
-    ort = _lazy.onnxruntime()
-    return hasattr(ort.SessionOptions, "add_external_initializers") and hasattr(ort, "OrtValue")
 
 
 def frozen_weights(graph, grad: GradGraph) -> list[str]:
@@ -298,9 +297,8 @@ def frozen_weights(graph, grad: GradGraph) -> list[str]:
             and grad.params[t.name].size > 16 and grad.params[t.name].flags.c_contiguous]
 
 
-def _session(proto, grad: GradGraph, threads: int, arena: bool, shared: list[str]):
-    """A session of ``proto`` whose ``shared`` initializers are the buffers ``grad.params`` holds (one copy of
-    the weights in the process, whatever the number of sessions)."""
+def _session(proto, threads: int, arena: bool):
+    """A session of ``proto`` (its weights are inputs: one copy of them in the process, GradGraph's)."""
     ort = _lazy.onnxruntime()
     opts = _lazy.ort_session_options(threads, arena=arena, priority_order=True, prepack=False)
     # the arena without ORT's memory pattern: the pattern's one block came on top of the first run's chunks,
@@ -309,9 +307,4 @@ def _session(proto, grad: GradGraph, threads: int, arena: bool, shared: list[str
     # ENABLE_ALL's NCHWc layout copied every Conv weight again (9 MB more for MobileNetV2 lite) for no speed
     # here: a step took 151-200 ms either way (160x160, batch 4)
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    values = [ort.OrtValue.ortvalue_from_numpy(grad.params[n]) for n in shared]
-    if shared:
-        opts.add_external_initializers(shared, values)
-    session = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    session._edgetrain_shared = values   # the OrtValues (views of grad.params) must outlive the session
-    return session
+    return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
