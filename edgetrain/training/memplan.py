@@ -9,6 +9,7 @@ ratio and is probed again; if nothing fits, the job is refused before any traini
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -139,7 +140,7 @@ def plan_for(c: Costs, budget_mb: float | None, saved: dict | None) -> MemoryPla
 
 def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
     least = estimate(c, 1, 1, "disk" if c.has_frozen else "none", scale)
-    need = least / HEADROOM
+    need = math.floor(least / HEADROOM) + 1   # in whole MB, above what the plan may use of it (never the budget given)
     parts = (f"{c.base_mb:.0f} MB for the process before its first pass (Python, the runtimes loaded, the model, "
              "the data index), "
              f"{(c.frozen_per_sample if c.has_frozen else c.train_per_sample) * scale:.1f} MB per sample in a pass")
