@@ -204,12 +204,13 @@ class OnnxEngine:
         train_mb = (tape.peak_bytes + 2 * tape.largest_bytes) / MB
         n_weights = sum(int(v.size) for v in self.weights.values())
         session_mb = 2.65 * len(self.frozen_bytes) / MB + 30.0 if self.has_frozen else 0.0
-        if self.has_frozen:
+        now = procmem.rss_mb()
+        if self.has_frozen and now is not None and base_mb > 0:
             # The probe made the frozen part's session and ran one sample through it, so the process now holds
             # what the guess above stands for, measured: the session, the runtime it loaded, and one sample's
             # pass in its arena and the tape (the estimate adds those back per sample). The guess stays an upper
             # bound (MobileNetV2-1.0 last:2 at 160x160: it made the base 146 MB where the whole run peaked at 141).
-            after = (procmem.rss_mb() or 0.0) - self.frozen_per_sample_mb - train_mb
+            after = now - self.frozen_per_sample_mb - train_mb
             session_mb = min(session_mb, max(after - base_mb, 0.0))
         params_mb = sum(int(v.nbytes) for v in self.grad.params.values()) / MB
         feat = int(np.prod(self.frozen_shape)) if self.has_frozen else 0
