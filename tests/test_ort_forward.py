@@ -35,6 +35,15 @@ def _same_tapes(ours, ref):
                     tuple(np.asarray(value, dtype=object).tolist()), (index, key)
 
 
+def _same_gradients(have: dict, want: dict, rtol: float, atol: float, floor: float) -> None:
+    """Each gradient equal to the reference's, the absolute tolerance scaled by its largest value (at least
+    ``floor``)."""
+    for name in want:
+        assert have[name].shape == want[name].shape, name
+        top = max(floor, float(np.abs(want[name]).max()))
+        np.testing.assert_allclose(have[name], want[name], rtol=rtol, atol=atol * top, err_msg=name)
+
+
 def _check(model, trainable, x, extra=(), seed=4):
     """ONNX Runtime's forward, then the backward with its ConvTranspose, against NumPy's forward and backward
     (another GradGraph of the same file: the reference has no ONNX Runtime in it)."""
@@ -52,9 +61,7 @@ def _check(model, trainable, x, extra=(), seed=4):
     dout = np.random.default_rng(seed).standard_normal(out.shape).astype(np.float32)
     want, have = ref.backward(tape, dout), graph.backward(ours, dout)
     assert set(have) == set(want) == set(graph.trainable)
-    for name in want:
-        scale = max(1.0, float(np.abs(want[name]).max()))
-        np.testing.assert_allclose(have[name], want[name], rtol=1e-4, atol=1e-5 * scale, err_msg=name)
+    _same_gradients(have, want, rtol=1e-4, atol=1e-5, floor=1.0)
     return graph, fwd
 
 
@@ -91,8 +98,7 @@ def test_trained_weights_are_fed_at_each_run():
     got, ours = fwd.forward(x)
     dout = np.random.default_rng(2).standard_normal(out.shape).astype(np.float32)
     want, have = ref.backward(tape, dout), graph.backward(ours, dout)
-    for name in want:
-        np.testing.assert_allclose(have[name], want[name], rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(want[name]).max())))
+    _same_gradients(have, want, rtol=1e-4, atol=1e-5, floor=1.0)
 
 
 @pytest.mark.parametrize("batch", [4, 1])
@@ -181,10 +187,7 @@ def _check_train(model, trainable, x, extra=(), seed=4):
     np.testing.assert_allclose(logits, out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(step.predict(x), out, rtol=1e-4, atol=1e-5)
     assert set(have) == set(want) == set(graph.trainable)
-    for name in want:
-        assert have[name].shape == want[name].shape, name
-        top = max(1e-3, float(np.abs(want[name]).max()))
-        np.testing.assert_allclose(have[name], want[name], rtol=1e-3, atol=1e-4 * top, err_msg=name)
+    _same_gradients(have, want, rtol=1e-3, atol=1e-4, floor=1e-3)
     return graph, step
 
 
@@ -238,8 +241,7 @@ def test_one_graph_trained_weights_are_fed_at_each_step():
     want = ref.backward(tape, softmax_cross_entropy(out, labels)[2])
     logits, have = step.step(x, labels, 1.0)
     np.testing.assert_allclose(logits, out, rtol=1e-4, atol=1e-5)
-    for name in want:
-        np.testing.assert_allclose(have[name], want[name], rtol=1e-3, atol=1e-4 * max(1e-3, float(np.abs(want[name]).max())))
+    _same_gradients(have, want, rtol=1e-3, atol=1e-4, floor=1e-3)
 
 
 @pytest.mark.parametrize("batch", [4, 1])
