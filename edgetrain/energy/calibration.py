@@ -17,7 +17,6 @@ to its uncertainty.
 """
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import time
@@ -36,36 +35,51 @@ _LOAD_FIX = (f"give a file written by `edgetrain energy calibrate`, or set {ENV}
              "uncalibrated")
 
 
-def fit(sensor: list[tuple[float, float]], meter: list[tuple[float, float]]) -> dict:
-    """The least-squares line of the meter's watts against the sensor's, over the time both cover."""
+def fit(sensor, meter) -> dict:
+    """The least-squares line of the meter's watts against the sensor's, over the time both cover. Each is a
+    sequence of (t, W) pairs in time order, or a ``sensors.PowerSeries`` (a meter's log as ``read_power_log``
+    gives it: its readings are taken as arrays, not one by one)."""
+    import numpy as np
+
     if len(sensor) < 2 or len(meter) < 2:
         raise UsageError("too few readings to fit the sensor to the meter", "calibration",
                          "record at least a few seconds with both the sensor and the meter")
-    t0, t1 = max(sensor[0][0], meter[0][0]), min(sensor[-1][0], meter[-1][0])
+    (st, sw), (mt, mw) = _columns(sensor), _columns(meter)
+    t0, t1 = max(float(st[0]), float(mt[0])), min(float(st[-1]), float(mt[-1]))
     if t0 > t1:
-        raise UsageError(f"the meter's log ({_clock(meter[0][0])} to {_clock(meter[-1][0])}) and the sensor's "
-                         f"sampling ({_clock(sensor[0][0])} to {_clock(sensor[-1][0])}) do not overlap", "calibration",
+        raise UsageError(f"the meter's log ({_clock(mt[0])} to {_clock(mt[-1])}) and the sensor's "
+                         f"sampling ({_clock(st[0])} to {_clock(st[-1])}) do not overlap", "calibration",
                          "give the log the meter is writing while the calibration runs, its clock set to this "
                          "machine's")
-    times, watts = [t for t, _ in sensor], [w for _, w in sensor]
-    pairs = [(_at(times, watts, t), w) for t, w in meter if t0 <= t <= t1]
-    if len(pairs) < MIN_POINTS:
-        raise UsageError(f"the sensor and the meter overlap in {len(pairs)} meter readings (need {MIN_POINTS})",
+    inside = (mt >= t0) & (mt <= t1)
+    x, y = _at(st, sw, mt[inside]), mw[inside]
+    if len(x) < MIN_POINTS:
+        raise UsageError(f"the sensor and the meter overlap in {len(x)} meter readings (need {MIN_POINTS})",
                          "calibration", "keep the meter logging for the whole calibration, its clock set to this "
                          "machine's")
-    n = len(pairs)
-    mx, my = sum(x for x, _ in pairs) / n, sum(y for _, y in pairs) / n
-    sxx = sum((x - mx) ** 2 for x, _ in pairs)
+    n = len(x)
+    mx, my = float(x.sum()) / n, float(y.sum()) / n
+    sxx = float(np.sum((x - mx) ** 2))
     if sxx <= 0:
         raise UsageError("the sensor read the same power throughout: a line cannot be fitted", "calibration",
                          "calibrate while the load changes (calibrate() alternates idle and busy)")
-    gain = sum((x - mx) * (y - my) for x, y in pairs) / sxx
+    gain = float(np.sum((x - mx) * (y - my))) / sxx
     offset = my - gain * mx
-    resid = math.sqrt(sum((y - gain * x - offset) ** 2 for x, y in pairs) / max(n - 2, 1))
-    syy = sum((y - my) ** 2 for _, y in pairs)
+    resid = math.sqrt(float(np.sum((y - gain * x - offset) ** 2)) / max(n - 2, 1))
+    syy = float(np.sum((y - my) ** 2))
     return {"gain": gain, "offset_w": offset, "residual_w": resid, "points": n,
             "r2": 1 - resid ** 2 * max(n - 2, 1) / syy if syy > 0 else None,
-            "sensor_range_w": [min(x for x, _ in pairs), max(x for x, _ in pairs)], "window": [t0, t1]}
+            "sensor_range_w": [float(x.min()), float(x.max())], "window": [t0, t1]}
+
+
+def _columns(pairs):
+    """(times, watts) float64 arrays of (t, W) pairs or of a ``PowerSeries``."""
+    import numpy as np
+
+    if isinstance(pairs, sensors.PowerSeries):
+        return pairs.t, pairs.w
+    a = np.asarray([(t, w) for t, w in pairs], dtype=np.float64).reshape(-1, 2)
+    return a[:, 0], a[:, 1]
 
 
 def _clock(t: float) -> str:
@@ -88,11 +102,14 @@ def in_force() -> str | None:
     return str(default) if default.is_file() else None
 
 
-def _at(times: list[float], watts: list[float], t: float) -> float:
-    """The sensor's watts at ``t``, linearly between the samples either side."""
-    i = min(max(bisect.bisect_left(times, t), 1), len(times) - 1)
-    (ta, wa), (tb, wb) = (times[i - 1], watts[i - 1]), (times[i], watts[i])
-    return wa if tb == ta else wa + (wb - wa) * (t - ta) / (tb - ta)
+def _at(times, watts, t):
+    """The sensor's watts at the times ``t``, linearly between the samples either side."""
+    import numpy as np
+
+    i = np.clip(np.searchsorted(times, t, "left"), 1, len(times) - 1)
+    ta, tb, wa, wb = times[i - 1], times[i], watts[i - 1], watts[i]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(tb == ta, wa, wa + (wb - wa) * (t - ta) / (tb - ta))
 
 
 def save(path, line: dict, source: sensors.Source, meter_log: str) -> dict:

@@ -304,85 +304,187 @@ def _seconds(text: str, col: Column) -> tuple[float, str]:
     return t, "unix" if t > 1e8 else "relative"  # before 1973: seconds from the start of the recording
 
 
-def _lines(path: Path) -> list[str]:
+# Characters read at a time: the pass holds one block's lines (and their readings) beyond the arrays.
+_BLOCK = 1 << 18
+# Where str.splitlines breaks a line: the lines are numbered as the whole text's splitlines numbers them.
+_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def _open(path: Path):
     where = str(path)
     _regular(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        # newline="": the line breaks as written ('\r\n' is one break to splitlines), so the file's last
+        # character says whether its last line is whole
+        return open(path, encoding="utf-8-sig", newline="")
     except IsADirectoryError:
         raise UsageError("the power log is a folder", where, "give the meter's log file") from None
     except FileNotFoundError:
         raise UsageError("the power log does not exist", where,
                          "record the meter's log while the command runs and give its path") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise UsageError(f"cannot read the power log: {type(exc).__name__}", where, _LOG_FIX) from None
-    return text.splitlines()
 
 
-def _ends_with_newline(path: Path) -> bool:
-    """Whether the file's last byte is a line break (read alone: the log is not read into memory a second time)."""
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        if f.tell() == 0:
-            return True
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
+class _Lines:
+    """A log's lines, as ``splitlines`` of its whole text numbers them, a block at a time: the whole text is
+    never in memory. After the last block: ``count`` lines, the last one ``last``, and ``cut``, its number when
+    it has no line break after it (a meter may be writing it now), else None."""
+
+    def __init__(self, f):
+        self.f, self.count, self.last, self.cut, self._end = f, 0, "", None, ""
+
+    def blocks(self):
+        carry = ""
+        while True:
+            text = self.f.read(_BLOCK)
+            while text.endswith("\r"):  # a CR LF split between two reads is one break, as in the whole text
+                more = self.f.read(1)
+                if not more:
+                    break
+                text += more
+            if not text:
+                break
+            self._end = text[-1]
+            text = carry + text
+            lines = text.splitlines()
+            carry = "" if self._end in _BREAKS else lines.pop()
+            if lines:
+                self.count += len(lines)
+                self.last = lines[-1]
+                yield lines
+        if carry:
+            self.count += 1
+            self.last = carry
+            yield [carry]
+        self.cut = self.count if self.count and self._end != "\n" else None
+
+    def drain(self, blocks) -> None:
+        for _ in blocks:
+            pass
 
 
-def _header_index(lines: list[str], where: str) -> int:
-    """The header: the first non-blank line that names columns. A '#' line is a comment unless it is the
-    header itself (the Joulescope UI writes '#time,current,...')."""
-    for i, line in enumerate(lines):
-        s = line.strip()
-        if not s:
-            continue
-        if s.startswith("#"):
-            cells = _cells(s, _delimiter(s), f"{where}:{i + 1}")
-            if len(cells) > 1 and any(_column(j, c).quantity == "time" for j, c in enumerate(cells)):
-                return i
-            continue
-        return i
-    raise UsageError("the power log is empty", where, _LOG_FIX)
+def _header_line(line: str, n: int, where: str) -> bool:
+    """Whether line ``n`` is the header: the first non-blank line that names columns. A '#' line is a comment
+    unless it is the header itself (the Joulescope UI writes '#time,current,...')."""
+    s = line.strip()
+    if not s:
+        return False
+    if s.startswith("#"):
+        cells = _cells(s, _delimiter(s), f"{where}:{n}")
+        return len(cells) > 1 and any(_column(j, c).quantity == "time" for j, c in enumerate(cells))
+    return True
 
 
-def parse_power_log(path, near: float | None = None, partial: bool = False) -> tuple[list[tuple[float, float]], dict]:
-    """A meter's log -> ([(Unix time s, watts)] in time order, what was read); one-line UsageError otherwise.
+class _Pass:
+    """The readings of a log's lines after its header, kept as float64 arrays as they are read."""
 
-    ``path``: a file, or a ``PowerLog`` (with the supply voltage or start time its format leaves out).
-    ``near``: a Unix time on the day of the run, for logs with the time of day alone (default: the log's
-    modification time). ``partial``: the log may still be being written (fewer than two readings is fine).
-    """
-    log = as_log(path)
-    path = log.path
-    where = str(path)
-    lines = _lines(path)
-    # A last line without its newline may be one the meter is writing right now (before the run, or after
-    # it while the meter keeps logging): if it does not read, it is not a reading yet, not an error.
-    cut = len(lines) if lines and not _ends_with_newline(path) else None
-    if partial and not any(ln.strip() for ln in lines) and not _otii_named(path):
-        return [], {"format": None, "columns": [], "time": None}  # created, nothing written yet
-    first = _header_index(lines, where)
-    layout = _Layout(where, first + 1, lines[first], log.voltage)
-    if layout.format == OTII_FORMAT:
-        _whole_export(lines, first, cut, where)
-    raw: list[tuple[float, float, int]] = []
-    kind = None
-    for n, line in enumerate(lines[first + 1:], start=first + 2):
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
+    def __init__(self, log: PowerLog, layout: _Layout, header_n: int):
+        from array import array
+
+        self.log, self.layout, self.where = log, layout, str(log.path)
+        self.t, self.w = array("d"), array("d")
+        self.first = header_n + 1  # the line of reading i is first + i + the lines skipped before it
+        self.skips = array("q")  # for each blank or '#' line: how many readings came before it
+        self.kind = None
+        self.samples = False  # a non-blank line after the header (Otii's export holds one at least)
+        self.pending = None  # (line, error): the block's last line did not read: an error unless it is cut short
+        self.quoted = self.layout.delimiter is not None
+
+    def line_of(self, i: int) -> int:
+        import bisect
+
+        return self.first + i + bisect.bisect_right(self.skips, i)
+
+    def feed(self, lines: list[str], n0: int) -> None:
+        """Lines ``n0``, ``n0 + 1``, ... of the log."""
+        if self.pending is not None:
+            raise self.pending[1]
+        strip = [s.strip() for s in lines]
+        keep = [s for s in strip if s and s[0] != "#"]
+        if len(keep) != len(strip):
+            self.samples = self.samples or any(strip)
+            done = len(self.t)
+            for s in strip:
+                if s and s[0] != "#":
+                    done += 1
+                else:
+                    self.skips.append(done)
+        elif keep:
+            self.samples = True
+        got = self._fast(keep) if keep else None
+        if got is not None:
+            self.t.frombytes(got[0].tobytes())
+            self.w.frombytes(got[1].tobytes())
+            self.kind = got[2]
+            return
+        for j, s in enumerate(strip):
+            if s and s[0] != "#":
+                self._line(n0 + j, s, j == len(strip) - 1)
+
+    def _fast(self, keep: list[str]):
+        """The block's readings read at once, or None when any line needs reading alone: anything but plain
+        numbers in a steady time kind is read line by line below, with its own message."""
+        import numpy as np
+        from operator import itemgetter
+
+        lay, d = self.layout, self.layout.delimiter
+        if d is None:
+            rows = [s.split() for s in keep]
+        else:
+            # csv's reading of a line with no quote, no NUL and no field over its limit is str.split's
+            if any('"' in s or "\0" in s or len(s) >= csv.field_size_limit() for s in keep):
+                return None
+            rows = [s.split(d) for s in keep]
+        try:
+            t = np.fromiter(map(float, map(itemgetter(lay.time.index), rows)), np.float64, len(rows))
+            cols = [np.fromiter(map(float, map(itemgetter(c.index), rows)), np.float64, len(rows)) for c in lay.use]
+        except (ValueError, IndexError):
+            return None
+        del rows
+        w = np.float64(1.0 if lay.voltage is None else lay.voltage)
+        for c, v in zip(lay.use, cols):
+            w = w * (v * c.factor)
+        if not (np.isfinite(t).all() and np.isfinite(w).all()) or (w > MAX_WATTS).any():
+            return None
+        factor = lay.time.factor
+        if factor is not None and factor != 1.0:
+            t = t * factor
+            unix = t > 1e8
+        else:
+            unix = t > 1e8
+            ms = t > 1e11  # Unix milliseconds
+            if ms.any():
+                t = np.where(ms, t / 1000.0, t)
+        n_unix = int(unix.sum())
+        if 0 < n_unix < len(t):
+            return None
+        kind = "unix" if n_unix else "relative"
+        if kind == "relative" and self.log.start is not None:
+            t, kind = self.log.start + t, "placed"
+        if kind != self.kind and (self.kind is not None or kind == "relative"):
+            return None
+        if kind == "unix" and not ((t >= _CLOCK_RANGE[0]).all() and (t <= _CLOCK_RANGE[1]).all()):
+            return None
+        return t, w, kind
+
+    def _line(self, n: int, s: str, last: bool) -> None:
+        """One line read alone, as every line was before the blocks: each refusal with its line."""
+        layout, where, log = self.layout, self.where, self.log
         try:
             row = _split(s, layout.delimiter)
             t, k = _seconds(row[layout.time.index], layout.time)
             w = layout.watts(row)
         except (ValueError, IndexError):
-            if n == cut:
-                break
-            raise UsageError(f"cannot read the power log's line {n}: '{s[:80]}'", f"{where}:{n}", _LOG_FIX) from None
+            err = UsageError(f"cannot read the power log's line {n}: '{s[:80]}'", f"{where}:{n}", _LOG_FIX)
+            if last:  # the block's last line: the log's last, cut short, is not a reading yet
+                self.pending = (n, err)
+                return
+            raise err from None
         if k == "relative" and log.start is not None:  # time 0 of the recording is the clock time given
             t, k = log.start + t, "placed"
-        if kind is None:
-            kind = k
+        if self.kind is None:
+            self.kind = k
             if k == "relative":
                 how = ("set the statistics recording's time format to UTC in the Joulescope UI, or pass"
                        if layout.format and "Joulescope" in layout.format else
@@ -393,7 +495,7 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
                                  f" in column '{layout.time.header}'), so they cannot be placed against the run",
                                  f"{where}:{n}", how + " the clock time its recording started with "
                                  "--power-log-start TIME (ISO 8601 or Unix seconds)")
-        elif k != kind:
+        elif k != self.kind:
             raise UsageError(f"the power log's line {n} has a time of another kind than the lines before it",
                              f"{where}:{n}", "give one time format throughout")
         if not (math.isfinite(t) and math.isfinite(w)):
@@ -409,11 +511,78 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
                              "which is no clock time between 2000 and 2100 in Unix seconds or milliseconds",
                              f"{where}:{n}", "name the time unit in the header, e.g. 'timestamp (us)' or "
                              "'timestamp (ns)', or log Unix seconds or ISO 8601 times")
-        raw.append((t, w, n))
-    negatives = _check_negatives(raw, where)
+        self.t.append(t)
+        self.w.append(w)
+
+
+def parse_power_log(path, near: float | None = None, partial: bool = False) -> tuple[sensors.PowerSeries, dict]:
+    """A meter's log -> (its readings in time order, what was read); one-line UsageError otherwise.
+
+    The readings are a ``sensors.PowerSeries``: Unix times (s) and watts as float64 arrays (``.t``, ``.w``), and
+    the sequence of (t, w) pairs. The log is read in one pass, a block of lines at a time: what it holds beyond
+    the arrays is one block, whatever the log's size.
+
+    ``path``: a file, or a ``PowerLog`` (with the supply voltage or start time its format leaves out).
+    ``near``: a Unix time on the day of the run, for logs with the time of day alone (default: the log's
+    modification time). ``partial``: the log may still be being written (fewer than two readings is fine).
+    """
+    log = as_log(path)
+    where = str(log.path)
+    f = _open(log.path)
+    lines = _Lines(f)
+    blocks = lines.blocks()
+    got: dict = {}
+    try:
+        with f:
+            try:
+                return _read(log, lines, blocks, near, partial, got)
+            except UsageError:
+                # What the log was refused for when it was read whole first: a read error further on, or
+                # an Otii export cut short
+                lines.drain(blocks)
+                if got.get("pass") is not None:
+                    _whole_export(got["pass"], lines)
+                raise
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read the power log: {type(exc).__name__}", where, _LOG_FIX) from None
+
+
+def _read(log: PowerLog, lines: _Lines, blocks, near, partial: bool, got: dict):
+    import numpy as np
+
+    path, where = log.path, str(log.path)
+    run, written = None, False
+    for block in blocks:
+        n0 = lines.count - len(block) + 1
+        if run is None:
+            j = next((i for i, line in enumerate(block) if _header_line(line, n0 + i, where)), None)
+            if j is None:
+                written = written or any(line.strip() for line in block)
+                continue
+            layout = _Layout(where, n0 + j, block[j], log.voltage)
+            run = _Pass(log, layout, n0 + j)
+            if layout.format == OTII_FORMAT:
+                got["pass"] = run
+            block, n0 = block[j + 1:], n0 + j + 1
+            if not block:
+                continue
+        run.feed(block, n0)
+    if run is None:
+        if partial and not written and not _otii_named(path):
+            return sensors.PowerSeries([], []), {"format": None, "columns": [], "time": None}  # nothing written yet
+        raise UsageError("the power log is empty", where, _LOG_FIX)
+    layout = run.layout
+    if layout.format == OTII_FORMAT:
+        _whole_export(run, lines)
+    if run.pending is not None and run.pending[0] != lines.cut:
+        raise run.pending[1]
+    kind = run.kind
+    t, w = (np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0) for a in (run.t, run.w))
+    line_of = run.line_of
+    negatives = _check_negatives(w, line_of, where)
     if kind == "day":
-        raw = _place_on_day(raw, near if near is not None else path.stat().st_mtime)
-    readings = _in_order(raw, where)
+        _place_on_day(t, near if near is not None else path.stat().st_mtime)
+    readings = _in_order(t, w, line_of, where)
     if len(readings) < 2 and not partial:
         raise UsageError(f"the power log has {len(readings)} reading(s)", where, "record at least two readings")
     info = {"format": layout.format or "CSV with units in its header",
@@ -434,25 +603,29 @@ NOISE_FLOOR_W = 0.005
 NOISE_FRACTION = 0.01
 
 
-def _check_negatives(raw, where: str) -> dict | None:
+def _check_negatives(w, line_of, where: str) -> dict | None:
     """None when no reading is below 0; else what the log's negative readings were (within the noise), or a
-    one-line UsageError for a reversed shunt or a negative reading beyond the meter's noise."""
-    neg = [(w, n) for _, w, n in raw if w < 0]
-    if not neg:
+    one-line UsageError for a reversed shunt or a negative reading beyond the meter's noise. ``w``: the watts in
+    the log's order; ``line_of(i)``: the line of reading i."""
+    import numpy as np
+
+    count = sum(int(np.count_nonzero(w[a:a + sensors.CHUNK] < 0)) for a in range(0, len(w), sensors.CHUNK))
+    if not count:
         return None
-    if 2 * len(neg) > len(raw):
-        raise UsageError(f"the power log reads below 0 W in {len(neg)} of its {len(raw)} readings: the current flowed "
+    if 2 * count > len(w):
+        raise UsageError(f"the power log reads below 0 W in {count} of its {len(w)} readings: the current flowed "
                          "backwards through the meter", where, "connect the meter with its input to the supply and "
                          "its output to the board (or swap the shunt's leads), then record again")
-    peak = max((w for _, w, _ in raw), default=0.0)
+    peak = float(w.max())
     floor = max(NOISE_FLOOR_W, NOISE_FRACTION * peak)
-    lowest, line = min(neg)
+    i = int(np.argmin(w))  # the lowest, the first of equals: the one on the earliest line
+    lowest, line = float(w[i]), line_of(i)
     if lowest < -floor:
         raise UsageError(f"the power log's line {line} reads {lowest:.3g} W, below the meter's zero by more than its "
                          f"noise ({floor:.3g} W: the larger of {NOISE_FLOOR_W * 1000:g} mW and "
                          f"{NOISE_FRACTION:.0%} of the log's peak {peak:.3g} W)", f"{where}:{line}",
                          "zero the meter (or check the current column's unit and the shunt's wiring) and record again")
-    return {"count": len(neg), "of": len(raw), "lowest_w": lowest, "noise_floor_w": floor,
+    return {"count": count, "of": len(w), "lowest_w": lowest, "noise_floor_w": floor,
             "rule": f"readings down to -{floor:.3g} W (the larger of {NOISE_FLOOR_W * 1000:g} mW and "
                     f"{NOISE_FRACTION:.0%} of the log's peak) are the meter's offset noise, counted as read, not "
                     "clamped"}
@@ -461,45 +634,69 @@ def _check_negatives(raw, where: str) -> dict | None:
 _TIME_KINDS = {"unix": "clock", "day": "time of day", "placed": "from the recording's start (given)"}
 
 
-def _whole_export(lines: list[str], header: int, cut: int | None, where: str) -> None:
+def _whole_export(run: _Pass, lines: _Lines) -> None:
     """An export is written whole, after its recording, every line ending in a line break: one cut short or
     holding no sample is a file that did not arrive whole, refused now, not read as a meter still logging."""
-    if cut is not None:
-        raise UsageError(f"the power log ends inside its line {cut} ('{lines[-1].strip()[:40]}'): an Otii export ends "
-                         "every line with a line break, so this one was cut short", f"{where}:{cut}",
+    where = run.where
+    if lines.cut is not None:
+        raise UsageError(f"the power log ends inside its line {lines.cut} ('{lines.last.strip()[:40]}'): an Otii export "
+                         "ends every line with a line break, so this one was cut short", f"{where}:{lines.cut}",
                          "export the channel from Otii again, or copy the whole file")
-    if not any(ln.strip() for ln in lines[header + 1:]):
+    if not run.samples:
         raise UsageError("the power log is an Otii export with no samples in it", where,
                          "export the recording that ran during the command (its 'Main power' channel) from Otii")
 
 
-def _place_on_day(raw, near: float):
-    """Seconds since midnight -> Unix time on the day of ``near`` (the log may run past midnight)."""
+def _place_on_day(t, near: float) -> None:
+    """Seconds since midnight -> Unix time on the day of ``near``, in place (the log may run past midnight)."""
     midnight = datetime.fromtimestamp(near).replace(hour=0, minute=0, second=0, microsecond=0)
-    out, day = [], 0
-    for i, (s, w, n) in enumerate(raw):
-        if i and s < raw[i - 1][0] - 12 * 3600:  # past midnight
-            day += 1
-        out.append(((midnight + timedelta(days=day, seconds=s)).timestamp(), w, n))
+    day, prev = 0, None
+    for a in range(0, len(t), sensors.CHUNK):
+        seconds = t[a:a + sensors.CHUNK].tolist()
+        for i, s in enumerate(seconds):
+            if prev is not None and s < prev - 12 * 3600:  # past midnight
+                day += 1
+            prev = s
+            seconds[i] = (midnight + timedelta(days=day, seconds=s)).timestamp()
+        t[a:a + len(seconds)] = seconds
     # A log that ended just before midnight and a run just after (or the reverse): the nearer day.
-    if out and abs(out[0][0] - near) > 12 * 3600:
-        shift = -86400.0 if out[0][0] > near else 86400.0
-        out = [(t + shift, w, n) for t, w, n in out]
-    return out
+    if len(t) and abs(float(t[0]) - near) > 12 * 3600:
+        t += -86400.0 if float(t[0]) > near else 86400.0
 
 
-def _in_order(raw, where: str) -> list[tuple[float, float]]:
-    steps = sorted(b[0] - a[0] for a, b in zip(raw, raw[1:]) if b[0] > a[0])
-    period = steps[len(steps) // 2] if steps else 0.0
-    for a, b in zip(raw, raw[1:]):
-        if b[0] < a[0] and a[0] - b[0] > BACKSTEP_PERIODS * period:
-            raise UsageError(f"the power log's timestamps go back {a[0] - b[0]:.3g} s at line {b[2]}",
-                             f"{where}:{b[2]}", "give one recording, in the order it was recorded")
-    return [(t, w) for t, w, _ in sorted(raw, key=lambda r: r[0])]
+def _in_order(t, w, line_of, where: str) -> sensors.PowerSeries:
+    """The readings in time order; a step back longer than ``BACKSTEP_PERIODS`` median periods is refused."""
+    import numpy as np
+
+    chunk = sensors.CHUNK
+    if not any(bool((t[a + 1:b + 1] < t[a:b]).any())
+               for a, b in ((a, min(a + chunk, len(t) - 1)) for a in range(0, len(t) - 1, chunk))):
+        return sensors.PowerSeries(t, w)  # in order already (most logs): no step is held
+    d = np.diff(t)
+    back = np.flatnonzero(d < 0)
+    back_d = d[back]
+    up = sum(int(np.count_nonzero(d[a:a + chunk] > 0)) for a in range(0, len(d), chunk))
+    period = 0.0
+    if up:  # the median of the forward steps: they sort after every step that is not one
+        k = len(d) - up + up // 2
+        d.partition(k)
+        period = float(d[k])
+    del d
+    far = back[back_d < -(BACKSTEP_PERIODS * period)]
+    if len(far):
+        i = int(far[0])
+        raise UsageError(f"the power log's timestamps go back {float(t[i]) - float(t[i + 1]):.3g} s at line "
+                         f"{line_of(i + 1)}", f"{where}:{line_of(i + 1)}",
+                         "give one recording, in the order it was recorded")
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    w = w[order]
+    return sensors.PowerSeries(t, w)
 
 
-def read_power_log(path, near: float | None = None) -> list[tuple[float, float]]:
-    """A meter's log -> [(Unix time s, watts)] in time order; one-line UsageError for anything unreadable."""
+def read_power_log(path, near: float | None = None) -> sensors.PowerSeries:
+    """A meter's log -> its readings in time order (``parse_power_log``); one-line UsageError for anything
+    unreadable."""
     return parse_power_log(path, near)[0]
 
 
@@ -534,11 +731,14 @@ def check_power_log(path, voltage: float | None = None, start: float | None = No
     return log
 
 
-def log_record(path, window: tuple[float, float], idle_window: tuple[float, float] | None = None) -> dict:
-    """The measured record of ``window`` (and its idle) from a meter's log; UsageError if not covered."""
-    readings, info = parse_power_log(path, near=window[0])
-    samples = [(t, w, {}) for t, w in readings]
-    first, last = readings[0][0], readings[-1][0]
+def log_record(path, window: tuple[float, float], idle_window: tuple[float, float] | None = None,
+               parsed: tuple[sensors.PowerSeries, dict] | None = None) -> dict:
+    """The measured record of ``window`` (and its idle) from a meter's log; UsageError if not covered.
+    ``parsed``: the log's ``parse_power_log`` when the caller has read it already (one read for many windows)."""
+    import numpy as np
+
+    readings, info = parsed if parsed is not None else parse_power_log(path, near=window[0])
+    first, last = float(readings.t[0]), float(readings.t[-1])
     if first > window[0] or last < window[1]:
         raise UsageError(f"the power log covers {_clock(first)} to {_clock(last)} but the run's measured window was "
                          f"{_clock(window[0])} to {_clock(window[1])}", str(path),
@@ -546,12 +746,16 @@ def log_record(path, window: tuple[float, float], idle_window: tuple[float, floa
                          "the meter's clock and this machine's agree")
     if idle_window and (first > idle_window[0] or last < idle_window[1]):
         idle_window = None
-    intervals = sorted(b[0] - a[0] for a, b in zip(readings, readings[1:]))
-    median = intervals[len(intervals) // 2] if intervals else 0.0
-    rec = sensors.summarise(samples, idle_window, window, "power-log",
+    intervals = np.diff(readings.t)
+    median = 0.0
+    if len(intervals):
+        intervals.partition(len(intervals) // 2)
+        median = float(intervals[len(intervals) // 2])
+    del intervals
+    rec = sensors.summarise(readings, idle_window, window, "power-log",
                             f"external power meter log {as_log(path).name} ({len(readings)} readings; {info['format']}, "
                             f"{' x '.join(info['columns'])}, {info['time']} times)", 1.0 / median if median > 0 else None,
-                            resolution=log_resolution([w for _, w in readings]))
+                            resolution=log_resolution(readings.w))
     rec["log_format"] = info
     neg = info.get("negative_readings")
     if neg:
@@ -562,14 +766,22 @@ def log_record(path, window: tuple[float, float], idle_window: tuple[float, floa
     return rec
 
 
-def log_resolution(watts: list[float]) -> tuple[float | None, str]:
+def log_resolution(watts) -> tuple[float | None, str]:
     """The log's step: the smallest difference between two of its power values (a meter's display and export
     round to a fixed step; a V x I log's products do not, and this is then a lower bound on the step)."""
-    values = sorted(set(watts))
-    steps = [b - a for a, b in zip(values, values[1:]) if b - a > 1e-12]
-    if not steps:
+    import numpy as np
+
+    values = np.sort(np.asarray(watts, dtype=np.float64))
+    step = None
+    for a in range(0, len(values) - 1, sensors.CHUNK):
+        b = min(a + sensors.CHUNK, len(values) - 1)
+        d = values[a + 1:b + 1] - values[a:b]
+        d = d[d > 1e-12]  # equal values (and 0 beside -0) are no step
+        if len(d):
+            step = float(d.min()) if step is None else min(step, float(d.min()))
+    if step is None:
         return None, "every reading in the log is the same value: its step cannot be seen"
-    return min(steps), "the smallest step between the log's power values (the meter's resolution is not in the log)"
+    return step, "the smallest step between the log's power values (the meter's resolution is not in the log)"
 
 
 def _clock(t: float) -> str:

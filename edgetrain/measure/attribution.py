@@ -36,12 +36,12 @@ def attribute(result: dict, log, where: str) -> dict:
     if len(windows["configs"]) != len(result["configs"]):
         raise UsageError("the result's windows do not match its configurations (edited?)", where, _FIX_RUN)
     out = dict(result)
-    configs = []
+    configs, read = [], {}
     for c, w in zip(result["configs"], windows["configs"]):
         if not w.get("timed"):
             raise UsageError(f"the result has no timed window for {w.get('threads')} thread(s)", where, _FIX_RUN)
         c = {**c, "power": {**(c.get("power") or {}), "window_wall": w["timed"]}, "wall_idle": w.get("idle")}
-        c["power"] = log_power(log, c)
+        c["power"] = log_power(log, c, read)
         c["power"]["attributed"] = {"by": "edgetrain energy attribute", "log": str(log)}
         configs.append(c)
     out["configs"] = configs

@@ -253,8 +253,9 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
         paired_ref = _paired_reference(prof, host, label, thread_list, base_spec, warmup, timeout, say)
     input_shape_full = (configs[0].get("input") or {}).get("shape") or base_spec["input_shape"] or []
     if power_log is not None:
+        read: dict = {}
         for c in configs:  # the meter's log, aligned to the window each child recorded
-            c["power"] = log_power(power_log, c)
+            c["power"] = log_power(power_log, c, read)
     elif meter:
         for c in configs:
             if c.get("power") and not c["power"].get("available"):
@@ -576,13 +577,16 @@ def meter_windows(configs: list[dict], on_device: bool, held: bool) -> dict:
                         for c in configs]}
 
 
-def log_power(path, config: dict) -> dict:
-    """A configuration's measured record from the meter's log, over the window its child recorded."""
+def log_power(path, config: dict, read: dict | None = None) -> dict:
+    """A configuration's measured record from the meter's log, over the window its child recorded. ``read``: a
+    dict the calls for one run's configurations share, so the log is read once (by the first), not once each."""
     rec = config.get("power") or {}
     window = rec.get("window_wall") or config.get("wall_timed")
     idle = config.get("wall_idle") or ((rec.get("idle") or {}).get("t0"), (rec.get("idle") or {}).get("t1"))
     idle = tuple(idle) if idle and None not in idle else None
-    measured = energy.log_record(path, tuple(window), idle)
+    if read is not None and "log" not in read:
+        read["log"] = energy.parse_power_log(path, near=window[0])
+    measured = energy.log_record(path, tuple(window), idle, read.get("log") if read is not None else None)
     for k in ("inferences", "timed_runs", "extra_runs", "min_window_s"):
         if k in rec:
             measured[k] = rec[k]
