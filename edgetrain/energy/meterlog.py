@@ -433,8 +433,10 @@ class _Pass:
             rows = [s.split() for s in keep]
         else:
             # csv's reading of a line with no quote, no NUL and no field over its limit is str.split's
-            if any('"' in s or "\0" in s or len(s) >= csv.field_size_limit() for s in keep):
+            joined, limit = "".join(keep), csv.field_size_limit()
+            if '"' in joined or "\0" in joined or (len(joined) >= limit and max(map(len, keep)) >= limit):
                 return None
+            del joined
             rows = [s.split(d) for s in keep]
         try:
             t = np.fromiter(map(float, map(itemgetter(lay.time.index), rows)), np.float64, len(rows))
