@@ -90,7 +90,7 @@ def finetune_result(folder: Path, code: Path, seconds: float) -> Path:
 
 
 def attribute(code: Path, result: Path, log: Path, out: Path) -> dict:
-    """One `edgetrain energy attribute` in a fresh process: peak RSS (MB), wall s, the measured figure."""
+    """One `edgetrain energy attribute` in a fresh process: peak RSS (MB), wall and CPU s, the measured figure."""
     cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "edgetrain", "energy", "attribute", str(result), str(log),
            "--power-log-start", f"{START}", "-o", str(out)]
     env = {**os.environ, "PYTHONPATH": str(code), "EDGETRAIN_POWER_CALIBRATION": ""}
@@ -101,8 +101,9 @@ def attribute(code: Path, result: Path, log: Path, out: Path) -> dict:
     if res.returncode != 0:
         raise SystemExit(f"attribute failed ({code}, {log.name}):\n{res.stderr[-2000:]}")
     rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", res.stderr).group(1))
+    cpu = sum(float(re.search(rf"{k} time \(seconds\): ([\d.]+)", res.stderr).group(1)) for k in ("User", "System"))
     en = json.loads(out.read_text())["energy"]
-    return {"rss_mb": rss_kb / 1024.0, "wall_s": wall, "joules": en.get("joules"), "power_w": en.get("power_w")}
+    return {"rss_mb": rss_kb / 1024.0, "wall_s": wall, "cpu_s": cpu, "joules": en.get("joules"), "power_w": en.get("power_w")}
 
 
 def main() -> None:
@@ -123,7 +124,7 @@ def main() -> None:
         big, small = make(folder, rows), make(folder, 1000)
         logs.append((kind, rows, hz, big, small))
     print(f"{'log':<24} {'rows':>10} {'code':<28} {'peak RSS MB':>11} {'baseline MB':>11} {'B/reading':>9} "
-          f"{'wall s':>7} {'power W':>9}")
+          f"{'wall s':>7} {'cpu s':>7} {'power W':>9}")
     for kind, rows, hz, big, small in logs:
         for _ in range(args.rounds):
             for code in codes:
@@ -131,7 +132,7 @@ def main() -> None:
                 got = attribute(code, finetune_result(folder, code, rows / hz), big, folder / "out-big.json")
                 per = (got["rss_mb"] - base["rss_mb"]) * 1024 * 1024 / rows
                 print(f"{kind:<24} {rows:>10} {str(code)[-28:]:<28} {got['rss_mb']:>11.1f} {base['rss_mb']:>11.1f} "
-                      f"{per:>9.1f} {got['wall_s']:>7.1f} {got['power_w']:>9.5f}", flush=True)
+                      f"{per:>9.1f} {got['wall_s']:>7.1f} {got['cpu_s']:>7.1f} {got['power_w']:>9.5f}", flush=True)
 
 
 if __name__ == "__main__":
