@@ -375,6 +375,12 @@ def _nearly_full(folder, slack: int = 1 << 20) -> bool:
         return False
 
 
+def scratch_error(exc: OSError, folder: Path | str) -> EdgetrainError:
+    """The one-line error for a temporary file in ``folder`` (TMPDIR's) that a full disk or ulimit -f cut short
+    (for writers of their own scratch files: a child writing its result for its parent)."""
+    return _scratch_error(exc, Path(folder), user_folder=False)
+
+
 def _scratch_error(exc: BaseException, folder: Path, user_folder: bool) -> EdgetrainError:
     """No room for temporary files: beside the user's output (their folder: exit 2), or in TMPDIR (exit 1)."""
     reason = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else "No space left on device"

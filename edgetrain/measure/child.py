@@ -45,11 +45,11 @@ def main(argv: list[str]) -> int:
     try:
         Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
     except OSError as exc:  # a full disk or ulimit -f cut the result: say that instead, in a few bytes
-        from ..fileio import disk_full_error, is_disk_full
+        from ..fileio import is_disk_full, scratch_error
 
         if not is_disk_full(exc):
             raise
-        Path(spec["result"]).write_text(json.dumps(_error(disk_full_error(exc, spec["result"], "profile result"))),
+        Path(spec["result"]).write_text(json.dumps(_error(scratch_error(exc, Path(spec["result"]).parent))),
                                         encoding="utf-8")
     return 0
 

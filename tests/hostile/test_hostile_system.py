@@ -331,6 +331,9 @@ FSIZE_MORE = {
     "profile-json": (["profile", ONNX, "--runs", "3", "--json", "{out}/p.json"], 8192),
     "profile-report": (["profile", ONNX, "--runs", "3", "--report", "{out}/p.html"], 8192),
     "profile-report-md": (["profile", ONNX, "--runs", "3", "--report", "{out}/p.md"], 8192),
+    # the measuring child's result (20000 runs' latencies, ~1 MB) over the limit, its op profile (~190 kB) under it
+    "profile-child-result": (["profile", ONNX, "--runs", "20000", "--warmup", "1", "--threads", "1", "--json",
+                              "{out}/p.json"], 512 << 10),
     "run-step": (["run", "{recipe-export}", "-o", "{out}/run"], 8192),
     "run-report": (["run", "{recipe-report}", "-o", "{out}/run"], 1024),
     "run-json": (["run", "{recipe-report}", "-o", "{out}/run", "--json", "{out}/run.json"], 1024),
