@@ -24,6 +24,7 @@ from typing import Callable
 
 from . import envvars, runtime
 from .errors import RunFailed
+from .stopsignals import unwind_stop_signals
 
 PR_SET_PDEATHSIG = 1
 
@@ -81,39 +82,6 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.communicate(timeout=30)
 
 
-class _Terminated(BaseException):
-    """SIGTERM/SIGHUP arrived while a child ran: unwind (killing the child), then exit 128+signal."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _stop_signals_unwind():
-    """While a child runs, SIGTERM/SIGHUP to us unwind like Ctrl-C does, so the child's group is killed.
-    Only the main thread can install handlers; elsewhere PDEATHSIG still covers the child."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = {}
-
-    def handler(signum, _frame):
-        raise _Terminated(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) in (signal.SIG_DFL, None):
-            old[sig] = signal.signal(sig, handler)
-    try:
-        yield
-    except _Terminated as exc:
-        sys.stderr.write(f"edgetrain: stopped by {signal.Signals(exc.signum).name}\n")
-        sys.exit(128 + exc.signum)
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
-
-
 @dataclass
 class Finished:
     code: int
@@ -128,7 +96,7 @@ def run(argv: list[str], *, what: str, timeout: float | None = None, threads: in
     """Run a child to its end: output captured (or, with ``on_line``, stdout+stderr merged and handed
     over line by line). A timeout kills its group and is RunFailed; any exception or stop signal
     here kills its group before propagating."""
-    with _stop_signals_unwind():
+    with unwind_stop_signals():
         proc = start(argv, threads=threads, env=env, merge_stderr=on_line is not None, preexec=preexec)
         try:
             if on_line is not None:

@@ -341,9 +341,29 @@ def temp_dir(what: str, dir: Path | str | None = None):  # noqa: A002 - tempfile
         # (ONNX Runtime's "Protobuf serialization failed"). Either is the disk's, said in one line.
         if is_disk_full(exc) or _nearly_full(path):
             raise _scratch_error(exc, Path(path), user_folder=dir is not None) from None
+        cut = cut_at_size_limit(path)
+        if cut is not None:  # a library's own writer (ONNX Runtime's profiler) stopped short, and the reader failed
+            raise _scratch_error(OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(cut)), Path(path),
+                                 user_folder=dir is not None) from None
         raise
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def cut_at_size_limit(folder) -> Path | None:
+    """A file under ``folder`` as large as the file size limit (ulimit -f) allows: one a writer outside
+    Python (ONNX Runtime's, in C++) may have stopped short at without saying so (SIGXFSZ is ignored, and
+    such a writer drops the EFBIG). None when there is no limit or no such file."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    for f in Path(folder).rglob("*"):
+        with contextlib.suppress(OSError):
+            if f.is_file() and f.stat().st_size >= limit:
+                return f
+    return None
 
 
 def _nearly_full(folder, slack: int = 1 << 20) -> bool:
@@ -353,6 +373,12 @@ def _nearly_full(folder, slack: int = 1 << 20) -> bool:
         return shutil.disk_usage(folder).free < slack
     except OSError:
         return False
+
+
+def scratch_error(exc: OSError, folder: Path | str) -> EdgetrainError:
+    """The one-line error for a temporary file in ``folder`` (TMPDIR's) that a full disk or ulimit -f cut short
+    (for writers of their own scratch files: a child writing its result for its parent)."""
+    return _scratch_error(exc, Path(folder), user_folder=False)
 
 
 def _scratch_error(exc: BaseException, folder: Path, user_folder: bool) -> EdgetrainError:

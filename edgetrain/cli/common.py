@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .. import envvars, runtime
 from ..errors import BudgetExceeded, EdgetrainError
+from ..stopsignals import unwind_stop_signals
 from .streams import stream_error, write_stream
 
 JSON_FLAG, JSON_DEST = "--json", "json_path"   # every command's --json PATH (the light parser reads it too)
@@ -61,10 +62,12 @@ def _failed_stream_is_stderr(exc: BaseException) -> bool:
 
 def run_guarded(call) -> None:
     """Run a command's ``call()`` and exit: a user's error is one line on stderr and its exit code; an
-    interrupt is "Aborted." and 130 (as click does it); a returned int is the exit code. A reader of stdout
-    or stderr that went away ends it quietly with CLOSED_PIPE_EXIT (there is no one left to tell)."""
+    interrupt is "Aborted." and 130 (as click does it), a SIGTERM or SIGHUP unwinds the same way and exits
+    128 + signal (stopsignals: no temp file left beside an output); a returned int is the exit code. A reader
+    of stdout or stderr that went away ends it quietly with CLOSED_PIPE_EXIT (there is no one left to tell)."""
     try:
-        _run_and_exit(call)
+        with unwind_stop_signals():
+            _run_and_exit(call)
     except BrokenPipeError:
         if not _reader_gone():
             raise  # a pipe of our own (a child's, a socket): a bug, with its traceback

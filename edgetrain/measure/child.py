@@ -41,9 +41,21 @@ def main(argv: list[str]) -> int:
         mode = spec.get("mode")
         result = plan(spec) if mode == "plan" else paired(spec) if mode == "paired" else run(spec)
     except EdgetrainError as exc:
-        result = {"error": {"type": type(exc).__name__, "what": exc.what, "where": exc.where, "fix": exc.fix}}
-    Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
+        result = _error(exc)
+    try:
+        Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
+    except OSError as exc:  # a full disk or ulimit -f cut the result: say that instead, in a few bytes
+        from ..fileio import is_disk_full, scratch_error
+
+        if not is_disk_full(exc):
+            raise
+        Path(spec["result"]).write_text(json.dumps(_error(scratch_error(exc, Path(spec["result"]).parent))),
+                                        encoding="utf-8")
     return 0
+
+
+def _error(exc) -> dict:
+    return {"error": {"type": type(exc).__name__, "what": exc.what, "where": exc.where, "fix": exc.fix}}
 
 
 # --- the stages ---------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from . import checkpoint as ckpt
 from . import lite, onnx_grad, store
 from . import ort_forward, ort_train
 from .ort_forward import OrtForward
-from .memplan import MB, Costs, choose, plan_for
+from .memplan import MB, MEASURED_SPREAD_MB, Costs, choose, plan_for
 from .onnx_layers import WEIGHTED, cut_before_layer, extract, shapes_of, without_weights, write_streamed
 from .optimizers import make_numpy_optimizer
 from .outdir import ONNX_MODEL
@@ -204,6 +204,7 @@ class OnnxEngine:
         train_mb = (tape.peak_bytes + 2 * tape.largest_bytes) / MB
         n_weights = sum(int(v.size) for v in self.weights.values())
         session_mb = 2.65 * len(self.frozen_bytes) / MB + 30.0 if self.has_frozen else 0.0
+        spread_mb = 0.0
         now = procmem.rss_mb()
         if self.has_frozen and now is not None and base_mb > 0:
             # The probe made the frozen part's session and ran one sample through it, so the process now holds
@@ -211,12 +212,14 @@ class OnnxEngine:
             # pass in its arena and the tape (the estimate adds those back per sample). The guess stays an upper
             # bound (MobileNetV2-1.0 last:2 at 160x160: it made the base 146 MB where the whole run peaked at 141).
             after = now - self.frozen_per_sample_mb - train_mb
-            session_mb = min(session_mb, max(after - base_mb, 0.0))
+            measured = max(after - base_mb, 0.0)
+            spread_mb = MEASURED_SPREAD_MB if measured < session_mb else 0.0
+            session_mb = min(session_mb, measured)
         params_mb = sum(int(v.nbytes) for v in self.grad.params.values()) / MB
         feat = int(np.prod(self.frozen_shape)) if self.has_frozen else 0
         costs = Costs(base_mb + session_mb, self.frozen_per_sample_mb, train_mb,
                       params_mb + 3 * n_weights * 4 / MB, int(np.prod(job.pre.input_shape)) * 4 / MB, rows,
-                      feat * 4, job.batch_size, self.has_frozen)
+                      feat * 4, job.batch_size, self.has_frozen, spread_mb=spread_mb)
         if self.kind not in ("bias", "lite"):
             return plan_for(costs, job.budget_mb, saved), costs
         return self._plan_runtime(costs, train_mb, masks_mb, saved)

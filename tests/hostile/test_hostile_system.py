@@ -322,6 +322,103 @@ def test_a_file_size_limit_is_one_line_and_nothing_half_written(tmp_path, images
         assert not f.is_file() or f.stat().st_size < 8192, f
 
 
+# Every other writer: the rest of the commands' -o/--json/--report outputs and run folders, each under a limit below
+# what it writes (8192 bytes, or less for a small output: no command writes anything that small before it).
+# "{recipe-export}"/"{recipe-report}": recipes whose run folder fails at its step's model / at its own report;
+# "{result}", "{export}", "{start}": a finished `profile --meter-export` result and a meter's export covering it;
+# "{meter}": a meter logging while `energy calibrate` samples a board whose power steps ("{board}" env).
+FSIZE_MORE = {
+    "profile-json": (["profile", ONNX, "--runs", "3", "--json", "{out}/p.json"], 8192),
+    "profile-report": (["profile", ONNX, "--runs", "3", "--report", "{out}/p.html"], 8192),
+    "profile-report-md": (["profile", ONNX, "--runs", "3", "--report", "{out}/p.md"], 8192),
+    # the measuring child's result (20000 runs' latencies, ~1 MB) over the limit, its op profile (~190 kB) under it
+    "profile-child-result": (["profile", ONNX, "--runs", "20000", "--warmup", "1", "--threads", "1", "--json",
+                              "{out}/p.json"], 512 << 10),
+    "run-step": (["run", "{recipe-export}", "-o", "{out}/run"], 8192),
+    "run-report": (["run", "{recipe-report}", "-o", "{out}/run"], 1024),
+    "run-json": (["run", "{recipe-report}", "-o", "{out}/run", "--json", "{out}/run.json"], 1024),
+    "energy-attribute-o": (["energy", "attribute", "{result}", "{export}", "--power-log-start", "{start}",
+                            "-o", "{out}/m.json"], 8192),
+    "energy-calibrate-o": (["energy", "calibrate", "{meter}", "-o", "{out}/cal.json", "--seconds", "2",
+                            "--phase", "0.5"], 256),
+    "fleet-serve": (["fleet", "serve", PREFIX, "--val", "builtin:digits", "-o", "{out}/fleet", "--rounds", "1",
+                     "--min-clients", "1", "--join-timeout", "5"], 8192),
+    "recipes-list-json": (["recipes", "list", "--json", "{out}/r.json"], 256),
+    "recipes-validate-json": (["recipes", "validate", "{recipe-report}", "--json", "{out}/v.json"], 256),
+    "devices-show-json": (["devices", "show", "rpi5-8gb", "--json", "{out}/d.json"], 256),
+    "inspect-json": (["inspect", PREFIX, "--json", "{out}/i.json"], 256),
+    "doctor-json": (["doctor", "--json", "{out}/doctor.json"], 256),
+}
+
+
+@pytest.fixture(scope="module")
+def meter_export(tmp_path_factory) -> dict:
+    """A finished `profile --meter-export` result and an Otii export (3.25 W) covering its windows."""
+    import metertools
+    from test_profile_models import conv_gemm_onnx
+
+    folder = tmp_path_factory.mktemp("meter-export")
+    result = metertools.meter_export_result(folder, conv_gemm_onnx(folder / "convgemm.onnx"))
+    start, seconds = metertools.recording(result)
+    export = metertools.otii_export(folder / "Main power - Arc.csv", seconds, lambda s: 3.25)
+    return {"result": str(result), "export": str(export), "start": metertools.stamp(start)}
+
+
+def _recipes(folder: Path) -> dict:
+    """A recipe whose export step writes a model over the limit, and one with only the run's own report."""
+    folder.mkdir()
+    head = f"device: rpi4b-4gb\nmodel: {PREFIX}\ndata: builtin:digits\n"
+    (folder / "export.yaml").write_text(f"name: export\n{head}steps:\n  - export:\n  - report:\n")
+    (folder / "report.yaml").write_text(f"name: report\n{head}steps:\n  - report:\n")
+    return {"recipe-export": str(folder / "export.yaml"), "recipe-report": str(folder / "report.yaml")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(FSIZE_MORE))
+def test_every_other_writer_under_a_file_size_limit_is_one_line(tmp_path, request, case):
+    """The same promise for every other output: one line naming ulimit -f, exit 2, nothing half-written, no temp
+    left. A recipe's failing step says it in the run's one line for it ("step 'export' bad input (exit 2): ...")."""
+    import time
+
+    import metertools
+
+    argv, limit = FSIZE_MORE[case]
+    if case.startswith("fleet"):
+        pytest.importorskip("flwr")  # the fleet extra: its tests run in the Flower environment
+    out = tmp_path / "out"
+    out.mkdir()
+    given = {"out": str(out), **_recipes(tmp_path / "recipes")}
+    env, board = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "EDGETRAIN_CACHE_DIR": ""}, None
+    if "{result}" in argv:
+        given.update(request.getfixturevalue("meter_export"))
+    if "{meter}" in argv:
+        root = metertools.hwmon_tree(tmp_path / "sys", 1_500_000)
+        given["meter"] = str(metertools.clock_log(tmp_path / "meter.csv", time.time() - 1, 60))
+        env.update(metertools.sensor_env(root))
+        board = metertools.stepping_board(root, 10)
+    inputs = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(out)]
+    before = {p: p.read_bytes() for p in inputs + [Path(given[k]) for k in ("result", "export") if k in given]}
+    try:
+        res = _run([re.sub(r"\{([a-z-]+)\}", lambda m: given[m.group(1)], a) for a in argv], env=env,
+                   preexec=_fsize_limit(limit))
+    finally:
+        if board is not None:
+            board.kill()
+            board.wait()
+    if case == "run-step":
+        assert res.code == 2 and "Traceback" not in res.out + res.err, res.out + res.err
+        said = [ln for ln in res.out.splitlines() if ln.startswith("step '")]
+        assert len(said) == 1 and "bad input (exit 2)" in said[0] and "ulimit -f" in said[0], res.out
+    else:
+        assert_user_error(res, 2, "ulimit -f")
+    assert _leftovers(tmp_path) == []
+    for f in out.rglob("*"):  # whatever is there is whole: under the limit, and nothing of ours is cut at it
+        assert not f.is_file() or f.stat().st_size < limit, f
+    if board is None:  # the inputs are as they were (the board's sensor file is its own to rewrite)
+        assert {p: p.read_bytes() for p in before} == before
+    assert not (tmp_path / "config").exists()  # calibrate's -o only, never the default file
+
+
 SCRATCH_CASES = {
     "quantize": ["quantize", ONNX, "--calib", "builtin:digits", "-o", "{out}/q.onnx"],
     "quantize-gluon": ["quantize", PREFIX, "--calib", "builtin:digits", "-o", "{out}/q.onnx"],
