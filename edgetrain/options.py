@@ -772,8 +772,7 @@ class FleetServeOptions(Options):
         48, metavar="K", help="With --codec ternary: at least K entries of each tensor go up (all of a smaller one).")
     server_momentum: Annotated[Optional[float], Range(ge=0, lt=1)] = opt(
         None, metavar="B", help="Server momentum (FedAvgM): the global step is the averaged update plus B times the "
-                                "last step (default: 0.4 with --codec ternary, whose sparse updates it smooths; "
-                                "else 0).")
+                                "last step (default: 0.4; 0: plain averaging).")
     max_update_norm: Positive = opt(
         None, metavar="X", help="Refuse a device's update whose L2 norm (all its arrays) exceeds X (default: 10x the "
                                 "round's median update norm, and 1000x the global arrays' norm); a non-finite update "

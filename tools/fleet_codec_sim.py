@@ -7,7 +7,7 @@ accuracies for fp32 and ternary exactly (same data, same seeds).
 
 DATA_DIR: a bench work folder's ``data`` (val.npz, device-*.npz; ``tools/bench_fleet.py --only last2codec
 --keep DIR`` leaves one in DIR/data). Each seed (the devices' training seed; the bench's is 0) runs the
-fp32 fleet (no compression, no server momentum: the bench's baseline) and the codec variant on the same
+fp32 fleet (no compression; server momentum --ref-momentum, the coordinator's default) and the codec variant on the same
 data, and prints both, the gap in points, and at the end the mean and worst gap (``--codec int8`` or
 ``2bit``: that codec's fleet instead of ternary's). Variants: ``--mode``
 scaffold (control deltas compressed like the weights), fedavg (no control variates), derived (the control
@@ -56,7 +56,9 @@ def main() -> None:
     ap.add_argument("--seeds", default="0", help="the devices' training seeds, comma-separated (the bench: 0)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--server-lr", type=float, default=1.0)
-    ap.add_argument("--server-momentum", type=float, default=None, help=f"default: {SERVER_MOMENTUM} with ternary, else 0")
+    ap.add_argument("--server-momentum", type=float, default=SERVER_MOMENTUM, help="the variant's server momentum")
+    ap.add_argument("--ref-momentum", type=float, default=SERVER_MOMENTUM,
+                    help="the fp32 fleet's server momentum (0: plain averaging, the baseline before stop 31)")
     ap.add_argument("--train-layers", default="head")
     ap.add_argument("--work", default="/tmp/fleet-codec-sim")
     ap.add_argument("--exact", default="", help="diagnosis: comma-separated parts sent exactly (fp32, uncounted "
@@ -75,6 +77,18 @@ def main() -> None:
                     "decode to their exact values (counted as 2 more bytes each, bfloat16)")
     ap.add_argument("--reset-rounds", default="", help="experiment: drop the weights' residual after these rounds "
                     "(comma-separated)")
+    ap.add_argument("--predict", type=float, default=0.0, help="experiment: each weight tensor's update less its "
+                    "projection on the last global step (both sides know it; a bfloat16 coefficient a tensor), "
+                    "this fraction of the projection")
+    ap.add_argument("--dense-rounds", default="", help="experiment: ROUNDS:CODEC, the weights (with their residual) "
+                    "go as CODEC (fp32, int8, 2bit) in these rounds (comma-separated)")
+    ap.add_argument("--randk", type=float, default=0.0, help="experiment: the weights' entries sent are a random "
+                    "fraction (positions from a seed both sides know: no position bits), each +-one scale (a sign bit)")
+    ap.add_argument("--randk-control", type=float, default=0.0, help="experiment: the same for the control deltas")
+    ap.add_argument("--randk-levels", type=int, default=1, help="experiment: magnitude levels a kept entry (1: sign "
+                    "only; 2: two scales, 2 bits an entry)")
+    ap.add_argument("--control-rows", default="", help="experiment: a 2-d or 4-d tensor's control variate is one "
+                    "number per output row (its mean), on the device too; its delta goes as CODEC (fp32 or int8s)")
     ap.add_argument("--reset-residual", action="store_true",
                     help="diagnosis: a device's error-feedback residual is dropped after each round, not carried")
     a = ap.parse_args()
@@ -87,7 +101,7 @@ def main() -> None:
     ev = Evaluator(LocalSpec(model=MODEL, data=val, workdir=f"{a.work}/ev", threads=1, seed=0,
                               train_layers=a.train_layers), val)
     cdc = a.codec if a.codec != "ternary" else "fp32" if a.density >= 1 else "ternary"
-    smom = a.server_momentum if a.server_momentum is not None else (SERVER_MOMENTUM if cdc == "ternary" else 0.0)
+    smom = a.server_momentum
     print(f"{a.train_layers}: {a.mode} density {a.density:g} ctl {a.ctl_density:g} min-keep {a.min_keep} "
           f"slr {a.server_lr:g} smom {smom:g}, {a.rounds} rounds", flush=True)
     gaps, finals, ratios = [], [], []
@@ -111,10 +125,11 @@ def fleet_ref(a, ev, devs, seed: int):
     import hashlib
 
     where = hashlib.sha256(str(Path(a.data).resolve()).encode()).hexdigest()[:12]
-    key = Path(a.work) / f"ref-{seed}-{a.rounds}-{a.train_layers.replace(':', '_')}-{where}.json"
+    key = (Path(a.work) / f"ref-{seed}-{a.rounds}-{a.train_layers.replace(':', '_')}-{where}"
+           f"{'-m%g' % a.ref_momentum if a.ref_momentum else ''}.json")
     if key.exists():
         return tuple(json.loads(key.read_text()))
-    out = fleet(a, ev, devs, seed, "fp32", 0.0, "scaffold", 1.0, exact=set(), reset=False)
+    out = fleet(a, ev, devs, seed, "fp32", a.ref_momentum, "scaffold", 1.0, exact=set(), reset=False)
     key.parent.mkdir(parents=True, exist_ok=True)
     key.write_text(json.dumps(out))
     return out
@@ -132,6 +147,7 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
     resid: list[dict] = [{} for _ in devs]
     mom = {k: np.zeros_like(v) for k, v in control.items()}
     up, down, down32, held, accs = 0, 0, 0, {}, []
+    prev_start = None
     for r in range(1, a.rounds + 1):
         if dl:  # the coordinator's downlink: an int8 delta against what the devices hold
             target = {**arrays, **({"control/" + k: v for k, v in control.items()} if mode != "fedavg" else {})}
@@ -141,6 +157,9 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
         # what the devices train from: with ternary, what they rebuild from the int8 downlink (as the fleet)
         start = {k: held[k] for k in arrays} if dl else arrays
         c_down = ({k: held["control/" + k] for k in control} if dl and mode != "fedavg" else control)
+        step = ({k: (start[k] - prev_start[k]).astype(np.float64) for k in control}
+                if a.predict and prev_start is not None else None)
+        prev_start = {k: start[k].copy() for k in control}
         deltas = []
         for i, p in enumerate(devs):
             spec = LocalSpec(model=MODEL, data=p, workdir=f"{a.work}/d{i}", epochs=1, batch_size=32, seed=seed,
@@ -159,6 +178,9 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                 cm[i] = {k: (cm[i][k] - c_down[k] + (mine[k] - new[k]) / scale).astype(np.float32) for k in control}
             if mode in ("scaffold", "sent", "consistent"):  # c_i+ = displacement / scale - the correction used
                 cn = {k: seen[k] - c_down[k] + (mine[k] - new[k]) / scale for k in control}
+                if a.control_rows:
+                    cn = {k: (np.broadcast_to(v.reshape(v.shape[0], -1).mean(axis=1).reshape((-1,) + (1,) * (v.ndim - 1)),
+                                              v.shape).astype(np.float32) if v.ndim >= 2 else v) for k, v in cn.items()}
                 delta.update({"control/" + k: (cn[k] - cm[i][k]).astype(np.float32) for k in control})
                 cm_old, cm[i] = cm[i], cn
             ctl = {k for k in delta if k.startswith("control/")}
@@ -169,10 +191,23 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             st = set(res.fleet_statistics)
             wts = {k: v for k, v in delta.items() if k not in ctl and k not in st}
             named = {k for k in wts if any(n in k for n in getattr(a, "exact_names", ())) and cdc != "fp32"}
+            proj = {}
+            for k in (wts if step is not None and cdc == "ternary" else ()):
+                nn = float((step[k] * step[k]).sum())
+                if nn > 0:
+                    v = wts[k] + rw_all.get(k, 0)
+                    coef = float((v * step[k]).sum()) / nn * a.predict
+                    coef = float(codec._bf16(coef)[1])
+                    proj[k] = (coef * step[k]).astype(np.float32)
+                    wts[k] = (wts[k] - proj[k]).astype(np.float32)
+            up += 2 * len(proj)
             rw = (None if fold else resid[i] if a.residual_decay == 1 else
                   {k: (v * np.float32(a.residual_decay)).astype(np.float32) for k, v in resid[i].items()})
+            dr, _, dcodec = a.dense_rounds.partition(":")
+            wcodec = ("fp32" if "weights" in exact else dcodec if str(r) in dr.split(",") and cdc == "ternary"
+                      else cdc)
             enc, r1 = codec.encode_update({k: v for k, v in wts.items() if k not in named},
-                                          "fp32" if "weights" in exact else cdc, rw,
+                                          wcodec, rw,
                                           density=density, floor=a.min_keep)
             enc4, _ = codec.encode_update({k: wts[k] for k in named}, "fp32")
             enc.update(enc4)
@@ -210,8 +245,47 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                 enc[k] = codec.Encoded("fp32", enc[k].shape, dec_k.astype("<f4").tobytes())
                 up += fa.nbytes + fb.nbytes - enc[k].nbytes
                 resid[i][k] = (value - dec_k).astype(np.float32)
+            for k in (list(enc) if (a.randk or a.randk_control) and cdc == "ternary" else []):
+                ctl_k = k.startswith("control/")
+                frac = a.randk_control if ctl_k else a.randk
+                if not frac or k in st or enc[k].codec != "ternary":
+                    continue
+                value = (delta[k] + rw_all.get(k, 0)).astype(np.float64).ravel()
+                rng = np.random.default_rng([r, i, sum(map(ord, k))])
+                m = max(1, int(round(frac * value.size)))
+                pos = rng.choice(value.size, m, replace=False)
+                v = value[pos]
+                dec_k = np.zeros_like(value)
+                if a.randk_levels == 2:
+                    big = np.abs(v) >= np.median(np.abs(v))
+                    s_hi = float(codec._bf16(float(np.mean(np.abs(v[big]))) if big.any() else 0.0)[1])
+                    s_lo = float(codec._bf16(float(np.mean(np.abs(v[~big]))) if (~big).any() else 0.0)[1])
+                    dec_k[pos] = np.sign(v) * np.where(big, s_hi, s_lo)
+                    nb = (2 * m + 7) // 8 + 4
+                else:
+                    sc = float(codec._bf16(float(np.mean(np.abs(v))))[1])
+                    dec_k[pos] = np.sign(v) * sc
+                    nb = (m + 7) // 8 + 2
+                dec_k = dec_k.reshape(enc[k].shape).astype(np.float32)
+                up += nb + 8 - enc[k].nbytes
+                enc[k] = codec.Encoded("fp32", enc[k].shape, dec_k.astype("<f4").tobytes())
+                up -= enc[k].nbytes - (nb + 8)  # counted as nb (+8 header) bytes, not as float32
+                resid[i][k] = (value.reshape(enc[k].shape) - dec_k).astype(np.float32)
+            for k in (list(enc) if a.control_rows and cdc == "ternary" else []):
+                if not k.startswith("control/") or len(enc[k].shape) < 2:
+                    continue
+                value = (delta[k] + rw_all.get(k, 0)).astype(np.float32)
+                rows = value.reshape(value.shape[0], -1)[:, 0].copy()  # block-constant: one number a row
+                er, dr = codec.encode_tensor(rows, a.control_rows)
+                dec_k = np.broadcast_to(dr.reshape((-1,) + (1,) * (value.ndim - 1)), value.shape).astype(np.float32)
+                up -= enc[k].nbytes
+                up += er.nbytes
+                enc[k] = codec.Encoded("fp32", enc[k].shape, dec_k.astype("<f4").tobytes())
+                up -= enc[k].nbytes  # counted as the rows' bytes
+                resid[i][k] = (value - dec_k).astype(np.float32)
             up += codec.update_bytes(enc)
             dec = {k: codec.decode_tensor(e) for k, e in enc.items()}
+            dec.update({k: (dec[k] + proj[k]).astype(np.float32) for k in proj})
             if mode == "sent":  # the device's control variate moves by what the coordinator decodes
                 cm[i] = {k: (cm[i][k] - cn[k] + cm_old[k] + dec["control/" + k]).astype(np.float32) for k in control}
             if mode in ("derived", "derived-exact"):  # both sides (derived-exact: the coordinator's side only)

@@ -92,7 +92,8 @@ def shares_for(n: int, per_device: int = 3, seed: int = 0) -> tuple:
 
 
 def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2, seed: int = 0, codec: str = "int8",
-        aggregate: str = "scaffold", epochs: int = 1, per_device: int | None = None) -> dict:
+        aggregate: str = "scaffold", epochs: int = 1, per_device: int | None = None,
+        server_momentum: float | None = None) -> dict:
     """A whole simulated fleet: writes work/run (RUNDIR, as `fleet serve` writes it) and returns fleet.json's
     rounds with each round's wall time."""
     import time
@@ -113,7 +114,8 @@ def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2,
     spec = {"format": "edgetrain-fleet-serve/1", "rundir": str(rundir), "model": model, "val": data["val"],
             "params": None, "rounds": rounds, "min_clients": n, "min_updates": 1, "fraction": 1.0,
             "aggregate": aggregate, "round_timeout": 600.0, "join_timeout": 60.0, "codec": codec, "epochs": epochs,
-            "batch_size": 32, "lr": None, "optimizer": "sgd", "seed": seed, "train_layers": "head", "threads": 1}
+            "batch_size": 32, "lr": None, "optimizer": "sgd", "seed": seed, "train_layers": "head", "threads": 1,
+            "server_momentum": server_momentum if server_momentum is not None else coord.SERVER_MOMENTUM}
     (rundir / "serve.json").write_text(json.dumps(spec))
     devices = {}
     for k, path in enumerate(data["devices"]):

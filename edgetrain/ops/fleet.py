@@ -160,7 +160,7 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
             "ternary_density": opts.ternary_density, "ternary_control_density": opts.ternary_control_density,
             "ternary_min_keep": opts.ternary_min_keep,
             "server_momentum": (opts.server_momentum if opts.server_momentum is not None
-                                else coord.SERVER_MOMENTUM if opts.codec == "ternary" else 0.0)}
+                                else coord.SERVER_MOMENTUM)}
     if state is None:
         report(progress, "prepare", message="loading the model and the held-out data")
         created = not rundir.exists()
