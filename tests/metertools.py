@@ -10,12 +10,7 @@ import time
 from pathlib import Path
 
 from clitools import run_edgetrain
-
-
-def write(path: Path, value) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{value}\n")
-    return path
+from test_power import write
 
 
 def this_host(folder: Path) -> Path:
@@ -64,8 +59,9 @@ def clock_log(path: Path, start: float, seconds: float, watts: float = 2.5, hz: 
 
 
 def stamp(t: float) -> str:
-    """``t`` (a whole number of milliseconds) as the local ISO 8601 time `--power-log-start` reads."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t)) + f"{t % 1:.3f}"[1:]
+    """``t`` (Unix seconds, to the millisecond) as the local ISO 8601 time `--power-log-start` reads."""
+    whole, ms = divmod(int(round(t * 1000)), 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(whole)) + f".{ms:03d}"
 
 
 def meter_export_result(folder: Path, model: Path, *more: str) -> Path:

@@ -9,9 +9,11 @@ import time
 
 import pytest
 
+import metertools
 from clitools import assert_user_error
+from metertools import hwmon_tree, sensor_env
 from test_power import fake_vcgencmd, meter_log, pmic_output, pmic_watts, write
-from test_profile_models import conv_gemm_onnx, user_profile
+from test_profile_models import conv_gemm_onnx
 
 FAST = ("--warmup", "1", "--runs", "20", "--input-shape", "1,3,16,16")
 
@@ -24,21 +26,7 @@ def onnx_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def this_host(tmp_path_factory):
     """A device profile that matches this machine: what is measured here is measured on the device."""
-    from edgetrain.host import detect_host
-
-    host = detect_host()
-    return user_profile(tmp_path_factory.mktemp("dev"), name="this-board", arch=host.arch, cores=host.cores_usable,
-                        ram_mb=host.ram_mb, default_threads=1, os_reserve_mb=256, memory_budget_mb=1024)
-
-
-def hwmon_tree(root, microwatts: int):
-    write(root / "class" / "hwmon" / "hwmon0" / "name", "ina219")
-    write(root / "class" / "hwmon" / "hwmon0" / "power1_input", microwatts)
-    return root
-
-
-def sensor_env(root, **more):
-    return {"EDGETRAIN_SYSFS_ROOT": str(root), "EDGETRAIN_VCGENCMD": str(root / "no-vcgencmd"), **more}
+    return metertools.this_host(tmp_path_factory.mktemp("dev"))
 
 
 def no_sensor_env(tmp_path):
@@ -444,18 +432,15 @@ def test_calibrate_refuses_an_output_that_is_its_meter_log(cli, tmp_path):
 # --- a Nordic Power Profiler (PPK2) export: current only, timed from its recording's start ------------------
 
 def _ppk2_export(path, seconds: float, microamps: float, hz: float = 100.0):
-    """Written as pc-nrfconnect-ppk's exportChartAction.ts writes it (header, ms from the recording's start,
-    current toFixed(3), the digital channels as '--------'); the app exports every 10 µs sample, this one
-    row every 1/hz s, to keep the file small (SOURCES.md, ppk2-export.csv)."""
-    rows = [f"{i * 1000.0 / hz:g},{microamps:.3f},--------" for i in range(int(seconds * hz) + 1)]
-    path.write_text("Timestamp(ms),Current(uA),D0-D7\n" + "\n".join(rows) + "\n", encoding="utf-8")
-    return path
+    """A steady current in pc-nrfconnect-ppk's export format (metertools; SOURCES.md, ppk2-export.csv), one row
+    every 1/hz s (the app exports every 10 µs sample) to keep the file small."""
+    return metertools.ppk2_export(path, seconds, lambda _s: microamps, hz)
 
 
 def test_profile_reads_a_ppk2_export_given_its_voltage_and_start(cli, onnx_file, this_host, tmp_path):
     start = time.time() - 5
     log = _ppk2_export(tmp_path / "ppk-20261203T100000.csv", 300, microamps=606_060.0)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)) + f"{start % 1:.3f}"[1:]
+    stamp = metertools.stamp(start)
     res = cli("profile", onnx_file, "--device", this_host, "--power-log", log, "--power-log-voltage", "3.3",
               "--power-log-start", stamp, "--json", "-", *FAST, env=no_sensor_env(tmp_path))
     assert res.code == 0, res.err
@@ -483,18 +468,15 @@ def test_a_ppk2_export_without_what_it_leaves_out_is_one_error_line_before_any_w
 # --- the Otii 3 app's CSV export: one channel per file, named by the channel, timed from the recording's start -
 
 def _otii_export(path, seconds: float, watts: float, hz: float = 100.0):
-    """Written as the Otii 3 app writes a channel's export (SOURCES.md, 'VBUS - Ace.csv': header
-    '"Timestamp","Value"', %.6f seconds from the recording's start, %.9g values in the channel's unit, LF); the
-    app exports every sample (4 kHz on an Arc), this one row every 1/hz s, to keep the file small."""
-    rows = [f"{i / hz:.6f},{watts:.9g}" for i in range(int(seconds * hz) + 1)]
-    path.write_text('"Timestamp","Value"\n' + "\n".join(rows) + "\n", encoding="utf-8")
-    return path
+    """A steady power in the Otii 3 app's channel export format (metertools; SOURCES.md, 'VBUS - Ace.csv'), one
+    row every 1/hz s (the app exports every sample, 4 kHz on an Arc) to keep the file small."""
+    return metertools.otii_export(path, seconds, lambda _s: watts, hz)
 
 
 def test_profile_reads_an_otii_main_power_export_given_its_recordings_start(cli, onnx_file, this_host, tmp_path):
     start = time.time() - 5
     log = _otii_export(tmp_path / "Main power - Arc.csv", 300, watts=3.25)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)) + f"{start % 1:.3f}"[1:]
+    stamp = metertools.stamp(start)
     res = cli("profile", onnx_file, "--device", this_host, "--power-log", log, "--power-log-start", stamp,
               "--json", "-", *FAST, env=no_sensor_env(tmp_path))
     assert res.code == 0, res.err
@@ -541,7 +523,7 @@ def test_a_meter_export_made_after_the_run_is_attributed_to_the_results_windows(
     assert "edgetrain energy attribute" in d["host_energy"]["board_note"]
     t0 = cw["idle"][0] - 2.0
     span = cw["timed"][1] + 2.0 - t0
-    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0)) + f"{t0 % 1:.3f}"[1:]
+    start = metertools.stamp(t0)
 
     ppk = _fixture_rows("ppk2-export.csv")  # the PPK2 fixture's currents, tiled over the run
     ppk_log = _tiled(tmp_path / "ppk-20261203T100000.csv", "Timestamp(ms),Current(uA),D0-D7",
@@ -606,7 +588,7 @@ def test_a_meter_export_made_after_a_finetune_is_attributed_to_its_run(cli, this
     assert w["command"] == "finetune" and w["held_for_a_meter"] and w["idle"][1] > w["idle"][0]
     assert d["energy"]["provenance"] == "modelled"
     t0 = w["idle"][0] - 2.0
-    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0)) + f"{t0 % 1:.3f}"[1:]
+    start = metertools.stamp(t0)
     otii = _fixture_rows("Main power - Arc.csv")
     log = _tiled(tmp_path / "Main power - Arc.csv", '"Timestamp","Value"', [r[1] for r in otii],
                  w["timed"][1] + 2.0 - t0, lambda s: f"{s:.6f}")
