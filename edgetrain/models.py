@@ -442,7 +442,9 @@ def _check_runs(model: GluonModel) -> int:
         with contextlib.redirect_stdout(io.StringIO()):
             y = model.predict(x)
     except Exception as exc:
-        if "bad_alloc" in str(exc) or isinstance(exc, MemoryError):  # no memory is not a wrong shape
+        # no memory is not a wrong shape: std::bad_alloc, or mxnet's own allocator under ulimit -v ("Check failed:
+        # ret == 0 (12 vs. 0) : AlignedMallocPitch failed", 12 = ENOMEM)
+        if isinstance(exc, MemoryError) or any(s in str(exc) for s in ("bad_alloc", "AlignedMalloc")):
             from .errors import RunFailed
 
             raise RunFailed(f"out of memory running the model once ({_mx_error(exc)})", model.ref.text,
