@@ -20,7 +20,11 @@ weights plus its unsent residual); ``--residual-decay`` (the weights' residual s
 ``--early ROUNDS:MOMENTUM:LR`` (another server momentum and lr up to round ROUNDS); ``--lowrank R`` (the
 4-d weights as a rank-R product of two int8 factors, with error feedback; ``--lowrank-control``: their control
 deltas too); ``--exact-values`` (the kept entries decode to their exact values, 2 bytes more each);
-``--reset-rounds R,..`` (the weights' residual dropped after those rounds).
+``--reset-rounds R,..`` (the weights' residual dropped after those rounds); ``--predict F`` (each weight
+tensor's update less F times its projection on the last global step, a bfloat16 coefficient a tensor);
+``--dense-rounds R,..:CODEC`` (the weights and their residual as CODEC in those rounds); ``--randk F`` and
+``--randk-control F`` (a seeded random fraction of the entries, one sign bit each: no position bits);
+``--control-rows CODEC`` (one control variate per output row of a 2-d or 4-d tensor, on the device too).
 Diagnosis: ``--exact PARTS`` sends parts as float32 (weights, control,
 downlink, stats, or tensors by part of their name), ``--reset-residual`` drops the residual after each round;
 each seed's line is followed by its round-2 top-1 and the fp32 fleet's per-round top-1 (cached in --work).
