@@ -65,12 +65,17 @@ def _check(model, trainable, x, extra=(), seed=4):
     return graph, fwd
 
 
+def _case_model(name: str, mode: str):
+    """CASES[name]'s model and what trains in ``mode`` (explicit: every differentiable initializer)."""
+    b, out = _case(CASES[name])()
+    model = b.model(out)
+    return model, _differentiable_initializers(model) if mode == "explicit" else mode
+
+
 @pytest.mark.parametrize("mode", ["bias", "bias+head", "explicit"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_tape_and_gradients_equal_numpy_forward(name, mode):
-    b, out = _case(CASES[name])()
-    model = b.model(out)
-    trainable = _differentiable_initializers(model) if mode == "explicit" else mode
+    model, trainable = _case_model(name, mode)
     _check(model, trainable, _data(shape=SHAPE))
 
 
@@ -194,9 +199,7 @@ def _check_train(model, trainable, x, extra=(), seed=4):
 @pytest.mark.parametrize("mode", ["bias", "bias+head", "explicit"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_one_graph_step_equals_numpy(name, mode):
-    b, out = _case(CASES[name])()
-    model = b.model(out)
-    trainable = _differentiable_initializers(model) if mode == "explicit" else mode
+    model, trainable = _case_model(name, mode)
     if name in NOT_EMITTED:   # refused at build, in one line: the engine trains these with NumPy's backward
         with pytest.raises(NotEmitted, match=r"^cannot differentiate MaxPool node '[^']+': overlapping windows"):
             OrtTrain(model, GradGraph(model, trainable))
