@@ -84,20 +84,29 @@ def test_lite_modules_tape_and_gradients_equal_numpy_forward():
     _check(model, "bias+head", _data(shape=(3, 3, 9, 9)), extra=names)
 
 
-def test_trained_weights_are_fed_at_each_run():
+def _lite_graphs():
+    """A lite stack's model (its modules' weights not at zero), the graph a runtime feeds, a NumPy reference
+    graph, and a batch of two."""
     model, names, _ = _lit(_lite_stack(), live=False)
-    graph = GradGraph(model, "bias+head", extra=names)
-    fwd = OrtForward(model, graph, threads=1)
-    ref = GradGraph(model, "bias+head", extra=names)
-    x = _data(shape=(2, 3, 9, 9))
-    before = fwd.predict(x)
+    return (model, GradGraph(model, "bias+head", extra=names), GradGraph(model, "bias+head", extra=names),
+            _data(shape=(2, 3, 9, 9)))
+
+
+def _move_trained(graph, ref) -> None:
+    """Move every trained weight of ``graph`` in place (as an optimizer does), and give ``ref`` the same."""
     rng = np.random.default_rng(1)
     for name in graph.trainable:
         graph.params[name][...] += 0.2 * rng.standard_normal(graph.params[name].shape).astype(np.float32)
+        ref.params[name][...] = graph.params[name]
+
+
+def test_trained_weights_are_fed_at_each_run():
+    model, graph, ref, x = _lite_graphs()
+    fwd = OrtForward(model, graph, threads=1)
+    before = fwd.predict(x)
+    _move_trained(graph, ref)
     after = fwd.predict(x)
     assert not np.allclose(before, after)
-    for name in graph.trainable:
-        ref.params[name][...] = graph.params[name]
     np.testing.assert_allclose(after, ref.forward(x)[0], rtol=1e-4, atol=1e-5)
     out, tape = ref.forward(x)   # a trained Conv weight (the lite modules') is fed to its ConvTranspose too
     got, ours = fwd.forward(x)
@@ -228,16 +237,10 @@ def test_one_graph_step_mobilenet_v2_blocks_equal_numpy(layers):
 
 
 def test_one_graph_trained_weights_are_fed_at_each_step():
-    model, names, _ = _lit(_lite_stack(), live=False)
-    graph = GradGraph(model, "bias+head", extra=names)
+    model, graph, ref, x = _lite_graphs()
     step = OrtTrain(model, graph).start(threads=1)
-    ref = GradGraph(model, "bias+head", extra=names)
-    x = _data(shape=(2, 3, 9, 9))
     before = step.predict(x)
-    rng = np.random.default_rng(1)
-    for name in graph.trainable:
-        graph.params[name][...] += 0.2 * rng.standard_normal(graph.params[name].shape).astype(np.float32)
-        ref.params[name][...] = graph.params[name]
+    _move_trained(graph, ref)
     assert not np.allclose(before, step.predict(x))
     out, tape = ref.forward(x)
     labels = np.array([0, 2])
