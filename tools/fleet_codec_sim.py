@@ -93,6 +93,8 @@ def main() -> None:
                     "only; 2: two scales, 2 bits an entry)")
     ap.add_argument("--control-rows", default="", help="experiment: a 2-d or 4-d tensor's control variate is one "
                     "number per output row (its mean), on the device too; its delta goes as CODEC (fp32 or int8s)")
+    ap.add_argument("--derived-beta", type=float, default=1.0, help="experiment (--mode derived): each side's "
+                    "control variate moves by this fraction of the derived control delta (an average over rounds)")
     ap.add_argument("--reset-residual", action="store_true",
                     help="diagnosis: a device's error-feedback residual is dropped after each round, not carried")
     a = ap.parse_args()
@@ -294,7 +296,8 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                 cm[i] = {k: (cm[i][k] - cn[k] + cm_old[k] + dec["control/" + k]).astype(np.float32) for k in control}
             if mode in ("derived", "derived-exact"):  # both sides (derived-exact: the coordinator's side only)
                 up += 4
-                dc = {k: (-c_down[k] - dec[k] / scale).astype(np.float32) for k in control}
+                dc = {k: (np.float32(a.derived_beta) * (-c_down[k] - dec[k] / scale)).astype(np.float32)
+                      for k in control}
                 if mode == "derived":
                     cm[i] = {k: cm[i][k] + dc[k] for k in control}
                 dec.update({"control/" + k: dc[k] for k in control})
