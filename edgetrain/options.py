@@ -759,15 +759,17 @@ class FleetServeOptions(Options):
     codec: Literal["fp32", "int8", "2bit", "ternary"] = opt(
         "int8", help="How devices compress their updates: fp32 (none), int8 (per-tensor affine), 2bit (with error "
                      "feedback: what is dropped stays on the device and is sent with the next round), ternary "
-                     "(the largest 1 in 20 of each tensor, at least 48, as +-one scale, positions Rice-coded, with "
+                     "(the largest 9 in 100 of each tensor, at least 48, as +-one scale, positions Rice-coded, with "
                      "error feedback; BatchNorm statistics as int8 deltas; "
                      "the global model then goes down as an int8 delta).")
     ternary_density: Annotated[float, Range(gt=0, le=1)] = opt(
-        0.05, metavar="F", help="With --codec ternary: the fraction of each weight tensor's entries a device sends "
+        0.09, metavar="F", help="With --codec ternary: the fraction of each weight tensor's entries a device sends "
                                 "per round (at least --ternary-min-keep; the rest waits in its residual). Smaller: "
                                 "fewer bytes, slower rounds to the same accuracy.")
-    ternary_control_density: Annotated[float, Range(gt=0, le=1)] = opt(
-        0.012, metavar="F", help="With --codec ternary and --aggregate scaffold: the same for the control deltas.")
+    ternary_control_step: Annotated[float, Range(gt=0, le=1)] = opt(
+        0.4, metavar="F", help="With --codec ternary and --aggregate scaffold: no control deltas travel; the device "
+                               "and the coordinator both derive them from the update as decoded, and move the "
+                               "control variates this fraction of the way each round (one sparse update is noisy).")
     ternary_min_keep: Annotated[int, Range(ge=1, le=1_000_000_000)] = opt(
         48, metavar="K", help="With --codec ternary: at least K entries of each tensor go up (all of a smaller one).")
     server_momentum: Annotated[Optional[float], Range(ge=0, lt=1)] = opt(

@@ -198,20 +198,52 @@ def test_ternary_is_at_least_100x_smaller_than_float32_on_the_digits_head_at_one
 
 def test_ternary_defaults_are_at_least_100x_smaller_than_float32_on_the_last_two_layers():
     """--train-layers last:2 of the digits model (the bench's goal configuration): conv 32x32x3x3, BatchNorm
-    (gamma, beta trained; running statistics as int8 deltas), the head; SCAFFOLD's control deltas sparser."""
+    (gamma, beta trained; running statistics as int8 deltas), the head. SCAFFOLD's control deltas do not
+    travel with ternary (both sides derive them: one float32 scale goes up instead); the fp32 fleet sends them."""
     rng = np.random.RandomState(0)
     shapes = {"conv": (32, 32, 3, 3), "gamma": (32,), "beta": (32,), "w": (10, 32), "b": (10,)}
     update = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
-    update.update({"control/" + k: v * 0.1 for k, v in update.items()})
+    controls = sum(4 * v.size for v in update.values())
     update.update({"mean": rng.normal(size=32).astype(np.float32), "var": rng.normal(size=32).astype(np.float32)})
-    from edgetrain.fleet.codec import CONTROL_DENSITY
-
-    enc, _ = encode_update(update, "ternary", {}, exact={"mean", "var"},
-                           densities={k: CONTROL_DENSITY for k in update if k.startswith("control/")})
-    fp32 = sum(4 * v.size for v in update.values())
-    assert fp32 / update_bytes(enc) >= 100
-    assert np.count_nonzero(decode_tensor(enc["w"])) == 48  # the floor: a small tensor sends more than 1 in 20
+    enc, _ = encode_update(update, "ternary", {}, exact={"mean", "var"})
+    fp32 = sum(4 * v.size for v in update.values()) + controls
+    assert fp32 / (update_bytes(enc) + 4) >= 100
+    assert np.count_nonzero(decode_tensor(enc["w"])) == 48  # the floor: a small tensor sends more than 9 in 100
     assert enc["var"].codec == "int8s" and enc["var"].nbytes <= 4 + 32
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("step", [0.25, 0.5, 1.0])
+def test_derived_control_keeps_the_coordinators_control_variate_the_mean_of_the_devices(seed, step):
+    """Ternary's SCAFFOLD: each device moves c_i by derived_control(c, decoded own update, its scale), the
+    coordinator moves c by the mean of the same deltas, computed from the bytes it received: after any
+    number of rounds c is the mean of the c_i (what SCAFFOLD's correction c - c_i needs), and each side's
+    delta is the other's bit for bit. Compressed control deltas with error feedback (the earlier protocol)
+    leave c behind by the devices' unsent residuals."""
+    from edgetrain.fleet.codec import derived_control, encode_tensor
+
+    rng = np.random.RandomState(seed)
+    shape, devices = (32, 32, 3, 3), 3
+    c = np.zeros(shape, np.float32)  # the coordinator's, as the devices rebuild it (exact here)
+    mine = [np.zeros(shape, np.float32) for _ in range(devices)]
+    residual = [np.zeros(shape, np.float32) for _ in range(devices)]
+    bias = [rng.normal(scale=0.01, size=shape) for _ in range(devices)]  # non-IID: each device its own pull
+    for _ in range(12):
+        moves = []
+        for i in range(devices):
+            scale = float(np.float32(rng.uniform(0.05, 0.5)))
+            true = (bias[i] + rng.normal(scale=0.005, size=shape) + scale * (c - mine[i])).astype(np.float32)
+            enc, decoded = encode_tensor(true + residual[i], "ternary")
+            residual[i] = (true + residual[i] - decoded).astype(np.float32)
+            sent = Encoded(enc.codec, enc.shape, bytes(enc.data))  # what crossed the wire
+            theirs = derived_control({"k": c}, {"k": decode_tensor(sent)}, scale, step)["k"]
+            ours = derived_control({"k": c}, {"k": decoded}, scale, step)["k"]
+            np.testing.assert_array_equal(theirs, ours)
+            mine[i] = (mine[i] + ours).astype(np.float32)
+            moves.append(theirs)
+        c = (c + np.mean(moves, axis=0)).astype(np.float32)
+        np.testing.assert_allclose(c, np.mean(mine, axis=0), rtol=0, atol=1e-5 * float(np.abs(c).max()) + 1e-7)
+    assert np.abs(c).max() > 0.01  # it moved: the test compares something
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -376,11 +408,20 @@ def test_the_ternary_density_sets_how_many_entries_go_up(density):
     assert keep_count(x.size, density, 48) == min(x.size, max(48, int(np.ceil(320 * density))))
 
 
+def test_the_fleet_serve_defaults_are_the_codecs():
+    from edgetrain.fleet import codec
+    from edgetrain.options import FleetServeOptions
+
+    opts = FleetServeOptions.unchecked()
+    assert (opts.ternary_density, opts.ternary_control_step, opts.ternary_min_keep) == (
+        codec.DENSITY, codec.CONTROL_STEP, codec.MIN_KEEP)
+
+
 @pytest.mark.parametrize("bad", ["0", "-0.1", "1.5", "nan", "x"])
 def test_a_bad_ternary_density_or_update_norm_is_refused_in_one_line(bad, tmp_path):
     from clitools import assert_user_error, run_edgetrain
 
-    for flag in ("--ternary-density", "--max-update-norm"):
+    for flag in ("--ternary-density", "--ternary-control-step", "--max-update-norm"):
         if flag == "--max-update-norm" and bad == "1.5":
             continue  # a norm bound of 1.5 is fine
         res = run_edgetrain("fleet", "serve", "edgetrain.nets:pretrained_digits", "--val", tmp_path / "v.npz",

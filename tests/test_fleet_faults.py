@@ -91,8 +91,8 @@ def _equal(a: dict, b: dict) -> None:
 
 
 def _fault_free(tmp_path_factory, shares, fleet_cache, name: str, env: dict | None = None, mode=None,
-                extra=()) -> tuple[dict, dict]:
-    folder = tmp_path_factory.mktemp(name)
+                extra=(), folder=None) -> tuple[dict, dict]:
+    folder = folder or tmp_path_factory.mktemp(name)
     f = Fleet(folder, fleet_cache)
     f.shares = shares
     extra = (_mode(f, mode) if mode else ()) + tuple(extra)
@@ -354,11 +354,43 @@ TERNARY = ("--codec", "ternary")
 
 
 @pytest.fixture(scope="module")
-def ternary_reference(tmp_path_factory, shares, fleet_cache):
-    """The fault-free ternary run (server momentum on, the downlink as int8 deltas)."""
-    arrays, res = _fault_free(tmp_path_factory, shares, fleet_cache, "reference-ternary", extra=TERNARY)
+def ternary_run(tmp_path_factory, shares, fleet_cache):
+    """The fault-free ternary run (server momentum on, the downlink as int8 deltas): its final arrays, its
+    report and its folder (the devices' state folders are FOLDER/NAME)."""
+    folder = tmp_path_factory.mktemp("reference-ternary")
+    arrays, res = _fault_free(tmp_path_factory, shares, fleet_cache, "", extra=TERNARY, folder=folder)
     assert all(r["updates"] == len(DEVICES) for r in res["rounds"])
-    return arrays
+    return arrays, res, folder
+
+
+@pytest.fixture(scope="module")
+def ternary_reference(ternary_run):
+    return ternary_run[0]
+
+
+@pytest.mark.slow
+def test_ternary_control_deltas_are_derived_on_both_sides_and_the_control_variates_agree(ternary_run):
+    """--codec ternary sends no control delta: each device and the coordinator derive it from the update as
+    decoded (one float32 scale travels with it), so after the run the coordinator's control variate is the
+    mean of the devices' (each device answered every round), and no message carried a control array."""
+    from edgetrain.fleet.client import committed
+
+    arrays, res, folder = ternary_run
+    mine = [committed(folder / d)[1] for d in DEVICES]
+    keys = sorted(k[len("control/"):] for k in arrays if k.startswith("control/"))
+    assert keys and all(sorted(c) == keys for c in mine)
+    for k in keys:
+        c = arrays["control/" + k]
+        assert np.any(c)
+        np.testing.assert_allclose(c, np.mean([m[k] for m in mine], axis=0), rtol=0,
+                                   atol=1e-5 * float(np.abs(c).max()))
+    # every update was accepted (above): one with control arrays would have been refused as a model mismatch
+    fp32 = 4 * sum(v.size for k, v in arrays.items() if k.startswith(("global/", "control/")))
+    for r in res["rounds"]:
+        for p in r["participants"]:
+            assert p["control_scale"] > 0 and np.isfinite(p["control_scale"]), p
+            # "x fewer" is against the fp32 fleet's message: the arrays and the control deltas as float32
+            assert p["bytes_up_fp32"] == fp32 and p["bytes_up"] < fp32 / 40, p
 
 
 @pytest.mark.slow

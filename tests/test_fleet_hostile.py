@@ -82,6 +82,41 @@ def test_a_bound_the_user_sets_is_the_bound_and_a_model_driven_to_chance_exits_3
     assert res["chance"]["at_chance"] and not res["passed"]
 
 
+@pytest.mark.slow
+def test_a_ternary_update_without_a_usable_control_scale_is_refused_by_name(fleet, tmp_path, shares):
+    """With ternary each side derives the control delta from the update and the device's control scale: an
+    update whose scale is missing, zero or beyond float32 is refused (it would corrupt the control variate),
+    the device is named with the reason, and the rounds go on with the honest device."""
+    plan = ["scale=none", "scale=0", "scale=1e39"]
+    run = tmp_path / "run"
+    fleet.serve(run, "--rounds", len(plan), "--min-clients", 2, "--codec", "ternary", "--round-timeout", 120)
+    fleet.join("honest", shares["devices"][0])
+    fleet.join("mallory", shares["devices"][2], env=_hostile_env(plan))
+    code, _, err = fleet.wait("serve")
+    assert code == 0, err
+    res = report(run)
+    log = (run / "coordinator-rounds.log").read_text()
+    for r, mode in zip(res["rounds"], plan):
+        assert [p["client"] for p in r["participants"]] == ["honest"] and r["updated"], (mode, r)
+        [refused] = r["refused"]
+        assert refused["client"] == "mallory" and "control scale" in refused["reason"], r
+        assert ("not a number" if mode == "scale=none" else "not a positive finite float32") in refused["reason"]
+        assert f"round {r['round']}: refused the update of mallory: {refused['reason']}" in log
+    code, _, err = fleet.wait("mallory", timeout=60)
+    assert code == 1 and err.count("Error:") == 1 and "control scale" in err, err
+    assert fleet.wait("honest", timeout=60)[0] == 0
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -3, 0, -0.0, 1e39, 1e-46, "x", None])
+def test_a_control_scale_that_is_not_a_positive_finite_float32_is_refused(value):
+    from edgetrain.fleet.coordinator import control_scale
+
+    scale, why = control_scale(value)
+    assert scale is None and "control scale" in why
+    for good in (1e-30, 0.3, 7.0, 3e38):
+        assert control_scale(good) == (good, None)
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), -3, 0, 2.5, 1e30, 10**9 + 1, "x", None])
 def test_a_sample_count_that_is_not_a_whole_number_in_range_is_refused(value):
     from edgetrain.fleet.coordinator import MAX_SAMPLES, sample_count

@@ -10,8 +10,9 @@ DATA_DIR: a bench work folder's ``data`` (val.npz, device-*.npz; ``tools/bench_f
 fp32 fleet (no compression; server momentum --ref-momentum, the coordinator's default) and the codec variant on the same
 data, and prints both, the gap in points, and at the end the mean and worst gap (``--codec int8`` or
 ``2bit``: that codec's fleet instead of ternary's). Variants: ``--mode``
-scaffold (control deltas compressed like the weights), fedavg (no control variates), derived (the control
-delta is derived on both sides from the *decoded* weight delta: no bytes for it), sent (a device's control
+scaffold (control deltas compressed like the weights; int8 and 2bit, as the fleet), fedavg (no control variates),
+derived (ternary's default, as the fleet: the control delta is derived on both sides from the *decoded*
+weight delta, no bytes for it, and applied ``--control-step`` of the way: codec.derived_control), sent (a device's control
 variate moves by what the coordinator decodes), consistent (SCAFFOLD's correction uses c_i as the coordinator
 holds it: c_i minus its unsent residual), derived-exact (no control deltas travel: the coordinator derives
 them from the decoded weight delta, the device keeps its exact c_i); ``--server-lr`` and ``--server-momentum`` (FedAvgM, default
@@ -52,10 +53,16 @@ def main() -> None:
     ap.add_argument("--codec", default="ternary", choices=["ternary", "int8", "2bit"],
                     help="the codec compared with the fp32 fleet (int8, 2bit: as the fleet, no server momentum)")
     ap.add_argument("--density", type=float, default=codec.DENSITY, help="ternary density (>= 1: fp32)")
-    ap.add_argument("--mode", default="scaffold",
-                    choices=["scaffold", "fedavg", "derived", "sent", "consistent", "derived-exact"])
-    ap.add_argument("--ctl-density", type=float, default=codec.CONTROL_DENSITY,
-                    help="the control deltas' density if not --density (>= 1: they travel as fp32)")
+    ap.add_argument("--mode", default=None, choices=["scaffold", "fedavg", "derived", "sent", "consistent",
+                                                      "derived-exact"],
+                    help="how control variates move (default: derived for ternary, as the fleet; scaffold else)")
+    ap.add_argument("--control-step", type=float, default=codec.CONTROL_STEP,
+                    help="--mode derived: the fraction of the derived control delta each side applies a round")
+    ap.add_argument("--control-warm", action="store_true",
+                    help="experiment: round r's control step is max(--control-step, 1/r) (a running mean at first)")
+    ap.add_argument("--ctl-density", type=float, default=0.012,
+                    help="--mode scaffold with ternary: the control deltas' density (the fleet's default before the "
+                         "derived control deltas; >= 1: they travel as fp32)")
     ap.add_argument("--min-keep", type=int, default=codec.MIN_KEEP, help="ternary: at least this many entries a tensor")
     ap.add_argument("--seeds", default="0", help="the devices' training seeds, comma-separated (the bench: 0)")
     ap.add_argument("--rounds", type=int, default=10)
@@ -93,8 +100,6 @@ def main() -> None:
                     "only; 2: two scales, 2 bits an entry)")
     ap.add_argument("--control-rows", default="", help="experiment: a 2-d or 4-d tensor's control variate is one "
                     "number per output row (its mean), on the device too; its delta goes as CODEC (fp32 or int8s)")
-    ap.add_argument("--derived-beta", type=float, default=1.0, help="experiment (--mode derived): each side's "
-                    "control variate moves by this fraction of the derived control delta (an average over rounds)")
     ap.add_argument("--reset-residual", action="store_true",
                     help="diagnosis: a device's error-feedback residual is dropped after each round, not carried")
     a = ap.parse_args()
@@ -107,6 +112,7 @@ def main() -> None:
     ev = Evaluator(LocalSpec(model=MODEL, data=val, workdir=f"{a.work}/ev", threads=1, seed=0,
                               train_layers=a.train_layers), val)
     cdc = a.codec if a.codec != "ternary" else "fp32" if a.density >= 1 else "ternary"
+    a.mode = a.mode or ("derived" if cdc == "ternary" else "scaffold")
     smom = a.server_momentum
     print(f"{a.train_layers}: {a.mode} density {a.density:g} ctl {a.ctl_density:g} min-keep {a.min_keep} "
           f"slr {a.server_lr:g} smom {smom:g}, {a.rounds} rounds", flush=True)
@@ -296,8 +302,8 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                 cm[i] = {k: (cm[i][k] - cn[k] + cm_old[k] + dec["control/" + k]).astype(np.float32) for k in control}
             if mode in ("derived", "derived-exact"):  # both sides (derived-exact: the coordinator's side only)
                 up += 4
-                dc = {k: (np.float32(a.derived_beta) * (-c_down[k] - dec[k] / scale)).astype(np.float32)
-                      for k in control}
+                stp = (max(a.control_step, 1.0 / r) if a.control_warm else a.control_step) if mode == "derived" else 1.0
+                dc = codec.derived_control(c_down, dec, scale, stp)
                 if mode == "derived":
                     cm[i] = {k: cm[i][k] + dc[k] for k in control}
                 dec.update({"control/" + k: dc[k] for k in control})

@@ -40,7 +40,8 @@ from .. import runtime
 from ..devices import load_device
 from ..errors import EdgetrainError, RunFailed, UsageError
 from ..fileio import atomic_write_bytes, atomic_write_text
-from .codec import CONTROL_DENSITY, DENSITY, MIN_KEEP, Encoded, arrays_digest, downlink_apply, encode_update, update_bytes
+from .codec import (CONTROL_STEP, DENSITY, MIN_KEEP, Encoded, arrays_digest, decode_tensor, derived_control,
+                    downlink_apply, encode_update, update_bytes)
 from .hooks import delay
 from .local import LocalSpec, ShapeMismatch, class_view, train_round
 
@@ -281,23 +282,32 @@ def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple
         raise exc from None
     delta = {k: new[k] - weights[k] for k in new}
     c_new = c_saved
-    if c_global:  # SCAFFOLD: this device's new control variate, from how far its weights moved
+    derive = bool(c_global) and codec == "ternary"  # the control deltas are derived on both sides, not sent
+    if c_global and not derive:  # SCAFFOLD: this device's new control variate, from how far its weights moved
         c_new = {k: c_mine[k] - c_global[k] + (weights[k] - new[k]) / np.float32(result.fleet_scale) for k in c_global}
         delta.update({CONTROL + k: (c_new[k] - c_mine[k]).astype(np.float32) for k in c_global})
     # running statistics travel exactly (a variance must stay positive); everything else with the codec
     encoded, residual = encode_update(delta, codec, residual, exact=result.fleet_statistics,
                                       density=float(config.get("density", DENSITY)),
-                                      floor=int(config.get("min-keep", MIN_KEEP)),
-                                      densities={CONTROL + k: float(config.get("control-density", CONTROL_DENSITY))
-                                                 for k in c_global})
+                                      floor=int(config.get("min-keep", MIN_KEEP)))
+    extra = {}
+    if derive:  # from the weight delta as the coordinator decodes it, and the scale that travels with it
+        scale = float(np.float32(result.fleet_scale))
+        moved = derived_control(c_global, {k: decode_tensor(encoded[k]) for k in c_global}, scale,
+                                float(config.get("control-step", CONTROL_STEP)))
+        c_new = {k: (c_mine[k] + moved[k]).astype(np.float32) for k in c_global}
+        extra = {"control-scale": scale}
     seconds = time.monotonic() - t0
     last = result.epochs[-1] if result.epochs else {}
     energy = result.energy or {}
     metrics = {"num-examples": int(last.get("samples", 0)) or 1, "seconds": round(seconds, 3),
                "train-seconds": float(result.seconds), "peak-rss-mb": float(result.peak_rss_mb or 0.0),
-               "bytes-up": update_bytes(encoded), "bytes-up-fp32": sum(4 * int(v.size) for v in delta.values()),
+               # a derived control scale is one float32; the fp32 fleet would send the control deltas too
+               "bytes-up": update_bytes(encoded) + 4 * len(extra),
+               "bytes-up-fp32": sum(4 * int(v.size) for v in delta.values())
+               + (sum(4 * int(v.size) for v in c_global.values()) if derive else 0),
                "train-loss": float(last.get("loss") or 0.0), "train-accuracy": float(last.get("train_accuracy") or 0.0),
-               "joules": float(energy.get("joules") or 0.0), "threads": int(result.threads or 0)}
+               "joules": float(energy.get("joules") or 0.0), "threads": int(result.threads or 0), **extra}
     facts = {"name": join["name"], "device": join.get("device") or "this host",
              "energy": str(energy.get("provenance") or "") if energy else ""}
     state = {"round": round_no, "codec": codec, "name": join["name"], "trained": int(meta.get("trained", 0)) + 1}

@@ -8,8 +8,8 @@ Each tensor travels as ``(lo, scale)`` (two float32) followed by its codes:
   quantizer dropped (``residual``) stays on the device and is added to the next round's update, so
   over rounds the sum of what was sent equals the sum of the true updates minus one residual.
 - ``ternary``: sparse ternary compression (STC, Sattler et al. 2019) with error feedback: of each tensor
-  (plus its residual) only the ``k = max(ceil(n * density), MIN_KEEP)`` (``--ternary-density``; SCAFFOLD's
-  control deltas ``--ternary-control-density``; ``--ternary-min-keep``) largest magnitudes travel, each as ``+-scale``
+  (plus its residual) only the ``k = max(ceil(n * density), MIN_KEEP)`` (``--ternary-density``,
+  ``--ternary-min-keep``) largest magnitudes travel, each as ``+-scale``
   with one shared scale (the mean magnitude of the kept entries, rounded to bfloat16: what the receiver
   decodes is what the sender subtracts), everything else stays in the residual. Payload: ``k`` as a
   LEB128 varint, then (when ``k > 0``) the scale's two bfloat16 bytes, then a bit stream of ``k`` entries in
@@ -17,6 +17,9 @@ Each tensor travels as ``(lo, scale)`` (two float32) followed by its codes:
   ``floor(log2(n / k))``, derived, not sent) followed by its sign bit, zero-padded to a byte. For the
   digits head's 320 weights at one entry in 80 that is 8 bytes against 1,280 in float32. (zlib or lzma over the
   gap stream was measured larger: their headers alone exceed these payloads; tools/bench_fleet.py.)
+
+With ``ternary`` SCAFFOLD's control deltas do not travel: both sides derive them from the decoded weight
+delta (``derived_control``), so the coordinator's control variate stays the mean of the devices' exactly.
 
 With ``ternary`` the tensors no gradient trains (BatchNorm's running statistics, ``exact`` in
 ``encode_update``) go up as ``int8s`` deltas (symmetric int8, see below) with error feedback, not as
@@ -45,10 +48,11 @@ CODECS = ("fp32", "int8", "2bit", "ternary")
 DOWN = "int8s"  # the downlink's delta codec (see downlink_delta), and ternary's for BatchNorm's statistics
 WIRE = CODECS + (DOWN,)
 FEEDBACK = ("2bit", "ternary", DOWN)  # the codecs that keep what they dropped on the device (a residual)
-# ternary: the default fraction of each weight tensor's entries sent each round, and the same for SCAFFOLD's
-# control deltas (measured across seeds with tools/fleet_codec_sim.py: see the README's fleet section)
-DENSITY = 0.05
-CONTROL_DENSITY = 0.012
+# ternary: the default fraction of each weight tensor's entries sent each round, and how far a control
+# variate moves towards its derived value each round (measured across seeds with tools/fleet_codec_sim.py:
+# see the README's fleet section)
+DENSITY = 0.09
+CONTROL_STEP = 0.4
 # ternary: at least this many entries of a tensor (all of a smaller one): a small tensor (a head, a bias) costs
 # a few bytes more, and a few of its entries a round move nothing (measured: tools/fleet_codec_sim.py)
 MIN_KEEP = 48
@@ -137,13 +141,12 @@ def decode_tensor(enc: Encoded) -> np.ndarray:
 
 
 def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str, np.ndarray] | None = None,
-                  exact=(), density: float = DENSITY, floor: int = MIN_KEEP,
-                  densities: dict[str, float] | None = None) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
+                  exact=(), density: float = DENSITY,
+                  floor: int = MIN_KEEP) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
     """Encode a whole update (name -> delta), tensor by tensor. With ``2bit`` or ``ternary`` the residual
     from earlier rounds is added first and the new residual (what this encoding dropped) is returned; other
     codecs return none. The tensors named in ``exact`` (no gradient trains them) travel as fp32 (nothing
-    dropped), with ``ternary`` as ``int8s`` with error feedback (``stats_codec``); ``densities`` (name ->
-    density) overrides ``density`` for the tensors it names."""
+    dropped), with ``ternary`` as ``int8s`` with error feedback (``stats_codec``)."""
     out: dict[str, Encoded] = {}
     new_residual: dict[str, np.ndarray] = {}
     for name, delta in update.items():
@@ -151,11 +154,27 @@ def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str,
         mine = stats_codec(codec) if name in exact else codec
         if mine in FEEDBACK and residual and name in residual and residual[name].shape == value.shape:
             value = value + residual[name]
-        enc, decoded = encode_tensor(value, mine, (densities or {}).get(name, density), floor)
+        enc, decoded = encode_tensor(value, mine, density, floor)
         out[name] = enc
         if mine in FEEDBACK:
             new_residual[name] = (value - decoded).astype(np.float32)
     return out, new_residual
+
+
+def derived_control(c_global: dict[str, np.ndarray], decoded: dict[str, np.ndarray], scale: float,
+                    step: float = CONTROL_STEP) -> dict[str, np.ndarray]:
+    """SCAFFOLD's control deltas with ternary, derived instead of sent: ``step * (-c - decoded / scale)``.
+
+    SCAFFOLD moves a device's control variate to ``c_i - c + (x - y_i) / scale`` (``scale``: how far the
+    weights move per unit of constant gradient over the round, ``fleet_scale``). Here ``y_i - x`` is the
+    *decoded* weight delta, what the coordinator received (error feedback included), and ``c`` the control
+    variate as the devices rebuilt it from the downlink: the device and the coordinator compute the same
+    float32 delta from what both hold, so no control delta travels and the coordinator's ``c`` stays the
+    mean of the devices' ``c_i`` exactly. One decoded ternary delta is sparse and carries earlier rounds'
+    residual: moving ``step`` of the way each round averages it over rounds.
+    """
+    s, f = np.float32(scale), np.float32(step)
+    return {k: (f * (-c_global[k] - decoded[k] / s)).astype(np.float32) for k in c_global}
 
 
 def stats_codec(codec: str) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import EdgetrainError
 from ..fileio import atomic_write_bytes, atomic_write_text
 from ..figures import Chance
-from .codec import CONTROL_DENSITY, DENSITY, MIN_KEEP, arrays_digest, decode_tensor, downlink_delta
+from .codec import CONTROL_STEP, DENSITY, MIN_KEEP, arrays_digest, decode_tensor, derived_control, downlink_delta
 from .local import Evaluator, LocalSpec, check_shapes
 
 STATE = "fleet-state.json"
@@ -89,6 +89,18 @@ def sample_count(value) -> tuple[int | None, str | None]:
     if not np.isfinite(v) or v != int(v) or not 1 <= v <= MAX_SAMPLES:
         return None, f"its sample count {value!r} is not a whole number in 1..{MAX_SAMPLES}"
     return int(v), None
+
+
+def control_scale(value) -> tuple[float | None, str | None]:
+    """A device's control scale (ternary: the displacement per unit gradient its control delta is derived with),
+    or why it is refused."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None, f"its control scale {value!r} is not a number"
+    if not (np.isfinite(v) and v > 0 and np.isfinite(np.float32(v)) and np.float32(v) > 0):
+        return None, f"its control scale {value!r} is not a positive finite float32"
+    return v, None
 
 
 def update_norm(delta: dict) -> float:
@@ -156,6 +168,9 @@ def run(grid, spec_path: str) -> None:
     # with ternary the downlink is an int8 delta against `held`, what the devices reconstructed from the
     # round `version` (0: nothing, zeros); a device not known to hold it gets the arrays whole (fp32)
     compact = spec["codec"] == "ternary"
+    # with ternary no control delta travels: this side derives each device's from its decoded update, as it did
+    derive = compact and scaffold
+    control_step = float(spec.get("ternary_control_step") or CONTROL_STEP)
     version = int(state.get("downlink", 0)) if compact else 0
     held = load_global(rundir, version, "down") if version else {}
     roster = _Roster(grid, log)
@@ -186,7 +201,7 @@ def run(grid, spec_path: str) -> None:
                   "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
                   "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers,
                   **({"density": float(spec.get("ternary_density") or DENSITY),
-                      "control-density": float(spec.get("ternary_control_density") or CONTROL_DENSITY),
+                      "control-step": control_step,
                       "min-keep": int(spec.get("ternary_min_keep") or MIN_KEEP)} if compact else {}),
                   "classes": list(evaluator.classes)}  # the fleet's: a device may hold any subset of them
         # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
@@ -220,7 +235,7 @@ def run(grid, spec_path: str) -> None:
             facts = dict(reply.content["facts"])
             try:
                 update = wire.from_record(reply.content["update"])
-                expected = {**arrays, **({CONTROL + k: arrays[k] for k in control} if scaffold else {})}
+                expected = {**arrays, **({CONTROL + k: arrays[k] for k in control} if scaffold and not derive else {})}
                 delta = decode_update(update, expected, d.name)
             except (EdgetrainError, ValueError) as exc:
                 reason = exc.line() if isinstance(exc, EdgetrainError) else str(exc)
@@ -228,6 +243,11 @@ def run(grid, spec_path: str) -> None:
                 log(f"round {round_no}: refused the update of {d.name}: {reason}")
                 continue
             count, why = sample_count(metrics.get("num-examples", 1))
+            if derive and why is None:
+                scale, why = control_scale(metrics.get("control-scale"))
+                if why is None:
+                    c_sent = {k: sent[CONTROL + k] for k in control}
+                    delta.update({CONTROL + k: v for k, v in derived_control(c_sent, delta, scale, control_step).items()})
             norm = update_norm(delta)
             if why is None and not np.isfinite(norm):
                 why = "its update is not finite (NaN or inf)"

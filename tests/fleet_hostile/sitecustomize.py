@@ -3,7 +3,8 @@ imported by every Python process of that device (its `fleet join`, SuperNode and
 EDGETRAIN_TEST_HOSTILE is set, wraps ``edgetrain.fleet.client.train``: the device trains for real, then
 sends what the variable says instead of its update. The variable is a comma list, one entry per round
 (the last repeats): ``nan``, ``inf``, ``huge`` (1e30 in every value) poison the arrays (sent as fp32);
-``count=V`` reports V samples. The product code has no such switch; this lives in tests/ only."""
+``count=V`` reports V samples; ``scale=V`` reports V as its control scale (ternary), ``scale=none`` none.
+The product code has no such switch; this lives in tests/ only."""
 from __future__ import annotations
 
 import importlib.abc
@@ -30,6 +31,10 @@ def _poison(module) -> None:
                        for k, e in encoded.items()}
         elif mode.startswith("count="):
             metrics["num-examples"] = float(mode[len("count="):])
+        elif mode == "scale=none":
+            metrics.pop("control-scale")
+        elif mode.startswith("scale="):
+            metrics["control-scale"] = float(mode[len("scale="):])
         else:
             raise ValueError(f"EDGETRAIN_TEST_HOSTILE: unknown entry {mode!r}")
         return encoded, metrics, facts
