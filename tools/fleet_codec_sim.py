@@ -60,6 +60,9 @@ def main() -> None:
                     help="--mode derived: the fraction of the derived control delta each side applies a round")
     ap.add_argument("--control-warm", action="store_true",
                     help="experiment: round r's control step is max(--control-step, 1/r) (a running mean at first)")
+    ap.add_argument("--ef21", action="store_true", help="experiment: EF21 (Richtarik et al. 2021) for the weights: "
+                    "a device sends its update less the estimate both sides hold (no residual); the coordinator "
+                    "averages the estimates")
     ap.add_argument("--ctl-density", type=float, default=0.012,
                     help="--mode scaffold with ternary: the control deltas' density (the fleet's default before the "
                          "derived control deltas; >= 1: they travel as fp32)")
@@ -157,6 +160,7 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
     control = {k: np.zeros_like(v) for k, v in arrays.items() if k not in stats}
     cm = [{k: np.zeros_like(v) for k, v in control.items()} for _ in devs]
     resid: list[dict] = [{} for _ in devs]
+    hest: list[dict] = [{} for _ in devs]  # --ef21: each device's update as both sides estimate it
     mom = {k: np.zeros_like(v) for k, v in control.items()}
     up, down, down32, held, accs = 0, 0, 0, {}, []
     prev_start = None
@@ -213,7 +217,10 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                     proj[k] = (coef * step[k]).astype(np.float32)
                     wts[k] = (wts[k] - proj[k]).astype(np.float32)
             up += 2 * len(proj)
-            rw = (None if fold else resid[i] if a.residual_decay == 1 else
+            ef21 = a.ef21 and cdc == "ternary" and "weights" not in exact
+            if ef21:  # EF21: the device sends the change of its update against the estimate both sides hold
+                wts = {k: (v - hest[i][k]).astype(np.float32) if k in hest[i] else v for k, v in wts.items()}
+            rw = (None if fold or ef21 else resid[i] if a.residual_decay == 1 else
                   {k: (v * np.float32(a.residual_decay)).astype(np.float32) for k, v in resid[i].items()})
             dr, _, dcodec = a.dense_rounds.partition(":")
             wcodec = ("fp32" if "weights" in exact else dcodec if str(r) in dr.split(",") and cdc == "ternary"
@@ -231,6 +238,8 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             enc2, r2 = codec.encode_update({k: delta[k] for k in ctl}, ctl_codec, resid[i],
                                            density=cd, floor=a.min_keep)
             enc.update(enc2)
+            if ef21:
+                r1 = {k: v for k, v in r1.items() if k in st}
             if str(r) in a.reset_rounds.split(","):
                 r1 = {k: v for k, v in r1.items() if k in st}
             resid[i] = {**r1, **r2}
@@ -298,6 +307,11 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             up += codec.update_bytes(enc)
             dec = {k: codec.decode_tensor(e) for k, e in enc.items()}
             dec.update({k: (dec[k] + proj[k]).astype(np.float32) for k in proj})
+            if ef21:
+                for k in wts:
+                    if k not in named:
+                        dec[k] = (dec[k] + hest[i][k]).astype(np.float32) if k in hest[i] else dec[k]
+                        hest[i][k] = dec[k]
             if mode == "sent":  # the device's control variate moves by what the coordinator decodes
                 cm[i] = {k: (cm[i][k] - cn[k] + cm_old[k] + dec["control/" + k]).astype(np.float32) for k in control}
             if mode in ("derived", "derived-exact"):  # both sides (derived-exact: the coordinator's side only)
