@@ -98,7 +98,7 @@ def control_scale(value) -> tuple[float | None, str | None]:
         v = float(value)
     except (TypeError, ValueError):
         return None, f"its control scale {value!r} is not a number"
-    if not (np.isfinite(v) and v > 0 and np.isfinite(np.float32(v)) and np.float32(v) > 0):
+    if not (np.isfinite(v) and 0 < v <= float(np.finfo(np.float32).max) and np.float32(v) > 0):  # no overflow in the cast
         return None, f"its control scale {value!r} is not a positive finite float32"
     return v, None
 
