@@ -63,10 +63,11 @@ def attribute(result, meter_log, json_path, **values):
     import json
     from pathlib import Path
 
-    from ..energy import check_power_log
+    from ..energy import read_meter_export
     from ..errors import UsageError
     from ..fileio import atomic_write_text, check_outputs
     from ..measure import attribute as attribute_log
+    from ..measure import first_window
 
     opts = parse(EnergyAttributeOptions, values)
     src = Path(result)
@@ -79,8 +80,9 @@ def attribute(result, meter_log, json_path, **values):
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"cannot read the result as JSON ({type(exc).__name__})", result,
                          "give the --json file a profile wrote") from None
-    log = check_power_log(meter_log, opts.power_log_voltage, opts.power_log_start)
-    done = attribute_log(data, log, result)
+    # read once, whole, before the result's windows are checked (a bad log is refused first, as before)
+    log, parsed = read_meter_export(meter_log, opts.power_log_voltage, opts.power_log_start, first_window(data))
+    done = attribute_log(data, log, result, parsed)
     atomic_write_text(out, json.dumps(done, indent=2) + "\n", "-o")
     write_json(json_path, done)
     board = (done.get("host_energy") or {}).get("board") or []

@@ -17,7 +17,7 @@ _FACE = {  # name -> the module of this wing that defines it
     "rapl_delta_j": "model", "rapl_per_inference": "model", "read_rapl": "model", "reliability": "model",
     "DEFAULT_IDLE_S": "sensors", "MIN_WINDOW_PERIODS": "sensors", "POWER_LOG_MIN_WINDOW_S": "sensors",
     "PowerMeter": "sensors", "check_power_log": "meterlog", "detect": "calibration", "log_record": "meterlog",
-    "parse_power_log": "meterlog", "read_power_log": "meterlog", "figure_text": "model",
+    "parse_power_log": "meterlog", "read_power_log": "meterlog", "read_meter_export": "meterlog", "figure_text": "model",
     "grid_intensity": "carbon", "country_row": "carbon", "carbon_of_report": "carbon", "carbon_of_run": "carbon",
     "carbon_text": "carbon", "calibrate": "calibration", "budget_verdict": "model",
     "measured_run": "model", "run_record": "model", "per_unit_of_run": "model",
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .model import (EnergyMeter, budget_verdict, energy_report, figure_text, measured_per_inference,
                         measured_run, parse_rate, per_unit_of_run, rapl_delta_j, rapl_per_inference, read_rapl,
                         reliability, run_record)
-    from .meterlog import check_power_log, log_record, parse_power_log, read_power_log
+    from .meterlog import check_power_log, log_record, parse_power_log, read_meter_export, read_power_log
     from .sensors import DEFAULT_IDLE_S, MIN_WINDOW_PERIODS, POWER_LOG_MIN_WINDOW_S, PowerMeter
 
 

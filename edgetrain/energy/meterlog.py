@@ -723,6 +723,23 @@ def check_power_log(path, voltage: float | None = None, start: float | None = No
     """Before any work: a folder or an unreadable file is refused; a log that exists already is read in
     full now, so an unknown format or a unitless column is refused before the run, not after it. Returns the
     log with the supply voltage and start time given for it (``PowerLog``), what later reads take."""
+    log = _checked(path, voltage, start)
+    if log.path.exists():
+        parse_power_log(log, partial=True)
+    return log
+
+
+def read_meter_export(path, voltage: float | None = None, start: float | None = None,
+                      near: float | None = None) -> tuple[PowerLog, tuple[sensors.PowerSeries, dict]]:
+    """A meter's finished export, checked as ``check_power_log`` checks a log and read once, whole: the
+    ``PowerLog`` and its ``parse_power_log`` (what ``log_record`` takes as ``parsed``). ``near``: as there."""
+    log = _checked(path, voltage, start)
+    return log, parse_power_log(log, near=near)
+
+
+def _checked(path, voltage: float | None, start: float | None) -> PowerLog:
+    """``path`` as a ``PowerLog`` with the voltage and start given for it; a folder, a FIFO or device, or an
+    unreadable file refused in one line."""
     log = as_log(path)
     if voltage is not None or start is not None:
         log = PowerLog(log.path, voltage if voltage is not None else log.voltage,
@@ -731,10 +748,8 @@ def check_power_log(path, voltage: float | None = None, start: float | None = No
     if p.is_dir():
         raise UsageError("the power log is a folder", str(p), "give the meter's log file")
     _regular(p)
-    if p.exists():
-        if not os.access(p, os.R_OK):
-            raise UsageError("the power log is not readable", str(p), "check its permissions")
-        parse_power_log(log, partial=True)
+    if p.exists() and not os.access(p, os.R_OK):
+        raise UsageError("the power log is not readable", str(p), "check its permissions")
     return log
 
 

@@ -13,12 +13,13 @@ from .. import _lazy
 
 _FACE = {  # name -> the module of this wing that defines it
     "ProfileResult": "profiling", "profile": "profiling", "attribute": "attribution",
+    "first_window": "attribution",
     "check_report_path": "report", "energy_lines": "report", "text_summary": "report", "write_report": "report",
 }
 __all__ = sorted(_FACE)
 
 if TYPE_CHECKING:
-    from .attribution import attribute
+    from .attribution import attribute, first_window
     from .profiling import ProfileResult, profile
     from .report import check_report_path, energy_lines, text_summary, write_report
 

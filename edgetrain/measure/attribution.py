@@ -20,14 +20,28 @@ _FIX_RUN = ("run `edgetrain profile` (or `finetune`) with --meter-export and --j
             "the meter records")
 
 
-def attribute(result: dict, log, where: str) -> dict:
+def first_window(result) -> float | None:
+    """When the first window ``result`` records starts (Unix s): the day a log with the time of day alone is
+    placed on, as the run's own read would have placed it; None when the result records none."""
+    try:
+        if isinstance(result.get("configs"), list):
+            t = result["meter_windows"]["configs"][0]["timed"][0]
+        else:
+            t = result["energy"]["meter_windows"]["timed"][0]
+        return float(t)
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def attribute(result: dict, log, where: str, parsed=None) -> dict:
     """``result`` (a profile's or a fine-tune's JSON) with the meter log ``log`` (a ``PowerLog``) read over its
-    windows."""
+    windows; ``parsed``: the log as ``energy.read_meter_export`` read it (else it is read here), placed on the
+    day of ``first_window(result)``."""
     from .profiling import ProfileResult, collect_figures, log_power
 
     if isinstance(result, dict) and "configs" not in result and isinstance(result.get("energy"), dict) \
             and "trained_parameters" in result:
-        return _attribute_run(result, log, where)
+        return _attribute_run(result, log, where, parsed)
     if not isinstance(result, dict) or not isinstance(result.get("configs"), list):
         raise UsageError("not an edgetrain profile or finetune result (no 'configs', no fine-tune energy)", where,
                          _FIX_RUN)
@@ -36,7 +50,7 @@ def attribute(result: dict, log, where: str) -> dict:
     if len(windows["configs"]) != len(result["configs"]):
         raise UsageError("the result's windows do not match its configurations (edited?)", where, _FIX_RUN)
     out = dict(result)
-    configs, read = [], {}
+    configs, read = [], ({"log": parsed} if parsed is not None else {})
     for c, w in zip(result["configs"], windows["configs"]):
         if not w.get("timed"):
             raise UsageError(f"the result has no timed window for {w.get('threads')} thread(s)", where, _FIX_RUN)
@@ -81,13 +95,13 @@ _RUN_EXTRAS = ("measured_here", "wall", "meter_windows", "epochs", "joules_per_e
                "joules_per_sample", "carbon", "modelled")
 
 
-def _attribute_run(result: dict, log, where: str) -> dict:
+def _attribute_run(result: dict, log, where: str, parsed=None) -> dict:
     """A fine-tune's result with the meter's export read over its run (as EnergyMeter.stop with --power-log)."""
     en = result["energy"]
     w = en.get("meter_windows")
     _check_windows(w, "finetune", where)
     idle = tuple(w["idle"]) if w.get("idle") else None
-    measured = energy.measured_run(energy.log_record(log, tuple(w["timed"]), idle))
+    measured = energy.measured_run(energy.log_record(log, tuple(w["timed"]), idle, parsed))
     measured["attributed"] = {"by": "edgetrain energy attribute", "log": str(log)}
     if en.get("provenance") == "measured":  # a board sensor measured too: the meter's figure leads, it stays beside
         modelled = en.get("modelled")

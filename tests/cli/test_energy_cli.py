@@ -607,3 +607,24 @@ def test_a_meter_export_made_after_a_finetune_is_attributed_to_its_run(cli, this
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**d, "energy": {**d["energy"], "meter_windows": {**w, "command": "profile"}}}))
     assert_user_error(cli("energy", "attribute", other, log, "--power-log-start", start), 2, "written by profile")
+
+    # A log with the time of day alone, copied off the meter's PC three days later (its mtime is not the run's
+    # day): placed on the day of the result's windows. The log is read once: an audit hook in the real child
+    # process counts the opens of it (it was read twice, the check before the work placing it on the wrong day).
+    from datetime import datetime
+
+    tod = _tiled(tmp_path / "meter-time-of-day.csv", "time,power (W)", [r[1] for r in otii], w["timed"][1] + 2.0 - t0,
+                 lambda s: datetime.fromtimestamp(t0 + s).strftime("%H:%M:%S.%f")[:-3])
+    os.utime(tod, (t0 + 3 * 86400, t0 + 3 * 86400))
+    hook = ("import runpy, sys\n"
+            "log = sys.argv.pop(1)\n"
+            "sys.addaudithook(lambda e, a: e == 'open' and str(a[0]) == log and print('OPENED', file=sys.__stderr__))\n"
+            "sys.argv[0] = 'edgetrain'\n"
+            "runpy.run_module('edgetrain', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", hook, str(tod), "energy", "attribute", str(result), str(tod), "-o",
+                           str(tmp_path / "tod.json"), "--json", "-"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("OPENED") == 1, proc.stderr
+    e = json.loads(proc.stdout)["energy"]
+    assert e["joules"] == pytest.approx(watts * (w["timed"][1] - w["timed"][0]), rel=0.02)
+    assert tod.name in e["instrument"] and e["provenance"] == "measured"
