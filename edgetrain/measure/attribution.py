@@ -20,17 +20,31 @@ _FIX_RUN = ("run `edgetrain profile` (or `finetune`) with --meter-export and --j
             "the meter records")
 
 
+# The latest clock time a window may hold (Unix s, the year 2242): beyond it a window was edited, not recorded.
+_LATEST = 2.0 ** 33
+
+
+def clock_window(w) -> tuple[float, float] | None:
+    """``w`` as a window of this machine's clock (two Unix times, the start before the end), None when it is not
+    one (an edited result: NaN, strings, a reversed or out-of-range pair)."""
+    if not (isinstance(w, (list, tuple)) and len(w) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in w)):
+        return None
+    t0, t1 = float(w[0]), float(w[1])
+    return (t0, t1) if 0 < t0 < t1 < _LATEST else None  # NaN fails every comparison
+
+
 def first_window(result) -> float | None:
     """When the first window ``result`` records starts (Unix s): the day a log with the time of day alone is
-    placed on, as the run's own read would have placed it; None when the result records none."""
+    placed on, as the run's own read would have placed it; None when the result records none (or not as one)."""
     try:
         if isinstance(result.get("configs"), list):
-            t = result["meter_windows"]["configs"][0]["timed"][0]
+            w = clock_window(result["meter_windows"]["configs"][0]["timed"])
         else:
-            t = result["energy"]["meter_windows"]["timed"][0]
-        return float(t)
-    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+            w = clock_window(result["energy"]["meter_windows"]["timed"])
+    except (AttributeError, KeyError, IndexError, TypeError):
         return None
+    return w[0] if w else None
 
 
 def attribute(result: dict, log, where: str, parsed=None) -> dict:
@@ -52,9 +66,9 @@ def attribute(result: dict, log, where: str, parsed=None) -> dict:
     out = dict(result)
     configs, read = [], ({"log": parsed} if parsed is not None else {})
     for c, w in zip(result["configs"], windows["configs"]):
-        if not w.get("timed"):
-            raise UsageError(f"the result has no timed window for {w.get('threads')} thread(s)", where, _FIX_RUN)
-        c = {**c, "power": {**(c.get("power") or {}), "window_wall": w["timed"]}, "wall_idle": w.get("idle")}
+        if not isinstance(c, dict):
+            raise UsageError("the result's configurations are not records (edited?)", where, _FIX_RUN)
+        c = {**c, "power": {**(c.get("power") or {}), "window_wall": list(w["timed"])}, "wall_idle": w.get("idle")}
         c["power"] = log_power(log, c, read)
         c["power"]["attributed"] = {"by": "edgetrain energy attribute", "log": str(log)}
         configs.append(c)
@@ -88,6 +102,14 @@ def _check_windows(windows, command: str, where: str) -> None:
         raise UsageError("the result's windows were not held for a meter (the run had no --meter-export): its "
                          "timed windows may be too short for a meter's samples and it has no idle stretch", where,
                          _FIX_RUN)
+    spans = windows.get("configs") if command == "profile" else [windows]
+    for w in spans if isinstance(spans, list) else [None]:
+        if not isinstance(w, dict) or w.get("timed") is None:
+            raise UsageError("the result has no timed window" + (f" for {w.get('threads')} thread(s)" if isinstance(
+                w, dict) else ""), where, _FIX_RUN)
+        if clock_window(w["timed"]) is None or (w.get("idle") is not None and clock_window(w["idle"]) is None):
+            raise UsageError(f"the result's windows are not pairs of clock times, start before end (timed "
+                             f"{w.get('timed')!r}, idle {w.get('idle')!r}: edited?)", where, _FIX_RUN)
 
 
 # What a fine-tune's energy record carries besides its figure (EnergyMeter.stop, ops.finetune).

@@ -505,6 +505,41 @@ def _tiled(path, header: str, values: list[str], seconds: float, stamp, hz: floa
     return path
 
 
+# Windows as an edited result may hold them: each crashed with a traceback (IndexError, OverflowError, TypeError,
+# ValueError from NaN) before they were checked.
+EDITED_WINDOWS = ["[NaN, 1796292002]", "[1e300, 1e301]", "[-1e20, 1e20]", '["a", 1796292002]', "[1796292001]",
+                  "[true, 1796292002]", "[1796292002, 1796292001]", "[1796292001, 1796292001]", "3", '"x"']
+
+
+@pytest.mark.parametrize("command", ["finetune", "profile"])
+@pytest.mark.parametrize("where", ["timed", "idle"])
+@pytest.mark.parametrize("window", EDITED_WINDOWS)
+def test_a_result_whose_windows_are_not_clock_intervals_is_refused_in_one_line(cli, tmp_path, command, where, window):
+    import json
+
+    from edgetrain import __version__
+
+    good = {"timed": [1796292001.0, 1796292002.5], "idle": [1796292000.0, 1796292001.0]}
+    spans = {**good, where: "WINDOW"}
+    head = {"command": command, "edgetrain_version": __version__, "held_for_a_meter": True}
+    if command == "finetune":
+        result = {"trained_parameters": 1, "energy": {"provenance": "modelled", "meter_windows": {**head, **spans}}}
+    else:
+        result = {"configs": [{"threads": 1}], "meter_windows": {**head, "configs": [{"threads": 1, **spans}]}}
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(result).replace('"WINDOW"', window))
+    # a log in Unix seconds, or (every other case) with the time of day alone, which the result's window places
+    log = tmp_path / "meter.csv"
+    if EDITED_WINDOWS.index(window) % 2:
+        log.write_text("time,power (W)\n" + "".join(f"10:00:0{i},1.5\n" for i in range(6)))
+    else:
+        log.write_text("timestamp,power (W)\n" + "".join(f"{1796291999 + i},1.5\n" for i in range(6)))
+    before = path.read_bytes()
+    res = cli("energy", "attribute", path, log, "-o", tmp_path / "out.json")
+    assert_user_error(res, 2, "edited?")
+    assert path.read_bytes() == before and not (tmp_path / "out.json").exists()
+
+
 @pytest.mark.slow
 def test_a_meter_export_made_after_the_run_is_attributed_to_the_results_windows(cli, onnx_file, this_host, tmp_path):
     import json
