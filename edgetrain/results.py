@@ -42,7 +42,46 @@ class Result:
         d: dict[str, Any] = {f.name: _plain(getattr(self, f.name)) for f in fields(self)} if is_dataclass(self) else {}
         d["passed"] = self.passed
         d["failed_checks"] = self.failed_checks
-        return d
+        return seal_windows(d)
+
+
+# A result that records windows for a meter (a profile's ``meter_windows``, a fine-tune's under ``energy``: what
+# `edgetrain energy attribute` reads a meter's export over) carries in them, as ``seal``, the SHA-256 of the whole
+# result as JSON: attribute reads only a result as edgetrain wrote it, not one changed since (an edited figure
+# would otherwise be carried into the measured result, or break it).
+SEAL = "seal"
+
+
+def _windows(d) -> dict | None:
+    w = d.get("meter_windows") if isinstance(d, dict) else None
+    if w is None and isinstance(d, dict) and isinstance(d.get("energy"), dict):
+        w = d["energy"].get("meter_windows")
+    return w if isinstance(w, dict) else None
+
+
+def _digest(d: dict) -> str:
+    import hashlib
+    import json
+
+    plain = json.loads(json.dumps(d, default=str))  # as a file holds it: keys strings, tuples lists
+    w = _windows(plain)
+    if w is not None:
+        w.pop(SEAL, None)
+    return hashlib.sha256(json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal_windows(d: dict) -> dict:
+    """``d`` with its meter windows sealed (see SEAL), in place; a result without them as it is."""
+    w = _windows(d)
+    if w is not None:
+        w[SEAL] = _digest(d)
+    return d
+
+
+def sealed_as_written(d: dict) -> bool:
+    """Whether ``d`` is a result as edgetrain wrote it: its meter windows' seal matches the rest of it."""
+    w = _windows(d)
+    return w is not None and w.get(SEAL) == _digest(d)
 
 
 class Figure:

@@ -15,6 +15,7 @@ from dataclasses import fields
 
 from .. import __version__, energy
 from ..errors import UsageError
+from ..results import seal_windows, sealed_as_written
 
 _FIX_RUN = ("run `edgetrain profile` (or `finetune`) with --meter-export and --json RESULT, with this edgetrain, while "
             "the meter records")
@@ -60,7 +61,7 @@ def attribute(result: dict, log, where: str, parsed=None) -> dict:
         raise UsageError("not an edgetrain profile or finetune result (no 'configs', no fine-tune energy)", where,
                          _FIX_RUN)
     windows = result.get("meter_windows")
-    _check_windows(windows, "profile", where)
+    _check_windows(result, windows, "profile", where)
     if len(windows["configs"]) != len(result["configs"]):
         raise UsageError("the result's windows do not match its configurations (edited?)", where, _FIX_RUN)
     out = dict(result)
@@ -90,7 +91,7 @@ def attribute(result: dict, log, where: str, parsed=None) -> dict:
     return res.to_dict()
 
 
-def _check_windows(windows, command: str, where: str) -> None:
+def _check_windows(result: dict, windows, command: str, where: str) -> None:
     if not isinstance(windows, dict) or not (windows.get("configs") or windows.get("timed")):
         raise UsageError("the result records no measured windows (written by an edgetrain before they were kept)",
                          where, _FIX_RUN)
@@ -102,6 +103,10 @@ def _check_windows(windows, command: str, where: str) -> None:
         raise UsageError("the result's windows were not held for a meter (the run had no --meter-export): its "
                          "timed windows may be too short for a meter's samples and it has no idle stretch", where,
                          _FIX_RUN)
+    if not sealed_as_written(result):
+        raise UsageError("the result is not as edgetrain wrote it: it was changed after the run (its meter windows' "
+                         "seal does not match)", where, "attribute the --json file as the run wrote it, or run "
+                         f"{command} again")
     spans = windows.get("configs") if command == "profile" else [windows]
     for w in spans if isinstance(spans, list) else [None]:
         if not isinstance(w, dict) or w.get("timed") is None:
@@ -121,7 +126,7 @@ def _attribute_run(result: dict, log, where: str, parsed=None) -> dict:
     """A fine-tune's result with the meter's export read over its run (as EnergyMeter.stop with --power-log)."""
     en = result["energy"]
     w = en.get("meter_windows")
-    _check_windows(w, "finetune", where)
+    _check_windows(result, w, "finetune", where)
     idle = tuple(w["idle"]) if w.get("idle") else None
     measured = energy.measured_run(energy.log_record(log, tuple(w["timed"]), idle, parsed))
     measured["attributed"] = {"by": "edgetrain energy attribute", "log": str(log)}
@@ -131,7 +136,7 @@ def _attribute_run(result: dict, log, where: str, parsed=None) -> dict:
     else:
         modelled, sensor = {k: v for k, v in en.items() if k not in _RUN_EXTRAS}, None
     new = energy.run_record(measured, modelled, bool(w.get("on_device")))
-    new["wall"], new["meter_windows"] = list(w["timed"]), w
+    new["wall"], new["meter_windows"] = list(w["timed"]), dict(w)
     if sensor:
         new["board_sensor"] = sensor
     energy.per_unit_of_run(new, en.get("epochs") or 0, en.get("samples_trained") or 0)
@@ -139,7 +144,7 @@ def _attribute_run(result: dict, log, where: str, parsed=None) -> dict:
         new["carbon"] = energy.carbon_of_run(new, en["carbon"]["intensity"])
     out = {**result, "energy": new}
     out["joules_per_epoch"], out["joules_per_sample"] = new.get("joules_per_epoch"), new.get("joules_per_sample")
-    return out
+    return seal_windows(out)
 
 
 def _measured_headline(en: dict, measured: dict) -> dict:

@@ -505,8 +505,51 @@ def _tiled(path, header: str, values: list[str], seconds: float, stamp, hz: floa
     return path
 
 
-# Windows as an edited result may hold them: each crashed with a traceback (IndexError, OverflowError, TypeError,
-# ValueError from NaN) before they were checked.
+def _leaves(node, path=()):
+    """The path of every leaf of a JSON document (an empty list or object counts as one)."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else None
+    if not items:
+        yield path
+        return
+    for k, v in items:
+        yield from _leaves(v, path + (k,))
+
+
+def test_a_result_changed_anywhere_after_the_run_no_longer_carries_its_seal(tmp_path):
+    """`energy attribute` reads only a result as edgetrain wrote it: every leaf of a real profile result (and of a
+    fine-tune's energy record), changed to a value of another kind or deleted, breaks the seal; the result as
+    written, re-indented or with its keys reordered, keeps it."""
+    import copy
+    import json
+
+    from edgetrain.api import profile
+    from edgetrain.results import SEAL, seal_windows, sealed_as_written
+
+    d = json.loads(json.dumps(profile(str(conv_gemm_onnx(tmp_path / "m.onnx")), threads="1",
+                                      device="x86-64-generic", input_shape=(3, 16, 16), warmup=1, runs=8).to_dict()))
+    assert sealed_as_written(d) and SEAL in d["meter_windows"]
+    assert sealed_as_written(json.loads(json.dumps(dict(reversed(list(d.items()))), indent=4)))
+    ft = seal_windows({"trained_parameters": 1, "energy": {"joules": 3.5, "meter_windows": {"timed": [1.0, 2.0]}}})
+    for doc in (d, ft):
+        paths = [p for p in _leaves(doc) if SEAL not in p]
+        assert len(paths) > (100 if doc is d else 3)
+        for i, path in enumerate(paths):
+            for value in (["x", None, float("nan"), -1, [], {}, True][i % 7], "DELETE"):
+                edited = copy.deepcopy(doc)
+                node = edited
+                for k in path[:-1]:
+                    node = node[k]
+                if value == "DELETE":
+                    del node[path[-1]]
+                elif node[path[-1]] == value:
+                    continue
+                else:
+                    node[path[-1]] = value
+                assert not sealed_as_written(json.loads(json.dumps(edited))), (path, value)
+
+
+# Windows as an edited result may hold them (sealed again, as a forger would): each crashed with a traceback
+# (IndexError, OverflowError, TypeError, ValueError from NaN) before they were checked.
 EDITED_WINDOWS = ["[NaN, 1796292002]", "[1e300, 1e301]", "[-1e20, 1e20]", '["a", 1796292002]', "[1796292001]",
                   "[true, 1796292002]", "[1796292002, 1796292001]", "[1796292001, 1796292001]", "3", '"x"']
 
@@ -518,6 +561,7 @@ def test_a_result_whose_windows_are_not_clock_intervals_is_refused_in_one_line(c
     import json
 
     from edgetrain import __version__
+    from edgetrain.results import seal_windows
 
     good = {"timed": [1796292001.0, 1796292002.5], "idle": [1796292000.0, 1796292001.0]}
     spans = {**good, where: "WINDOW"}
@@ -527,7 +571,7 @@ def test_a_result_whose_windows_are_not_clock_intervals_is_refused_in_one_line(c
     else:
         result = {"configs": [{"threads": 1}], "meter_windows": {**head, "configs": [{"threads": 1, **spans}]}}
     path = tmp_path / "result.json"
-    path.write_text(json.dumps(result).replace('"WINDOW"', window))
+    path.write_text(json.dumps(seal_windows(json.loads(json.dumps(result).replace('"WINDOW"', window)))))
     # a log in Unix seconds, or (every other case) with the time of day alone, which the result's window places
     log = tmp_path / "meter.csv"
     if EDITED_WINDOWS.index(window) % 2:
@@ -595,12 +639,15 @@ def test_a_meter_export_made_after_the_run_is_attributed_to_the_results_windows(
     other.write_text(json.dumps({**d, "meter_windows": {**w, "edgetrain_version": "0.0.1"}}))
     unheld = tmp_path / "unheld.json"
     unheld.write_text(json.dumps({**d, "meter_windows": {**w, "held_for_a_meter": False}}))
+    edited = tmp_path / "edited.json"  # a figure changed by hand: it would be carried into the measured result
+    edited.write_text(json.dumps({**d, "configs": [{**d["configs"][0], "threads": 4}]}))
     for args, frag in [((result, ppk_log, "--power-log-voltage", "3.3", "--power-log-start", "2026-01-01T00:00:00"),
                         "the power log covers"),
                        ((result, otii_log, "--power-log-start", start, "-o", result), "would overwrite the input"),
                        ((no_windows, otii_log, "--power-log-start", start), "records no measured windows"),
                        ((other, otii_log, "--power-log-start", start), "edgetrain 0.0.1"),
                        ((unheld, otii_log, "--power-log-start", start), "not held for a meter"),
+                       ((edited, otii_log, "--power-log-start", start), "not as edgetrain wrote it"),
                        ((result, otii_log), "--power-log-start TIME")]:
         res = cli("energy", "attribute", *args)
         assert_user_error(res, 2, frag)
