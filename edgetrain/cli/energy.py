@@ -58,7 +58,8 @@ def attribute(result, meter_log, json_path, **values):
     as there) over each configuration's idle stretch and timed window recorded in RESULT, and the result is
     written with the measured energy (and carbon, provenance, uncertainty) the run would have had with
     --power-log: to -o (default RESULT-measured.json), never over RESULT. Exit 2 when the log does not cover the
-    windows, RESULT has none, or RESULT was written by another edgetrain version.
+    windows, RESULT has none, was written by another edgetrain version, or was changed after the run (its windows
+    carry a SHA-256 seal of the whole result).
     """
     import json
     from pathlib import Path
