@@ -88,6 +88,41 @@ def test_a_calibration_for_another_sensor_or_not_a_calibration_is_refused_in_one
         calibration.detect(root=root, vcgencmd="/nonexistent")
 
 
+# A calibration as `energy calibrate` writes it (save(): the fit's line plus where it came from)
+GOOD = {"format": "edgetrain-power-calibration/1", "source": "hwmon", "instrument": "hwmon ina3221",
+        "meter_log": "meter.csv", "fitted_at": "2026-12-03T10:00:00+00:00", "gain": 1.1, "offset_w": 0.3,
+        "residual_w": 0.05, "points": 40, "r2": 0.99, "method": "least squares"}
+EDITS = [(k, v) for k in ("gain", "offset_w", "residual_w", "points")
+         for v in (float("nan"), float("inf"), -float("inf"), True, "DEL", 1e300)] + [
+        ("gain", 0), ("gain", -1.1), ("residual_w", -0.05), ("points", 3), ("points", 40.5),
+        ("meter_log", None), ("meter_log", "DEL"), ("fitted_at", 17), ("fitted_at", "DEL")]
+
+
+@pytest.mark.parametrize("key,value", EDITS)
+def test_a_calibration_whose_line_cannot_be_read_through_is_refused_in_one_line(tmp_path, monkeypatch, key, value):
+    """Each of these was read through before (a NaN, infinite, negative or zero reading) or crashed (KeyError)."""
+    import json
+
+    root, _ = _board(tmp_path)
+    doc = {k: v for k, v in GOOD.items() if not (k == key and value == "DEL")}
+    if value != "DEL":
+        doc[key] = value
+    (tmp_path / "cal.json").write_text(json.dumps(doc))
+    monkeypatch.setenv(calibration.ENV, str(tmp_path / "cal.json"))
+    with pytest.raises(UsageError) as err:
+        calibration.detect(root=root, vcgencmd="/nonexistent")
+    assert "calibration" in err.value.line()
+    (tmp_path / "cal.json").write_text(json.dumps(GOOD))  # the same file as written: read through
+    assert calibration.detect(root=root, vcgencmd="/nonexistent").label().endswith("calibrated")
+
+
+def test_a_meter_that_falls_as_the_sensor_rises_is_not_fitted():
+    sensor = [(float(t), 2.0 + t % 3) for t in range(40)]
+    meter = [(t + 0.5, 9.0 - w) for t, w in sensor[:-1]]
+    with pytest.raises(UsageError, match="fall as the sensor's rise"):
+        calibration.fit(sensor, meter)
+
+
 def test_a_flat_sensor_cannot_be_fitted():
     flat = [(float(t), 3.0) for t in range(20)]
     meter = [(t + 0.5, 3.5) for t in range(19)]

@@ -30,6 +30,8 @@ from . import sensors
 
 ENV = "EDGETRAIN_POWER_CALIBRATION"
 MIN_POINTS = 10
+# A sensor reading a thousand times low (mW taken for W) is fitted with gain 1000; a million is an edited file.
+MAX_GAIN = 1e6
 FORMAT = "edgetrain-power-calibration/1"
 _LOAD_FIX = (f"give a file written by `edgetrain energy calibrate`, or set {ENV}= (empty) to read the sensor "
              "uncalibrated")
@@ -64,6 +66,9 @@ def fit(sensor, meter) -> dict:
         raise UsageError("the sensor read the same power throughout: a line cannot be fitted", "calibration",
                          "calibrate while the load changes (calibrate() alternates idle and busy)")
     gain = float(np.sum((x - mx) * (y - my))) / sxx
+    if not gain > 0:
+        raise UsageError(f"the meter's watts fall as the sensor's rise (gain {gain:.3g}): they do not measure the same "
+                         "supply", "calibration", "log the meter on the supply of the board whose sensor is calibrated")
     offset = my - gain * mx
     resid = math.sqrt(float(np.sum((y - gain * x - offset) ** 2)) / max(n - 2, 1))
     syy = float(np.sum((y - my) ** 2))
@@ -131,7 +136,31 @@ def load(path) -> dict:
             isinstance(doc.get(k), (int, float)) for k in ("gain", "offset_w", "residual_w", "points")):
         raise UsageError("not an edgetrain power calibration", str(p),
                          _LOAD_FIX)
+    why = _unusable(doc)
+    if why:
+        raise UsageError(f"the power calibration {why} (edited?)", str(p), _LOAD_FIX)
     return doc
+
+
+def _unusable(doc: dict) -> str | None:
+    """Why a calibration's line cannot be read through (what ``fit`` never writes), or None."""
+    from . import meterlog
+
+    def number(k):
+        v = doc.get(k)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+    gain, offset, resid, points = (number(k) for k in ("gain", "offset_w", "residual_w", "points"))
+    if gain is None or not 0 < gain <= MAX_GAIN:
+        return f"has gain {doc.get('gain')!r}: a meter's watts rise with the sensor's, at most {MAX_GAIN:g} times"
+    if offset is None or resid is None or resid < 0 or max(abs(offset), resid) > meterlog.MAX_WATTS:
+        return (f"has offset {doc.get('offset_w')!r} W and residual {doc.get('residual_w')!r} W: each within "
+                f"{meterlog.MAX_WATTS:g} W, the residual >= 0")
+    if points is None or points != int(points) or not MIN_POINTS <= points <= 1e9:
+        return f"was fitted over {doc.get('points')!r} readings: a whole number from {MIN_POINTS} to 10^9"
+    if not all(isinstance(doc.get(k), str) for k in ("meter_log", "fitted_at")):
+        return "does not name its meter log and when it was fitted"
+    return None
 
 
 class Calibrated(sensors.Source):

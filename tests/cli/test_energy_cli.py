@@ -390,6 +390,13 @@ def test_calibrate_recovers_the_meters_line_and_later_runs_read_through_it_sayin
     assert raw.code == 0, raw.err
     rpi = raw.json()["energy"]["per_inference"]
     assert "calibration" not in rpi and rpi["idle_w"] == pytest.approx(sensor_w)
+    # a calibration edited to a line no fit writes (here a NaN gain, read through as NaN W before): refused
+    edited = tmp_path / "edited-calibration.json"
+    edited.write_text(written.read_text().replace(f'"gain": {cal["gain"]!r}', '"gain": NaN'))
+    assert "NaN" in edited.read_text()
+    bad = cli("profile", onnx_file, "--device", this_host, *FAST,
+              env={**env, "EDGETRAIN_POWER_CALIBRATION": str(edited)})
+    assert_user_error(bad, 2, "the power calibration has gain nan", "edited?")
 
 
 def _log(path, rows):
