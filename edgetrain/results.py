@@ -64,9 +64,8 @@ def _digest(d: dict) -> str:
     import json
 
     plain = json.loads(json.dumps(d, default=str))  # as a file holds it: keys strings, tuples lists
-    w = _windows(plain)
-    if w is not None:
-        w.pop(SEAL, None)
+    for holder in (plain, _windows(plain) or {}):
+        holder.pop(SEAL, None)
     return hashlib.sha256(json.dumps(plain, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -78,10 +77,17 @@ def seal_windows(d: dict) -> dict:
     return d
 
 
+def seal_whole(d: dict) -> dict:
+    """``d`` sealed at its top level, in place: a result another command reads back (a fleet's fleet.json)."""
+    d[SEAL] = _digest(d)
+    return d
+
+
 def sealed_as_written(d: dict) -> bool:
-    """Whether ``d`` is a result as edgetrain wrote it: its meter windows' seal matches the rest of it."""
-    w = _windows(d)
-    return w is not None and w.get(SEAL) == _digest(d)
+    """Whether ``d`` is a result as edgetrain wrote it: its seal (in its meter windows if it has them, else at
+    its top level) matches the rest of it."""
+    holder = _windows(d) or d
+    return isinstance(holder, dict) and holder.get(SEAL) == _digest(d)
 
 
 class Figure:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
-from ..results import Result
+from ..results import Result, seal_whole, sealed_as_written
 
 RESULT = "fleet.json"  # in a fleet RUNDIR: the round-by-round report
 HTML = "fleet-report.html"  # in a fleet RUNDIR: the report page (the run report's page, this section)
@@ -50,7 +50,7 @@ class FleetResult(Result):
     def to_dict(self) -> dict:
         d = super().to_dict()
         d["uplink_reduction"] = self.uplink_reduction
-        return d
+        return seal_whole(d)  # a recipe's report step reads it back (read_report)
 
     def checks(self) -> list[str]:
         from ..compare import chance_failure
@@ -91,6 +91,10 @@ def read_report(rundir: str | Path, where: str = "fleet RUNDIR") -> dict:
         raise UsageError(f"cannot read {path}: {type(exc).__name__}", where, fix) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rounds"), list):
         raise UsageError(f"{path} is not a fleet report (no rounds)", where, fix)
+    if not sealed_as_written(doc):
+        raise UsageError(f"{path} is not as `fleet serve` wrote it: it was changed after the run, or written by an "
+                         "edgetrain before fleet reports were sealed (its seal does not match)", where,
+                         "give the RUNDIR's fleet.json as the fleet run wrote it, or run the fleet again")
     return doc
 
 
