@@ -48,3 +48,34 @@ GROUPNORM_NET = (
     "    net.edgetrain_preprocess = {'input_shape': [1, 8, 8], 'mean': [0.5], 'std': [0.25]}\n"
     "    return net\n"
 )
+
+
+def edited_copies(doc, skip=()):
+    """A result as edgetrain wrote it, edited by hand: for every leaf of ``doc`` (an empty list or object counts
+    as one; the key paths in ``skip`` left alone), a copy with it changed to a value of another kind (cycling
+    through NaN, -1, a string, null, [], {}, true) and a copy with it deleted, as (path, copy) pairs, each copy as
+    it reads back from a file."""
+    import copy
+
+    def leaves(node, path=()):
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else None
+        if not items:
+            yield path
+            return
+        for k, v in items:
+            yield from leaves(v, path + (k,))
+
+    kinds = [float("nan"), -1, "x", None, [], {}, True]
+    for i, path in enumerate(p for p in leaves(doc) if not any(s in p for s in skip)):
+        for value in (kinds[i % len(kinds)], "DELETE"):
+            edited = copy.deepcopy(doc)
+            node = edited
+            for k in path[:-1]:
+                node = node[k]
+            if value == "DELETE":
+                del node[path[-1]]
+            elif node[path[-1]] == value:
+                continue
+            else:
+                node[path[-1]] = value
+            yield path, json.loads(json.dumps(edited))
