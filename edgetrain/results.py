@@ -45,10 +45,11 @@ class Result:
         return seal_windows(d)
 
 
-# A result that records windows for a meter (a profile's ``meter_windows``, a fine-tune's under ``energy``: what
-# `edgetrain energy attribute` reads a meter's export over) carries in them, as ``seal``, the SHA-256 of the whole
-# result as JSON: attribute reads only a result as edgetrain wrote it, not one changed since (an edited figure
-# would otherwise be carried into the measured result, or break it).
+# A result another command reads back carries ``seal``, the SHA-256 of the whole result as JSON, so that it reads
+# only a result as edgetrain wrote it, not one changed since (an edited figure would otherwise be carried into
+# what it writes, or break it): in its meter windows, a result that records them (a profile's ``meter_windows``, a
+# fine-tune's under ``energy``: what `edgetrain energy attribute` reads a meter's export over); at the top level,
+# a fleet's fleet.json (``seal_whole``: a recipe's report step reads it).
 SEAL = "seal"
 
 
