@@ -33,22 +33,54 @@ def sensor_env(root: Path, **more) -> dict:
     return {"EDGETRAIN_SYSFS_ROOT": str(root), "EDGETRAIN_VCGENCMD": str(root / "no-vcgencmd"), **more}
 
 
-# A board whose own sensor steps between levels (rewritten in place, every level the same number of digits)
-BOARD = r"""
+# A separate process plays the board and the meter at once: it steps the board's power every STEP_S seconds
+# (rewriting `power1_input` in place, every level the same number of digits, so a read never sees half a
+# value) and logs what a meter at the
+# board's input would read at the same instants, gain x sensor + offset, in pyummeter's UM34C CSV
+# (tests/fixtures/power/SOURCES.md). It logs only in the middle of each step, so the sensor's samples either
+# side of a meter reading saw the same power and the line is recovered closely, not just roughly.
+
+UM34C_HEADER = ("Date;Voltage (V);Intensity (A);Power (W);Resistance (Ohm);USB D+ (V);USB D- (V);Charging Mode;"
+                "Temperature (°C);Model;Recording;Record duration (sec);Record intensity (A);Record capacity (Ah);"
+                "Record energy (Wh);Capacity (Ah);Energy (Wh)")
+STEP_S = 0.6
+LEVELS_UW = (1_500_000, 3_900_000, 2_400_000, 5_200_000)  # the board's own sensor, µW (7 digits each)
+
+BOARD_AND_METER = r"""
 import sys, time
-power, seconds, levels = sys.argv[1], float(sys.argv[2]), sys.argv[3].split(",")
-end, i = time.time() + seconds, 0
+from datetime import datetime
+power_file, log, gain, offset, seconds, step = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), \
+    float(sys.argv[5]), float(sys.argv[6])
+levels = [int(x) for x in sys.argv[7].split(",")]
+end = time.time() + seconds
+i = 0
 while time.time() < end:
-    with open(power, "r+") as f:
-        f.write(levels[i % len(levels)] + "\n")
-    time.sleep(0.3)
+    start = time.time()
+    uw = levels[i % len(levels)]
+    with open(power_file, "r+") as f:  # in place, as a driver's file (the reader keeps it open); same length
+        f.write(f"{uw}\n")
+    for at in (0.25, 0.3, 0.35):  # mid-step: the sampler's neighbours (20 Hz) are inside the step
+        time.sleep(max(0.0, start + at * step / 0.6 - time.time()))
+        w = gain * uw / 1e6 + offset
+        amps = w / 5.1
+        with open(log, "a", encoding="utf-8", newline="") as f:
+            f.write(f"{datetime.now().isoformat(sep=' ')};5.1;{amps:.3f};{w:.3f};9999.9;0.01;0.02;DCP1.5A;20;"
+                    "UM34C;0;240;0.1;0.016;0.256;0.011;0.056\r\n")
+    time.sleep(max(0.0, start + step - time.time()))
     i += 1
 """
 
 
-def stepping_board(root: Path, seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", BOARD, str(root / "class" / "hwmon" / "hwmon0" / "power1_input"),
-                             str(seconds), "1500000,3900000,2400000,5200000"])
+def um34c_log(path: Path) -> Path:
+    """An empty UM34C CSV (its header alone), for board_and_meter to log into."""
+    path.write_text(UM34C_HEADER + "\r\n", encoding="utf-8", newline="")
+    return path
+
+
+def board_and_meter(root: Path, log: Path, gain: float, offset: float, seconds: float) -> subprocess.Popen:
+    power = root / "class" / "hwmon" / "hwmon0" / "power1_input"
+    return subprocess.Popen([sys.executable, "-c", BOARD_AND_METER, str(power), str(log), str(gain), str(offset),
+                             str(seconds), str(STEP_S), ",".join(map(str, LEVELS_UW))])
 
 
 def clock_log(path: Path, start: float, seconds: float, watts: float = 2.5, hz: float = 10.0) -> Path:

@@ -91,7 +91,7 @@ def test_a_signal_while_calibrate_samples_leaves_nothing(tmp_path, sig):
     before = _digest(log)
     out = tmp_path / "out" / "cal.json"
     out.parent.mkdir()
-    board = metertools.stepping_board(root, 60)
+    board = metertools.board_and_meter(root, tmp_path / "board-meter.csv", 1.0, 0.0, 60)  # steps the sensor
     lines: list[str] = []
 
     def sampling(proc) -> bool:  # its first line says the sampling has started

@@ -298,64 +298,15 @@ def test_an_unknown_country_is_refused_in_one_line_before_any_work(cli, onnx_fil
     assert not (tmp_path / "o").exists()
 
 # --- `edgetrain energy calibrate METER_LOG` (issue 24, item 5) ---------------------------------------------
-# A separate process plays the board and the meter at once: it steps the board's power every STEP_S seconds
-# (rewriting `power1_input` in place, every level the same number of digits, so a read never sees half a
-# value) and logs what a meter at the
-# board's input would read at the same instants, gain x sensor + offset, in pyummeter's UM34C CSV
-# (tests/fixtures/power/SOURCES.md). It logs only in the middle of each step, so the sensor's samples either
-# side of a meter reading saw the same power and the line is recovered closely, not just roughly.
-
-UM34C_HEADER = ("Date;Voltage (V);Intensity (A);Power (W);Resistance (Ohm);USB D+ (V);USB D- (V);Charging Mode;"
-                "Temperature (°C);Model;Recording;Record duration (sec);Record intensity (A);Record capacity (Ah);"
-                "Record energy (Wh);Capacity (Ah);Energy (Wh)")
-STEP_S = 0.6
-LEVELS_UW = (1_500_000, 3_900_000, 2_400_000, 5_200_000)  # the board's own sensor, µW (7 digits each)
-
-BOARD_AND_METER = r"""
-import sys, time
-from datetime import datetime
-power_file, log, gain, offset, seconds, step = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), \
-    float(sys.argv[5]), float(sys.argv[6])
-levels = [int(x) for x in sys.argv[7].split(",")]
-end = time.time() + seconds
-i = 0
-while time.time() < end:
-    start = time.time()
-    uw = levels[i % len(levels)]
-    with open(power_file, "r+") as f:  # in place, as a driver's file (the reader keeps it open); same length
-        f.write(f"{uw}\n")
-    for at in (0.25, 0.3, 0.35):  # mid-step: the sampler's neighbours (20 Hz) are inside the step
-        time.sleep(max(0.0, start + at * step / 0.6 - time.time()))
-        w = gain * uw / 1e6 + offset
-        amps = w / 5.1
-        with open(log, "a", encoding="utf-8", newline="") as f:
-            f.write(f"{datetime.now().isoformat(sep=' ')};5.1;{amps:.3f};{w:.3f};9999.9;0.01;0.02;DCP1.5A;20;"
-                    "UM34C;0;240;0.1;0.016;0.256;0.011;0.056\r\n")
-    time.sleep(max(0.0, start + step - time.time()))
-    i += 1
-"""
-
-
-def _um34c_log(path):
-    path.write_text(UM34C_HEADER + "\r\n", encoding="utf-8", newline="")
-    return path
-
-
-def _board_and_meter(root, log, gain, offset, seconds):
-    power = root / "class" / "hwmon" / "hwmon0" / "power1_input"
-    return subprocess.Popen([sys.executable, "-c", BOARD_AND_METER, str(power), str(log), str(gain), str(offset),
-                             str(seconds), str(STEP_S), ",".join(map(str, LEVELS_UW))])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("gain,offset", [(1.13, 0.72), (0.94, 1.9)])
 def test_calibrate_recovers_the_meters_line_and_later_runs_read_through_it_saying_so(
         cli, onnx_file, this_host, tmp_path, gain, offset):
-    root = hwmon_tree(tmp_path / "sys", LEVELS_UW[0])
-    log = _um34c_log(tmp_path / "um34c.csv")
+    root = hwmon_tree(tmp_path / "sys", metertools.LEVELS_UW[0])
+    log = metertools.um34c_log(tmp_path / "um34c.csv")
     config = tmp_path / "config"
     env = sensor_env(root, XDG_CONFIG_HOME=str(config))
-    board = _board_and_meter(root, log, gain, offset, seconds=7.0)
+    board = metertools.board_and_meter(root, log, gain, offset, seconds=7.0)
     try:
         time.sleep(0.5)  # the meter is logging before the calibration starts
         res = cli("energy", "calibrate", log, "--seconds", "5", "--phase", "0.5", "--json", "-", env=env)
@@ -368,7 +319,7 @@ def test_calibrate_recovers_the_meters_line_and_later_runs_read_through_it_sayin
     # the meter rounds to 1 mW and a loaded host may stall the sampler near a step: close, not exact
     assert cal["gain"] == pytest.approx(gain, rel=0.02) and cal["offset_w"] == pytest.approx(offset, abs=0.06)
     assert cal["source"] == "hwmon" and cal["meter_log"] == "um34c.csv" and cal["points"] >= 15
-    lo, hi = min(LEVELS_UW) / 1e6, max(LEVELS_UW) / 1e6
+    lo, hi = min(metertools.LEVELS_UW) / 1e6, max(metertools.LEVELS_UW) / 1e6
     assert lo - 1e-9 <= cal["sensor_range_w"][0] < cal["sensor_range_w"][1] <= hi + 1e-9
 
     # a later run, with nothing but the default file, reads the sensor through the fit and says so

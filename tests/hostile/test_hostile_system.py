@@ -326,7 +326,7 @@ def test_a_file_size_limit_is_one_line_and_nothing_half_written(tmp_path, images
 # what it writes (8192 bytes, or less for a small output: no command writes anything that small before it).
 # "{recipe-export}"/"{recipe-report}": recipes whose run folder fails at its step's model / at its own report;
 # "{result}", "{export}", "{start}": a finished `profile --meter-export` result and a meter's export covering it;
-# "{meter}": a meter logging while `energy calibrate` samples a board whose power steps ("{board}" env).
+# "{meter}": a meter logging while `energy calibrate` samples a board whose power steps (metertools.board_and_meter).
 FSIZE_MORE = {
     "profile-json": (["profile", ONNX, "--runs", "3", "--json", "{out}/p.json"], 8192),
     "profile-report": (["profile", ONNX, "--runs", "3", "--report", "{out}/p.html"], 8192),
@@ -339,7 +339,7 @@ FSIZE_MORE = {
     "run-json": (["run", "{recipe-report}", "-o", "{out}/run", "--json", "{out}/run.json"], 1024),
     "energy-attribute-o": (["energy", "attribute", "{result}", "{export}", "--power-log-start", "{start}",
                             "-o", "{out}/m.json"], 8192),
-    "energy-calibrate-o": (["energy", "calibrate", "{meter}", "-o", "{out}/cal.json", "--seconds", "2",
+    "energy-calibrate-o": (["energy", "calibrate", "{meter}", "-o", "{out}/cal.json", "--seconds", "4",
                             "--phase", "0.5"], 256),
     "fleet-serve": (["fleet", "serve", PREFIX, "--val", "builtin:digits", "-o", "{out}/fleet", "--rounds", "1",
                      "--min-clients", "1", "--join-timeout", "5"], 8192),
@@ -378,8 +378,6 @@ def _recipes(folder: Path) -> dict:
 def test_every_other_writer_under_a_file_size_limit_is_one_line(tmp_path, request, case):
     """The same promise for every other output: one line naming ulimit -f, exit 2, nothing half-written, no temp
     left. A recipe's failing step says it in the run's one line for it ("step 'export' bad input (exit 2): ...")."""
-    import time
-
     import metertools
 
     argv, limit = FSIZE_MORE[case]
@@ -392,10 +390,10 @@ def test_every_other_writer_under_a_file_size_limit_is_one_line(tmp_path, reques
     if "{result}" in argv:
         given.update(request.getfixturevalue("meter_export"))
     if "{meter}" in argv:
-        root = metertools.hwmon_tree(tmp_path / "sys", 1_500_000)
-        given["meter"] = str(metertools.clock_log(tmp_path / "meter.csv", time.time() - 1, 60))
+        root = metertools.hwmon_tree(tmp_path / "sys", metertools.LEVELS_UW[0])
+        given["meter"] = str(metertools.um34c_log(tmp_path / "meter.csv"))  # logged by the board: it fits
         env.update(metertools.sensor_env(root))
-        board = metertools.stepping_board(root, 10)
+        board = metertools.board_and_meter(root, Path(given["meter"]), 1.1, 0.5, 10)
     inputs = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(out)]
     before = {p: p.read_bytes() for p in inputs + [Path(given[k]) for k in ("result", "export") if k in given]}
     try:
