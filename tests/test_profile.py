@@ -216,7 +216,8 @@ def test_timings_under_emulation_are_labelled_emulated_and_not_scaled(swept):
 def test_a_run_slower_than_the_host_has_been_widens_its_interval_and_is_flagged_with_the_reason(
         onnx_file, tmp_path, monkeypatch):
     """The whole-run shift a busy neighbour causes: the reference's median CPU time against the lowest this host
-    has given it. The host's memory says it once ran the reference 2x and 4x faster than the run before: the
+    has given it. The host's memory says it once ran the reference 8x and 16x faster than the run before (far
+    enough that this run's own load, up to 7x lighter than the run before's, still reads as contention): the
     interval reaches down by the drift measured (it widens with the contention) and the figure is flagged, the
     reason in the JSON result."""
     import json
@@ -229,7 +230,7 @@ def test_a_run_slower_than_the_host_has_been_widens_its_interval_and_is_flagged_
     path = user_profile(tmp_path, name="slowboard", speed={"method": "reference_latency", "reference": ref})
     memory = tmp_path / "cache" / contention.QUIET_FILE
     lows, fast = {}, 0.0
-    for faster in (1, 2, 4):
+    for faster in (1, 8, 16):  # 2x failed once under the slow stage's load: the run before was 1.8x slower
         if faster > 1:  # what this host gave before, made `faster` times quicker than this run saw
             seen = json.loads(memory.read_text())
             memory.write_text(json.dumps({k: (v if "|model ratio " in k else fast / faster) for k, v in seen.items()}))
