@@ -5,13 +5,12 @@ cached, micro-batches within the memory budget, threads capped) whose trainable 
 *global* weights the coordinator sent (the job's ``initial``), with SCAFFOLD's correction added to its
 gradients (``correction``) and no model written (``write_model=False``): a round's result is its arrays.
 
-- The job's engine is the one ``edgetrain finetune`` picks: ``head`` / ``last:N`` in NumPy (no mxnet in the
-  round), in MXNet where NumPy cannot run the part, ``all`` in MXNet.
+- The job trains the model's ONNX graph as ``edgetrain finetune`` does (a Gluon base exported once, in an
+  mxnet child, then cached: no mxnet in a round).
 - What travels is every array of the trained part: its trainable parameters (weights, biases, BatchNorm
-  gamma/beta) and its BatchNorm running statistics (mean, variance), named as in the model's graph by
-  either engine. The statistics are not trained by gradients: they travel as float32 whatever the codec
-  (a variance must stay positive; they are two numbers per channel), are averaged weighted by samples like
-  the rest, and get no SCAFFOLD control variate.
+  scale/shift), named as in the model's graph. BatchNorm's running statistics are the graph's constants
+  (statistics() is empty); a job that had any would send them as float32 whatever the codec, averaged
+  weighted by samples, with no SCAFFOLD control variate.
 - A global array whose name or shape does not match the device's model is refused (``ShapeMismatch``),
   never silently reshaped.
 """
@@ -201,10 +200,7 @@ class Evaluator:
 
     def write_model(self, arrays: dict[str, np.ndarray], folder: Path, extra: dict) -> Path:
         """The base model with ``arrays`` as its trainable part, written into ``folder`` as ``edgetrain finetune``
-        writes its model (the engine's: a PREFIX for a Gluon base, an .onnx file for an ONNX base), with the
+        writes its model (model.onnx, and a PREFIX for a Gluon base), with the
         fleet's class names and preprocessing; returns its path."""
-        engine = self.job.engine
-        engine.start_from(arrays)
-        path = engine.model_path(Path(folder))
-        engine.write_model(path, self.job.pre, extra)
-        return path
+        self.job.engine.start_from(arrays)
+        return self.job.write_model(Path(folder), extra)

@@ -59,6 +59,10 @@ def _weights_of(graph) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _within(names: list[str], within: set[str] | None) -> list[str]:
+    return names if within is None else [n for n in names if n in within]
+
+
 class OnnxEngine:
     def __init__(self, job):
         self.job = job
@@ -84,9 +88,11 @@ class OnnxEngine:
 
     # --- set-up ------------------------------------------------------------------------------------
 
-    def load(self) -> None:
+    def load(self, source: Path, within: set[str] | None = None) -> None:
+        """Load the ONNX graph ``source`` and make its trainable part; ``within``: the only initializers that may
+        train (a Gluon model's weights: the PREFIX written at the end holds nothing else)."""
         job = self.job
-        model = load_onnx(job.model)
+        model = load_onnx(source)
         if model.preprocess is None:
             raise UsageError("the ONNX file has no edgetrain preprocessing record", job.model,
                              "export it with `edgetrain export` (its metadata says the input shape and mean/std)")
@@ -105,7 +111,7 @@ class OnnxEngine:
                 raise UsageError(f"the shape of {self.cut} cannot be inferred", self.job.model,
                                  "export the model with a fixed input shape")
             tail = extract(self.proto, [self.cut], [logits], shapes)
-            self.grad = onnx_grad.GradGraph(tail, _weights_of(tail.graph), output=logits)
+            self.grad = onnx_grad.GradGraph(tail, _within(_weights_of(tail.graph), within), output=logits)
             frozen = extract(self.proto, [self.proto.graph.input[0].name], [self.cut], shapes)
             self._frozen_figures(frozen, shapes)
             self.frozen_bytes = frozen.SerializeToString()
@@ -119,7 +125,7 @@ class OnnxEngine:
             added = sum(int(self.grad.params[n].size) for n in extra)
             job.notes.append(f"lite: {len(blocks)} residual modules added ({added} weights, starting at zero output)")
         else:
-            mode = "bias+head" if self.kind == "bias" else _weights_of(self.proto.graph)
+            mode = "bias+head" if self.kind == "bias" else _within(_weights_of(self.proto.graph), within)
             self.grad = onnx_grad.GradGraph(self.proto, mode, output=logits)
         self.weights = {k: self.grad.params[k] for k in self.grad.trainable}
 

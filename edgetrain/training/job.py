@@ -1,15 +1,15 @@
 """The fine-tune job: train MODEL on the device within its RAM budget and thread cap, resumable after a
 power cut.
 
-The model's graph is split (netsplit) into a frozen part and a trained part. The frozen part runs in ONNX
-Runtime, its outputs computed once into the feature cache (featurecache); every epoch trains on the
-cache. What trains is the job's engine, an object it holds: ``head`` and ``last:N`` train in NumPy
-(engine_numpy: no mxnet in the process once the base model's export is cached), ``all`` and any trained
-part NumPy cannot run train in MXNet (engine_mxnet); the job swaps a NumPy engine that refuses for the
-MXNet one, saying why. A diverging loss or non-finite weights fail the run (exit 1, no model); one run at
-a time holds OUTDIR (outdir.py). Micro-batches with gradient accumulation keep the effective batch size
-while capping activation memory (memplan picks the sizes). A checkpoint after every epoch and on
-SIGINT/SIGTERM makes ``resume`` end with the same weights as an uninterrupted run.
+Every ``--train-layers`` choice trains one representation, the model's ONNX graph, through one engine
+(engine_onnx): an ONNX file as it is; a Gluon model (PREFIX, zoo:NAME, factory) exported first, once, in an
+mxnet child (gluon.py; cached per user, so later runs import no mxnet), and written back as PREFIX files
+beside OUTDIR/model.onnx at the end. A frozen part runs in ONNX Runtime, its outputs computed once into the
+feature cache (featurecache); every epoch trains on the cache. A diverging loss or non-finite weights fail
+the run (exit 1, no model); one run at a time holds OUTDIR (outdir.py). Micro-batches with gradient
+accumulation keep the effective batch size while capping activation memory (memplan picks the sizes). A
+checkpoint after every epoch and on SIGINT/SIGTERM makes ``resume`` end with the same weights as an
+uninterrupted run.
 
 Extension is by constructor parameters, never by overriding: ``initial`` (the arrays the trainable part
 starts from, refused unless they fit), ``correction`` (added to every gradient, by array name) and
@@ -47,12 +47,12 @@ from ..options import FinetuneOptions, TrainLayers
 from ..results import ProgressFn, Result, report
 from . import checkpoint as ckpt
 from . import store
-from .engine_mxnet import MXNetEngine
-from .engine_numpy import NotNumpy, NumpyEngine
+from .engine_onnx import OnnxEngine
 from .featurecache import FeatureCache
 from .memplan import READ_AHEAD
 from .optimizers import Corrected, default_lr
-from .outdir import FEATURES_FILE, LOCK_FILE, METRICS, take_lock
+from .gluon import GluonBase, prepare
+from .outdir import FEATURES_FILE, LOCK_FILE, METRICS, MODEL_NAME, ONNX_MODEL, take_lock
 
 DEFAULT_VAL_SPLIT = 0.2
 
@@ -146,19 +146,6 @@ def data_fingerprint(ds) -> str:
     return f"{Path(ds.source).name if os.sep in ds.source else ds.source} n={len(ds)} labels={h}"
 
 
-def engine_for(model: str, layers: TrainLayers):
-    """The engine a job starts with: an ONNX file trains in NumPy from the file (no mxnet); a Gluon model in
-    NumPy where part of it is frozen, else in MXNet."""
-    if str(model).lower().endswith(".onnx"):
-        from .engine_onnx import OnnxEngine  # only an ONNX file's run loads the gradient code (~40 ms)
-
-        return OnnxEngine
-    if layers.kind in ("bias", "lite"):
-        raise UsageError(f"--train-layers {layers.kind} trains from an ONNX file", "--train-layers",
-                         "export the model first (edgetrain export MODEL model.onnx) and fine-tune model.onnx")
-    return NumpyEngine if layers.kind == "last" else MXNetEngine
-
-
 class FinetuneJob:
     """One fine-tune run. ``run(has_checkpoint)`` trains and returns a FinetuneResult; ``load()`` alone
     builds the model and data (the fleet's evaluator), after which ``evaluate(arrays)`` gives top-1."""
@@ -174,7 +161,8 @@ class FinetuneJob:
         self.seed, self.params, self.input_shape = opts.seed, opts.params, opts.input_shape
         self.resume, self.initial, self.initial_where = resume, initial, initial_where
         self.correction, self.writes_model = correction, write_model
-        self.engine = engine_for(model, layers)(self)
+        self.engine = OnnxEngine(self)
+        self.gluon: GluonBase | None = None   # a Gluon model's export (None: MODEL is an ONNX file)
         self.notes: list[str] = []
         self.notes_before_training = 0
         self.stop = Stop()
@@ -235,22 +223,36 @@ class FinetuneJob:
         self.pre = pre.with_classes(self.classes)
 
     def load(self) -> None:
-        """The model, its data and the trainable part, ready to train; a NumPy engine that cannot train the
-        part is replaced by the MXNet engine (the export it made goes). ``initial`` is applied here."""
-        import shutil
-
-        try:
-            self.engine.load()
-        except NotNumpy as why:
-            shutil.rmtree(self.outdir / store.PREP_DIR, ignore_errors=True)
-            self.engine = MXNetEngine(self)
-            self.notes.append(f"the trained part trains in MXNet: {why}")
-            self.engine.load()
+        """The model, its data and the trainable part, ready to train (a Gluon model exported to ONNX first).
+        ``initial`` is applied here."""
+        source, within = Path(self.model), None
+        if not str(self.model).lower().endswith(".onnx"):
+            self.gluon = prepare(self)
+            source, within = self.gluon.onnx, self.gluon.weight_names()
+            self.notes += self.gluon.record["notes"]
+        self.engine.load(source, within)
         if self.initial is not None:
             check_shapes(self.engine.trainable_arrays(), {k: v.shape for k, v in self.initial.items()},
                          self.initial_where, "every device must fine-tune the same model for the same classes "
                          "(same class_names) with the same --train-layers")
             self.engine.start_from(self.initial)
+
+    def write_model(self, folder: Path, extra: dict) -> Path:
+        """The fine-tuned model in ``folder``: model.onnx, and for a Gluon model its PREFIX files too (what the
+        host's next step reads), unless lite's modules, which Gluon's graph lacks, were added. Returns the path
+        a result names: the PREFIX where one was written."""
+        onnx_path = folder / ONNX_MODEL
+        self.engine.write_model(onnx_path, self.pre, extra)
+        if self.gluon is None:
+            return onnx_path
+        if self.layers.kind == "lite":
+            if not any("no Gluon form" in n for n in self.notes):
+                self.notes.append(f"lite's residual modules have no Gluon form: the fine-tuned model is {onnx_path} "
+                                  "(no PREFIX files written)")
+            return onnx_path
+        prefix = folder / MODEL_NAME
+        self.gluon.write_prefix(prefix, self.engine.trainable_arrays(), len(self.classes), self.pre, extra)
+        return prefix
 
     def trainable_arrays(self) -> dict[str, np.ndarray]:
         """The part that travels: the trained arrays and the running statistics, by parameter name (copies)."""
@@ -322,8 +324,8 @@ class FinetuneJob:
         sources = [(self.train_ds, 0)] + ([(self.val_ds, len(self.train_ds))] if self.val_ds is not None else [])
         done = 0
         # decoded READ_AHEAD samples at a time on the thread cap's threads (in turn with the frozen part,
-        # never beside it); in MXNet (an export that failed) on this thread alone: its OpenMP workers spin
-        reader = ParallelReader((self.threads or runtime.current_threads()) if self.frozen_in_ort else 1)
+        # never beside it)
+        reader = ParallelReader(self.threads or runtime.current_threads())
         chunk = max(fb, READ_AHEAD)  # a multiple of fb: both are powers of two
         try:
             for ds, offset in sources:
@@ -450,6 +452,7 @@ class FinetuneJob:
         ckpt_path = self.outdir / ckpt.FILENAME
         if has_checkpoint:
             meta, arrays = ckpt.load(ckpt_path)
+            refuse_old_engine(meta, ckpt_path)
             ckpt.check_matches(meta, self.fingerprint(), ckpt_path)
             if self.epochs <= int(meta["epoch"]):
                 self.notes.append(f"the checkpoint already holds {meta['epoch']} epoch(s) (--epochs {self.epochs}); "
@@ -568,19 +571,20 @@ class FinetuneJob:
         acc_on = "held-out" if self.val_ds is not None else "training"
         final_acc = last.get("val_accuracy") if self.val_ds is not None else last.get("train_accuracy")
         self._check_finite()
+        model_path = self.outdir / (MODEL_NAME if self.gluon is not None and self.layers.kind != "lite" else ONNX_MODEL)
         if self.writes_model:
-            self.engine.write_model(self.engine.model_path(self.outdir), self.pre, {
+            model_path = self.write_model(self.outdir, {
                 "finetuned_from": self.model, "data": self.data, "train_layers": self.layers.text,
                 "epochs": len(self.history), "accuracy": final_acc, "accuracy_on": acc_on})
         if self.cache is not None:
             self.cache.close(delete=True)
         _remove_scratch(self.outdir)
-        peak = max(procmem.peak_rss_mb() or 0.0, self.engine.child_peak_mb) or None
+        peak = max(procmem.peak_rss_mb() or 0.0, self.gluon.child_peak_mb if self.gluon else 0.0) or None
         trained_n, frozen_n = self.engine.param_counts()
         train_seconds = sum(r["seconds"] for r in self.history)
         samples = len(self.train_ds) * len(self.history)
         result = FinetuneResult(
-            model=str(self.engine.model_path(self.outdir)), outdir=str(self.outdir), classes=self.classes,
+            model=str(model_path), outdir=str(self.outdir), classes=self.classes,
             train_layers=self.layers.text, trained_parameters=trained_n, frozen_parameters=frozen_n,
             replaced_head=self.engine.replaced_head, epochs=self.history, final_accuracy=final_acc, accuracy_on=acc_on,
             seconds=round(total, 3), feature_seconds=round(feature_seconds, 3),
@@ -599,6 +603,17 @@ class FinetuneJob:
             result.joules_per_sample = result.energy["joules_per_sample"]
         self._write_metrics(final=True, summary={k: v for k, v in result.to_dict().items() if k != "epochs"})
         return result
+
+
+def refuse_old_engine(meta: dict, path: Path) -> None:
+    """A checkpoint of the engines one-engine training replaced (``numpy-head``/``numpy-tail``: NumPy's
+    interpreter of Gluon graphs, ``mxnet``: MXNet's autograd) holds weights and optimizer state under another
+    graph's names and another BatchNorm (trained statistics): refused, saying why, rather than resumed wrong."""
+    engine = str((meta.get("fingerprint") or {}).get("engine", ""))
+    if not engine.startswith("onnx-"):
+        raise UsageError(f"the checkpoint was written by the '{engine}' engine of an earlier edgetrain, which no longer "
+                         "exists (every --train-layers choice now trains the model's ONNX graph)", str(path),
+                         "start the run again in a new OUTDIR, or remove this checkpoint")
 
 
 def _remove_scratch(outdir: Path) -> None:

@@ -12,11 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 
-from .. import _lazy, procmem
 from ..errors import UsageError
-from .netsplit import output_name
 
 MB = 1024 * 1024
 FEATURE_BATCHES = (32, 16, 8, 4, 2, 1)
@@ -90,15 +87,6 @@ class MemoryPlan:
         return asdict(self)
 
 
-def graph_costs(sym, input_name: str, input_shape: tuple) -> float:
-    """MiB of all internal outputs of one sample through ``sym`` (an upper bound of one pass)."""
-    internals = sym.get_internals()
-    _, shapes, _ = internals.infer_shape(**{input_name: (1, *input_shape)})
-    args = set(sym.list_arguments()) | set(sym.list_auxiliary_states())
-    total = sum(int(np.prod(s)) for name, s in zip(internals.list_outputs(), shapes) if name not in args)
-    return total * 4 / MB
-
-
 def divisors_desc(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
@@ -164,72 +152,3 @@ def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
                "or use a smaller --input-shape")
     return UsageError(f"memory budget {budget_mb:.0f} MB is too small: even micro-batch 1 with the feature "
                       f"cache on disk needs about {least:.0f} MB ({parts})", "--memory-budget", fix)
-
-
-# --- the job's figures, and the probe -----------------------------------------------------------------
-
-def job_costs(split, pre, rows: int, batch_size: int, base_mb: float) -> Costs:
-    """Costs of training ``split`` (netsplit.Split) on inputs ``pre`` with ``rows`` samples to cache."""
-    mx = _lazy.mxnet()
-
-    frozen_ps = 0.0
-    if split.frozen is not None:
-        internals = split.graph.symbol().get_internals()
-        frozen_ps = graph_costs(internals[output_name(internals, split.cut_name)], pre.input_name, pre.input_shape)
-    # forward activations kept for backward, their gradients, and the weight gradients' temporaries
-    train_ps = 3 * graph_costs(split.trained(mx.sym.var(split.trained_input)), split.trained_input,
-                               split.feature_shape)
-    params_mb = sum(p.data().size for p in split.trainable()) * 4 * 4 / MB  # weight, grad, 2 optimizer states
-    return Costs(base_mb, frozen_ps, train_ps, params_mb, int(np.prod(pre.input_shape)) * 4 / MB, rows,
-                 int(np.prod(split.feature_shape)) * 4, batch_size, split.frozen is not None)
-
-
-def probe(split, pre, plan: MemoryPlan, frozen_in_ort: bool = False) -> float:
-    """Run each part once at the planned shapes; the process's peak RSS (MiB) afterwards.
-
-    VmHWM is not reset first: what loading the model and data took counts toward the budget too.
-    The trained part's BatchNorm statistics are put back, so the probe changes nothing.
-    """
-    mx = _lazy.mxnet()
-    autograd = _lazy.from_import("mxnet", "autograd")
-
-    if split.frozen is not None and not frozen_in_ort:
-        split.frozen(mx.nd.zeros((plan.feature_batch, *pre.input_shape))).wait_to_read()
-    params = split.trained.collect_params().values()
-    aux = {p.name: p.data().copy() for p in params if p.grad_req == "null"}
-    with autograd.record():
-        out = split.trained(mx.nd.zeros((plan.micro_batch, *split.feature_shape)))
-    out.backward(mx.nd.zeros_like(out))
-    mx.nd.waitall()
-    for p in params:
-        if p.name in aux:
-            p.set_data(aux[p.name])
-        elif p.grad_req != "null":
-            p.zero_grad()
-    return procmem.peak_rss_mb() or 0.0
-
-
-def plan_job(split, pre, rows: int, batch_size: int, budget_mb: float | None,
-             saved: dict | None = None, frozen_in_ort: bool = False) -> tuple[MemoryPlan, Costs]:
-    """Estimate, choose, probe; shrink and probe again while the measured peak breaks the budget.
-
-    A resumed run passes its ``saved`` plan and keeps it: other shapes would change the arithmetic
-    (and the weights would no longer match an uninterrupted run's).
-    """
-    costs = job_costs(split, pre, rows, batch_size, procmem.rss_mb() or 0.0)
-    plan = MemoryPlan(**saved) if saved is not None else choose(costs, budget_mb)
-    scale = 1.0
-    for attempt in range(3):
-        peak = probe(split, pre, plan, frozen_in_ort)
-        plan.method = "probe" if budget_mb is not None else plan.method
-        plan.probe_peak_mb = round(peak, 1)
-        projected = peak + (costs.cache_mb if plan.cache == "memory" else 0.0)
-        if budget_mb is None or saved is not None or projected <= budget_mb * 0.97:
-            return plan, costs
-        if attempt == 2:
-            break
-        # the probe measured more than the estimate: shrink by the measured ratio and try again
-        passes = estimate(costs, plan.feature_batch, plan.micro_batch, plan.cache, scale) - costs.base_mb
-        scale *= max(1.0, (projected - costs.base_mb) / max(passes, 1.0)) * 1.25
-        plan = choose(costs, budget_mb, scale=scale)
-    raise refusal(costs, budget_mb, scale)
