@@ -39,9 +39,9 @@ def tiny_prefix(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def mxnet_tail_prefix(tmp_path_factory) -> Path:
-    """A digits CNN whose trained part NumPy cannot run (LayerNorm before the output layer), as PREFIX: its
-    head and last:N train in MXNet (the general path), the frozen part still in ONNX Runtime."""
+def layernorm_prefix(tmp_path_factory) -> Path:
+    """A digits CNN with a LayerNorm before the output layer, as PREFIX: its ONNX export's trained part (last:2)
+    holds the ops a LayerNorm becomes (ReduceMean, Sub, Pow, Sqrt, Div...)."""
     from mxnet.gluon import nn
 
     from edgetrain.models import load_gluon, save_prefix

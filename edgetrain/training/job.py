@@ -391,7 +391,7 @@ class FinetuneJob:
     def save_checkpoint(self, epoch: int, step: int, order: np.ndarray, partial: dict) -> None:
         rng_meta, rng_arrays = ckpt.rng_to_arrays(self.rng)
         arrays = self.param_arrays()
-        arrays.update({f"opt/{k}": np.asarray(v.asnumpy() if hasattr(v, "asnumpy") else v)
+        arrays.update({f"opt/{k}": np.asarray(v)
                        for k, v in self.opt.state_arrays().items()})
         arrays.update(rng_arrays)
         arrays["order"] = np.asarray(order, dtype=np.int64)

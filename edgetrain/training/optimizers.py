@@ -1,14 +1,13 @@
-"""SGD (momentum) and Adam over Gluon parameters, with state that is plain named arrays.
+"""SGD (momentum) and Adam on NumPy float32 arrays, with state that is plain named arrays.
 
 Gluon's Trainer keeps its state behind a pickle; a checkpoint that must be refused when corrupt, and
 restored bit-for-bit after a power cut, wants arrays it can name, check and load without unpickling.
-The updates use MXNet's fused ops (sgd_mom_update, adam_update), the same ones Trainer runs.
+The updates are MXNet's fused ops' (sgd_mom_update, adam_update), the ones Trainer runs (a test holds them
+equal).
 """
 from __future__ import annotations
 
 import math
-
-from .. import _lazy
 
 OPTIMIZERS = ("sgd", "adam")
 DEFAULT_LR = {"sgd": 0.05, "adam": 0.003}
@@ -17,75 +16,15 @@ DEFAULT_LR = {"sgd": 0.05, "adam": 0.003}
 HEAD_LR = {"sgd": 0.2, "adam": 0.02}
 
 
-class Optimizer:
-    def __init__(self, params: list, lr: float, wd: float = 1e-4):
-        self.params = params
-        self.lr = lr
-        self.wd = wd
-        self.t = 0
-        self.state: dict[str, list] = {}
-
-    def step(self) -> None:
-        """Apply the accumulated gradients (already averaged over the effective batch)."""
-        mx = _lazy.mxnet()
-
-        self.t += 1
-        for p in self.params:
-            if p.name not in self.state:
-                w = p.data()
-                self.state[p.name] = [mx.nd.zeros(w.shape, dtype=w.dtype) for _ in range(self.n_states)]
-            self._update(p.data(), p.grad(), self.state[p.name])
-
-    def state_arrays(self) -> dict:
-        return {f"{name}:{i}": s for name, states in self.state.items() for i, s in enumerate(states)}
-
-    def load_state_arrays(self, arrays: dict, t: int) -> None:
-        mx = _lazy.mxnet()
-
-        self.t = t
-        self.state = {}
-        for p in self.params:
-            got = [arrays.get(f"{p.name}:{i}") for i in range(self.n_states)]
-            if all(a is not None for a in got):
-                self.state[p.name] = [mx.nd.array(a, dtype="float32") for a in got]
-
-
-class SGD(Optimizer):
-    n_states = 1
-    momentum = 0.9
-
-    def _update(self, w, g, state):
-        mx = _lazy.mxnet()
-
-        mx.nd.sgd_mom_update(w, g, state[0], out=w, lr=self.lr, momentum=self.momentum, wd=self.wd)
-
-
-class Adam(Optimizer):
-    n_states = 2
-    beta1, beta2, eps = 0.9, 0.999, 1e-8
-
-    def _update(self, w, g, state):
-        mx = _lazy.mxnet()
-
-        lr = self.lr * math.sqrt(1 - self.beta2 ** self.t) / (1 - self.beta1 ** self.t)
-        mx.nd.adam_update(w, g, state[0], state[1], out=w, lr=lr, beta1=self.beta1, beta2=self.beta2,
-                          epsilon=self.eps, wd=self.wd)
-
-
 def default_lr(name: str, head_only: bool) -> float:
     return (HEAD_LR if head_only else DEFAULT_LR)[name]
 
 
-def make_optimizer(name: str, params: list, lr: float) -> Optimizer:
-    cls = {"sgd": SGD, "adam": Adam}[name]
-    return cls(params, lr)
-
-
 class NumpyOptimizer:
-    """The same updates on NumPy float32 arrays, for a linear head trained without mxnet.
+    """MXNet's updates on NumPy float32 arrays.
 
     ``params`` maps name -> array (updated in place); ``step(grads)`` takes name -> gradient averaged
-    over the effective batch. State arrays are named as Optimizer's, so checkpoints look the same.
+    over the effective batch. State arrays are named NAME:i.
     """
 
     def __init__(self, params: dict, lr: float, wd: float = 1e-4):
@@ -158,29 +97,17 @@ class Corrected:
     """An engine's optimizer, with a drift correction added to every gradient it is given (SCAFFOLD,
     Karimireddy et al. 2020: devices that each see a few classes otherwise pull the shared trainable part
     towards their own classes; None adds nothing). Counts the steps, which the new control variate needs.
-    The NumPy engine's optimizer is given its gradients; MXNet's finds them in the parameters (``step()``)."""
+    """
 
     def __init__(self, opt, correction: dict | None):
         self.inner, self.correction, self.steps = opt, correction or None, 0
-        self._mx: dict | None = None
 
     @property
     def momentum(self) -> float:
-        return float(getattr(self.inner, "momentum", 0.0)) if isinstance(self.inner, (SGD, NumpySGD)) else 0.0
+        return float(getattr(self.inner, "momentum", 0.0)) if isinstance(self.inner, NumpySGD) else 0.0
 
-    def step(self, grads: dict | None = None) -> None:
+    def step(self, grads: dict) -> None:
         self.steps += 1
-        if grads is None:  # MXNet: the accumulated gradient of each parameter, corrected in place
-            if self.correction:
-                if self._mx is None:
-                    mx = _lazy.mxnet()
-                    self._mx = {p.name: mx.nd.array(self.correction[p.name], dtype="float32")
-                                for p in self.inner.params if p.name in self.correction}
-                for p in self.inner.params:
-                    if p.name in self._mx:
-                        p.grad()[:] += self._mx[p.name]
-            self.inner.step()
-            return
         if self.correction:
             grads = {k: g + self.correction[k] if k in self.correction else g for k, g in grads.items()}
         self.inner.step(grads)
