@@ -16,7 +16,7 @@ import pytest
 
 from clitools import assert_user_error, run_edgetrain
 
-BASE = "edgetrain.nets:pretrained_digits"   # trained on the digits 0-4, ten outputs
+BASE = "edgetrain.nets:pretrained_digits"   # trained on the digits 0-4: five outputs
 FIXTURES = Path(__file__).parent / "fixtures" / "old_checkpoints"
 
 
@@ -44,9 +44,7 @@ def test_the_written_prefix_computes_what_the_written_onnx_computes(layers, digi
     got = gluon.block(mx.nd.array(x)).asnumpy()
     assert got.shape == want.shape == (8, 3)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    # and it is not the base: the trained weights reached both files
-    base = load_gluon(BASE)
-    assert gluon.num_classes == 3 and base.num_classes == 10
+    assert gluon.num_classes == 3
 
 
 def test_lite_from_a_gluon_model_writes_the_onnx_model_and_says_why_no_prefix(digits_folder, tmp_path):
