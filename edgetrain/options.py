@@ -376,8 +376,8 @@ def parse_train_layers(text: str) -> TrainLayers:
     m = re.fullmatch(r"last:(-?\d+)", raw)
     if not m:
         raise UsageError(f"cannot read --train-layers '{text}'", "--train-layers",
-                         "use head, last:N (N trainable layers from the end), bias (every bias, from an ONNX file), "
-                         "lite (bias and lite residual modules, from an ONNX file) or all")
+                         "use head, last:N (N trainable layers from the end), bias (every bias and BatchNorm shift, and the output layer), "
+                         "lite (bias and lite residual modules) or all")
     n = int(m.group(1))
     if n < 1:
         raise UsageError(f"--train-layers {text} trains nothing", "--train-layers",
@@ -634,7 +634,7 @@ class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions, MeterExportO
     train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|lite|all",
                                     help="What trains: the output layer, the last N trainable layers/blocks, "
                                          "every bias (bias), every bias and a lite residual module per block "
-                                         "(lite; both from an ONNX file), or everything.")
+                                         "(lite), or everything.")
     memory_budget: MemoryMB = opt(None, metavar="SIZE",
                                   help="Peak RSS bound for the whole process, e.g. 512MB; a bare number is MB "
                                        "(default: the device's).")

@@ -1,7 +1,7 @@
-"""Fine-tuning from an ONNX file, with no MXNet anywhere: the device's engine.
+"""The one fine-tuning engine: the model's ONNX graph, with no MXNet anywhere.
 
-The file is one ``edgetrain export`` (or quantize's fp32 input) wrote: its preprocessing and class names are
-in its metadata. What trains follows ``--train-layers``:
+The file is one ``edgetrain export`` (or quantize's fp32 input, or finetune's own export of a Gluon model:
+gluon.py) wrote: its preprocessing and class names are in its metadata. What trains follows ``--train-layers``:
 
 - ``head`` / ``last:N``: the graph is cut at a tensor that alone separates the frozen layers from the
   trained ones (a residual block is one layer: no skip connection may cross the cut). The frozen part runs
