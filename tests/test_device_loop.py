@@ -109,14 +109,6 @@ def test_the_shipped_onnx_base_is_the_export_of_the_shipped_gluon_base(tmp_path)
     assert meta(shipped) == meta(fresh)
 
 
-@pytest.mark.parametrize("layers", ["bias", "lite"])
-def test_a_gluon_model_cannot_train_biases_without_its_onnx_file(layers, tmp_path):
-    res = run_edgetrain("finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o",
-                        tmp_path / "out", "--train-layers", layers)
-    assert_user_error(res, 2, f"--train-layers {layers} trains from an ONNX file", "edgetrain export")
-    assert not (tmp_path / "out").exists()
-
-
 def test_an_onnx_file_without_edgetrain_metadata_is_refused_in_one_line(host_export, device_env, tmp_path):
     import onnx
 
