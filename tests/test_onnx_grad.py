@@ -94,6 +94,11 @@ CASES = {
     "concat_channels": lambda b, x: _head(b, b.node("Concat", [x, b.relu(b.conv(x, 3, 3))], (2, 7, 7, 7), axis=1)),
     "concat_last_axis_const": lambda b, x: _head(b, b.node("Concat", [b.small("cat_c", (2, 4, 7, 2)), x], (2, 4, 7, 9),
                                                            axis=-1)),
+    "softsign": lambda b, x: _head(b, b.unary("Softsign", x)),
+    "hard_swish": lambda b, x: _head(b, b.mul(x, b.unary("HardSigmoid", x, alpha=1 / 6, beta=0.5))),
+    "instancenorm": lambda b, x: _head(b, b.node("InstanceNormalization", [
+        x, b.init("in_gamma", (1 + 0.1 * b.rng.standard_normal(4)).astype(np.float32)), b.small("in_beta", (4,))],
+        SHAPE, epsilon=1e-5)),
     "transpose": lambda b, x: _head(b, b.node("Transpose", [x], (2, 7, 7, 4), perm=[0, 2, 3, 1])),
     "squeeze_unsqueeze": lambda b, x: b.gemm(b.flatten(b.node("Unsqueeze", [
         b.node("Squeeze", [b.gap(x), b.init("sq_axes", np.asarray([2, 3], np.int64))], (2, 4)),

@@ -1239,6 +1239,118 @@ class _PRelu(_Op):
         return grads
 
 
+class _Softsign(_Pointwise):
+    """x / (1 + |x|) (Gluon's softsign): f' = 1 / (1 + |x|)^2, from the input."""
+
+    uses = "input"
+
+    def f(self, x):
+        return x / (1 + np.abs(x))
+
+    def slope(self, x):
+        t = 1 + np.abs(x)
+        return 1 / (t * t)
+
+    def emit_slope(self, e, x):
+        t = e.node("Add", [e.node("Abs", [x]), e.const(np.float32(1))])
+        return e.node("Reciprocal", [e.node("Mul", [t, t])])
+
+
+class _HardSigmoid(_Relu):
+    """max(0, min(1, alpha x + beta)) (mx2onnx's hard_sigmoid; x times it is a hard swish): the gradient is alpha dy
+    where the input was inside (-beta/alpha, (1-beta)/alpha), a 1-bit mask kept (as ReLU6)."""
+
+    attrs = {"alpha": None, "beta": None}
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        self.alpha, self.beta = float(self.a.get("alpha", 0.2)), float(self.a.get("beta", 0.5))
+        if self.alpha <= 0:
+            self.refuse(f"alpha={self.alpha} (only > 0)")
+
+    def mask_bounds(self, consts):
+        return -self.beta / self.alpha, (1 - self.beta) / self.alpha
+
+    def forward(self, xs):
+        x = xs[0]
+        t = x.dtype.type
+        y = np.maximum(x * t(self.alpha) + t(self.beta), 0)
+        np.minimum(y, 1, out=y)
+        lo, hi = self.mask_bounds(())
+        return y, ({"mask": BitMask((x > lo) & (x < hi))} if self.need[0] else {})
+
+    def backward(self, dy, saved, consts):
+        return [dy * saved["mask"].unpack() * dy.dtype.type(self.alpha)]
+
+    def emit(self, e, node, dy):
+        return [e.node("Mul", [e.masked(dy, e.mask(node, self)), e.const(np.float32(self.alpha))])]
+
+
+class _InstanceNorm(_Op):
+    """Each (sample, channel) normalised over its spatial axes, then scaled and shifted per channel (Gluon's
+    InstanceNorm): the shift's gradient needs nothing kept, the scale's and the input's the input (the
+    normalised input and its inverse deviation are recomputed from it)."""
+
+    attrs = {"epsilon": None}
+    differentiable = (0, 1, 2)
+    constant_inputs = (1, 2)
+
+    def kept_inputs(self):
+        return (0,) if self.need[0] or self.need[1] else ()
+
+    def keep(self, xs, shapes):
+        return {"input": xs[0]} if self.need[0] or self.need[1] else {}
+
+    def _normalised(self, x):
+        axes = tuple(range(2, x.ndim))
+        d = x - x.mean(axis=axes, keepdims=True)
+        inv = 1 / np.sqrt((d * d).mean(axis=axes, keepdims=True) + x.dtype.type(self.a.get("epsilon", 1e-5)))
+        return d * inv, inv
+
+    def forward(self, xs):
+        x, scale, b = xs
+        xhat, _ = self._normalised(x)
+        return xhat * _per_channel(scale, x.ndim) + _per_channel(b, x.ndim), self.keep(xs, [x.shape])
+
+    def backward(self, dy, saved, consts):
+        axes = (0,) + tuple(range(2, dy.ndim))
+        grads = [None, None, None]
+        if self.need[2]:
+            grads[2] = dy.sum(axis=axes)
+        if self.need[0] or self.need[1]:
+            xhat, inv = self._normalised(saved["input"])
+            if self.need[1]:
+                grads[1] = (dy * xhat).sum(axis=axes)
+            if self.need[0]:
+                g = dy * _per_channel(consts[1], dy.ndim)
+                spatial = axes[1:]
+                grads[0] = inv * (g - g.mean(axis=spatial, keepdims=True)
+                                  - xhat * (g * xhat).mean(axis=spatial, keepdims=True))
+        return grads
+
+    def emit(self, e, node, dy):
+        x, scale, _ = node.input
+        rank = len(e.dims(x))
+        spatial = list(range(2, rank))
+        grads = [None, None, None]
+        if self.need[2]:
+            grads[2] = e.channel_sum(dy, rank)
+        if self.need[0] or self.need[1]:
+            d = e.node("Sub", [x, e.node("ReduceMean", [x], axes=spatial)])
+            var = e.node("ReduceMean", [e.node("Mul", [d, d])], axes=spatial)
+            eps = e.const(np.float32(self.a.get("epsilon", 1e-5)))
+            inv = e.node("Reciprocal", [e.node("Sqrt", [e.node("Add", [var, eps])])])
+            xhat = e.node("Mul", [d, inv])
+            if self.need[1]:
+                grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]), rank)
+            if self.need[0]:
+                g = e.node("Mul", [dy, e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))])])
+                centred = e.node("Sub", [g, e.node("ReduceMean", [g], axes=spatial)])
+                along = e.node("Mul", [xhat, e.node("ReduceMean", [e.node("Mul", [g, xhat])], axes=spatial)])
+                grads[0] = e.node("Mul", [inv, e.node("Sub", [centred, along])])
+        return grads
+
+
 class _Reduce(_ShapeOnly):
     """ReduceMean (axes an attribute in opset 13) and ReduceSum (axes an input): the gradient is the output's
     broadcast back over the reduced axes (divided by their size for the mean), nothing kept."""
@@ -1378,7 +1490,8 @@ OPS = {"Conv": _Conv, "BatchNormalization": _BatchNorm, "Relu": _Relu, "Clip": _
 OPS.update({"Sub": _Sub, "Div": _Div, "Pow": _Pow, "Neg": _Neg, "Sigmoid": _Sigmoid, "Tanh": _Tanh, "Exp": _Exp,
             "Sqrt": _Sqrt, "Log": _Log, "Softplus": _Softplus, "Elu": _Elu, "Selu": _Selu, "LeakyRelu": _LeakyRelu,
             "PRelu": _PRelu, "ReduceMean": _ReduceMean, "ReduceSum": _ReduceSum, "Concat": _Concat,
-            "Transpose": _Transpose, "Squeeze": _Squeeze, "Unsqueeze": _Unsqueeze})
+            "Transpose": _Transpose, "Squeeze": _Squeeze, "Unsqueeze": _Unsqueeze, "Softsign": _Softsign,
+            "HardSigmoid": _HardSigmoid, "InstanceNormalization": _InstanceNorm})
 
 
 # ------------------------------------------------------------------------------------------------ the graph
