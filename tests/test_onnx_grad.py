@@ -94,6 +94,9 @@ CASES = {
     "concat_channels": lambda b, x: _head(b, b.node("Concat", [x, b.relu(b.conv(x, 3, 3))], (2, 7, 7, 7), axis=1)),
     "concat_last_axis_const": lambda b, x: _head(b, b.node("Concat", [b.small("cat_c", (2, 4, 7, 2)), x], (2, 4, 7, 9),
                                                            axis=-1)),
+    "gelu_erf": lambda b, x: _head(b, b.mul(x, _plus(b, b.unary("Erf", b.mul(x, b.init("gelu_s", np.float32(0.7)))),
+                                                     1.0))),
+    "global_maxpool": lambda b, x: b.gemm(b.flatten(b.node("GlobalMaxPool", [x], (2, 4, 1, 1))), 3),
     "softsign": lambda b, x: _head(b, b.unary("Softsign", x)),
     "hard_swish": lambda b, x: _head(b, b.mul(x, b.unary("HardSigmoid", x, alpha=1 / 6, beta=0.5))),
     "instancenorm": lambda b, x: _head(b, b.node("InstanceNormalization", [

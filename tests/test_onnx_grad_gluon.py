@@ -1,8 +1,9 @@
 """onnx_grad on what mx2onnx (mxnet 1.9.1, opset 13) really writes for Gluon layers beyond Conv/BatchNorm/Dense:
 LayerNorm, InstanceNorm, the activations (sigmoid, tanh, LeakyReLU, ELU, Swish, softrelu, SELU, PReLU, softsign,
-a hard swish), and a concatenation (squeezenet's and densenet's HybridConcurrent). Each exported net runs
-forward in NumPy as in ONNX Runtime, its gradients (every float weight an op differentiates) equal central finite
-differences in float64, and the one-graph ONNX Runtime step (the ops' emitted backward) equals NumPy's."""
+a hard swish, GELU), a concatenation (squeezenet's and densenet's HybridConcurrent) and a global max-pool. Each
+exported net runs forward in NumPy as in ONNX Runtime, its gradients (every float weight an op differentiates)
+equal central finite differences in float64, and the one-graph ONNX Runtime step (the ops' emitted backward)
+equals NumPy's."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +31,7 @@ def _layers(kind: str):
     if kind == "activations":
         acts = [nn.Activation("sigmoid"), nn.Activation("tanh"), nn.LeakyReLU(0.1), nn.ELU(), nn.Swish(),
                 nn.Activation("softrelu"), nn.SELU(), nn.PReLU(), nn.Activation("softsign"),
-                nn.HybridLambda(lambda F, x: x * F.hard_sigmoid(x, alpha=1 / 6, beta=0.5))]
+                nn.HybridLambda(lambda F, x: x * F.hard_sigmoid(x, alpha=1 / 6, beta=0.5)), nn.GELU()]
         layers = [nn.MaxPool2D(2)]
         for act in acts:
             layers += [nn.Conv2D(3, 3, padding=1), act]
@@ -39,7 +40,7 @@ def _layers(kind: str):
         fire = contrib.nn.HybridConcurrent(axis=1)
         fire.add(nn.Conv2D(3, 1), nn.Conv2D(2, 3, padding=1))
         return [nn.Conv2D(4, 3, padding=1, strides=2), nn.Activation("relu"), fire, nn.Activation("relu"),
-                nn.GlobalAvgPool2D(), nn.Flatten(), nn.Dense(4)]
+                nn.GlobalMaxPool2D(), nn.Flatten(), nn.Dense(4)]
     raise ValueError(kind)
 
 
@@ -74,8 +75,9 @@ def _export(kind: str) -> bytes:
 
 KINDS = ("layernorm", "instancenorm", "activations", "concat")
 WRITES = {"layernorm": {"ReduceMean", "Sub", "Pow", "Sqrt", "Div", "Neg"}, "instancenorm": {"InstanceNormalization"},
-          "activations": {"Sigmoid", "Tanh", "LeakyRelu", "Elu", "Softplus", "Selu", "PRelu", "Softsign", "HardSigmoid"},
-          "concat": {"Concat"}}
+          "activations": {"Sigmoid", "Tanh", "LeakyRelu", "Elu", "Softplus", "Selu", "PRelu", "Softsign", "HardSigmoid",
+                          "Erf"},
+          "concat": {"Concat", "GlobalMaxPool"}}
 
 
 def _input(seed=2) -> np.ndarray:

@@ -29,6 +29,7 @@ the node and why. Unnamed nodes (the exporter leaves Conv unnamed) are named by 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1351,6 +1352,52 @@ class _InstanceNorm(_Op):
         return grads
 
 
+class _Erf(_Pointwise):
+    """The error function (mx2onnx writes Gluon's GELU as x (1 + erf(x / sqrt 2)) / 2): f' = 2/sqrt(pi) e^(-x^2),
+    from the input. NumPy has no erf: the forward is math.erf per element (exact, about 0.1 s per million values;
+    GELU is rare in the CNNs this trains, and ONNX Runtime runs the forward in the one-graph step)."""
+
+    uses = "input"
+    _erf = np.frompyfunc(math.erf, 1, 1)
+
+    def f(self, x):
+        return self._erf(x).astype(x.dtype)
+
+    def slope(self, x):
+        return x.dtype.type(2 / math.sqrt(math.pi)) * np.exp(-x * x)
+
+    def emit_slope(self, e, x):
+        return e.node("Mul", [e.node("Exp", [e.node("Neg", [e.node("Mul", [x, x])])]),
+                              e.const(np.float32(2 / math.sqrt(math.pi)))])
+
+
+class _GlobalMaxPool(_Op):
+    """The largest value of each (sample, channel): its gradient goes where that value was (the first, as the
+    forward's and ONNX's ArgMax tie-break), one index per output kept."""
+
+    def forward(self, xs):
+        x = xs[0]
+        flat = x.reshape(x.shape[0], x.shape[1], -1)
+        arg = flat.argmax(axis=2)[..., None]
+        y = np.take_along_axis(flat, arg, axis=2).reshape(*x.shape[:2], *(1,) * (x.ndim - 2))
+        return y, ({"argmax": arg.astype(np.uint32), "shape": x.shape} if self.need[0] else {})
+
+    def backward(self, dy, saved, consts):
+        shape = saved["shape"]
+        dx = np.zeros((shape[0], shape[1], int(np.prod(shape[2:]))), dy.dtype)
+        np.put_along_axis(dx, saved["argmax"].astype(np.intp), dy.reshape(shape[0], shape[1], 1), axis=2)
+        return [dx.reshape(shape)]
+
+    def emit(self, e, node, dy):
+        x = node.input[0]
+        dims = e.dims(x)
+        size = int(np.prod(dims[2:]))
+        arg = e.node("ArgMax", [e.node("Reshape", [x, e.ints([0, 0, -1])])], axis=2, keepdims=1)
+        onehot = e.node("OneHot", [arg, e.ints([size]), e.const(np.asarray([0, 1], np.float32))])   # (N, C, 1, size)
+        spread = e.node("Mul", [onehot, e.node("Reshape", [dy, e.ints([0, 0, 1, 1])])])
+        return [e.node("Reshape", [spread, e.ints([0, 0, *dims[2:]])])]
+
+
 class _Reduce(_ShapeOnly):
     """ReduceMean (axes an attribute in opset 13) and ReduceSum (axes an input): the gradient is the output's
     broadcast back over the reduced axes (divided by their size for the mean), nothing kept."""
@@ -1491,7 +1538,8 @@ OPS.update({"Sub": _Sub, "Div": _Div, "Pow": _Pow, "Neg": _Neg, "Sigmoid": _Sigm
             "Sqrt": _Sqrt, "Log": _Log, "Softplus": _Softplus, "Elu": _Elu, "Selu": _Selu, "LeakyRelu": _LeakyRelu,
             "PRelu": _PRelu, "ReduceMean": _ReduceMean, "ReduceSum": _ReduceSum, "Concat": _Concat,
             "Transpose": _Transpose, "Squeeze": _Squeeze, "Unsqueeze": _Unsqueeze, "Softsign": _Softsign,
-            "HardSigmoid": _HardSigmoid, "InstanceNormalization": _InstanceNorm})
+            "HardSigmoid": _HardSigmoid, "InstanceNormalization": _InstanceNorm, "Erf": _Erf,
+            "GlobalMaxPool": _GlobalMaxPool})
 
 
 # ------------------------------------------------------------------------------------------------ the graph
