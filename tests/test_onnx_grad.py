@@ -97,6 +97,10 @@ CASES = {
     "gelu_erf": lambda b, x: _head(b, b.mul(x, _plus(b, b.unary("Erf", b.mul(x, b.init("gelu_s", np.float32(0.7)))),
                                                      1.0))),
     "global_maxpool": lambda b, x: b.gemm(b.flatten(b.node("GlobalMaxPool", [x], (2, 4, 1, 1))), 3),
+    "maxpool_ceil_2x2_s2": lambda b, x: _head(b, b.node("MaxPool", [x], (2, 4, 4, 4), kernel_shape=[2, 2], strides=[2, 2],
+                                                        ceil_mode=1)),
+    "maxpool_ceil_3x3_s2_p1": lambda b, x: _head(b, b.node("MaxPool", [x], (2, 4, 4, 4), kernel_shape=[3, 3],
+                                                           strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1)),
     "softsign": lambda b, x: _head(b, b.unary("Softsign", x)),
     "hard_swish": lambda b, x: _head(b, b.mul(x, b.unary("HardSigmoid", x, alpha=1 / 6, beta=0.5))),
     "instancenorm": lambda b, x: _head(b, b.node("InstanceNormalization", [

@@ -1398,6 +1398,47 @@ class _GlobalMaxPool(_Op):
         return [e.node("Reshape", [spread, e.ints([0, 0, *dims[2:]])])]
 
 
+class _MaxPoolCeil(_MaxPool):
+    """MaxPool, with ceil_mode too (squeezenet's pools): ceil mode's extra outputs are windows running past the
+    input, so it is the floor-mode window with more padding at the bottom and right (-inf: never a maximum), as
+    wide as the input's size needs. A window that would start past the input and its top/left padding is dropped,
+    as ONNX Runtime's kernel does (1.32; ONNX's shape inference keeps it, so a graph where that happens does not
+    load in ONNX Runtime)."""
+
+    attrs = {**_MaxPool.attrs, "ceil_mode": (0, 1)}
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        self.floor = self.win
+
+    def _fit(self, h: int, w: int) -> None:
+        if not self.a.get("ceil_mode", 0):
+            return
+        win = self.floor
+        top, left, bottom, right = win.pads
+        extra = []
+        for size, k, s, d, head, tail in zip((h, w), win.kernel, win.strides, win.dilations, (top, left),
+                                              (bottom, right)):
+            span = size + head + tail - d * (k - 1) - 1
+            out = -(-span // s) + 1
+            if (out - 1) * s >= size + head:
+                out -= 1
+            extra.append(max(0, (out - 1) * s - span))
+        self.win = _Window(win.kernel, win.strides, (top, left, bottom + extra[0], right + extra[1]), win.dilations)
+
+    def forward(self, xs):
+        self._fit(*xs[0].shape[2:])
+        return super().forward(xs)
+
+    def backward(self, dy, saved, consts):
+        self._fit(*saved["shape"][2:])
+        return super().backward(dy, saved, consts)
+
+    def emit(self, e, node, dy):
+        self._fit(*e.dims(node.input[0])[2:])
+        return super().emit(e, node, dy)
+
+
 class _Reduce(_ShapeOnly):
     """ReduceMean (axes an attribute in opset 13) and ReduceSum (axes an input): the gradient is the output's
     broadcast back over the reduced axes (divided by their size for the mean), nothing kept."""
@@ -1539,7 +1580,7 @@ OPS.update({"Sub": _Sub, "Div": _Div, "Pow": _Pow, "Neg": _Neg, "Sigmoid": _Sigm
             "PRelu": _PRelu, "ReduceMean": _ReduceMean, "ReduceSum": _ReduceSum, "Concat": _Concat,
             "Transpose": _Transpose, "Squeeze": _Squeeze, "Unsqueeze": _Unsqueeze, "Softsign": _Softsign,
             "HardSigmoid": _HardSigmoid, "InstanceNormalization": _InstanceNorm, "Erf": _Erf,
-            "GlobalMaxPool": _GlobalMaxPool})
+            "GlobalMaxPool": _GlobalMaxPool, "MaxPool": _MaxPoolCeil})
 
 
 # ------------------------------------------------------------------------------------------------ the graph
