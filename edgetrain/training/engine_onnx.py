@@ -52,20 +52,11 @@ from .outdir import ONNX_MODEL
 
 def _weights_of(graph) -> list[str]:
     """The initializers gradients train: each layer's weight and bias, each BatchNorm's scale and shift
-    (not its running statistics, which stay the file's), and any other float initializer of more than one value
-    an op differentiates (Gluon's LayerNorm scale and shift, which mx2onnx writes as Mul and Neg inputs), or a
-    PReLU's slope: a scalar (an epsilon, an exponent, a fixed multiplier) is a constant of the graph, and so is
-    what an op applies to the raw input (a mean and std baked into the file are its preprocessing)."""
-    sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer if t.data_type == 1}
-    raw = {i.name for i in graph.input if i.name not in sizes}
-    names = []
-    for node in graph.node:
-        if node.op_type in (*WEIGHTED, "BatchNormalization"):
-            names += [name for name in node.input[1:3] if name in sizes]
-        elif node.op_type in onnx_grad.OPS and not raw.intersection(node.input):
-            names += [name for i, name in enumerate(node.input) if name in sizes
-                      and i in onnx_grad.OPS[node.op_type].differentiable and (sizes[name] > 1 or node.op_type == "PRelu")]
-    return list(dict.fromkeys(names))
+    (not its running statistics, which stay the file's)."""
+    inits = {t.name for t in graph.initializer if t.data_type == 1}
+    names = [name for node in graph.node if node.op_type in (*WEIGHTED, "BatchNormalization")
+             for name in node.input[1:3] if name in inits]
+    return list(dict.fromkeys(names + onnx_grad.other_weights(graph)))   # and a LayerNorm's, a PReLU's
 
 
 def _within(names: list[str], within: set[str] | None) -> list[str]:

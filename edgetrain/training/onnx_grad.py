@@ -1583,6 +1583,23 @@ OPS.update({"Sub": _Sub, "Div": _Div, "Pow": _Pow, "Neg": _Neg, "Sigmoid": _Sigm
             "GlobalMaxPool": _GlobalMaxPool, "MaxPool": _MaxPoolCeil})
 
 
+
+def other_weights(graph) -> list[str]:
+    """Weights of layers that are not Conv, Gemm, MatMul or BatchNorm: float initializers of more than one value
+    an op differentiates (Gluon's LayerNorm scale and shift, which mx2onnx writes as Mul and Neg inputs; an
+    InstanceNorm's), and PReLU slopes. A scalar (an epsilon, an exponent, a fixed multiplier) is a constant of the
+    graph, and so is what an op applies to the raw input (a mean and std baked into the file are preprocessing)."""
+    sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer if t.data_type == 1}
+    raw = {i.name for i in graph.input if i.name not in sizes}
+    names = []
+    for node in graph.node:
+        cls = OPS.get(node.op_type)
+        if cls is None or node.op_type in ("Conv", "Gemm", "MatMul", "BatchNormalization") or raw.intersection(node.input):
+            continue
+        names += [name for i, name in enumerate(node.input) if name in sizes and i in cls.differentiable
+                  and (sizes[name] > 1 or node.op_type == "PRelu")]
+    return list(dict.fromkeys(names))
+
 # ------------------------------------------------------------------------------------------------ the graph
 def load_model(model):
     """An onnx.ModelProto from a ModelProto, its serialized bytes or a path."""
