@@ -1592,11 +1592,11 @@ def other_weights(graph) -> list[str]:
     sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer if t.data_type == 1}
     raw = {i.name for i in graph.input if i.name not in sizes}
     names = []
-    for node in graph.node:
-        cls = OPS.get(node.op_type)
-        if cls is None or node.op_type in ("Conv", "Gemm", "MatMul", "BatchNormalization") or raw.intersection(node.input):
+    for node in graph.node:   # ops whose initializer operand is a layer's parameter (not a Concat's constant)
+        if node.op_type not in ("Add", "Sub", "Mul", "Div", "Neg", "PRelu", "InstanceNormalization") or \
+                raw.intersection(node.input):
             continue
-        names += [name for i, name in enumerate(node.input) if name in sizes and i in cls.differentiable
+        names += [name for i, name in enumerate(node.input) if name in sizes and i in OPS[node.op_type].differentiable
                   and (sizes[name] > 1 or node.op_type == "PRelu")]
     return list(dict.fromkeys(names))
 
