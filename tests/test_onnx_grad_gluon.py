@@ -105,3 +105,15 @@ def test_gluon_export_gradients_equal_finite_differences(kind):
 def test_gluon_export_one_graph_step_equals_numpy(kind):
     model = _export(kind)
     _check_train(model, _differentiable_initializers(model), _input())
+
+
+@pytest.mark.parametrize("kind, weights", [("layernorm", ["layernorm_layernorm0_gamma", "layernorm_layernorm0_beta"]),
+                                           ("instancenorm", ["instancenorm_instancenorm0_gamma",
+                                                             "instancenorm_instancenorm0_beta"]),
+                                           ("activations", ["activations_prelu0_alpha"]), ("concat", [])])
+def test_the_weights_beyond_conv_dense_and_batchnorm_are_the_gluon_layers_own(kind, weights):
+    """What `all` and `last:N` train besides Conv/Gemm/BatchNorm: the LayerNorm's, InstanceNorm's and PReLU's
+    Gluon parameters; not the export's scalars (LayerNorm's epsilon and exponent, Swish's and GELU's constants)."""
+    from edgetrain.training.onnx_grad import other_weights
+
+    assert other_weights(onnx.load_from_string(_export(kind)).graph) == weights
