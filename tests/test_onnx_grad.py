@@ -68,7 +68,80 @@ CASES = {
                                                         b.init("sl_ends", np.asarray([6, 99], np.int64)),
                                                         b.init("sl_axes", np.asarray([2, -1], np.int64))],
                                                    (2, 4, 5, 6))),
+    # what mx2onnx writes for Gluon's nn.LayerNorm, elementwise ops, activations and shape ops (Gluon zoo, user nets)
+    "layernorm_gluon": lambda b, x: b.gemm(_layernorm(b, b.flatten(x)), 3),
+    "sub_broadcast": lambda b, x: _head(b, b.node("Sub", [b.small("sub_c", (1, 4, 1, 1)), _sub(b, x, _mean(b, x, [1]))],
+                                                  SHAPE)),
+    "div_activations_broadcast": lambda b, x: _head(b, _div(b, x, _plus(b, _square(b, _mean(b, b.conv(x, 4, 1), [1])),
+                                                                     1.0))),
+    "div_by_const": lambda b, x: _head(b, _div(b, x, b.init("div_c", (1 + 0.5 * np.random.default_rng(0).random(
+        (4, 1, 1))).astype(np.float32)))),
+    "pow3": lambda b, x: _head(b, b.node("Pow", [x, b.init("pow_p", np.float32(3.0))], SHAPE)),
+    "sqrt_of_square": lambda b, x: _head(b, b.unary("Sqrt", _plus(b, _square(b, x), 0.5))),
+    "neg_exp_log": lambda b, x: _head(b, b.unary("Log", _plus(b, b.unary("Exp", b.unary("Neg", x)), 1.0))),
+    "sigmoid": lambda b, x: _head(b, b.unary("Sigmoid", x)),
+    "tanh": lambda b, x: _head(b, b.unary("Tanh", x)),
+    "softplus": lambda b, x: _head(b, b.unary("Softplus", x)),
+    "elu": lambda b, x: _head(b, b.unary("Elu", x, alpha=0.5)),
+    "selu": lambda b, x: _head(b, b.unary("Selu", x)),
+    "leakyrelu": lambda b, x: _head(b, b.unary("LeakyRelu", x, alpha=0.1)),
+    "prelu": lambda b, x: _head(b, b.node("PRelu", [x, b.init("prelu_slope", np.asarray([[[0.25]], [[0.1]], [[-0.2]],
+                                                                                       [[0.5]]], np.float32))], SHAPE)),
+    "swish": lambda b, x: _head(b, b.mul(x, b.unary("Sigmoid", b.mul(x, b.init("swish_beta", np.float32(1.5)))))),
+    "reducemean_keepdims0": lambda b, x: b.gemm(b.node("ReduceMean", [x], (2, 4), axes=[2, 3], keepdims=0), 3),
+    "reducesum_axes_input": lambda b, x: b.gemm(b.flatten(b.node(
+        "ReduceSum", [x, b.init("rs_axes", np.asarray([1], np.int64))], (2, 7, 7), keepdims=0)), 3),
+    "concat_channels": lambda b, x: _head(b, b.node("Concat", [x, b.relu(b.conv(x, 3, 3))], (2, 7, 7, 7), axis=1)),
+    "concat_last_axis_const": lambda b, x: _head(b, b.node("Concat", [b.small("cat_c", (2, 4, 7, 2)), x], (2, 4, 7, 9),
+                                                           axis=-1)),
+    "gelu_erf": lambda b, x: _head(b, b.mul(x, _plus(b, b.unary("Erf", b.mul(x, b.init("gelu_s", np.float32(0.7)))),
+                                                     1.0))),
+    "global_maxpool": lambda b, x: b.gemm(b.flatten(b.node("GlobalMaxPool", [x], (2, 4, 1, 1))), 3),
+    "maxpool_ceil_2x2_s2": lambda b, x: _head(b, b.node("MaxPool", [x], (2, 4, 4, 4), kernel_shape=[2, 2], strides=[2, 2],
+                                                        ceil_mode=1)),
+    "maxpool_ceil_3x3_s2_p1": lambda b, x: _head(b, b.node("MaxPool", [x], (2, 4, 4, 4), kernel_shape=[3, 3],
+                                                           strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1)),
+    "softsign": lambda b, x: _head(b, b.unary("Softsign", x)),
+    "hard_swish": lambda b, x: _head(b, b.mul(x, b.unary("HardSigmoid", x, alpha=1 / 6, beta=0.5))),
+    "instancenorm": lambda b, x: _head(b, b.node("InstanceNormalization", [
+        x, b.init("in_gamma", (1 + 0.1 * b.rng.standard_normal(4)).astype(np.float32)), b.small("in_beta", (4,))],
+        SHAPE, epsilon=1e-5)),
+    "transpose": lambda b, x: _head(b, b.node("Transpose", [x], (2, 7, 7, 4), perm=[0, 2, 3, 1])),
+    "squeeze_unsqueeze": lambda b, x: b.gemm(b.flatten(b.node("Unsqueeze", [
+        b.node("Squeeze", [b.gap(x), b.init("sq_axes", np.asarray([2, 3], np.int64))], (2, 4)),
+        b.init("usq_axes", np.asarray([-1], np.int64))], (2, 4, 1))), 3),
 }
+
+
+def _mean(b: Builder, x: str, axes: list) -> str:
+    reduced = [a % len(b.shapes[x]) for a in axes]
+    return b.node("ReduceMean", [x], tuple(1 if i in reduced else n for i, n in enumerate(b.shapes[x])), axes=axes)
+
+
+def _sub(b: Builder, x: str, y: str) -> str:
+    return b.node("Sub", [x, y], np.broadcast_shapes(b.shapes[x], b.shapes[y]))
+
+
+def _div(b: Builder, x: str, y: str) -> str:
+    return b.node("Div", [x, y], np.broadcast_shapes(b.shapes[x], b.shapes[y]))
+
+
+def _plus(b: Builder, x: str, value: float) -> str:
+    return b.add(x, b.init(f"plus{b.count + 1}", np.float32(value)))
+
+
+def _square(b: Builder, x: str) -> str:
+    return b.node("Pow", [x, b.init(f"two{b.count + 1}", np.float32(2.0))], b.shapes[x])
+
+
+def _layernorm(b: Builder, x: str) -> str:
+    """Gluon's nn.LayerNorm as mx2onnx (mxnet 1.9.1, opset 13) writes it: the shift subtracted as its negation."""
+    f = b.shapes[x][-1]
+    centred = _sub(b, x, _mean(b, x, [-1]))
+    var = _mean(b, _square(b, centred), [-1])
+    normed = _div(b, centred, b.unary("Sqrt", _plus(b, var, 1e-5)))
+    scaled = b.mul(normed, b.init("ln_gamma", (1 + 0.1 * b.rng.standard_normal(f)).astype(np.float32)))
+    return _sub(b, scaled, b.unary("Neg", b.small("ln_beta", (f,))))
 
 
 def _upsample(b: Builder, x: str) -> str:

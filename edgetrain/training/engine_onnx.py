@@ -56,7 +56,7 @@ def _weights_of(graph) -> list[str]:
     inits = {t.name for t in graph.initializer if t.data_type == 1}
     names = [name for node in graph.node if node.op_type in (*WEIGHTED, "BatchNormalization")
              for name in node.input[1:3] if name in inits]
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(names + onnx_grad.other_weights(graph)))   # and a LayerNorm's, a PReLU's
 
 
 def _within(names: list[str], within: set[str] | None) -> list[str]:

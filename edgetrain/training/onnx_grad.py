@@ -29,6 +29,7 @@ the node and why. Unnamed nodes (the exporter leaves Conv unnamed) are named by 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -917,11 +918,687 @@ class _Softmax(_Op):
         return [e.node("Mul", [y, e.node("Sub", [dy, total])])]
 
 
+# -------------------------------------------- elementwise, reductions and shape ops (Gluon LayerNorm, the zoo)
+class _Sub(_Add):
+    def forward(self, xs):
+        return xs[0] - xs[1], {"shapes": (xs[0].shape, xs[1].shape)}
+
+    def backward(self, dy, saved, consts):
+        return [_unbroadcast(dy if i == 0 else -dy, s) if need else None
+                for i, (s, need) in enumerate(zip(saved["shapes"], self.need))]
+
+    def emit(self, e, node, dy):
+        out = e.dims(node.output[0])
+        return [e.unbroadcast(dy if i == 0 else e.node("Neg", [dy]), out, name) if need else None
+                for i, (name, need) in enumerate(zip(node.input, self.need))]
+
+
+class _Div(_Op):
+    """a / b: da = dy / b needs b, db = -dy a / b^2 needs both (each kept only if it is an activation)."""
+
+    differentiable = (0, 1)
+
+    def kept_inputs(self):
+        wanted = [1] if any(self.need) else []
+        wanted += [0] if self.need[1] else []
+        return tuple(i for i in sorted(wanted) if not self.is_const[i])
+
+    def keep(self, xs, shapes):
+        saved = {"shapes": (tuple(shapes[0]), tuple(shapes[1]))}
+        saved.update({f"operand{i}": xs[i] for i in self.kept_inputs()})
+        return saved
+
+    def forward(self, xs):
+        a, b = xs
+        saved = {"shapes": (a.shape, b.shape)}
+        saved.update({f"operand{i}": xs[i] for i in self.kept_inputs()})
+        return a / b, saved
+
+    def backward(self, dy, saved, consts):
+        a, b = (consts[i] if self.is_const[i] else saved.get(f"operand{i}") for i in (0, 1))
+        q = dy / b
+        return [_unbroadcast(q, saved["shapes"][0]) if self.need[0] else None,
+                _unbroadcast(-q * (a / b), saved["shapes"][1]) if self.need[1] else None]
+
+    def emit(self, e, node, dy):
+        a, b = node.input
+        out = e.dims(node.output[0])
+        q = e.node("Div", [dy, b])
+        return [e.unbroadcast(q, out, a) if self.need[0] else None,
+                e.unbroadcast(e.node("Neg", [e.node("Mul", [q, e.node("Div", [a, b])])]), out, b)
+                if self.need[1] else None]
+
+
+class _Pow(_Op):
+    """x ** p with a constant exponent p (LayerNorm's square): dx = dy p x^(p-1), the input kept."""
+
+    constant_inputs = (1,)
+
+    def kept_inputs(self):
+        return (0,) if self.need[0] else ()
+
+    def keep(self, xs, shapes):
+        saved = {"shapes": (tuple(shapes[0]), tuple(shapes[1]))}
+        if self.need[0]:
+            saved["input"] = xs[0]
+        return saved
+
+    def forward(self, xs):
+        x, p = xs
+        y = np.power(x, p.astype(x.dtype, copy=False))
+        return y, self.keep(xs, [x.shape, p.shape])
+
+    def backward(self, dy, saved, consts):
+        x, p = saved["input"], consts[1].astype(dy.dtype, copy=False)
+        slope = x * dy.dtype.type(2) if np.all(p == 2) else p * np.power(x, p - 1)
+        return [_unbroadcast(dy * slope, saved["shapes"][0]), None]
+
+    def emit(self, e, node, dy):
+        x, p = node.input
+        value = np.asarray(e.const_value(p), np.float32)
+        if np.all(value == 2):
+            slope = e.node("Mul", [x, e.const(np.float32(2))])
+        else:
+            slope = e.node("Mul", [e.node("Pow", [x, e.const(value - 1)]), e.const(value)])
+        return [e.unbroadcast(e.node("Mul", [dy, slope]), e.dims(node.output[0]), x), None]
+
+
+class _Neg(_Op):
+    def kept_inputs(self):
+        return ()
+
+    def keep(self, xs, shapes):
+        return {}
+
+    def forward(self, xs):
+        return -xs[0], {}
+
+    def backward(self, dy, saved, consts):
+        return [-dy]
+
+    def emit(self, e, node, dy):
+        return [e.node("Neg", [dy])]
+
+
+class _Pointwise(_Op):
+    """y = f(x) elementwise, dx = dy f'(x): ``uses`` says whether f' is read from the output (kept by the
+    forward: sigmoid, tanh, exp, sqrt, elu) or from the input (log, softplus)."""
+
+    uses = "output"
+
+    def f(self, x):
+        raise NotImplementedError
+
+    def slope(self, v):
+        """f' from the kept value (NumPy)."""
+        raise NotImplementedError
+
+    def emit_slope(self, e, v: str) -> str:
+        """f' from the kept value (ONNX nodes)."""
+        raise NotImplementedError
+
+    def kept_inputs(self):
+        return (0,) if self.uses == "input" and self.need[0] else None if self.uses == "output" else ()
+
+    def keep(self, xs, shapes):
+        if self.uses == "input":
+            return {"input": xs[0]} if self.need[0] else {}
+        return self.forward(xs)[1]
+
+    def forward(self, xs):
+        x = xs[0]
+        y = self.f(x)
+        return y, ({self.uses: x if self.uses == "input" else y} if self.need[0] else {})
+
+    def backward(self, dy, saved, consts):
+        return [dy * self.slope(saved[self.uses])]
+
+    def emit(self, e, node, dy):
+        return [e.node("Mul", [dy, self.emit_slope(e, node.input[0] if self.uses == "input" else node.output[0])])]
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    z = np.exp(-np.abs(x))   # e to a non-positive power only: no overflow
+    return np.where(x >= 0, 1, z) / (1 + z)
+
+
+class _Sigmoid(_Pointwise):
+    def f(self, x):
+        return _sigmoid(x)
+
+    def slope(self, y):
+        return y * (1 - y)
+
+    def emit_slope(self, e, y):
+        return e.node("Mul", [y, e.node("Sub", [e.const(np.float32(1)), y])])
+
+
+class _Tanh(_Pointwise):
+    def f(self, x):
+        return np.tanh(x)
+
+    def slope(self, y):
+        return 1 - y * y
+
+    def emit_slope(self, e, y):
+        return e.node("Sub", [e.const(np.float32(1)), e.node("Mul", [y, y])])
+
+
+class _Exp(_Pointwise):
+    def f(self, x):
+        return np.exp(x)
+
+    def slope(self, y):
+        return y
+
+    def emit_slope(self, e, y):
+        return y
+
+
+class _Sqrt(_Pointwise):
+    def f(self, x):
+        return np.sqrt(x)
+
+    def slope(self, y):
+        return y.dtype.type(0.5) / y
+
+    def emit_slope(self, e, y):
+        return e.node("Div", [e.const(np.float32(0.5)), y])
+
+
+class _Log(_Pointwise):
+    uses = "input"
+
+    def f(self, x):
+        return np.log(x)
+
+    def slope(self, x):
+        return 1 / x
+
+    def emit_slope(self, e, x):
+        return e.node("Reciprocal", [x])
+
+
+class _Softplus(_Pointwise):
+    """log(1 + e^x) (Gluon's softrelu): f' = sigmoid(x), from the input."""
+
+    uses = "input"
+
+    def f(self, x):
+        return np.logaddexp(x.dtype.type(0), x)
+
+    def slope(self, x):
+        return _sigmoid(x)
+
+    def emit_slope(self, e, x):
+        return e.node("Sigmoid", [x])
+
+
+class _Elu(_Pointwise):
+    """x for x > 0, alpha (e^x - 1) else (Gluon's ELU; Selu scales both by gamma): f' from the output, which is
+    positive exactly where the input is (alpha > 0)."""
+
+    attrs = {"alpha": None}
+    alpha_default, gamma = 1.0, 1.0
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        if self._alpha() <= 0:
+            self.refuse(f"alpha={self._alpha()} (only > 0: the output's sign gives the input's)")
+
+    def _alpha(self):
+        return float(self.a.get("alpha", self.alpha_default))
+
+    def f(self, x):
+        t = x.dtype.type
+        return t(self.gamma) * np.where(x > 0, x, t(self._alpha()) * np.expm1(np.minimum(x, 0)))
+
+    def slope(self, y):
+        t = y.dtype.type
+        return np.where(y > 0, t(self.gamma), y + t(self.gamma * self._alpha()))
+
+    def emit_slope(self, e, y):
+        return e.node("Where", [e.node("Greater", [y, e.const(np.float32(0))]), e.const(np.float32(self.gamma)),
+                                e.node("Add", [y, e.const(np.float32(self.gamma * self._alpha()))])])
+
+
+class _Selu(_Elu):
+    attrs = {"alpha": None, "gamma": None}
+    alpha_default = 1.67326319217681884765625
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        self.gamma = float(self.a.get("gamma", 1.05070102214813232421875))
+        if self.gamma <= 0:
+            self.refuse(f"gamma={self.gamma} (only > 0)")
+
+
+class _LeakyRelu(_Relu):
+    """x for x >= 0, alpha x else: the gradient is dy or alpha dy, a 1-bit mask kept (as ReLU)."""
+
+    attrs = {"alpha": None}
+
+    def _alpha(self):
+        return float(self.a.get("alpha", 0.01))
+
+    def forward(self, xs):
+        x = xs[0]
+        pos = x > 0
+        return np.where(pos, x, x * x.dtype.type(self._alpha())), ({"mask": BitMask(pos)} if self.need[0] else {})
+
+    def backward(self, dy, saved, consts):
+        return [np.where(saved["mask"].unpack(), dy, dy * dy.dtype.type(self._alpha()))]
+
+    def emit(self, e, node, dy):
+        alpha = self._alpha()
+        # mask (1 - alpha) + alpha: 1 where the input was positive, alpha elsewhere
+        slope = e.node("Add", [e.node("Mul", [e.node("Cast", [e.mask(node, self)], to=1),
+                                              e.const(np.float32(1 - alpha))]), e.const(np.float32(alpha))])
+        return [e.node("Mul", [dy, slope])]
+
+
+class _PRelu(_Op):
+    """x for x >= 0, slope x else, the slope a (broadcast) initializer that may train: dx needs where the input
+    was negative (a 1-bit mask when only dx is wanted), dslope the input itself."""
+
+    differentiable = (0, 1)
+    constant_inputs = (1,)
+
+    def kept_inputs(self):
+        return (0,) if any(self.need) else ()
+
+    def keep(self, xs, shapes):
+        saved = {"shapes": (tuple(shapes[0]), tuple(shapes[1]))}
+        if self.need[1]:
+            saved["input"] = xs[0]
+        elif self.need[0]:
+            saved["mask"] = BitMask(xs[0] < 0)
+        return saved
+
+    def forward(self, xs):
+        x, slope = xs
+        return np.where(x < 0, x * slope, x), self.keep(xs, [x.shape, slope.shape])
+
+    def backward(self, dy, saved, consts):
+        neg = saved["mask"].unpack() if "mask" in saved else saved["input"] < 0
+        grads = [None, None]
+        if self.need[0]:
+            grads[0] = np.where(neg, dy * consts[1], dy)
+        if self.need[1]:
+            grads[1] = _unbroadcast(np.where(neg, dy * saved["input"], 0), saved["shapes"][1])
+        return grads
+
+    def emit(self, e, node, dy):
+        x, slope = node.input
+        neg = e.node("Less", [x, e.const(np.float32(0))])
+        grads = [None, None]
+        if self.need[0]:
+            grads[0] = e.node("Where", [neg, e.node("Mul", [dy, slope]), dy])
+        if self.need[1]:
+            part = e.node("Mul", [e.node("Mul", [dy, x]), e.node("Cast", [neg], to=1)])
+            grads[1] = e.unbroadcast(part, e.dims(node.output[0]), slope)
+        return grads
+
+
+class _Softsign(_Pointwise):
+    """x / (1 + |x|) (Gluon's softsign): f' = 1 / (1 + |x|)^2, from the input."""
+
+    uses = "input"
+
+    def f(self, x):
+        return x / (1 + np.abs(x))
+
+    def slope(self, x):
+        t = 1 + np.abs(x)
+        return 1 / (t * t)
+
+    def emit_slope(self, e, x):
+        t = e.node("Add", [e.node("Abs", [x]), e.const(np.float32(1))])
+        return e.node("Reciprocal", [e.node("Mul", [t, t])])
+
+
+class _HardSigmoid(_Relu):
+    """max(0, min(1, alpha x + beta)) (mx2onnx's hard_sigmoid; x times it is a hard swish): the gradient is alpha dy
+    where the input was inside (-beta/alpha, (1-beta)/alpha), a 1-bit mask kept (as ReLU6)."""
+
+    attrs = {"alpha": None, "beta": None}
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        self.alpha, self.beta = float(self.a.get("alpha", 0.2)), float(self.a.get("beta", 0.5))
+        if self.alpha <= 0:
+            self.refuse(f"alpha={self.alpha} (only > 0)")
+
+    def mask_bounds(self, consts):
+        return -self.beta / self.alpha, (1 - self.beta) / self.alpha
+
+    def forward(self, xs):
+        x = xs[0]
+        t = x.dtype.type
+        y = np.maximum(x * t(self.alpha) + t(self.beta), 0)
+        np.minimum(y, 1, out=y)
+        lo, hi = self.mask_bounds(())
+        return y, ({"mask": BitMask((x > lo) & (x < hi))} if self.need[0] else {})
+
+    def backward(self, dy, saved, consts):
+        return [dy * saved["mask"].unpack() * dy.dtype.type(self.alpha)]
+
+    def emit(self, e, node, dy):
+        return [e.node("Mul", [e.masked(dy, e.mask(node, self)), e.const(np.float32(self.alpha))])]
+
+
+class _InstanceNorm(_Op):
+    """Each (sample, channel) normalised over its spatial axes, then scaled and shifted per channel (Gluon's
+    InstanceNorm): the shift's gradient needs nothing kept, the scale's and the input's the input (the
+    normalised input and its inverse deviation are recomputed from it)."""
+
+    attrs = {"epsilon": None}
+    differentiable = (0, 1, 2)
+    constant_inputs = (1, 2)
+
+    def kept_inputs(self):
+        return (0,) if self.need[0] or self.need[1] else ()
+
+    def keep(self, xs, shapes):
+        return {"input": xs[0]} if self.need[0] or self.need[1] else {}
+
+    def _normalised(self, x):
+        axes = tuple(range(2, x.ndim))
+        d = x - x.mean(axis=axes, keepdims=True)
+        inv = 1 / np.sqrt((d * d).mean(axis=axes, keepdims=True) + x.dtype.type(self.a.get("epsilon", 1e-5)))
+        return d * inv, inv
+
+    def forward(self, xs):
+        x, scale, b = xs
+        xhat, _ = self._normalised(x)
+        return xhat * _per_channel(scale, x.ndim) + _per_channel(b, x.ndim), self.keep(xs, [x.shape])
+
+    def backward(self, dy, saved, consts):
+        axes = (0,) + tuple(range(2, dy.ndim))
+        grads = [None, None, None]
+        if self.need[2]:
+            grads[2] = dy.sum(axis=axes)
+        if self.need[0] or self.need[1]:
+            xhat, inv = self._normalised(saved["input"])
+            if self.need[1]:
+                grads[1] = (dy * xhat).sum(axis=axes)
+            if self.need[0]:
+                g = dy * _per_channel(consts[1], dy.ndim)
+                spatial = axes[1:]
+                grads[0] = inv * (g - g.mean(axis=spatial, keepdims=True)
+                                  - xhat * (g * xhat).mean(axis=spatial, keepdims=True))
+        return grads
+
+    def emit(self, e, node, dy):
+        x, scale, _ = node.input
+        rank = len(e.dims(x))
+        spatial = list(range(2, rank))
+        grads = [None, None, None]
+        if self.need[2]:
+            grads[2] = e.channel_sum(dy, rank)
+        if self.need[0] or self.need[1]:
+            d = e.node("Sub", [x, e.node("ReduceMean", [x], axes=spatial)])
+            var = e.node("ReduceMean", [e.node("Mul", [d, d])], axes=spatial)
+            eps = e.const(np.float32(self.a.get("epsilon", 1e-5)))
+            inv = e.node("Reciprocal", [e.node("Sqrt", [e.node("Add", [var, eps])])])
+            xhat = e.node("Mul", [d, inv])
+            if self.need[1]:
+                grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]), rank)
+            if self.need[0]:
+                g = e.node("Mul", [dy, e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))])])
+                centred = e.node("Sub", [g, e.node("ReduceMean", [g], axes=spatial)])
+                along = e.node("Mul", [xhat, e.node("ReduceMean", [e.node("Mul", [g, xhat])], axes=spatial)])
+                grads[0] = e.node("Mul", [inv, e.node("Sub", [centred, along])])
+        return grads
+
+
+class _Erf(_Pointwise):
+    """The error function (mx2onnx writes Gluon's GELU as x (1 + erf(x / sqrt 2)) / 2): f' = 2/sqrt(pi) e^(-x^2),
+    from the input. NumPy has no erf: the forward is math.erf per element (exact, about 0.1 s per million values;
+    GELU is rare in the CNNs this trains, and ONNX Runtime runs the forward in the one-graph step)."""
+
+    uses = "input"
+    _erf = np.frompyfunc(math.erf, 1, 1)
+
+    def f(self, x):
+        return self._erf(x).astype(x.dtype)
+
+    def slope(self, x):
+        return x.dtype.type(2 / math.sqrt(math.pi)) * np.exp(-x * x)
+
+    def emit_slope(self, e, x):
+        return e.node("Mul", [e.node("Exp", [e.node("Neg", [e.node("Mul", [x, x])])]),
+                              e.const(np.float32(2 / math.sqrt(math.pi)))])
+
+
+class _GlobalMaxPool(_Op):
+    """The largest value of each (sample, channel): its gradient goes where that value was (the first, as the
+    forward's and ONNX's ArgMax tie-break), one index per output kept."""
+
+    def forward(self, xs):
+        x = xs[0]
+        flat = x.reshape(x.shape[0], x.shape[1], -1)
+        arg = flat.argmax(axis=2)[..., None]
+        y = np.take_along_axis(flat, arg, axis=2).reshape(*x.shape[:2], *(1,) * (x.ndim - 2))
+        return y, ({"argmax": arg.astype(np.uint32), "shape": x.shape} if self.need[0] else {})
+
+    def backward(self, dy, saved, consts):
+        shape = saved["shape"]
+        dx = np.zeros((shape[0], shape[1], int(np.prod(shape[2:]))), dy.dtype)
+        np.put_along_axis(dx, saved["argmax"].astype(np.intp), dy.reshape(shape[0], shape[1], 1), axis=2)
+        return [dx.reshape(shape)]
+
+    def emit(self, e, node, dy):
+        x = node.input[0]
+        dims = e.dims(x)
+        size = int(np.prod(dims[2:]))
+        arg = e.node("ArgMax", [e.node("Reshape", [x, e.ints([0, 0, -1])])], axis=2, keepdims=1)
+        onehot = e.node("OneHot", [arg, e.ints([size]), e.const(np.asarray([0, 1], np.float32))])   # (N, C, 1, size)
+        spread = e.node("Mul", [onehot, e.node("Reshape", [dy, e.ints([0, 0, 1, 1])])])
+        return [e.node("Reshape", [spread, e.ints([0, 0, *dims[2:]])])]
+
+
+class _MaxPoolCeil(_MaxPool):
+    """MaxPool, with ceil_mode too (squeezenet's pools): ceil mode's extra outputs are windows running past the
+    input, so it is the floor-mode window with more padding at the bottom and right (-inf: never a maximum), as
+    wide as the input's size needs. A window that would start past the input and its top/left padding is dropped,
+    as ONNX Runtime's kernel does (1.32; ONNX's shape inference keeps it, so a graph where that happens does not
+    load in ONNX Runtime)."""
+
+    attrs = {**_MaxPool.attrs, "ceil_mode": (0, 1)}
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        self.floor = self.win
+
+    def _fit(self, h: int, w: int) -> None:
+        if not self.a.get("ceil_mode", 0):
+            return
+        win = self.floor
+        top, left, bottom, right = win.pads
+        extra = []
+        for size, k, s, d, head, tail in zip((h, w), win.kernel, win.strides, win.dilations, (top, left),
+                                              (bottom, right)):
+            span = size + head + tail - d * (k - 1) - 1
+            out = -(-span // s) + 1
+            if (out - 1) * s >= size + head:
+                out -= 1
+            extra.append(max(0, (out - 1) * s - span))
+        self.win = _Window(win.kernel, win.strides, (top, left, bottom + extra[0], right + extra[1]), win.dilations)
+
+    def forward(self, xs):
+        self._fit(*xs[0].shape[2:])
+        return super().forward(xs)
+
+    def backward(self, dy, saved, consts):
+        self._fit(*saved["shape"][2:])
+        return super().backward(dy, saved, consts)
+
+    def emit(self, e, node, dy):
+        self._fit(*e.dims(node.input[0])[2:])
+        return super().emit(e, node, dy)
+
+
+class _Reduce(_ShapeOnly):
+    """ReduceMean (axes an attribute in opset 13) and ReduceSum (axes an input): the gradient is the output's
+    broadcast back over the reduced axes (divided by their size for the mean), nothing kept."""
+
+    attrs = {"axes": None, "keepdims": (0, 1)}
+    mean = True
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        self.axes = self.a.get("axes")
+
+    def _axes(self, rank: int) -> tuple:
+        return tuple(range(rank)) if self.axes is None else tuple(sorted(int(a) % rank for a in self.axes))
+
+    def forward(self, xs):
+        x = xs[0]
+        axes = self._axes(x.ndim)
+        keep = bool(self.a.get("keepdims", 1))
+        y = x.mean(axis=axes, keepdims=keep) if self.mean else x.sum(axis=axes, keepdims=keep)
+        return np.asarray(y, x.dtype), {"shape": x.shape}
+
+    def backward(self, dy, saved, consts):
+        shape = saved["shape"]
+        axes = self._axes(len(shape))
+        g = dy.reshape([1 if i in axes else n for i, n in enumerate(shape)])
+        if self.mean:
+            g = g / g.dtype.type(np.prod([shape[i] for i in axes]))
+        return [np.broadcast_to(g, shape)] + [None] * (len(self.need) - 1)
+
+    def emit(self, e, node, dy):
+        dims = e.dims(node.input[0])
+        axes = self._axes(len(dims))
+        if any(dims[i] is None for i in axes):
+            raise NotEmitted(self.op, self.label, "a reduction over the batch axis")
+        g = dy if self.a.get("keepdims", 1) else e.node("Unsqueeze", [dy, e.ints(axes)])
+        if self.mean:
+            g = e.node("Mul", [g, e.const(np.float32(1 / np.prod([dims[i] for i in axes])))])
+        g = e.node("Expand", [g, e.ints([dims[i] if i in axes else 1 for i in range(len(dims))])])
+        return [g] + [None] * (len(self.need) - 1)
+
+
+class _ReduceMean(_Reduce):
+    pass
+
+
+class _ReduceSum(_Reduce):
+    attrs = {"keepdims": (0, 1), "noop_with_empty_axes": (0,)}
+    constant_inputs = (1,)
+    mean = False
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        if len(node.input) > 1 and node.input[1]:
+            self.axes = [int(a) for a in np.asarray(consts[node.input[1]]).reshape(-1)] or None
+
+
+class _Concat(_Op):
+    """The gradient of each input is its slice of the output's, nothing kept but the shapes."""
+
+    attrs = {"axis": None}
+
+    def __init__(self, node, label, consts):
+        super().__init__(node, label, consts)
+        self.differentiable = tuple(range(len(node.input)))
+
+    def kept_inputs(self):
+        return ()
+
+    def keep(self, xs, shapes):
+        return {"shapes": tuple(tuple(int(d) for d in s) for s in shapes)}
+
+    def forward(self, xs):
+        return np.concatenate(xs, axis=self.a["axis"]), self.keep(xs, [x.shape for x in xs])
+
+    def _spans(self, shapes):
+        axis = self.a["axis"] % len(shapes[0])
+        ends = np.cumsum([s[axis] for s in shapes])
+        return axis, [(int(end - s[axis]), int(end)) for s, end in zip(shapes, ends)]
+
+    def backward(self, dy, saved, consts):
+        axis, spans = self._spans(saved["shapes"])
+        return [dy[(slice(None),) * axis + (slice(*span),)] if need else None for span, need in zip(spans, self.need)]
+
+    def emit(self, e, node, dy):
+        shapes = [e.dims(name) for name in node.input]
+        axis, spans = self._spans(shapes)
+        if any(s[axis] is None for s in shapes):
+            raise NotEmitted(self.op, self.label, "a concatenation along the batch axis")
+        return [e.node("Slice", [dy, e.ints([start]), e.ints([end]), e.ints([axis])]) if need else None
+                for (start, end), need in zip(spans, self.need)]
+
+
+class _Transpose(_Op):
+    attrs = {"perm": None}
+
+    def kept_inputs(self):
+        return ()
+
+    def keep(self, xs, shapes):
+        return {}
+
+    def _perm(self, rank):
+        return list(self.a.get("perm", range(rank - 1, -1, -1)))
+
+    def forward(self, xs):
+        return xs[0].transpose(self._perm(xs[0].ndim)), {}
+
+    def backward(self, dy, saved, consts):
+        return [dy.transpose(np.argsort(self._perm(dy.ndim)))]
+
+    def emit(self, e, node, dy):
+        perm = self._perm(len(e.dims(node.input[0])))
+        return [e.node("Transpose", [dy], perm=[int(i) for i in np.argsort(perm)])]
+
+
+class _Squeeze(_Reshaping):
+    constant_inputs = (1,)
+
+    def forward(self, xs):
+        x = xs[0]
+        axes = None if len(xs) < 2 or xs[1] is None else tuple(int(a) for a in np.asarray(xs[1]).reshape(-1))
+        return np.squeeze(x, axis=axes), {"shape": x.shape}
+
+
+class _Unsqueeze(_Reshaping):
+    constant_inputs = (1,)
+
+    def forward(self, xs):
+        x, axes = xs
+        return np.expand_dims(x, tuple(int(a) for a in np.asarray(axes).reshape(-1))), {"shape": x.shape}
+
+
 OPS = {"Conv": _Conv, "BatchNormalization": _BatchNorm, "Relu": _Relu, "Clip": _Clip, "Add": _Add, "Mul": _Mul,
        "GlobalAveragePool": _GlobalAveragePool, "AveragePool": _AveragePool, "MaxPool": _MaxPool,
        "Flatten": _Flatten, "Reshape": _Reshape, "Identity": _Identity, "Dropout": _Dropout, "Gemm": _Gemm,
        "MatMul": _MatMul, "Softmax": _Softmax, "Expand": _Expand, "Slice": _Slice}
+OPS.update({"Sub": _Sub, "Div": _Div, "Pow": _Pow, "Neg": _Neg, "Sigmoid": _Sigmoid, "Tanh": _Tanh, "Exp": _Exp,
+            "Sqrt": _Sqrt, "Log": _Log, "Softplus": _Softplus, "Elu": _Elu, "Selu": _Selu, "LeakyRelu": _LeakyRelu,
+            "PRelu": _PRelu, "ReduceMean": _ReduceMean, "ReduceSum": _ReduceSum, "Concat": _Concat,
+            "Transpose": _Transpose, "Squeeze": _Squeeze, "Unsqueeze": _Unsqueeze, "Softsign": _Softsign,
+            "HardSigmoid": _HardSigmoid, "InstanceNormalization": _InstanceNorm, "Erf": _Erf,
+            "GlobalMaxPool": _GlobalMaxPool, "MaxPool": _MaxPoolCeil})
 
+
+
+def other_weights(graph) -> list[str]:
+    """Weights of layers that are not Conv, Gemm, MatMul or BatchNorm: float initializers of more than one value
+    an op differentiates (Gluon's LayerNorm scale and shift, which mx2onnx writes as Mul and Neg inputs; an
+    InstanceNorm's), and PReLU slopes. A scalar (an epsilon, an exponent, a fixed multiplier) is a constant of the
+    graph, and so is what an op applies to the raw input (a mean and std baked into the file are preprocessing)."""
+    sizes = {t.name: int(np.prod(t.dims)) for t in graph.initializer if t.data_type == 1}
+    raw = {i.name for i in graph.input if i.name not in sizes}
+    names = []
+    for node in graph.node:   # ops whose initializer operand is a layer's parameter (not a Concat's constant)
+        if node.op_type not in ("Add", "Sub", "Mul", "Div", "Neg", "PRelu", "InstanceNormalization") or \
+                raw.intersection(node.input):
+            continue
+        names += [name for i, name in enumerate(node.input) if name in sizes and i in OPS[node.op_type].differentiable
+                  and (sizes[name] > 1 or node.op_type == "PRelu")]
+    return list(dict.fromkeys(names))
 
 # ------------------------------------------------------------------------------------------------ the graph
 def load_model(model):

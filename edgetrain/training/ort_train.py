@@ -103,8 +103,23 @@ class _Emitter:
             return self.const_shape(name)
         if name in self.shapes:
             return (None, *self.shapes[name])
+        folded = self._folded(name)
+        if folded is not None:
+            return folded.shape
         node, op = self.current
         raise NotEmitted(op.op, op.label, f"the shape of {name} cannot be inferred")
+
+    def _folded(self, name: str):
+        """The value of ``name`` if only initializers and constants compute it (mx2onnx's LayerNorm writes its
+        shift as Neg(beta)), by the ops' NumPy forwards; else None. Its shape has no batch axis."""
+        for node, op in self.grad.nodes:
+            if name in node.output:
+                ins = [None if not n else self._folded(n) if n not in self.grad.params and n not in self.grad._constants
+                       else self.grad.const(n) for n in node.input]
+                if any(v is None for n, v in zip(node.input, ins) if n):
+                    return None
+                return op.forward(ins)[0]
+        return None
 
     def _forward(self, node, made) -> None:
         self.before.setdefault(node.output[0], []).append(made)
