@@ -376,8 +376,8 @@ def parse_train_layers(text: str) -> TrainLayers:
     m = re.fullmatch(r"last:(-?\d+)", raw)
     if not m:
         raise UsageError(f"cannot read --train-layers '{text}'", "--train-layers",
-                         "use head, last:N (N trainable layers from the end), bias (every bias and BatchNorm shift, and the output layer), "
-                         "lite (bias and lite residual modules) or all")
+                         "use head, last:N (N trainable layers from the end), bias (every bias and BatchNorm shift, "
+                         "and the output layer), lite (bias and lite residual modules) or all")
     n = int(m.group(1))
     if n < 1:
         raise UsageError(f"--train-layers {text} trains nothing", "--train-layers",
