@@ -20,7 +20,7 @@ SHAPE = (2, 1, 16, 16)   # edgetrain.nets:digits_cnn's input
 def _layers(kind: str):
     from mxnet.gluon import contrib, nn
 
-    if kind == "layernorm":   # conftest.mxnet_tail_prefix's net
+    if kind == "layernorm":   # conftest.layernorm_prefix's net
         return [nn.Conv2D(8, 3, padding=1, use_bias=False), nn.BatchNorm(), nn.Activation("relu"), nn.MaxPool2D(2),
                 nn.Conv2D(16, 3, padding=1), nn.Activation("relu"), nn.GlobalAvgPool2D(), nn.Flatten(), nn.LayerNorm(),
                 nn.Dense(10)]

@@ -24,12 +24,12 @@ def _initializers(path) -> dict:
 
 @pytest.mark.parametrize("layers, trained", [("last:2", ("lndigits_conv1_weight", "lndigits_dense0_weight")),
                                              ("all", ("lndigits_conv0_weight", "lndigits_batchnorm0_gamma"))])
-def test_a_layernorm_before_the_output_layer_trains_in_onnx(cli, tmp_path, mxnet_tail_prefix, digits_npz, layers,
+def test_a_layernorm_before_the_output_layer_trains_in_onnx(cli, tmp_path, layernorm_prefix, digits_npz, layers,
                                                              trained):
     import mxnet as mx
 
-    before = {k.split(":", 1)[1]: v.asnumpy() for k, v in mx.nd.load(f"{mxnet_tail_prefix}-0000.params").items()}
-    res = cli("finetune", mxnet_tail_prefix, "--data", digits_npz, "-o", tmp_path / "out", "--epochs", "2",
+    before = {k.split(":", 1)[1]: v.asnumpy() for k, v in mx.nd.load(f"{layernorm_prefix}-0000.params").items()}
+    res = cli("finetune", layernorm_prefix, "--data", digits_npz, "-o", tmp_path / "out", "--epochs", "2",
               "--train-layers", layers, "--threads", "1", "--lr", "0.05", "--json", "-",
               "--allow-chance", cwd=tmp_path)   # random weights
     assert res.code == 0, res.err[-3000:]
