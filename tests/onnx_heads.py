@@ -19,7 +19,8 @@ import edgetrain
 from onnx_models import Builder
 
 SHIPPED = Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx"
-HEADS = ("gemm", "gemm_transb0", "matmul_add", "add_matmul", "matmul", "conv1x1_flatten", "conv1x1_reshape")
+HEADS = ("gemm", "gemm_transb0", "matmul_add", "add_matmul", "matmul", "conv1x1_flatten", "conv1x1_reshape",
+         "conv1x1_relu_gap")
 MODES = ("bias", "lite", "head", "last:2", "all")
 
 
@@ -52,38 +53,64 @@ def _batch_dynamic(proto):
 def classifier(head: str, classes: int = 5, seed: int = 0) -> Built:
     """conv 3x3 (bias) -> BN -> Relu -> conv 3x3 (no bias) -> BN -> Relu -> global pool -> the head ``head``."""
     b = Builder((1, 1, 16, 16), seed=seed)
-    x = b.relu(b.bn(b.conv(b.input, 8, 3, stride=2)))
-    x = b.relu(b.bn(b.conv(x, 12, 3, bias=False)))
-    x = b.gap(x)
+
+    def made(fn, *args, **kw):   # the output of fn and the initializers it added
+        before = set(b.inits)
+        out = fn(*args, **kw)
+        return out, [n for n in b.inits if n not in before]
+
+    x, first = made(lambda: b.relu(b.bn(b.conv(b.input, 8, 3, stride=2))))
+    spatial, second = made(lambda: b.relu(b.bn(b.conv(x, 12, 3, bias=False))))
+    x = b.gap(spatial)
     if head == "gemm":
-        out = b.gemm(b.flatten(x), classes)
+        out, cls = made(b.gemm, b.flatten(x), classes)
     elif head == "gemm_transb0":
-        out = b.gemm(b.flatten(x), classes, trans_b=0)
+        out, cls = made(b.gemm, b.flatten(x), classes, trans_b=0)
     elif head in ("matmul_add", "add_matmul", "matmul"):
-        mm = b.matmul(b.flatten(x), classes)
-        out = mm
+        out, cls = made(b.matmul, b.flatten(x), classes)
         if head != "matmul":
-            bias = b.small("fc_add_bias", (classes,))
-            out = b.node("Add", [mm, bias] if head == "matmul_add" else [bias, mm], b.shapes[mm])
+            cls.append(b.small("fc_add_bias", (classes,)))
+            out = b.node("Add", [out, cls[-1]] if head == "matmul_add" else [cls[-1], out], b.shapes[out])
     elif head == "conv1x1_flatten":
-        out = b.flatten(b.conv(x, classes, 1, pads=[0, 0, 0, 0]))
+        out, cls = made(b.conv, x, classes, 1, pads=[0, 0, 0, 0])
+        out = b.flatten(out)
     elif head == "conv1x1_reshape":
-        out = b.reshape(b.conv(x, classes, 1, pads=[0, 0, 0, 0]), [0, -1])
-    elif head == "conv3x3_gap":   # not recognised: the class axis is made by a 3x3 conv before the pool
-        out = b.flatten(b.gap(b.conv(b.relu(b.bn(b.conv(b.input, 8, 3, stride=2))), classes, 3)))
+        out, cls = made(b.conv, x, classes, 1, pads=[0, 0, 0, 0])
+        out = b.reshape(out, [0, -1])
+    elif head == "conv1x1_relu_gap":   # SqueezeNet's: a 1x1 conv on the features, then ReLU and the pool
+        out, cls = made(b.conv, spatial, classes, 1, pads=[0, 0, 0, 0])
+        out = b.flatten(b.gap(b.relu(out)))
+    elif head in UNRECOGNISED:
+        out, cls = UNRECOGNISED[head](b, spatial, classes), []
     else:
         raise ValueError(head)
     proto = _with_metadata(_batch_dynamic(onnx.load_from_string(b.model(out))))
-    inits = [t.name for t in proto.graph.initializer]
-    float_inits = [t.name for t in proto.graph.initializer if t.data_type == 1]
-    used = {i for n in proto.graph.node for i in n.input}
-    inits = [n for n in inits if n in used]
-    head_node = next(n for n in reversed(proto.graph.node) if n.op_type in ("Gemm", "MatMul", "Conv"))
-    cls = [i for i in head_node.input[1:3] if i in float_inits] + (["fc_add_bias"] if "add" in head else [])
-    biases = [n for n in float_inits if n in used and (n.endswith("_bias") or n.endswith("_beta")) and n not in cls]
-    last2 = ["conv3_weight", "bn4_gamma", "bn4_beta"] + cls
-    weights = [n for n in float_inits if n in used and not n.endswith(("_mean", "_var")) and not n.startswith("shape")]
+    stats = ("_mean", "_var")
+    biases = [n for n in first + second if n.endswith(("_bias", "_beta"))]
+    weights = [n for n in first + second + cls if not n.endswith(stats)]
+    last2 = [n for n in second + cls if not n.endswith(stats)]
     return Built(proto, cls, biases, last2, weights)
+
+
+def _two_heads(b, x, classes):
+    """Two classifiers whose logits are added: neither alone is the output layer."""
+    f = b.flatten(b.gap(x))
+    return b.add(b.gemm(f, classes), b.gemm(f, classes))
+
+
+def _computed_weight(b, x, classes):
+    """A Gemm whose weight is computed by the graph (a Transpose of an initializer)."""
+    f = b.flatten(b.gap(x))
+    w = b.node("Transpose", [b.weight("fc_t_weight", (12, classes), 12)], (classes, 12), perm=[1, 0])
+    return b.node("Gemm", [f, w], (1, classes), transB=1)
+
+
+UNRECOGNISED = {
+    "conv3x3_gap": lambda b, x, classes: b.flatten(b.gap(b.conv(x, classes, 3))),   # the 3x3 conv makes the classes
+    "two_heads": _two_heads,
+    "computed_weight": _computed_weight,
+    "grouped_conv1x1": lambda b, x, classes: b.flatten(b.conv(b.gap(x), classes * 2, 1, pads=[0] * 4, group=2)),
+}
 
 
 # --- the exporters' quirks, each a function of a built model (changed in place) --------------------------------
@@ -138,8 +165,10 @@ def shared_bias(built: Built) -> None:
             if name == cls_bias:
                 node.input[i] = conv.input[2]
     g.initializer.remove(inits[cls_bias])
-    built.classifier = [n if n != cls_bias else conv.input[2] for n in built.classifier]
-    built.biases = [n for n in built.biases if n != cls_bias]
+    # the file's tensor stays the conv's: the classifier trains (and is resized in) a copy of its own
+    built.classifier = [n for n in built.classifier if n != cls_bias]
+    built.last2 = [n for n in built.last2 if n != cls_bias]
+    built.weights = [n for n in built.weights if n != cls_bias]
 
 
 def opset(version: int):

@@ -56,7 +56,7 @@ def _weights_of(graph) -> list[str]:
     return roles.layer_weights(graph.node, roles.float_shapes(graph))
 
 
-def _as_trained(proto, input_shape: tuple) -> list[str]:
+def _as_trained(proto, input_shape: tuple, where: str) -> list[str]:
     """The graph as the engine trains it, changed in place, computing what it did: exporters' quirks undone.
     Returns what to say about it.
 
@@ -65,6 +65,7 @@ def _as_trained(proto, input_shape: tuple) -> list[str]:
     - An initializer several nodes share (an exporter that deduplicates equal tensors: all-zero biases, a
       Reshape target) gets a copy per node: each layer's bias trains for that layer, a resized classifier
       never writes into another layer's tensor, and a trained part never changes a frozen one.
+    - A batch written into the input's and outputs' types becomes symbolic (refused where a Reshape spells it).
     - A data input with symbolic H/W takes the preprocessing's: the shapes the cut, the lite modules and the
       step graph need are then known (the model is trained, and written, at that size)."""
     numpy_helper = _lazy.from_import("onnx", "numpy_helper")
@@ -93,6 +94,19 @@ def _as_trained(proto, input_shape: tuple) -> list[str]:
         said.append(f"{copies} initializer use(s) shared with another node got a copy of their own (each layer "
                     "trains its own)")
     dims = graph.input[0].type.tensor_type.shape.dim if graph.input else []
+    batch = dims[0].dim_value if dims else 0
+    if batch:   # a batch written into the types (predict runs such a file a sample at a time; training batches)
+        for v in [graph.input[0], *graph.output]:
+            if v.type.tensor_type.shape.dim:
+                v.type.tensor_type.shape.dim[0].dim_param = "batch"
+        for node in graph.node:   # a batch written into a Reshape's target cannot be undone as surely
+            target = numpy_helper.to_array(inits[node.input[1]]) if node.op_type == "Reshape" and \
+                len(node.input) > 1 and node.input[1] in inits else None
+            if target is not None and target.ndim == 1 and len(target) and target[0] == batch:
+                raise UsageError(f"the model fixes its batch at {batch}: Reshape node {node.name or node.output[0]!r} "
+                                 f"has the target {target.tolist()}", where,
+                                 "export the model with a dynamic batch (a Reshape target starting with 0 or -1)")
+        del graph.value_info[:]
     if len(dims) == 1 + len(input_shape) and any(not d.dim_value for d in dims[1:]):
         for d, size in zip(dims[1:], input_shape):
             if not d.dim_value:
@@ -139,7 +153,7 @@ class OnnxEngine:
         job.load_data(model.preprocess)
         self.proto = model.proto
         self.model_fp = hashlib.sha256(self.proto.SerializeToString()).hexdigest()[:16]
-        job.notes.extend(_as_trained(self.proto, job.pre.input_shape))
+        job.notes.extend(_as_trained(self.proto, job.pre.input_shape, job.model))
         logits = onnx_grad.logits_name(self.proto)
         self._fit_head(logits, len(job.classes))
         initializers = {t.name for t in self.proto.graph.initializer}
