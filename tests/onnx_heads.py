@@ -194,13 +194,19 @@ def float_data(built: Built) -> None:
             t.float_data.extend(values)
 
 
+def no_input_shape(built: Built) -> None:
+    """The data input's type says float, and no shape at all."""
+    built.proto.graph.input[0].type.tensor_type.ClearField("shape")
+
+
 def unnamed_nodes(built: Built) -> None:
     for node in built.proto.graph.node:
         node.name = ""
 
 
 QUIRKS = {q.__name__: q for q in (inits_as_inputs, dynamic_hw, value_info, identity_between, shared_bias,
-                                  opset(11), opset(17), opset(21), fixed_batch, float_data, unnamed_nodes)}
+                                  opset(11), opset(17), opset(21), fixed_batch, no_input_shape, float_data,
+                                  unnamed_nodes)}
 
 
 def save(proto, path) -> Path:

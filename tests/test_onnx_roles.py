@@ -171,3 +171,10 @@ def test_every_graph_predict_runs_is_trained_or_refused_in_one_line(quirk, head,
     assert not _changed({n: before[n] for n in frozen}, after), sorted(_changed({n: before[n] for n in frozen}, after))
     out = onnx.load(str(model)).graph
     assert [i.name for i in out.input] == ["data"]   # weights are not inputs of the model written
+
+
+def test_an_output_type_declaring_another_class_count_is_not_recognised():
+    built = H.classifier("gemm", classes=5)
+    built.proto.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 7
+    with pytest.raises(UsageError, match="the output has 7 classes where Gemm node 'gemm9' has 5 outputs"):
+        roles.graph_classifier(built.proto.graph, logits_name(built.proto))

@@ -93,7 +93,11 @@ def _as_trained(proto, input_shape: tuple, where: str) -> list[str]:
     if copies:
         said.append(f"{copies} initializer use(s) shared with another node got a copy of their own (each layer "
                     "trains its own)")
-    dims = graph.input[0].type.tensor_type.shape.dim if graph.input else []
+    shape = graph.input[0].type.tensor_type.shape if graph.input else None
+    if shape is not None and not shape.dim:   # no shape in the input's type at all: a batch of images
+        shape.dim.add().dim_param = "batch"
+        shape.dim.extend([type(shape.dim[0])() for _ in input_shape])
+    dims = shape.dim if shape is not None else []
     batch = dims[0].dim_value if dims else 0
     if batch:   # a batch written into the types (predict runs such a file a sample at a time; training batches)
         for v in [graph.input[0], *graph.output]:

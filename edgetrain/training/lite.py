@@ -42,6 +42,7 @@ import numpy as np
 from .. import _lazy
 from ..errors import UsageError
 from . import roles
+from .onnx_grad import logits_name
 from .onnx_layers import WEIGHTED, cuts, layer_points, shapes_of
 
 GROUPS = 2
@@ -77,8 +78,6 @@ def find_blocks(proto) -> list[Block]:
 def _classifier_output(proto) -> str | None:
     """The classifier's output (roles): no block reaches it (a 1x1 Conv classifier on features that still have
     rows and columns, SqueezeNet's, is no block). None: no classifier is recognised (the engine refuses that)."""
-    from .onnx_grad import logits_name
-
     try:
         head = roles.graph_classifier(proto.graph, logits_name(proto))
     except UsageError:

@@ -19,8 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UsageError
-
-WEIGHTED = ("Conv", "Gemm", "MatMul")
+from .onnx_layers import WEIGHTED
 # ops between the classifier and the logits that keep the class axis where it is
 _KEEPS_CLASSES = ("Flatten", "Reshape", "Squeeze", "Identity", "Dropout", "Relu", "GlobalAveragePool",
                   "AveragePool", "GlobalMaxPool", "MaxPool", "Softmax", "LogSoftmax")
@@ -124,9 +123,10 @@ def layer_weights(nodes, shapes: dict) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def classifier(nodes, shapes: dict, logits: str, where: str = "model") -> Classifier:
+def classifier(nodes, shapes: dict, logits: str, where: str = "model", declared: int | None = None) -> Classifier:
     """The layer that makes the classes of ``logits`` (see the module's doc); a UsageError (one line) when the
-    graph's output is made some other way."""
+    graph's output is made some other way, or has ``declared`` classes (its type's, if known) where the layer
+    has another count."""
     nodes = list(nodes)
     producer = {o: n for n in nodes for o in n.output}
 
@@ -159,6 +159,8 @@ def classifier(nodes, shapes: dict, logits: str, where: str = "model") -> Classi
         if len(w) != 4 or w[2:] != (1, 1) or _attr(node, "group", 1) != 1:
             refuse(f"the logits come from Conv node {_label(node)!r} with a {'x'.join(map(str, w[2:]))} kernel "
                    f"in {_attr(node, 'group', 1)} group(s), not an ungrouped 1x1 Conv")
+    if declared and declared != n:
+        refuse(f"the output has {declared} classes where {node.op_type} node {_label(node)!r} has {n} outputs")
     own = node.input[2] if len(node.input) > 2 and node.input[2] in shapes else None
     form = {"Gemm": "Gemm", "Conv": "1x1 Conv", "MatMul": "MatMul+Add" if bias else "MatMul"}[node.op_type]
     axis = 0 if node.op_type == "Conv" or node.op_type == "Gemm" and _attr(node, "transB") else 1
@@ -166,5 +168,7 @@ def classifier(nodes, shapes: dict, logits: str, where: str = "model") -> Classi
 
 
 def graph_classifier(graph, logits: str, where: str = "model") -> Classifier:
-    return classifier(graph.node, float_shapes(graph), logits, where)
+    """:func:`classifier` of a whole graph, checked against the class count its output's type declares."""
+    dims = graph.output[0].type.tensor_type.shape.dim if graph.output else []
+    return classifier(graph.node, float_shapes(graph), logits, where, dims[1].dim_value if len(dims) > 1 else None)
 
