@@ -41,26 +41,89 @@ from ..errors import UsageError
 from ..fileio import atomic_write_bytes
 from ..models import load_onnx
 from . import checkpoint as ckpt
-from . import lite, onnx_grad, store
+from . import lite, onnx_grad, roles, store
 from . import ort_forward, ort_train
 from .ort_forward import OrtForward
 from .memplan import MB, MEASURED_SPREAD_MB, Costs, choose, plan_for
-from .onnx_layers import WEIGHTED, cut_before_layer, extract, shapes_of, without_weights, write_streamed
+from .onnx_layers import cut_before_layer, extract, shapes_of, without_weights, write_streamed
 from .optimizers import make_numpy_optimizer
 from .outdir import ONNX_MODEL
 
 
 def _weights_of(graph) -> list[str]:
-    """The initializers gradients train: each layer's weight and bias, each BatchNorm's scale and shift
-    (not its running statistics, which stay the file's)."""
-    inits = {t.name for t in graph.initializer if t.data_type == 1}
-    names = [name for node in graph.node if node.op_type in (*WEIGHTED, "BatchNormalization")
-             for name in node.input[1:3] if name in inits]
-    return list(dict.fromkeys(names + onnx_grad.other_weights(graph)))   # and a LayerNorm's, a PReLU's
+    """The initializers gradients train: each layer's weight and bias (a MatMul+Add's too), each BatchNorm's scale
+    and shift (not its running statistics, which stay the file's)."""
+    return list(dict.fromkeys(roles.layer_weights(graph.node, roles.float_shapes(graph))
+                              + onnx_grad.other_weights(graph)))   # and a LayerNorm's, a PReLU's
 
 
 def _within(names: list[str], within: set[str] | None) -> list[str]:
     return names if within is None else [n for n in names if n in within]
+
+
+def _as_trained(proto, input_shape: tuple, where: str) -> list[str]:
+    """The graph as the engine trains it, changed in place, computing what it did: exporters' quirks undone.
+    Returns what to say about it.
+
+    - Initializers also listed as graph inputs (older exporters: an overridable default) are inputs no more:
+      the step graph feeds weights as inputs of its own, and the gradient engine takes one data input.
+    - An initializer several nodes share (an exporter that deduplicates equal tensors: all-zero biases, a
+      Reshape target) gets a copy per node: each layer's bias trains for that layer, a resized classifier
+      never writes into another layer's tensor, and a trained part never changes a frozen one.
+    - A batch written into the input's and outputs' types becomes symbolic (refused where a Reshape spells it).
+    - A data input with symbolic H/W takes the preprocessing's: the shapes the cut, the lite modules and the
+      step graph need are then known (the model is trained, and written, at that size)."""
+    numpy_helper = _lazy.from_import("onnx", "numpy_helper")
+    graph = proto.graph
+    said = []
+    inits = {t.name: t for t in graph.initializer}
+    data = [i for i in graph.input if i.name not in inits]
+    if len(data) < len(graph.input):
+        del graph.input[:]
+        graph.input.extend(data)
+    seen, copies = set(), 0
+    taken = set(inits) | {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name not in inits:
+                continue
+            if name not in seen:
+                seen.add(name)
+                continue
+            fresh = next(f"{name}_{j}" for j in range(1, len(taken) + 2) if f"{name}_{j}" not in taken)
+            taken.add(fresh)
+            graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(inits[name]), fresh))
+            node.input[k] = fresh
+            copies += 1
+    if copies:
+        said.append(f"{copies} initializer use(s) shared with another node got a copy of their own (each layer "
+                    "trains its own)")
+    shape = graph.input[0].type.tensor_type.shape if graph.input else None
+    if shape is not None and not shape.dim:   # no shape in the input's type at all: a batch of images
+        shape.dim.add().dim_param = "batch"
+        shape.dim.extend([type(shape.dim[0])() for _ in input_shape])
+    dims = shape.dim if shape is not None else []
+    batch = dims[0].dim_value if dims else 0
+    if batch:   # a batch written into the types (predict runs such a file a sample at a time; training batches)
+        for v in [graph.input[0], *graph.output]:
+            if v.type.tensor_type.shape.dim:
+                v.type.tensor_type.shape.dim[0].dim_param = "batch"
+        for node in graph.node:   # a batch written into a Reshape's target cannot be undone as surely
+            target = numpy_helper.to_array(inits[node.input[1]]) if node.op_type == "Reshape" and \
+                len(node.input) > 1 and node.input[1] in inits else None
+            if target is not None and target.ndim == 1 and len(target) and target[0] == batch:
+                raise UsageError(f"the model fixes its batch at {batch}: Reshape node {node.name or node.output[0]!r} "
+                                 f"has the target {target.tolist()}", where,
+                                 "export the model with a dynamic batch (a Reshape target starting with 0 or -1)")
+        del graph.value_info[:]
+    if len(dims) == 1 + len(input_shape) and any(not d.dim_value for d in dims[1:]):
+        for d, size in zip(dims[1:], input_shape):
+            if not d.dim_value:
+                d.dim_value = int(size)
+        said.append(f"the model's input has symbolic sides: trained (and written) at the preprocessing's "
+                    f"{'x'.join(map(str, input_shape))}")
+        del graph.value_info[:]   # shapes inferred for the symbolic sizes
+    return said
 
 
 class OnnxEngine:
@@ -101,6 +164,7 @@ class OnnxEngine:
         job.load_data(model.preprocess)
         self.proto = model.proto
         self.model_fp = hashlib.sha256(self.proto.SerializeToString()).hexdigest()[:16]
+        job.notes.extend(_as_trained(self.proto, job.pre.input_shape, job.model))
         logits = onnx_grad.logits_name(self.proto)
         self._fit_head(logits, len(job.classes))
         initializers = {t.name for t in self.proto.graph.initializer}
@@ -130,30 +194,32 @@ class OnnxEngine:
         self.weights = {k: self.grad.params[k] for k in self.grad.trainable}
 
     def _fit_head(self, logits: str, classes: int) -> None:
-        """Resize the output layer when the data has other classes (new weights: netsplit's initialisation).
-        The output layer is a Gemm/MatMul, or a 1x1 Conv on globally pooled features followed by a Flatten
-        (the Gluon zoo's MobileNetV2 and SqueezeNet classify that way): the same fully connected layer."""
+        """Resize the classifier (roles.classifier: a Gemm, a MatMul with or without its Add, or a 1x1 Conv on pooled
+        features, whatever follows it) when the data has other classes (new weights: netsplit's initialisation). A
+        head the roles do not recognise is refused here, whatever the mode: bias/lite train it by name, and a
+        resize must not land on another layer. Shared tensors were split at load (_as_trained)."""
         numpy_helper = _lazy.from_import("onnx", "numpy_helper")
         graph = self.proto.graph
-        producer = {o: n for n in graph.node for o in n.output}
-        head = producer.get(logits)
-        while head is not None and head.op_type not in ("Gemm", "MatMul", "Conv"):
-            head = producer.get(head.input[0])  # through a Flatten/Reshape/Identity after the layer
-        inits = {t.name: t for t in graph.initializer}
-        w = numpy_helper.to_array(inits[head.input[1]]) if head is not None and head.input[1] in inits else None
-        conv = head is not None and head.op_type == "Conv"
-        if w is None or conv and (w.shape[2:] != (1, 1) or any(a.name == "group" and a.i != 1 for a in head.attribute)):
-            raise UsageError("the ONNX model's output does not come from a Gemm/MatMul layer (or a 1x1 Conv) with its "
-                             "own weights", self.job.model, "fine-tune a classifier whose last layer is fully connected")
-        trans_b = conv or any(a.name == "transB" and a.i for a in head.attribute)
-        outputs = w.shape[0] if trans_b else w.shape[1]
-        if outputs == classes:
+        head = roles.graph_classifier(graph, logits, self.job.model)
+        if head.outputs == classes:
             return
+        inits = {t.name: t for t in graph.initializer}
         rng = np.random.RandomState(self.job.seed)
-        shape = (classes, *w.shape[1:]) if trans_b else (w.shape[0], classes)
-        replace = {head.input[1]: store.xavier(shape, rng)}
-        if len(head.input) > 2 and head.input[2] in inits:
-            replace[head.input[2]] = np.zeros(classes, np.float32)
+        w = numpy_helper.to_array(inits[head.weight])
+        shape = list(w.shape)
+        shape[head.class_axis] = classes
+        replace = {head.weight: store.xavier(tuple(shape), rng)}
+        if head.bias:
+            b = list(inits[head.bias].dims)
+            if int(np.prod(b)) <= 1:   # one value for every class, broadcast
+                b = [classes]
+            else:   # (C,), (1, C); a Conv's (C, 1, 1), (1, C, 1, 1)
+                b[len(b) - 3 if head.form == "1x1 Conv" and len(b) >= 3 else len(b) - 1] = classes
+            replace[head.bias] = np.zeros(b, np.float32)
+        for name in head.reshapes:   # a Reshape target that spells the class count
+            target = numpy_helper.to_array(inits[name]) if name in inits else None
+            if target is not None and target.ndim == 1 and len(target) == 2 and target[1] == head.outputs:
+                replace[name] = np.asarray([target[0], classes], target.dtype)
         for name, value in replace.items():
             inits[name].CopyFrom(numpy_helper.from_array(value, name))
         for out in graph.output:  # the class axis of the output is the new count
@@ -162,8 +228,8 @@ class OnnxEngine:
                 dims[1].dim_value = classes
         del graph.value_info[:]  # shapes inferred for the old head
         self.replaced_head = True
-        self.job.notes.append(f"output layer replaced: the model has {outputs} outputs, the data {classes} classes; "
-                              "the new layer starts from random weights")
+        self.job.notes.append(f"output layer replaced: the model has {head.outputs} outputs, the data {classes} "
+                              "classes; the new layer starts from random weights")
 
     def _frozen_figures(self, frozen, shapes: dict) -> None:
         """The feature shape (one sample) and a bound of one sample's activations in the frozen part: twice

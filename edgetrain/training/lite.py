@@ -40,6 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _lazy
+from ..errors import UsageError
+from . import roles
+from .onnx_grad import logits_name
 from .onnx_layers import WEIGHTED, cuts, layer_points, shapes_of
 
 GROUPS = 2
@@ -69,10 +72,20 @@ def find_blocks(proto) -> list[Block]:
     """The blocks that get a lite module, in graph order (see the module's doc)."""
     graph = proto.graph
     inits = {t.name: t for t in graph.initializer}
-    return _blocks(graph, inits, shapes_of(proto))
+    return _blocks(graph, inits, shapes_of(proto), _classifier_output(proto))
 
 
-def _blocks(graph, inits: dict, shapes: dict) -> list[Block]:
+def _classifier_output(proto) -> str | None:
+    """The classifier's output (roles): no block reaches it (a 1x1 Conv classifier on features that still have
+    rows and columns, SqueezeNet's, is no block). None: no classifier is recognised (the engine refuses that)."""
+    try:
+        head = roles.graph_classifier(proto.graph, logits_name(proto))
+    except UsageError:
+        return None
+    return next(n.output[0] for n in proto.graph.node if (n.name or n.output[0]) == head.node)
+
+
+def _blocks(graph, inits: dict, shapes: dict, classifier: str | None = None) -> list[Block]:
     four_d = lambda name: len(shapes.get(name, ())) == 3  # noqa: E731
     points = layer_points(graph, set(inits))
     all_cuts = cuts(graph, set(inits))
@@ -81,8 +94,8 @@ def _blocks(graph, inits: dict, shapes: dict) -> list[Block]:
     start, widest, full = None, 0, False
     for (first, begin), (last, end) in zip(points, ends):
         span = graph.node[first + 1:last + 1]
-        if any(n.op_type in WEIGHTED[1:] for n in span):
-            break  # the classifier
+        if any(n.op_type in WEIGHTED[1:] or classifier in n.output for n in span):
+            break  # the classifier (or a fully connected layer before it: no rows and columns after)
         closes = four_d(end)
         if not closes:  # the layer before the classifier: its last 4-D tensor (before a global pool)
             end = next((name for i, name in reversed(all_cuts)

@@ -38,10 +38,9 @@ from numpy.lib.stride_tricks import as_strided
 
 from .. import _lazy
 from ..errors import UsageError
+from . import roles
 
 MODES = ("bias", "head", "bias+head")
-_BIAS_INPUT = {"Conv": 2, "Gemm": 2, "BatchNormalization": 2}   # which input of the op is its bias/shift
-_HEAD_OPS = ("Gemm", "Conv")
 
 
 class Unsupported(UsageError):
@@ -1636,8 +1635,8 @@ def logits_name(model) -> str:
 class GradGraph:
     """An ONNX inference graph run forward and differentiated in NumPy.
 
-    ``trainable`` is a mode (``"bias"``: every Conv/Gemm bias and BatchNorm shift; ``"head"``: the weight and
-    bias of the last Gemm or Conv; ``"bias+head"``) or an iterable of initializer names. ``params`` holds
+    ``trainable`` is a mode (``"bias"``: every layer's bias and BatchNorm shift; ``"head"``: the classifier's
+    weight and bias, whatever ops make it (roles); ``"bias+head"``) or an iterable of initializer names. ``params`` holds
     every initializer (cast to ``dtype`` if float); update the trainable ones there, forward reads them.
     ``output`` defaults to the graph's output (see :func:`logits_name` for the logits before a Softmax).
     ``extra`` names initializers that train on top of a mode (the lite residual modules' weights).
@@ -1719,15 +1718,12 @@ class GradGraph:
         if trainable not in MODES:
             raise UsageError(f"unknown trainable set {trainable!r}", "trainable",
                              f"use one of {', '.join(MODES)} or a list of initializer names")
+        shapes = {n: tuple(v.shape) for n, v in self.params.items() if v.dtype.kind == "f"}
         names = []
-        if "bias" in trainable:
-            names += [n.input[_BIAS_INPUT[n.op_type]] for n in nodes if n.op_type in _BIAS_INPUT
-                      and len(n.input) > _BIAS_INPUT[n.op_type] and n.input[_BIAS_INPUT[n.op_type]] in self.params]
-        if "head" in trainable:
-            heads = [n for n in nodes if n.op_type in _HEAD_OPS and n.input[1] in self.params]
-            if not heads:
-                raise UsageError("the graph has no Gemm or Conv with an initializer weight", "trainable=head")
-            names += [i for i in heads[-1].input[1:3] if i in self.params]
+        if "bias" in trainable:   # every layer's bias and BatchNorm shift, whatever ops make the layer
+            names += roles.layer_biases(nodes, shapes)
+        if "head" in trainable:   # the classifier, whatever ops make it (refused in one line if not recognised)
+            names += roles.classifier(nodes, shapes, self.output, "trainable=head").names
         if not names:
             raise UsageError(f"the graph has nothing to train in mode {trainable!r}", "trainable")
         return tuple(dict.fromkeys(names))
