@@ -584,7 +584,8 @@ class PowerLogOptions(Options):
 
 
 class EnergyOptions(Options):
-    battery_wh: Positive = opt(None, metavar="WH", le=100_000, help="Battery capacity for the battery-life figure (with a device).")
+    battery_wh: Positive = opt(None, metavar="WH", le=100_000,
+                               help="Battery capacity for the battery-life figure (with a device).")
     rate: RatePerHour = opt(None, metavar="N/h", help="Inferences per hour for the daily energy budget, e.g. 120/h.")
     budget_mj: Positive = opt(None, metavar="MJ", le=1e9,
                               help="Energy budget per inference in millijoules; over budget exits 3 (report kept).")
