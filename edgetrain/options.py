@@ -494,6 +494,19 @@ def _country(value: str) -> str:
 Country = Annotated[Optional[str], Parse(_country)]
 
 
+MAX_G_PER_KWH = 2000.0  # as energy.carbon.MAX_G_PER_KWH, whose API checks the same (a test holds them equal)
+
+
+def _grid_intensity(value: float) -> float:
+    if not 0 < value <= MAX_G_PER_KWH:
+        raise ValueError(f"{value:g} g CO2e/kWh is beyond any grid (lignite, the most intense source, is about 1,100; "
+                         f"the bound is {MAX_G_PER_KWH:g}); give grams of CO2e per kWh (not per MWh, not kg), e.g. 350")
+    return value
+
+
+GridIntensity = Annotated[Optional[float], Then(_grid_intensity), Range(gt=0, le=MAX_G_PER_KWH)]
+
+
 def _clock_time(value) -> float:
     """Unix seconds, or an ISO 8601 time (a naive one is this machine's local time, as a meter on it logs)."""
     from datetime import datetime
@@ -595,7 +608,7 @@ class CarbonOptions(Options):
     country: Country = opt(None, metavar="CODE",
                            help="Where the device draws its power (ISO 3166 code, e.g. DE or DEU): grams of CO2e from "
                                 "that country's grid intensity in the bundled Ember table.")
-    grid_intensity: Positive = opt(None, metavar="G_PER_KWH", le=5000,  # 5x the dirtiest grid's ~1000 g/kWh
+    grid_intensity: GridIntensity = opt(None, metavar="G_PER_KWH",
                                    help="Your grid's carbon intensity in g CO2e per kWh, instead of --country.")
 
     def carbon_grid(self) -> dict | None:

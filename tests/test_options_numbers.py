@@ -121,3 +121,10 @@ def test_every_command_refuses_hostile_numbers_in_every_numeric_option_at_the_de
 
 def _required(model) -> dict:
     return {name: "x" for name, field in model.fields.items() if field.required}
+
+
+def test_the_grid_intensity_bound_is_the_carbon_modules():
+    from edgetrain import options
+    from edgetrain.energy import carbon
+
+    assert options.MAX_G_PER_KWH == carbon.MAX_G_PER_KWH
