@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
 
 
@@ -44,14 +46,27 @@ def test_the_readmes_default_normalisation_is_the_codes():
     assert f"mean {fmt(colour[0])},\n  std {fmt(colour[1])} (ImageNet's) for three" in readme
 
 
-def test_a_progress_that_is_not_a_function_is_refused_before_any_work(tmp_path):
-    import pytest
-
+@pytest.mark.parametrize("value", ["yes", 5, 2.5, True, b"stderr", ["stderr"]])
+@pytest.mark.parametrize("function", ["finetune", "quantize", "export", "profile", "predict", "run"])
+def test_a_progress_that_is_not_a_function_is_a_usage_error_before_any_work(tmp_path, function, value):
+    """The docs promise a bad value raises edgetrain.UsageError, as the CLI prints it (progress=5 raised
+    TypeError, issue 37)."""
     import edgetrain
 
-    with pytest.raises(TypeError, match="progress must be a function"):
-        edgetrain.finetune("edgetrain.nets:pretrained_digits", "builtin:digits", tmp_path / "out", progress="yes")
-    assert not (tmp_path / "out").exists()
+    out = tmp_path / "out"
+    call = {"finetune": lambda: edgetrain.finetune("edgetrain.nets:pretrained_digits", "builtin:digits", out,
+                                                   progress=value),
+            "quantize": lambda: edgetrain.quantize("edgetrain.nets:pretrained_digits", calib="builtin:digits",
+                                                   output=out, progress=value),
+            "export": lambda: edgetrain.export("edgetrain.nets:pretrained_digits", out, progress=value),
+            "profile": lambda: edgetrain.profile("edgetrain.nets:pretrained_digits", progress=value),
+            "predict": lambda: edgetrain.predict(tmp_path / "m.onnx", "builtin:digits", output=out, progress=value),
+            "run": lambda: edgetrain.run(tmp_path / "r.yaml", rundir=out, progress=value)}[function]
+    with pytest.raises(edgetrain.UsageError) as refused:
+        call()
+    line = refused.value.line()
+    assert "for progress: not a function" in line and "(progress=)" in line and "\n" not in line
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_every_python_name_the_readme_and_docs_use_resolves_after_import_edgetrain():
