@@ -28,6 +28,14 @@ MAX_THREADS = 256
 REQUIRED = ...  # opt()'s default for an option with no default
 
 
+class _Given:
+    def __repr__(self):
+        return "GIVEN"
+
+
+GIVEN = _Given()  # in an Options class's NEEDS: the other option is given (not None, not False)
+
+
 # --- the declaration: fields, their types, their checks ------------------------------------------------
 
 class Parse:
@@ -226,9 +234,15 @@ def opt(default: Any = REQUIRED, *, help: str, flag: str | None = None, short: s
 
 class Options:
     """Base of every command's options: unknown names are errors; values are read and checked once, when the
-    options are made (``Options.parse(values)`` or ``SomeOptions(**values)``), and never change after."""
+    options are made (``Options.parse(values)`` or ``SomeOptions(**values)``), and never change after.
+
+    ``NEEDS``: an option that takes effect only with others, ``{field: ({other: GIVEN or a value, ...}, why)}``;
+    given (not its default) without them, it is refused in one line before any work, never silently ignored.
+    A class's NEEDS add to its bases'."""
 
     fields: dict[str, Opt] = {}
+    NEEDS: dict[str, tuple[dict[str, Any], str]] = {}
+    needs: dict[str, tuple[dict[str, Any], str]] = {}  # NEEDS of the class and its bases
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -246,6 +260,13 @@ class Options:
                 field._bind(name, owner.__annotations__[name])
             fields[name] = field
         cls.fields = fields
+        needs: dict = {}
+        for klass in reversed(cls.__mro__):
+            needs.update(vars(klass).get("NEEDS", {}))
+        for name, (conditions, _) in needs.items():
+            if name not in fields or not set(conditions) <= set(fields):
+                raise TypeError(f"{cls.__name__}.NEEDS names an option it does not have: {name}: {conditions}")
+        cls.needs = needs
 
     def __init__(self, **values):
         for name, value in self._check(values).items():
@@ -270,7 +291,24 @@ class Options:
             if name not in cls.fields:
                 raise UsageError(f"unknown option '{name}'", flag_of(cls, name),
                                  f"known options: {', '.join(sorted(cls.fields))}")
+        cls._check_needs(out)
         return out
+
+    @classmethod
+    def _check_needs(cls, out: dict) -> None:
+        """An option given without the options it takes effect with (``NEEDS``): one UsageError naming both."""
+        for name, (conditions, why) in cls.needs.items():
+            value = out[name]
+            if value is None or value is False or value == cls.fields[name].default:
+                continue
+            for other, want in conditions.items():
+                have = out[other]
+                if (have is not None and have is not False) if want is GIVEN else have == want:
+                    continue
+                flag = flag_of(cls, name)
+                need = flag_of(cls, other) if want is GIVEN else f"{flag_of(cls, other)} {want}"
+                raise UsageError(f"{flag} has no effect without {need} ({why})", flag,
+                                 f"give {need} as well, or leave {flag} out")
 
     @classmethod
     def parse(cls, values: dict) -> Self:
@@ -660,6 +698,10 @@ class QuantizeOptions(ModelOptions):
     allow_chance: bool = opt(False, help="Accept a model at chance on the held-out data (else exit 3: it learned nothing "
                                          "the data can show).")
 
+    NEEDS = {"max_drop": ({"val": GIVEN}, "the int8 top-1 drop is measured on the held-out data"),
+             "max_fp32_nodes": ({"val": GIVEN}, "the accuracy search that keeps nodes in fp32 runs on the held-out "
+                                                "data")}
+
 
 class ExportOptions(ModelOptions, EnergyOptions, CarbonOptions):
     output: str = opt(metavar="FILE", short="-o", recipe=False,
@@ -877,6 +919,11 @@ class FleetServeOptions(Options):
                                          "nothing the held-out data can show).")
     resume: bool = opt(False, recipe=False, help="Continue the run in RUNDIR after its last completed round.")
     threads: Threads = opt(None, metavar="N", recipe=False, help="Cap the coordinator's thread pools.")
+
+    NEEDS = {"ternary_density": ({"codec": "ternary"}, "the other codecs send every entry"),
+             "ternary_min_keep": ({"codec": "ternary"}, "the other codecs send every entry"),
+             "ternary_control_step": ({"codec": "ternary", "aggregate": "scaffold"},
+                                      "only SCAFFOLD's control variates over the ternary codec are derived this way")}
 
     def thread_cap(self) -> int | None:
         return self.threads
