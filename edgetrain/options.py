@@ -291,11 +291,11 @@ class Options:
             if name not in cls.fields:
                 raise UsageError(f"unknown option '{name}'", flag_of(cls, name),
                                  f"known options: {', '.join(sorted(cls.fields))}")
-        cls._check_needs(out)
+        cls.check_needs(out)
         return out
 
     @classmethod
-    def _check_needs(cls, out: dict) -> None:
+    def check_needs(cls, out: dict) -> None:
         """An option given without the options it takes effect with (``NEEDS``): one UsageError naming both."""
         for name, (conditions, why) in cls.needs.items():
             value = out[name]

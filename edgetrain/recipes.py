@@ -260,7 +260,7 @@ def _check_step_needs(loaded: LoadedRecipe, i: int, step, model: type[Options]) 
     values.update({"val": "the recipe's" if r.val is not None or r.val_split else None, "device": "the recipe's"})
     values.update({n: v for n, v in vars(step.options).items() if n in values and v is not None})
     try:
-        model._check_needs(values)
+        model.check_needs(values)
     except UsageError as exc:
         name = next(n for n in model.needs if exc.where == flag_of(model, n))
         raise UsageError(exc.what, f"{loaded.source}, field 'steps[{i}].{step.name}.{name}'",
