@@ -14,7 +14,7 @@ import pytest
 
 from edgetrain.cli import cli, main
 from edgetrain.errors import UsageError
-from edgetrain.options import Options
+from edgetrain.options import GIVEN, Options
 
 HOSTILE = ("nan", "inf", "-inf", "1e300", "-0")
 PY_HOSTILE = (math.nan, math.inf, -math.inf, 1e300, -0.0)
@@ -92,11 +92,15 @@ def test_every_command_refuses_hostile_numbers_in_every_numeric_option_at_the_de
             for value in HOSTILE:
                 if value == "-0" and _zero_is_a_value(field):
                     # taken, as a plain 0 (never shown as -0): the command goes on to MODEL/DATA, which do not exist
-                    read = model.parse({**_required(model), field.name: value})
+                    # (with what the option takes effect with, options.NEEDS, given too)
+                    needed = {other: str(tmp_path / "missing-needed") if want is GIVEN else want
+                              for other, want in model.needs.get(field.name, ({}, ""))[0].items()}
+                    read = model.parse({**_required(model), **needed, field.name: value})
                     got = getattr(read, field.name)
                     if field.kind in ("int", "float"):
                         assert got == 0 and math.copysign(1.0, got) == 1.0, (path, flag, got)
-                    code, err = _run(base + [f"{flag}={value}"], capsys)
+                    more = [f"{flags[other]}={v}" for other, v in needed.items()]
+                    code, err = _run(base + more + [f"{flag}={value}"], capsys)
                     assert "Traceback" not in err and flag not in err, (path, flag, err)
                     continue
                 code, err = _run(base + [f"{flag}={value}"], capsys)
