@@ -515,6 +515,9 @@ ThreadList = Annotated[Optional[list[int]], Parse(parse_threads, numbers=True)]
 Opset = Annotated[int, Then(_opset), Range(ge=min(OPSETS), le=max(OPSETS))]
 Threads = Annotated[Optional[int], Range(ge=1, le=MAX_THREADS)]
 Positive = Annotated[Optional[float], Range(gt=0)]
+# A learning rate a float32 weight update can hold (beyond it the step is inf at once); a huge one within it is
+# the divergence guard's to stop (tests/test_finetune_guards.py trains at 1e38 on purpose).
+MAX_LR = 1e38
 MeanText = Annotated[Optional[str], Then(_norm_values("mean"), numbers=True)]
 StdText = Annotated[Optional[str], Then(_norm_values("std"), numbers=True)]
 
@@ -739,7 +742,7 @@ class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions, MeterExportO
     epochs: Annotated[int, Range(ge=1, le=100_000)] = opt(10, help="Passes over the training data.")
     batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(
         32, help="Effective batch size (micro-batches accumulate up to it).")
-    lr: Positive = opt(None, metavar="LR", le=100,
+    lr: Positive = opt(None, metavar="LR", le=MAX_LR,
                        help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, else 0.003 / 0.05).")
     optimizer: Literal["sgd", "adam"] = opt("adam", help="Optimizer.")
     train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|lite|all",
@@ -895,7 +898,7 @@ class FleetServeOptions(Options):
                          "some classes do not pull the model towards theirs; twice the bytes) or plain fedavg.")
     epochs: Annotated[int, Range(ge=1, le=10_000)] = opt(1, help="Local epochs per round on each device.")
     batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(32, help="Effective batch size on the devices.")
-    lr: Positive = opt(None, metavar="LR", le=100, help="Devices' learning rate (default: the fine-tuning engine's).")
+    lr: Positive = opt(None, metavar="LR", le=MAX_LR, help="Devices' learning rate (default: the fine-tuning engine's).")
     optimizer: Literal["sgd", "adam"] = opt("sgd", help="Devices' optimizer (its state starts afresh each round).")
     train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|lite|all",
                                     help="What the devices train and send: the output layer, the last N trainable "
