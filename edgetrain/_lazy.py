@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import re
 import sys
@@ -276,6 +277,11 @@ def face(package: str, names: dict[str, str], namespace: dict):
     def __getattr__(name: str):
         module = names.get(name)
         if module is None:
+            # a wing or module of the package (``edgetrain.energy.calibrate`` after ``import edgetrain``, as the
+            # README names it): imported on first use, as a name of the face would be. The face's names come
+            # first, so a function keeps its name whatever is imported (``edgetrain.quantize``).
+            if not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}") is not None:
+                return importlib.import_module(f".{name}", package)
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         return getattr(importlib.import_module(f".{module}", package), name)
 

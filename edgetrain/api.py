@@ -53,12 +53,17 @@ STDERR = "stderr"  # the default progress: the CLI's lines on stderr
 
 
 def _listener(progress) -> ProgressFn | None:
-    if progress == STDERR:
+    """``progress=`` as the work takes it; anything else a UsageError (a bad value, as for every option)."""
+    if isinstance(progress, str) and progress == STDERR:
         from .cli.render import ProgressLine
 
         return ProgressLine()
     if progress is not None and not callable(progress):
-        raise TypeError(f"progress must be a function taking an edgetrain.Progress, 'stderr' or None, not {progress!r}")
+        from .errors import UsageError, clip
+
+        raise UsageError(f"bad value {clip(repr(progress), 40)} for progress: not a function", "progress=",
+                         "give a function taking an edgetrain.Progress, 'stderr' (the command line's lines) or "
+                         "None (silent)")
     return progress
 
 
@@ -85,39 +90,43 @@ def _prepare(model: type[OptionsT], values: dict, where: str) -> OptionsT:
 
 def quantize(model, calib, output, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain quantize``: int8 within an accuracy budget. Returns a QuantizeResult."""
+    listener = _listener(progress)
     where = "edgetrain.quantize"
     model = _path(model, "model", where)
     opts = _prepare(QuantizeOptions, dict(options, calib=_path(calib, "calib", where),
                                                 output=_path(output, "output", where)), where)
     check_command_outputs(model, opts)
-    return _quantize.quantize(model, opts, progress=_listener(progress))
+    return _quantize.quantize(model, opts, progress=listener)
 
 
 def export(model, output, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain export``: ONNX validated against the Gluon model. Returns an ExportResult."""
+    listener = _listener(progress)
     where = "edgetrain.export"
     model = _path(model, "model", where)
     opts = _prepare(ExportOptions, dict(options, output=_path(output, "output", where)), where)
     check_command_outputs(model, opts)
-    return _export.export(model, opts, progress=_listener(progress))
+    return _export.export(model, opts, progress=listener)
 
 
 def finetune(model, data, out, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain finetune``: train on this device within its memory budget. Returns a FinetuneResult."""
+    listener = _listener(progress)
     where = "edgetrain.finetune"
     model = _path(model, "model", where)
     opts = _prepare(FinetuneOptions, dict(options, data=_path(data, "data", where), out=_path(out, "out", where)),
                     where)
     check_command_outputs(model, opts)
-    return _finetune.finetune(model, opts, progress=_listener(progress))
+    return _finetune.finetune(model, opts, progress=listener)
 
 
 def profile(model, *, progress: ProgressFn | str | None = STDERR, **options):
     """``edgetrain profile``: latency, peak memory and energy. Returns a ProfileResult."""
+    listener = _listener(progress)
     model = _path(model, "model", "edgetrain.profile")
     opts = _prepare(ProfileOptions, options, "edgetrain.profile")
     check_command_outputs(model, opts)
-    return _profile.profile(model, opts, progress=_listener(progress))
+    return _profile.profile(model, opts, progress=listener)
 
 
 def inspect(model, **options):
@@ -134,11 +143,11 @@ def run(recipe: str | Path | None = None, *, rundir: str | Path | None = None, d
     """``edgetrain run``: a recipe's steps into one run folder (``resume=True`` continues ``rundir``). Each
     line of the steps' progress reaches ``progress`` as a Progress of stage ``run`` with that ``message``.
     ``country`` / ``grid_intensity`` price the energy of every step that reports one in grams of CO2e."""
+    listener = _listener(progress)
     recipe = _path(recipe, "recipe", "edgetrain.run") if recipe is not None else None
     rundir = _path(rundir, "rundir", "edgetrain.run") if rundir is not None else None
     runtime.quiet_libraries()
     runtime.apply_threads(threads, strict=False)
-    listener = _listener(progress)
     loaded = read_recipe(recipe, rundir if resume else None)
     opts = RunOptions.parse({k: v for k, v in {"country": country, "grid_intensity": grid_intensity}.items()
                              if v is not None})
@@ -153,6 +162,7 @@ def predict(model, data, *, progress: ProgressFn | str | None = STDERR, on_rows=
     """``edgetrain predict``: classify DATA with an ONNX model written by edgetrain (no mxnet loaded).
     Returns a PredictResult; ``on_rows(rows)`` receives each batch's predictions as they are made; with
     ``output``, the predictions are also written there in ``format`` (atomically), as ``-o`` does."""
+    listener = _listener(progress)
     where = "edgetrain.predict"
     model, data = _path(model, "model", where), _path(data, "data", where)
     opts = _prepare(PredictOptions, options, where)
@@ -162,4 +172,4 @@ def predict(model, data, *, progress: ProgressFn | str | None = STDERR, on_rows=
         from .fileio import check_output_path
 
         check_output_path(Path(opts.output), "-o")
-    return _predict.predict(model, data, opts, progress=_listener(progress), on_rows=on_rows, outputs=outputs)
+    return _predict.predict(model, data, opts, progress=listener, on_rows=on_rows, outputs=outputs)

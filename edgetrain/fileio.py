@@ -570,6 +570,28 @@ def parse_yaml(text: str, source: str):
         raise UsageError("YAML nested too deep", source, "flatten the file") from None
 
 
+# edgetrain's own JSON (results, records, metadata) is under 10 levels deep; what Python reads of a deeper
+# document recursively (json.loads past ~1000 levels, json.dumps, every walk of it) would end in a RecursionError.
+MAX_JSON_DEPTH = MAX_YAML_DEPTH
+
+
+def parse_json(text: str | bytes, max_depth: int = MAX_JSON_DEPTH):
+    """``json.loads``, with a document nested deeper than ``max_depth`` a ValueError like any other malformed
+    JSON (the readers' ``except ValueError`` gives their one line), never a RecursionError."""
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {max_depth} levels") from None
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > max_depth:
+                raise ValueError(f"JSON nested deeper than {max_depth} levels")
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return doc
+
+
 def _check_expansion(root, source: str) -> None:
     """Count nodes as if every alias were expanded (aliases share nodes: a DAG, sized with memo)."""
     import yaml

@@ -18,8 +18,8 @@ import numpy as np
 
 from . import _lazy, envvars
 from .errors import UsageError, clip
-from .fileio import (atomic_path, check_output_path, disk_full_error, file_digest, is_disk_full, path_arg,
-                     temp_dir)
+from .fileio import (atomic_path, check_output_path, disk_full_error, file_digest, is_disk_full, parse_json,
+                     path_arg, temp_dir)
 from .preprocess import Preprocess, default_for_shape, parse_norm, read_sidecar, sidecar_path, sidecar_text
 
 ZOO_PREFIX = "zoo:"
@@ -507,8 +507,6 @@ class OnnxModel:
 
 def load_onnx(path: str | Path) -> OnnxModel:
     """Read an ONNX file and the edgetrain preprocessing stored in its metadata_props (if any)."""
-    import json
-
     path = Path(path_arg(path, "path", "edgetrain.load_onnx"))
     onnx = _lazy.onnx()
 
@@ -523,7 +521,7 @@ def load_onnx(path: str | Path) -> OnnxModel:
     pre = None
     if "edgetrain.preprocess" in meta:
         try:
-            record = json.loads(meta["edgetrain.preprocess"])
+            record = parse_json(meta["edgetrain.preprocess"])
         except ValueError as exc:
             raise UsageError(f"malformed edgetrain metadata 'edgetrain.preprocess': {clip(str(exc), 100)}",
                              str(path), "export the model again with `edgetrain export`") from None

@@ -28,22 +28,32 @@ MAX_THREADS = 256
 REQUIRED = ...  # opt()'s default for an option with no default
 
 
+class _Given:
+    def __repr__(self):
+        return "GIVEN"
+
+
+GIVEN = _Given()  # in an Options class's NEEDS: the other option is given (not None, not False)
+
+
 # --- the declaration: fields, their types, their checks ------------------------------------------------
 
 class Parse:
     """Annotation marker: this function reads the value (instead of the type's own reading); it may raise
     UsageError or ValueError("what; fix"). ``show`` writes a value back as flag text, where ``str`` would not
-    read back (a rate of 720.0 is ``720.0/h``)."""
+    read back (a rate of 720.0 is ``720.0/h``). ``numbers``: the text is numbers (a shape, a list of thread
+    counts), so the hostile-number tests feed it NaN, infinities and huge values too."""
 
-    def __init__(self, fn, show=str):
-        self.fn, self.show = fn, show
+    def __init__(self, fn, show=str, numbers: bool = False):
+        self.fn, self.show, self.numbers = fn, show, numbers
 
 
 class Then:
-    """Annotation marker: this function checks (and may normalise) the value after the type's reading."""
+    """Annotation marker: this function checks (and may normalise) the value after the type's reading.
+    ``numbers``: as ``Parse``'s."""
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, numbers: bool = False):
+        self.fn, self.numbers = fn, numbers
 
 
 class Range:
@@ -91,7 +101,7 @@ def _read_float(value):
         raise ValueError("Input should be a valid number")
     if not math.isfinite(number):
         raise ValueError("Input should be a finite number")
-    return number
+    return number + 0.0  # -0.0 -> 0.0: a zero is shown and compared as 0, never "-0"
 
 
 def _read_str(value):
@@ -118,6 +128,7 @@ class Opt:
         self.choices: tuple | None = None  # a Literal's values
         self.parse_fn = self.then_fn = None
         self.show = str
+        self.numbers = False  # text holding numbers (a Parse/Then marker says so)
 
     def _bind(self, name: str, annotation) -> None:
         """Read the field's annotation: Optional, Annotated markers, Literal, the base type."""
@@ -128,8 +139,10 @@ class Opt:
                 for marker in annotation.__metadata__:
                     if isinstance(marker, Parse):
                         self.parse_fn, self.show = marker.fn, marker.show
+                        self.numbers = self.numbers or marker.numbers
                     elif isinstance(marker, Then):
                         self.then_fn = marker.fn
+                        self.numbers = self.numbers or marker.numbers
                     elif isinstance(marker, Range):
                         self.bounds = {**marker.bounds, **self.bounds}
                 annotation = args[0]
@@ -157,6 +170,11 @@ class Opt:
     def on_flag(self) -> str:
         """The flag a user types (the ``--on`` half of a ``--on/--off`` bool)."""
         return self.flag.split("/")[0]
+
+    @property
+    def numeric(self) -> bool:
+        """Whether the option takes numbers: an int or float, or text that holds numbers (a shape, a list)."""
+        return self.kind in ("int", "float") or self.numbers
 
     @property
     def kind(self) -> str:
@@ -189,6 +207,12 @@ class Opt:
                 value = self.then_fn(value)
         except UsageError as exc:
             raise ValueError(f"{exc.what}; {exc.fix}" if exc.fix else exc.what) from None
+        except OverflowError:  # a reader's own arithmetic (a date, a size) on a huge number
+            raise ValueError("Input should be a number within the option's range") from None
+        if isinstance(value, float):  # whatever read it (a Parse function too): never NaN or an infinity
+            if not math.isfinite(value):
+                raise ValueError("Input should be a finite number")
+            value += 0.0  # -0.0 -> 0.0
         if self.choices is not None and value not in self.choices:
             shown = [repr(c) for c in self.choices]
             raise ValueError("Input should be " + (" or ".join(shown) if len(shown) < 3
@@ -210,9 +234,15 @@ def opt(default: Any = REQUIRED, *, help: str, flag: str | None = None, short: s
 
 class Options:
     """Base of every command's options: unknown names are errors; values are read and checked once, when the
-    options are made (``Options.parse(values)`` or ``SomeOptions(**values)``), and never change after."""
+    options are made (``Options.parse(values)`` or ``SomeOptions(**values)``), and never change after.
+
+    ``NEEDS``: an option that takes effect only with others, ``{field: ({other: GIVEN or a value, ...}, why)}``;
+    given (not its default) without them, it is refused in one line before any work, never silently ignored.
+    A class's NEEDS add to its bases'."""
 
     fields: dict[str, Opt] = {}
+    NEEDS: dict[str, tuple[dict[str, Any], str]] = {}
+    needs: dict[str, tuple[dict[str, Any], str]] = {}  # NEEDS of the class and its bases
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -230,6 +260,13 @@ class Options:
                 field._bind(name, owner.__annotations__[name])
             fields[name] = field
         cls.fields = fields
+        needs: dict = {}
+        for klass in reversed(cls.__mro__):
+            needs.update(vars(klass).get("NEEDS", {}))
+        for name, (conditions, _) in needs.items():
+            if name not in fields or not set(conditions) <= set(fields):
+                raise TypeError(f"{cls.__name__}.NEEDS names an option it does not have: {name}: {conditions}")
+        cls.needs = needs
 
     def __init__(self, **values):
         for name, value in self._check(values).items():
@@ -254,7 +291,24 @@ class Options:
             if name not in cls.fields:
                 raise UsageError(f"unknown option '{name}'", flag_of(cls, name),
                                  f"known options: {', '.join(sorted(cls.fields))}")
+        cls.check_needs(out)
         return out
+
+    @classmethod
+    def check_needs(cls, out: dict) -> None:
+        """An option given without the options it takes effect with (``NEEDS``): one UsageError naming both."""
+        for name, (conditions, why) in cls.needs.items():
+            value = out[name]
+            if value is None or value is False or value == cls.fields[name].default:
+                continue
+            for other, want in conditions.items():
+                have = out[other]
+                if (have is not None and have is not False) if want is GIVEN else have == want:
+                    continue
+                flag = flag_of(cls, name)
+                need = flag_of(cls, other) if want is GIVEN else f"{flag_of(cls, other)} {want}"
+                raise UsageError(f"{flag} has no effect without {need} ({why})", flag,
+                                 f"give {need} as well, or leave {flag} out")
 
     @classmethod
     def parse(cls, values: dict) -> Self:
@@ -385,6 +439,31 @@ def parse_train_layers(text: str) -> TrainLayers:
     return TrainLayers("last", n)
 
 
+# --mean/--std act on [0,1] pixels: beyond these a value is a typo or 0-255 units, and the input would overflow.
+NORM_LIMITS = {"mean": (-1000.0, 1000.0), "std": (1e-6, 1000.0)}
+
+
+def _norm_values(which: str):
+    """A --mean/--std check at the declaration: one or three finite numbers within NORM_LIMITS (the count per
+    channel is checked when the model's channels are known); the text is kept as given."""
+    lo, hi = NORM_LIMITS[which]
+
+    def check(value: str) -> str:
+        items = [v for v in str(value).replace(" ", ",").split(",") if v.strip()]
+        try:
+            numbers = [float(v) for v in items]
+        except ValueError:
+            raise ValueError(f"not a list of numbers; write one value per channel, e.g. "
+                             f"{'0.485,0.456,0.406' if which == 'mean' else '0.229,0.224,0.225'}") from None
+        if len(numbers) not in (1, 3):
+            raise ValueError(f"{len(numbers)} values; give one per channel (1 or 3)")
+        if not all(math.isfinite(v) and lo <= v <= hi for v in numbers):
+            raise ValueError(f"each value should be a finite number from {lo:g} to {hi:g} (a {which} of [0,1] "
+                             "pixels); fix the value")
+        return value
+    return check
+
+
 def _train_layers(value: str) -> str:
     parse_train_layers(value)
     return str(value).strip().lower()
@@ -423,14 +502,24 @@ def _opset(value: int) -> int:
     return value
 
 
-MemoryMB = Annotated[Optional[float], Parse(parse_megabytes)]
-InputShape = Annotated[Optional[tuple[int, int, int]], Parse(_shape)]
+# Every number an option takes is finite and has both bounds (tests/test_options_numbers.py feeds NaN, the
+# infinities, 1e300 and -0 to each): an upper bound is where a value stops being a setting and is a typo or a
+# unit mistake, and where the arithmetic downstream (a date, a byte count, a timer) would overflow.
+MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB: beyond any board's (or host's) RAM
+MemoryMB = Annotated[Optional[float], Parse(parse_megabytes), Range(gt=0, le=MAX_MEMORY_MB)]
+InputShape = Annotated[Optional[tuple[int, int, int]], Parse(_shape, numbers=True)]
 TrainLayersText = Annotated[str, Then(_train_layers)]
-RatePerHour = Annotated[Optional[float], Parse(_rate, show=lambda rate: f"{rate}/h"), Range(gt=0)]
-ThreadList = Annotated[Optional[list[int]], Parse(parse_threads)]
-Opset = Annotated[int, Then(_opset)]
+RatePerHour = Annotated[Optional[float], Parse(_rate, show=lambda rate: f"{rate}/h"),
+                        Range(gt=0, le=3.6e9)]  # a million inferences a second: no edge board serves more
+ThreadList = Annotated[Optional[list[int]], Parse(parse_threads, numbers=True)]
+Opset = Annotated[int, Then(_opset), Range(ge=min(OPSETS), le=max(OPSETS))]
 Threads = Annotated[Optional[int], Range(ge=1, le=MAX_THREADS)]
 Positive = Annotated[Optional[float], Range(gt=0)]
+# A learning rate a float32 weight update can hold (beyond it the step is inf at once); a huge one within it is
+# the divergence guard's to stop (tests/test_finetune_guards.py trains at 1e38 on purpose).
+MAX_LR = 1e38
+MeanText = Annotated[Optional[str], Then(_norm_values("mean"), numbers=True)]
+StdText = Annotated[Optional[str], Then(_norm_values("std"), numbers=True)]
 
 
 def _country(value: str) -> str:
@@ -446,25 +535,45 @@ def _country(value: str) -> str:
 Country = Annotated[Optional[str], Parse(_country)]
 
 
+MAX_G_PER_KWH = 2000.0  # as energy.carbon.MAX_G_PER_KWH, whose API checks the same (a test holds them equal)
+
+
+def _grid_intensity(value: float) -> float:
+    if not 0 < value <= MAX_G_PER_KWH:
+        raise ValueError(f"{value:g} g CO2e/kWh is beyond any grid (lignite, the most intense source, is about 1,100; "
+                         f"the bound is {MAX_G_PER_KWH:g}); give grams of CO2e per kWh (not per MWh, not kg), e.g. 350")
+    return value
+
+
+GridIntensity = Annotated[Optional[float], Then(_grid_intensity), Range(gt=0, le=MAX_G_PER_KWH)]
+
+
 def _clock_time(value) -> float:
     """Unix seconds, or an ISO 8601 time (a naive one is this machine's local time, as a meter on it logs)."""
     from datetime import datetime
 
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    text = str(value).strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise ValueError(f"cannot read the time {text[:40]!r}; give ISO 8601 (2026-12-03T10:00:00.5) or Unix "
-                         "seconds") from None
+        t = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            t = float(text)
+        except ValueError:
+            try:
+                t = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                raise ValueError(f"cannot read the time {text[:40]!r}; give ISO 8601 (2026-12-03T10:00:00.5) or Unix "
+                                 "seconds") from None
+    if not CLOCK_RANGE[0] <= t < CLOCK_RANGE[1]:  # NaN fails it too
+        raise ValueError(f"the time {str(value)[:40]} is not a clock time between the years 2000 and 2100; give the "
+                         "clock time the meter's recording started, ISO 8601 (2026-12-03T10:00:00.5) or Unix seconds")
+    return t
 
 
-ClockTime = Annotated[Optional[float], Parse(_clock_time)]
+# A clock time a meter's recording started: within the years a meter log's own clock times may be
+# (meterlog._CLOCK_RANGE, 2000 to 2100): 0 is 1970, a missing digit or a relative time, not a start.
+CLOCK_RANGE = (946684800.0, 4102444800.0)  # 2000-01-01 and 2100-01-01, UTC
+ClockTime = Annotated[Optional[float], Parse(_clock_time), Range(ge=CLOCK_RANGE[0], lt=CLOCK_RANGE[1])]
 NonNegative = Annotated[Optional[float], Range(ge=0)]
 
 
@@ -498,17 +607,17 @@ class ModelFields(Options):
     input_shape: InputShape = opt(None, metavar="N,C,H,W",
                                   help="Input shape, e.g. 1,3,224,224 (default: recorded with the model; zoo: "
                                        "3x224x224; a PREFIX without a record needs it).")
-    mean: Optional[str] = opt(None, metavar="M[,M,M]",
+    mean: MeanText = opt(None, metavar="M[,M,M]",
                               help="Per-channel mean subtracted from [0,1] pixels (default: recorded with the model, "
                                    "else ImageNet's / 0.5 for grayscale, with a note).")
-    std: Optional[str] = opt(None, metavar="S[,S,S]",
+    std: StdText = opt(None, metavar="S[,S,S]",
                              help="Per-channel std the pixels are divided by (default: as --mean).")
 
 
 class PowerLogOptions(Options):
     """What a meter's log may leave out (a Nordic PPK2 export: the voltage and the clock)."""
 
-    power_log_voltage: Positive = opt(None, metavar="V", recipe=False,
+    power_log_voltage: Positive = opt(None, metavar="V", recipe=False, le=1000,
                                       help="The supply voltage of a --power-log with current only (a Nordic "
                                            "PPK2 export: the voltage its source mode set; an Otii 'Main current' "
                                            "export: the Otii's main voltage).")
@@ -529,9 +638,10 @@ class PowerLogOptions(Options):
 
 
 class EnergyOptions(Options):
-    battery_wh: Positive = opt(None, metavar="WH", help="Battery capacity for the battery-life figure (with a device).")
+    battery_wh: Positive = opt(None, metavar="WH", le=100_000,
+                               help="Battery capacity for the battery-life figure (with a device).")
     rate: RatePerHour = opt(None, metavar="N/h", help="Inferences per hour for the daily energy budget, e.g. 120/h.")
-    budget_mj: Positive = opt(None, metavar="MJ",
+    budget_mj: Positive = opt(None, metavar="MJ", le=1e9,
                               help="Energy budget per inference in millijoules; over budget exits 3 (report kept).")
 
 
@@ -539,7 +649,7 @@ class CarbonOptions(Options):
     country: Country = opt(None, metavar="CODE",
                            help="Where the device draws its power (ISO 3166 code, e.g. DE or DEU): grams of CO2e from "
                                 "that country's grid intensity in the bundled Ember table.")
-    grid_intensity: Positive = opt(None, metavar="G_PER_KWH",
+    grid_intensity: GridIntensity = opt(None, metavar="G_PER_KWH",
                                    help="Your grid's carbon intensity in g CO2e per kWh, instead of --country.")
 
     def carbon_grid(self) -> dict | None:
@@ -571,12 +681,12 @@ class QuantizeOptions(ModelOptions):
                       help="The int8 model: FILE.onnx (onnxruntime backend) or PREFIX (mxnet backend).")
     val: Optional[str] = opt(None, metavar="DATA", recipe=False,
                              help="Labelled data to compare fp32 and int8 top-1 on.")
-    max_drop: Annotated[float, Range(ge=0)] = opt(
+    max_drop: Annotated[float, Range(ge=0, le=100)] = opt(
         1.0, metavar="PTS", help="Largest top-1 drop allowed, in percentage points (needs --val).")
     method: Literal["minmax", "entropy", "percentile"] = opt("minmax", help="How activation ranges are calibrated.")
-    samples: Annotated[int, Range(ge=1)] = opt(300, help="Calibration samples (fewer if --calib has fewer).")
+    samples: Annotated[int, Range(ge=1, le=10_000_000)] = opt(300, help="Calibration samples (fewer if --calib has fewer).")
     per_channel: bool = opt(True, flag="--per-channel/--per-tensor", help="Weight scales per output channel.")
-    max_fp32_nodes: Optional[Annotated[int, Range(ge=0)]] = opt(
+    max_fp32_nodes: Optional[Annotated[int, Range(ge=0, le=1_000_000)]] = opt(
         None, metavar="N", help="Most nodes the accuracy search may keep in fp32 (default: half of them; 0: all int8).")
     backend: Literal["onnxruntime", "mxnet"] = opt(
         "onnxruntime", help="onnxruntime: portable QDQ .onnx; mxnet: MXNet oneDNN int8 PREFIX (not exportable to ONNX).")
@@ -591,6 +701,10 @@ class QuantizeOptions(ModelOptions):
     allow_chance: bool = opt(False, help="Accept a model at chance on the held-out data (else exit 3: it learned nothing "
                                          "the data can show).")
 
+    NEEDS = {"max_drop": ({"val": GIVEN}, "the int8 top-1 drop is measured on the held-out data"),
+             "max_fp32_nodes": ({"val": GIVEN}, "the accuracy search that keeps nodes in fp32 runs on the held-out "
+                                                "data")}
+
 
 class ExportOptions(ModelOptions, EnergyOptions, CarbonOptions):
     output: str = opt(metavar="FILE", short="-o", recipe=False,
@@ -600,8 +714,8 @@ class ExportOptions(ModelOptions, EnergyOptions, CarbonOptions):
     dynamic_batch: bool = opt(True, flag="--dynamic-batch/--fixed-batch",
                               help="Any batch size (validated at batch 1 and 3), as every ONNX file edgetrain "
                                    "writes; --fixed-batch writes batch 1 only.")
-    atol: NonNegative = opt(None, metavar="X", help="Absolute tolerance (default 1e-4; 1e-2 with --fp16).")
-    rtol: NonNegative = opt(None, metavar="X", help="Relative tolerance (default 1e-3; 1e-2 with --fp16).")
+    atol: NonNegative = opt(None, metavar="X", le=1000, help="Absolute tolerance (default 1e-4; 1e-2 with --fp16).")
+    rtol: NonNegative = opt(None, metavar="X", le=1000, help="Relative tolerance (default 1e-3; 1e-2 with --fp16).")
     data: Optional[str] = opt(None, metavar="DATA", recipe=False, help="Also validate on real samples from DATA.")
     fp16: bool = opt(False, help="fp16 weights and compute (fp32 inputs/outputs), for GPU targets.")
     allow_chance: bool = opt(False, help="Accept a model at chance on the held-out data (else exit 3: it learned nothing "
@@ -625,10 +739,10 @@ class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions, MeterExportO
     val_split: Optional[Annotated[float, Range(gt=0, lt=1)]] = opt(
         None, metavar="F", recipe=False,
         help="Hold out this fraction of DATA (stratified) for accuracy; default 0.2 unless --val.")
-    epochs: Annotated[int, Range(ge=1)] = opt(10, help="Passes over the training data.")
+    epochs: Annotated[int, Range(ge=1, le=100_000)] = opt(10, help="Passes over the training data.")
     batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(
         32, help="Effective batch size (micro-batches accumulate up to it).")
-    lr: Positive = opt(None, metavar="LR",
+    lr: Positive = opt(None, metavar="LR", le=MAX_LR,
                        help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, else 0.003 / 0.05).")
     optimizer: Literal["sgd", "adam"] = opt("adam", help="Optimizer.")
     train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|lite|all",
@@ -666,7 +780,7 @@ class ProfileOptions(ModelOptions, EnergyOptions, CarbonOptions, PowerLogOptions
     runs: Annotated[int, Range(ge=1, le=1_000_000)] = opt(100, help="Timed runs per configuration.")
     report: Optional[str] = opt(None, metavar="PATH", recipe=False,
                                 help="Write a self-contained report (.html or .md).")
-    timeout: Positive = opt(None, metavar="S",
+    timeout: Positive = opt(None, metavar="S", le=7 * 86_400,
                             help="Stop a configuration that runs longer than this many seconds (default 900).")
     power_log: Optional[str] = opt(None, metavar="FILE", recipe=False,
                                    help="A power meter's log recorded during the run: clock times and power (or "
@@ -776,7 +890,7 @@ class FleetServeOptions(Options):
         None, metavar="B", help="Server momentum (FedAvgM): the global step is the averaged update plus B times the "
                                 "last step (default: 0.4; 0: plain averaging).")
     max_update_norm: Positive = opt(
-        None, metavar="X", help="Refuse a device's update whose L2 norm (all its arrays) exceeds X (default: 10x the "
+        None, metavar="X", le=1e12, help="Refuse a device's update whose L2 norm (all its arrays) exceeds X (default: 10x the "
                                 "round's median update norm, and 1000x the global arrays' norm); a non-finite update "
                                 "or sample count is always refused. The round goes on without it.")
     aggregate: Literal["scaffold", "fedavg"] = opt(
@@ -784,7 +898,7 @@ class FleetServeOptions(Options):
                          "some classes do not pull the model towards theirs; twice the bytes) or plain fedavg.")
     epochs: Annotated[int, Range(ge=1, le=10_000)] = opt(1, help="Local epochs per round on each device.")
     batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(32, help="Effective batch size on the devices.")
-    lr: Positive = opt(None, metavar="LR", help="Devices' learning rate (default: the fine-tuning engine's).")
+    lr: Positive = opt(None, metavar="LR", le=MAX_LR, help="Devices' learning rate (default: the fine-tuning engine's).")
     optimizer: Literal["sgd", "adam"] = opt("sgd", help="Devices' optimizer (its state starts afresh each round).")
     train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|lite|all",
                                     help="What the devices train and send: the output layer, the last N trainable "
@@ -809,6 +923,11 @@ class FleetServeOptions(Options):
     resume: bool = opt(False, recipe=False, help="Continue the run in RUNDIR after its last completed round.")
     threads: Threads = opt(None, metavar="N", recipe=False, help="Cap the coordinator's thread pools.")
 
+    NEEDS = {"ternary_density": ({"codec": "ternary"}, "the other codecs send every entry"),
+             "ternary_min_keep": ({"codec": "ternary"}, "the other codecs send every entry"),
+             "ternary_control_step": ({"codec": "ternary", "aggregate": "scaffold"},
+                                      "only SCAFFOLD's control variates over the ternary codec are derived this way")}
+
     def thread_cap(self) -> int | None:
         return self.threads
 
@@ -828,7 +947,7 @@ class FleetJoinOptions(DeviceOptions):
                                 help="CA certificate to verify the coordinator with (enables TLS).")
     local_port: Optional[Annotated[int, Range(ge=1, le=65535)]] = opt(
         None, metavar="PORT", help="Loopback port of this device's own Flower runtime API (default: a free one).")
-    max_wait: Positive = opt(None, metavar="S", help="Give up after this many seconds without the coordinator "
+    max_wait: Positive = opt(None, metavar="S", le=30 * 86_400, help="Give up after this many seconds without the coordinator "
                                                      "(default: keep trying).")
 
     def budget_mb(self) -> float | None:

@@ -159,7 +159,9 @@ def read_sidecar(prefix: str | Path) -> Preprocess | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        from .fileio import parse_json
+
+        data = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read preprocessing record: {exc}", str(path),
                          "re-export the model with edgetrain or delete the file") from None

@@ -21,7 +21,7 @@ from .errors import UsageError
 from .fileio import parse_yaml, read_text_bounded
 from .fleet.report import read_report as read_fleet_report
 from .models import is_factory_ref, parse_model_ref
-from .options import ExportOptions, FinetuneOptions, Options, ProfileOptions, QuantizeOptions
+from .options import ExportOptions, FinetuneOptions, Options, ProfileOptions, QuantizeOptions, flag_of
 
 # --- Recipes (recipes/*.yaml) -------------------------------------------------------------------
 # A recipe names one model, one data set, one device and the steps to run, each step's options
@@ -247,7 +247,24 @@ def check_recipe(loaded: LoadedRecipe, device_override: str | None = None):
         seen.add(step.name)
         if step.name == "report" and step.options.fleet is not None:
             read_fleet_report(loaded.resolve(step.options.fleet), f"{loaded.source}, field 'steps[{i}].report.fleet'")
+        elif step.name in STEPS:
+            _check_step_needs(loaded, i, step, STEPS[step.name].options)
     return profile
+
+
+def _check_step_needs(loaded: LoadedRecipe, i: int, step, model: type[Options]) -> None:
+    """A step's option that takes effect only with another (the declaration's NEEDS), where the recipe supplies the
+    other (its val or val_split, its device): refused now, not when the step runs after the ones before it."""
+    r = loaded.recipe
+    values = {n: (None if f.required else f.default) for n, f in model.fields.items()}
+    values.update({"val": "the recipe's" if r.val is not None or r.val_split else None, "device": "the recipe's"})
+    values.update({n: v for n, v in vars(step.options).items() if n in values and v is not None})
+    try:
+        model.check_needs(values)
+    except UsageError as exc:
+        name = next(n for n in model.needs if exc.where == flag_of(model, n))
+        raise UsageError(exc.what, f"{loaded.source}, field 'steps[{i}].{step.name}.{name}'",
+                         "give the recipe a val (or val_split), or leave the option out") from None
 
 
 def _check_data(loaded: LoadedRecipe, ref: str, field: str) -> None:

@@ -66,7 +66,7 @@ def attribute(result, meter_log, json_path, **values):
 
     from ..energy import read_meter_export
     from ..errors import UsageError
-    from ..fileio import atomic_write_text, check_outputs
+    from ..fileio import atomic_write_text, check_outputs, parse_json
     from ..measure import attribute as attribute_log
     from ..measure import first_window
 
@@ -75,11 +75,12 @@ def attribute(result, meter_log, json_path, **values):
     out = Path(opts.output) if opts.output else src.with_name(src.stem + "-measured.json")
     check_outputs({"RESULT": result, "METER_LOG": meter_log}, {"-o": str(out), "--json": json_path})
     try:
-        data = json.loads(src.read_text(encoding="utf-8"))
+        data = parse_json(src.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError("the result does not exist", result, "give the --json file a profile wrote") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"cannot read the result as JSON ({type(exc).__name__})", result,
+        why = str(exc) if str(exc).startswith("JSON nested") else type(exc).__name__
+        raise UsageError(f"cannot read the result as JSON ({why})", result,
                          "give the --json file a profile wrote") from None
     # read once, whole, before the result's windows are checked (a bad log is refused first, as before)
     log, parsed = read_meter_export(meter_log, opts.power_log_voltage, opts.power_log_start, first_window(data))

@@ -22,8 +22,12 @@ def click_option(field: Opt):
                   show_default=not field.required and field.default is not None)
         if field.kind == "choice":
             kw["type"] = click.Choice([str(c) for c in field.choices])
-        elif not kw["metavar"]:
-            kw["metavar"] = _METAVARS[field.kind]
+        else:
+            # the text goes to the declaration as typed: click would guess INT or FLOAT from a default and
+            # answer a bad number itself, with a usage block instead of the one-line error, and without the bounds
+            kw["type"] = click.STRING
+            if not kw["metavar"]:
+                kw["metavar"] = _METAVARS[field.kind]
     return click.option(*decls, field.name, **kw)
 
 
@@ -39,6 +43,7 @@ def declared_options(model: type[Options], skip: tuple[str, ...] = ()):
         for field in reversed(ordered_fields(model)):
             if field.name not in skip:
                 f = click_option(field)(f)
+        f.declared_options = model  # the command's declaration, for tests that walk every command's options
         return f
     return decorate
 

@@ -19,7 +19,7 @@ _FACE = {  # name -> the module of this wing that defines it
     "PowerMeter": "sensors", "check_power_log": "meterlog", "detect": "calibration", "log_record": "meterlog",
     "parse_power_log": "meterlog", "read_power_log": "meterlog", "read_meter_export": "meterlog", "figure_text": "model",
     "grid_intensity": "carbon", "country_row": "carbon", "carbon_of_report": "carbon", "carbon_of_run": "carbon",
-    "carbon_text": "carbon", "calibrate": "calibration", "budget_verdict": "model",
+    "carbon_text": "carbon", "calibrate": "calibration", "budget_verdict": "model", "board_watts": "model",
     "measured_run": "model", "run_record": "model", "per_unit_of_run": "model",
 }
 __all__ = sorted(_FACE)
@@ -27,7 +27,7 @@ __all__ = sorted(_FACE)
 if TYPE_CHECKING:
     from .calibration import calibrate, detect
     from .carbon import carbon_of_report, carbon_of_run, carbon_text, country_row, grid_intensity
-    from .model import (EnergyMeter, budget_verdict, energy_report, figure_text, measured_per_inference,
+    from .model import (EnergyMeter, board_watts, budget_verdict, energy_report, figure_text, measured_per_inference,
                         measured_run, parse_rate, per_unit_of_run, rapl_delta_j, rapl_per_inference, read_rapl,
                         reliability, run_record)
     from .meterlog import check_power_log, log_record, parse_power_log, read_meter_export, read_power_log

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import envvars
 from ..errors import UsageError
-from ..fileio import atomic_write_text
+from ..fileio import atomic_write_text, parse_json
 from . import sensors
 
 ENV = "EDGETRAIN_POWER_CALIBRATION"
@@ -128,7 +128,7 @@ def save(path, line: dict, source: sensors.Source, meter_log: str) -> dict:
 def load(path) -> dict:
     p = Path(path)
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
+        doc = parse_json(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read the power calibration ({exc.__class__.__name__})", str(p),
                          _LOAD_FIX) from None

@@ -753,9 +753,112 @@ def _checked(path, voltage: float | None, start: float | None) -> PowerLog:
     return log
 
 
+# A window's energy is read from the readings inside it: with fewer than MIN_WINDOW_READINGS there, or a stretch
+# of more than MAX_GAP_FRACTION of the window without one, the figure is mostly the line drawn between readings
+# outside the work (one reading per 25 s gave 3.3x the figure of a log with readings inside the window). A stretch
+# of up to GAP_PERIODS of the log's own median interval is the meter's rhythm (a 100 Hz logger's packets, over a
+# window of a few periods), not a gap.
+MIN_WINDOW_READINGS = 5
+MAX_GAP_FRACTION = 0.2
+GAP_PERIODS = 2
+# A log whose power over the work is outside the board's idle-to-busy figures by more than this factor is in
+# another unit than its header says (mW under a W header reads 1000x): refused, naming the likely unit.
+PLAUSIBLE_FACTOR = 10.0
+_PREFIXES = {"power": ["nW", "µW", "mW", "W", "kW"], "current": ["nA", "µA", "mA", "A", "kA"],
+             "voltage": ["nV", "µV", "mV", "V", "kV"]}
+
+
+def window_coverage(readings, window: tuple[float, float], period: float = 0.0) -> dict:
+    """How the log's readings cover ``window``: how many are inside it (its ends included), the longest
+    stretch of it without one (from the window's start to the first, between two, from the last to its end) and
+    the longest allowed (``period``: the log's median interval)."""
+    import numpy as np
+
+    t0, t1 = window
+    t = readings.t
+    lo, hi = int(np.searchsorted(t, t0, "left")), int(np.searchsorted(t, t1, "right"))
+    inside = t[lo:hi]
+    if len(inside):
+        gaps = [float(inside[0]) - t0, t1 - float(inside[-1])]
+        if len(inside) > 1:
+            gaps.append(float(np.max(np.diff(inside))))
+        longest = max(gaps)
+    else:
+        longest = t1 - t0
+    return {"readings": hi - lo, "longest_gap_s": longest, "seconds": t1 - t0,
+            "max_gap_s": max(MAX_GAP_FRACTION * (t1 - t0), GAP_PERIODS * period),
+            "rule": f"at least {MIN_WINDOW_READINGS} readings inside the window and no stretch without one longer "
+                    f"than {MAX_GAP_FRACTION:.0%} of it (or {GAP_PERIODS} of the log's median intervals)"}
+
+
+def _check_coverage(readings, window: tuple[float, float], period: float, where: str) -> dict:
+    cov = window_coverage(readings, window, period)
+    n, gap, seconds = cov["readings"], cov["longest_gap_s"], cov["seconds"]
+    if n >= MIN_WINDOW_READINGS and gap <= cov["max_gap_s"]:
+        return cov
+    why = (f"{n} reading(s) inside it" if n < MIN_WINDOW_READINGS else
+           f"{gap:.3g} s of it ({gap / seconds:.0%}) without a reading")
+    raise UsageError(f"the power log cannot measure the {seconds:.3g} s window {_clock(window[0])} to "
+                     f"{_clock(window[1])}: {why} (a window needs {cov['rule']}; else its energy is mostly "
+                     "interpolated between readings outside the work)", where,
+                     f"log at least one reading every {cov['max_gap_s']:.3g} s without pauses during the run (a "
+                     "faster meter rate), or measure a longer run")
+
+
+def _units_of(headers: list[str]) -> list[tuple[str, float]]:
+    """(quantity, factor to SI) of each power, voltage or current column ``parse_power_log`` read, from the headers
+    it reports ('Power (W)', 'current_A', "Main power (W)", 'power' of a format whose units are SI)."""
+    out = []
+    for header in headers:
+        low = header.strip().lower()
+        m = _SPLIT_UNIT.match(low)
+        unit = m.group(2).strip() if m else re.split(r"[\s_]+", low)[-1]
+        known = _UNITS.get(unit.replace("μ", "µ").replace("u", "µ") if unit[:1] == "u" else unit)
+        if known is None and low in _QUANTITIES:
+            known = (_QUANTITIES[low], 1.0)
+        if known is not None:
+            out.append(known)
+    return out
+
+
+def _check_plausible(readings, window: tuple[float, float], board_w: tuple[float, float], info: dict,
+                     where: str) -> None:
+    """The work's median power within the board's idle-to-busy figures, give or take PLAUSIBLE_FACTOR."""
+    import numpy as np
+
+    t = readings.t
+    lo, hi = int(np.searchsorted(t, window[0], "left")), int(np.searchsorted(t, window[1], "right"))
+    if hi <= lo:
+        return
+    median = float(np.median(readings.w[lo:hi]))
+    idle, busy = float(board_w[0]), float(board_w[1])
+    low, high = idle / PLAUSIBLE_FACTOR, busy * PLAUSIBLE_FACTOR
+    if low <= median <= high:
+        return
+    guess = "another unit than its header says, or not the board's supply"
+    if median > 0:
+        shift = round(math.log10(median / math.sqrt(idle * busy)) / 3) or (1 if median > high else -1)  # 1000^shift
+        likely = []
+        for quantity, factor in _units_of(info.get("columns") or []):
+            names = _PREFIXES[quantity]
+            said = 3 + round(math.log10(factor) / 3)  # its place in names: W, mW... (watts: W)
+            if 0 <= said - shift < len(names):
+                likely.append(f"{names[said - shift]} under a header saying {names[said]}")
+        if likely:
+            guess = " or ".join(likely)
+    raise UsageError(f"the power log reads {median:.4g} W (median over the run's window), outside the board's "
+                     f"{idle:g}-{busy:g} W (idle to busy) by more than {PLAUSIBLE_FACTOR:g}x: its figures look like "
+                     f"{guess}", where,
+                     "write the unit the meter logs in the log's header (e.g. 'power (mW)'), or check the "
+                     "device profile (--device) is the board the meter measured")
+
+
 def log_record(path, window: tuple[float, float], idle_window: tuple[float, float] | None = None,
-               parsed: tuple[sensors.PowerSeries, dict] | None = None) -> dict:
-    """The measured record of ``window`` (and its idle) from a meter's log; UsageError if not covered.
+               parsed: tuple[sensors.PowerSeries, dict] | None = None,
+               board_w: tuple[float, float] | None = None) -> dict:
+    """The measured record of ``window`` (and its idle) from a meter's log; UsageError if not covered, with too
+    few readings inside it or a gap in it (``MIN_WINDOW_READINGS``, ``MAX_GAP_FRACTION``), or (``board_w``: the
+    device's idle and busy watts) with figures no such board draws.
     ``parsed``: the log's ``parse_power_log`` when the caller has read it already (one read for many windows)."""
     import numpy as np
 
@@ -774,11 +877,15 @@ def log_record(path, window: tuple[float, float], idle_window: tuple[float, floa
         intervals.partition(len(intervals) // 2)
         median = float(intervals[len(intervals) // 2])
     del intervals
+    coverage = _check_coverage(readings, window, median, str(path))
+    if board_w is not None:
+        _check_plausible(readings, window, board_w, info, str(path))
     rec = sensors.summarise(readings, idle_window, window, "power-log",
                             f"external power meter log {as_log(path).name} ({len(readings)} readings; {info['format']}, "
                             f"{' x '.join(info['columns'])}, {info['time']} times)", 1.0 / median if median > 0 else None,
                             resolution=log_resolution(readings.w))
     rec["log_format"] = info
+    rec["coverage"] = coverage
     neg = info.get("negative_readings")
     if neg:
         rec["note"] = "; ".join(x for x in (rec.get("note"), (

@@ -483,7 +483,8 @@ class EnergyMeter:
             self.meter.window = self.window
             measured = measured_run(self.meter.finish())
         elif self.power_log is not None:
-            measured = measured_run(meterlog.log_record(self.power_log, self.window, self.idle_window))
+            measured = measured_run(meterlog.log_record(self.power_log, self.window, self.idle_window,
+                                                        board_w=board_watts(self.profile)))
         modelled = energy_for_duration(seconds, self.profile, self.threads) if self.profile is not None else None
         on_device = self.profile is None or _on_device(self.profile)
         out = run_record(measured, modelled, on_device)
@@ -495,6 +496,7 @@ class EnergyMeter:
             out["meter_windows"] = {"command": "finetune", "edgetrain_version": __version__,
                                     "clock": "Unix seconds on this machine's clock", "held_for_a_meter": self.held,
                                     "on_device": on_device, "timed": list(self.window),
+                                    "board_w": board_watts(self.profile),
                                     "idle": list(self.idle_window) if self.idle_window else None}
         self.result = out
         return self._per_unit(out, epochs, samples)
@@ -502,6 +504,14 @@ class EnergyMeter:
     @staticmethod
     def _per_unit(out, epochs: int, samples: int):
         return per_unit_of_run(out, epochs, samples)
+
+
+def board_watts(profile) -> list[float] | None:
+    """The device's idle and busy watts (its profile's figures), what a meter's log on it must be near; None
+    without a device."""
+    if profile is None:
+        return None
+    return [float(profile.power.idle_w.value), float(profile.power.load_w.value)]
 
 
 def run_record(measured: dict | None, modelled: dict | None, on_device: bool) -> dict | None:

@@ -70,7 +70,7 @@ def attribute(result: dict, log, where: str, parsed=None) -> dict:
         if not isinstance(c, dict):
             raise UsageError("the result's configurations are not records (edited?)", where, _FIX_RUN)
         c = {**c, "power": {**(c.get("power") or {}), "window_wall": list(w["timed"])}, "wall_idle": w.get("idle")}
-        c["power"] = log_power(log, c, read)
+        c["power"] = log_power(log, c, read, _board_w(windows))
         c["power"]["attributed"] = {"by": "edgetrain energy attribute", "log": str(log)}
         configs.append(c)
     out["configs"] = configs
@@ -89,6 +89,15 @@ def attribute(result: dict, log, where: str, parsed=None) -> dict:
     res = ProfileResult(**{f.name: out[f.name] for f in fields(ProfileResult) if f.name in out})
     res.figures = collect_figures(res)
     return res.to_dict()
+
+
+def _board_w(windows: dict) -> tuple[float, float] | None:
+    """The device's idle and busy watts the run recorded beside its windows (sealed with them), if any."""
+    pair = windows.get("board_w")
+    if isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                          and 0 < x < 1e6 for x in pair):
+        return float(pair[0]), float(pair[1])
+    return None
 
 
 def _check_windows(result: dict, windows, command: str, where: str) -> None:
@@ -128,7 +137,7 @@ def _attribute_run(result: dict, log, where: str, parsed=None) -> dict:
     w = en.get("meter_windows")
     _check_windows(result, w, "finetune", where)
     idle = tuple(w["idle"]) if w.get("idle") else None
-    measured = energy.measured_run(energy.log_record(log, tuple(w["timed"]), idle, parsed))
+    measured = energy.measured_run(energy.log_record(log, tuple(w["timed"]), idle, parsed, _board_w(w)))
     measured["attributed"] = {"by": "edgetrain energy attribute", "log": str(log)}
     if en.get("provenance") == "measured":  # a board sensor measured too: the meter's figure leads, it stays beside
         modelled = en.get("modelled")

@@ -255,7 +255,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
     if power_log is not None:
         read: dict = {}
         for c in configs:  # the meter's log, aligned to the window each child recorded
-            c["power"] = log_power(power_log, c, read)
+            c["power"] = log_power(power_log, c, read, energy.board_watts(prof))
     elif meter:
         for c in configs:
             if c.get("power") and not c["power"].get("available"):
@@ -319,7 +319,8 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
         host=_host_summary(host), device=_device_summary(prof) if prof is not None else None,
         prediction=prediction_d, configs=configs, best=best_summary, verdict=verdict, energy=energy_d,
         host_energy=host_energy, figures=[], notes=notes, reliability=host_quiet, warnings=warnings,
-        meter_windows=meter_windows(configs, prof is not None and host.matches(prof), meter))
+        meter_windows=meter_windows(configs, prof is not None and host.matches(prof), meter,
+                                    energy.board_watts(prof)))
     result.figures = collect_figures(result)
     return result
 
@@ -565,28 +566,29 @@ def _host_energy(configs: list[dict]) -> dict | None:
     return out
 
 
-def meter_windows(configs: list[dict], on_device: bool, held: bool) -> dict:
+def meter_windows(configs: list[dict], on_device: bool, held: bool, board_w=None) -> dict:
     """Where a meter's log is read for each configuration: its idle stretch and timed window (Unix s)."""
     from .. import __version__
 
     return {"command": "profile", "edgetrain_version": __version__, "clock": "Unix seconds on this machine's clock",
-            "held_for_a_meter": held, "on_device": on_device,
+            "held_for_a_meter": held, "on_device": on_device, "board_w": board_w,
             "configs": [{"threads": c["threads"], "timed": (c.get("power") or {}).get("window_wall") or c.get("wall_timed"),
                          "idle": c.get("wall_idle"),
                          **{k: (c.get("power") or {}).get(k) for k in ("inferences", "timed_runs", "extra_runs")}}
                         for c in configs]}
 
 
-def log_power(path, config: dict, read: dict | None = None) -> dict:
+def log_power(path, config: dict, read: dict | None = None, board_w: tuple[float, float] | None = None) -> dict:
     """A configuration's measured record from the meter's log, over the window its child recorded. ``read``: a
-    dict the calls for one run's configurations share, so the log is read once (by the first), not once each."""
+    dict the calls for one run's configurations share, so the log is read once (by the first), not once each.
+    ``board_w``: the device's idle and busy watts, which the log's figures must be near (else refused)."""
     rec = config.get("power") or {}
     window = rec.get("window_wall") or config.get("wall_timed")
     idle = config.get("wall_idle") or ((rec.get("idle") or {}).get("t0"), (rec.get("idle") or {}).get("t1"))
     idle = tuple(idle) if idle and None not in idle else None
     if read is not None and "log" not in read:
         read["log"] = energy.parse_power_log(path, near=window[0])
-    measured = energy.log_record(path, tuple(window), idle, read.get("log") if read is not None else None)
+    measured = energy.log_record(path, tuple(window), idle, read.get("log") if read is not None else None, board_w)
     for k in ("inferences", "timed_runs", "extra_runs", "min_window_s"):
         if k in rec:
             measured[k] = rec[k]

@@ -21,6 +21,7 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
     layers = parse_train_layers(opts.train_layers)
     grid = opts.carbon_grid()  # an unknown country or both figures: refused before the work
     opts.power_log_spec()  # a log that exists is read now: an unknown format costs seconds, not a fine-tune
+    _check_energy_options(opts, grid)
     if str(model).lower().endswith(".onnx"):  # the file fixes both: given, they were silently ignored
         for flag, value, why in (("--params", opts.params, "its weights are in the file"),
                                  ("--input-shape", opts.input_shape, "its graph fixes the input shape")):
@@ -40,3 +41,22 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
 
         result.energy["carbon"] = carbon_of_run(result.energy, grid)
     return result
+
+
+def _check_energy_options(opts: FinetuneOptions, grid) -> None:
+    """--meter-export, --country and --grid-intensity act on the run's energy record; without --device, a
+    --power-log or a power sensor on this machine there is none (the result said `energy: null` and the meter's
+    recording was wasted): refused before the work, not ignored."""
+    if opts.profile() is not None or opts.power_log is not None:
+        return
+    given = [flag for flag, on in (("--meter-export", opts.meter_export), ("--country", opts.country is not None),
+                                   ("--grid-intensity", opts.grid_intensity is not None)) if on]
+    if not given:
+        return
+    from ..energy import detect
+
+    if detect() is None:
+        raise UsageError(f"{given[0]} has no effect without --device: this machine has no power sensor and no "
+                         "--power-log was given, so the fine-tune has no energy record to keep the meter's windows "
+                         "or the grams in", given[0],
+                         f"give --device NAME (see `edgetrain devices list`), or leave {given[0]} out")

@@ -282,7 +282,9 @@ def _load(model: str, threads: int):
         raise UsageError("ONNX file has no edgetrain preprocessing record (metadata 'edgetrain.preprocess')", model,
                          "export it with `edgetrain export` (or quantize it with `edgetrain quantize`)")
     try:
-        record = json.loads(meta["edgetrain.preprocess"])
+        from ..fileio import parse_json
+
+        record = parse_json(meta["edgetrain.preprocess"])
     except ValueError as exc:
         raise UsageError(f"malformed edgetrain metadata 'edgetrain.preprocess': {clip(str(exc), 100)}", model,
                          "export the model again with `edgetrain export`") from None
@@ -297,7 +299,9 @@ def _load(model: str, threads: int):
     precision = meta.get("edgetrain.precision", "fp32")
     if "edgetrain.quantization" in meta:
         try:
-            record = json.loads(meta["edgetrain.quantization"])
+            from ..fileio import parse_json
+
+            record = parse_json(meta["edgetrain.quantization"])
             precision = record.get("precision", "int8")
             precision = f"{precision} ({record.get('scheme', 'QDQ')})" if precision == "int8" else \
                 f"{precision} (measured faster than int8 here)"

@@ -236,9 +236,9 @@ def test_mean_std_normalise_the_data_and_the_model_records_them(cli, digits_npz,
 
 
 @pytest.mark.parametrize("args,fragments", [
-    (["--mean", "0.1,0.2"], ["--mean needs 1 finite value"]),
-    (["--std", "0"], ["--std", "positive"]),
-    (["--mean", "nan"], ["--mean needs 1 finite value"]),
+    (["--mean", "0.1,0.2"], ["bad value '0.1,0.2' for --mean", "2 values", "one per channel"]),
+    (["--std", "0"], ["--std", "finite number from 1e-06 to 1000"]),
+    (["--mean", "nan"], ["--mean", "finite number"]),
     (["--memory-budget", "lots"], ["bad value 'lots' for --memory-budget"]),
     (["--train-layers", "last:0"], ["trains nothing"]),
     (["--train-layers", "last:9"], ["the model has 3 layer(s) that can train from the end", "last:3 at most"]),

@@ -66,7 +66,7 @@ def test_mxnet_backend_says_it_cannot_go_to_onnx(cli, tiny_prefix, digits_folder
     assert res.json()["num_classes"] == 10 and res.json()["input_shape"] == [1, 1, 16, 16]
 
 
-@pytest.mark.parametrize("value,fragment", [("-1", "greater than or equal to 0"), ("abc", "not a valid float"),
+@pytest.mark.parametrize("value,fragment", [("-1", "greater than or equal to 0"), ("abc", "valid number"),
                                             ("nan", "finite number")])
 def test_bad_max_drop(cli, tiny_prefix, tmp_path, value, fragment):
     res = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "-o", tmp_path / "q.onnx", "--max-drop", value,
