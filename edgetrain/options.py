@@ -16,7 +16,6 @@ import math
 import os
 import re
 import typing
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Self
 
 from .errors import UsageError
@@ -409,34 +408,44 @@ def _shape(value):
     return parse_shape(text, "input_shape")
 
 
-@dataclass(frozen=True)
-class TrainLayers:
-    """Parsed ``--train-layers``: 'head' (= last:1), 'last:N', 'bias', 'lite' or 'all'."""
+class TrainLayers(str):
+    """``--train-layers`` parsed once, at the declaration: its text as a user writes it ('head', 'last:N', 'bias',
+    'lite', 'all'; 'last:1' reads 'head') and what it names: ``kind`` ("last" | "bias" | "lite" | "all") and
+    ``n`` (the layers from the end that train, for "last"). A str, so a result, a recipe and a fleet's messages
+    carry it as the text; the job, the engine and the fleet read ``kind`` and ``n`` from it."""
 
-    kind: str  # "last" | "bias" | "lite" | "all"
-    n: int = 1
+    kind: str
+    n: int
+
+    def __new__(cls, text) -> "TrainLayers":
+        if isinstance(text, TrainLayers):
+            return text
+        raw = str(text).strip().lower()
+        kind, n = ("last", 1) if raw == "head" else (raw, 1)
+        if raw not in ("head", "all", "bias", "lite"):
+            m = re.fullmatch(r"last:(-?\d+)", raw)
+            if not m:
+                raise UsageError(f"cannot read --train-layers '{text}'", "--train-layers",
+                                 "use head, last:N (N trainable layers from the end), bias (every bias and BatchNorm "
+                                 "shift, and the output layer), lite (bias and lite residual modules) or all")
+            kind, n = "last", int(m.group(1))
+            if n < 1:
+                raise UsageError(f"--train-layers {text} trains nothing", "--train-layers",
+                                 "use last:1 (= head) or more, or all")
+        self = super().__new__(cls, kind if kind != "last" else ("head" if n == 1 else f"last:{n}"))
+        self.kind, self.n = kind, n
+        return self
+
+    def __reduce__(self):   # pickles (and copies) as the text it is
+        return (TrainLayers, (str(self),))
 
     @property
     def text(self) -> str:
-        return self.kind if self.kind != "last" else ("head" if self.n == 1 else f"last:{self.n}")
+        return str(self)
 
-
-def parse_train_layers(text: str) -> TrainLayers:
-    raw = str(text).strip().lower()
-    if raw == "head":
-        return TrainLayers("last", 1)
-    if raw in ("all", "bias", "lite"):
-        return TrainLayers(raw)
-    m = re.fullmatch(r"last:(-?\d+)", raw)
-    if not m:
-        raise UsageError(f"cannot read --train-layers '{text}'", "--train-layers",
-                         "use head, last:N (N trainable layers from the end), bias (every bias and BatchNorm shift, "
-                         "and the output layer), lite (bias and lite residual modules) or all")
-    n = int(m.group(1))
-    if n < 1:
-        raise UsageError(f"--train-layers {text} trains nothing", "--train-layers",
-                         "use last:1 (= head) or more, or all")
-    return TrainLayers("last", n)
+    @property
+    def head_only(self) -> bool:
+        return self.kind == "last" and self.n == 1
 
 
 # --mean/--std act on [0,1] pixels: beyond these a value is a typo or 0-255 units, and the input would overflow.
@@ -464,9 +473,8 @@ def _norm_values(which: str):
     return check
 
 
-def _train_layers(value: str) -> str:
-    parse_train_layers(value)
-    return str(value).strip().lower()
+def _train_layers(value) -> TrainLayers:
+    return TrainLayers(value)
 
 
 def _rate(value):
@@ -508,7 +516,7 @@ def _opset(value: int) -> int:
 MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB: beyond any board's (or host's) RAM
 MemoryMB = Annotated[Optional[float], Parse(parse_megabytes), Range(gt=0, le=MAX_MEMORY_MB)]
 InputShape = Annotated[Optional[tuple[int, int, int]], Parse(_shape, numbers=True)]
-TrainLayersText = Annotated[str, Then(_train_layers)]
+TrainLayersValue = Annotated[TrainLayers, Then(_train_layers)]
 RatePerHour = Annotated[Optional[float], Parse(_rate, show=lambda rate: f"{rate}/h"),
                         Range(gt=0, le=3.6e9)]  # a million inferences a second: no edge board serves more
 ThreadList = Annotated[Optional[list[int]], Parse(parse_threads, numbers=True)]
@@ -745,7 +753,7 @@ class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions, MeterExportO
     lr: Positive = opt(None, metavar="LR", le=MAX_LR,
                        help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, else 0.003 / 0.05).")
     optimizer: Literal["sgd", "adam"] = opt("adam", help="Optimizer.")
-    train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|lite|all",
+    train_layers: TrainLayersValue = opt(TrainLayers("head"), metavar="head|last:N|bias|lite|all",
                                     help="What trains: the output layer, the last N trainable layers/blocks, "
                                          "every bias (bias), every bias and a lite residual module per block "
                                          "(lite), or everything.")
@@ -900,7 +908,7 @@ class FleetServeOptions(Options):
     batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(32, help="Effective batch size on the devices.")
     lr: Positive = opt(None, metavar="LR", le=MAX_LR, help="Devices' learning rate (default: the fine-tuning engine's).")
     optimizer: Literal["sgd", "adam"] = opt("sgd", help="Devices' optimizer (its state starts afresh each round).")
-    train_layers: TrainLayersText = opt("head", metavar="head|last:N|bias|lite|all",
+    train_layers: TrainLayersValue = opt(TrainLayers("head"), metavar="head|last:N|bias|lite|all",
                                     help="What the devices train and send: the output layer, the last N trainable "
                                          "layers/blocks (with their BatchNorm statistics), every bias and BatchNorm "
                                          "shift with the output layer (bias), those and TinyTL's lite residual "

@@ -8,14 +8,34 @@ from edgetrain.training import checkpoint as ckpt
 from edgetrain.errors import UsageError
 from edgetrain.training.featurecache import FeatureCache
 from edgetrain.training.memplan import Costs, choose
-from edgetrain.options import parse_train_layers
+from edgetrain.options import FinetuneOptions, TrainLayers
 
 
 @pytest.mark.parametrize("text,fragment", [("last:0", "trains nothing"), ("tail", "cannot read"),
                                            ("last:x", "cannot read")])
 def test_bad_train_layers(text, fragment):
     with pytest.raises(UsageError, match=fragment):
-        parse_train_layers(text)
+        TrainLayers(text)
+    with pytest.raises(UsageError, match=fragment):   # the declaration reads it so, from the API as from the CLI
+        FinetuneOptions.parse({"data": "d", "out": "o", "train_layers": text})
+
+
+@pytest.mark.parametrize("text,kind,n,canonical", [("head", "last", 1, "head"), (" LAST:1", "last", 1, "head"),
+                                                   ("last:3", "last", 3, "last:3"), ("Bias", "bias", 1, "bias"),
+                                                   ("lite", "lite", 1, "lite"), ("all", "all", 1, "all")])
+def test_train_layers_is_parsed_once_into_one_value(text, kind, n, canonical):
+    """The declaration's value is what every consumer reads: its meaning (kind, n), and its text wherever it
+    travels as text (JSON, a recipe, a fleet message, a pickle), read back to the same value."""
+    import copy
+    import json
+    import pickle
+
+    value = FinetuneOptions.parse({"data": "d", "out": "o", "train_layers": text}).train_layers
+    assert isinstance(value, TrainLayers) and (value.kind, value.n) == (kind, n) and value == canonical
+    assert json.loads(json.dumps({"t": value}))["t"] == canonical
+    for again in (pickle.loads(pickle.dumps(value)), copy.deepcopy(value), TrainLayers(value), TrainLayers(str(value))):
+        assert isinstance(again, TrainLayers) and (again.kind, again.n) == (kind, n)
+    assert value.head_only == (canonical == "head")
 
 
 def test_checkpoint_round_trip_and_refusals(tmp_path):

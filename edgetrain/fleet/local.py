@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import runtime
-from ..options import FinetuneOptions, parse_train_layers
+from ..options import FinetuneOptions, TrainLayers
 from ..training import FinetuneJob, ShapeMismatch, check_shapes
 
 __all__ = ["Evaluator", "LocalSpec", "ShapeMismatch", "check_shapes", "class_view", "displacement_per_gradient",
@@ -51,14 +51,18 @@ class LocalSpec:
     budget_mb: float | None = None
     device: object = None  # a DeviceProfile or None
     params: str | None = None
-    train_layers: str = "head"
+    train_layers: TrainLayers = TrainLayers("head")   # text from the wire is read here, once
+
+    def __post_init__(self):
+        self.train_layers = TrainLayers(self.train_layers)
 
 
 def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, **extension) -> FinetuneJob:
     # unchecked: internal values (epochs=0 evaluates only), not a user's input to validate
     opts = FinetuneOptions.unchecked(data=str(data), out=str(outdir), epochs=epochs, batch_size=spec.batch_size,
-                                    lr=spec.lr, optimizer=spec.optimizer, seed=spec.seed, params=spec.params)
-    return FinetuneJob(spec.model, opts, layers=parse_train_layers(spec.train_layers), val_split=0.0,
+                                    lr=spec.lr, optimizer=spec.optimizer, seed=spec.seed, params=spec.params,
+                                    train_layers=spec.train_layers)
+    return FinetuneJob(spec.model, opts, val_split=0.0,
                        budget_mb=spec.budget_mb, threads=spec.threads, profile=spec.device,
                        progress=lambda info: None, write_model=False, **extension)
 

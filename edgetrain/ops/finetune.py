@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import runtime
 from ..errors import UsageError
-from ..options import FinetuneOptions, parse_train_layers
+from ..options import FinetuneOptions
 from ..results import ProgressFn
 from ..training import DEFAULT_VAL_SPLIT, FinetuneJob, FinetuneResult, prepare_outdir, progress_events
 
@@ -18,7 +18,6 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
     threads = runtime.apply_threads(opts.thread_cap(), strict=False)
     if opts.val is not None and opts.val_split is not None:
         raise UsageError("--val and --val-split both given", "--val", "give held-out data or a split fraction, not both")
-    layers = parse_train_layers(opts.train_layers)
     grid = opts.carbon_grid()  # an unknown country or both figures: refused before the work
     opts.power_log_spec()  # a log that exists is read now: an unknown format costs seconds, not a fine-tune
     _check_energy_options(opts, grid)
@@ -33,7 +32,7 @@ def finetune(model: str, opts: FinetuneOptions, progress: ProgressFn | None = No
     check_folder_outside_data(opts.out, "-o", {"--data": opts.data, "--val": opts.val})
     has_checkpoint = prepare_outdir(Path(opts.out), opts.resume)
     val_split = DEFAULT_VAL_SPLIT if opts.val is None and opts.val_split is None else opts.val_split
-    job = FinetuneJob(model, opts, layers=layers, budget_mb=opts.budget_mb(), threads=threads, profile=opts.profile(),
+    job = FinetuneJob(model, opts, budget_mb=opts.budget_mb(), threads=threads, profile=opts.profile(),
                       val_split=val_split, progress=progress_events(progress), resume=opts.resume)
     result = job.run(has_checkpoint)
     if grid is not None and result.energy is not None:

@@ -150,11 +150,12 @@ class FinetuneJob:
     """One fine-tune run. ``run(has_checkpoint)`` trains and returns a FinetuneResult; ``load()`` alone
     builds the model and data (the fleet's evaluator), after which ``evaluate(arrays)`` gives top-1."""
 
-    def __init__(self, model: str, opts: FinetuneOptions, *, layers: TrainLayers, val_split: float | None,
+    def __init__(self, model: str, opts: FinetuneOptions, *, val_split: float | None,
                  budget_mb, threads: int, profile, progress, resume: bool = False,
                  initial: dict[str, np.ndarray] | None = None, initial_where: str = "initial arrays",
                  correction: dict[str, np.ndarray] | None = None, write_model: bool = True):
-        self.model, self.opts, self.layers, self.val_split = model, opts, layers, val_split
+        self.model, self.opts, self.val_split = model, opts, val_split
+        self.layers: TrainLayers = opts.train_layers   # parsed once, at the declaration
         self.budget_mb, self.threads, self.profile, self.progress = budget_mb, threads, profile, progress
         self.data, self.outdir, self.val = opts.data, Path(opts.out), opts.val
         self.epochs, self.batch_size, self.lr, self.optimizer = opts.epochs, opts.batch_size, opts.lr, opts.optimizer
@@ -447,7 +448,7 @@ class FinetuneJob:
                                         meter_export=bool(getattr(self.opts, "meter_export", False))).start()
         self.load()
         if self.lr is None:
-            self.lr = default_lr(self.optimizer, head_only=self.layers.kind == "last" and self.layers.n == 1)
+            self.lr = default_lr(self.optimizer, head_only=self.layers.head_only)
         meta = arrays = None
         ckpt_path = self.outdir / ckpt.FILENAME
         if has_checkpoint:
