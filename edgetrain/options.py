@@ -473,6 +473,9 @@ def _norm_values(which: str):
     return check
 
 
+DEFAULT_TRAIN_LAYERS = TrainLayers("head")   # the one place the default is written
+
+
 def _train_layers(value) -> TrainLayers:
     return TrainLayers(value)
 
@@ -753,7 +756,7 @@ class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions, MeterExportO
     lr: Positive = opt(None, metavar="LR", le=MAX_LR,
                        help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, else 0.003 / 0.05).")
     optimizer: Literal["sgd", "adam"] = opt("adam", help="Optimizer.")
-    train_layers: TrainLayersValue = opt(TrainLayers("head"), metavar="head|last:N|bias|lite|all",
+    train_layers: TrainLayersValue = opt(DEFAULT_TRAIN_LAYERS, metavar="head|last:N|bias|lite|all",
                                     help="What trains: the output layer, the last N trainable layers/blocks, "
                                          "every bias (bias), every bias and a lite residual module per block "
                                          "(lite), or everything.")
@@ -908,7 +911,7 @@ class FleetServeOptions(Options):
     batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(32, help="Effective batch size on the devices.")
     lr: Positive = opt(None, metavar="LR", le=MAX_LR, help="Devices' learning rate (default: the fine-tuning engine's).")
     optimizer: Literal["sgd", "adam"] = opt("sgd", help="Devices' optimizer (its state starts afresh each round).")
-    train_layers: TrainLayersValue = opt(TrainLayers("head"), metavar="head|last:N|bias|lite|all",
+    train_layers: TrainLayersValue = opt(DEFAULT_TRAIN_LAYERS, metavar="head|last:N|bias|lite|all",
                                     help="What the devices train and send: the output layer, the last N trainable "
                                          "layers/blocks (with their BatchNorm statistics), every bias and BatchNorm "
                                          "shift with the output layer (bias), those and TinyTL's lite residual "

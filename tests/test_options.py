@@ -9,7 +9,7 @@ from clitools import assert_user_error, run_edgetrain
 from edgetrain.cli import cli
 from edgetrain.recipes import STEP_SCHEMAS
 from edgetrain.errors import UsageError
-from edgetrain.options import COMMANDS, FinetuneOptions, flag_of
+from edgetrain.options import COMMANDS, FinetuneOptions, TrainLayers, flag_of
 
 CLI_ONLY = {"json_path"}  # rendering, not an option of the work
 
@@ -117,7 +117,8 @@ READS = [
     ("epochs", "12", 12), ("epochs", 12, 12), ("epochs", 12.0, 12), ("epochs", " 7 ", 7),
     ("lr", "0.5", 0.5), ("lr", 1, 1.0), ("memory_budget", 300, 300.0), ("memory_budget", "1GiB", 1024.0),
     ("resume", "yes", True), ("resume", "off", False), ("resume", 1, True), ("resume", False, False),
-    ("optimizer", "sgd", "sgd"), ("train_layers", " LAST:2 ", __import__("edgetrain.options").options.TrainLayers("last:2")), ("input_shape", "1,3,32,32", (3, 32, 32)),
+    ("optimizer", "sgd", "sgd"), ("train_layers", " LAST:2 ", TrainLayers("last:2")),
+    ("input_shape", "1,3,32,32", (3, 32, 32)),
     ("input_shape", [3, 32, 32], (3, 32, 32)), ("val", __import__("pathlib").Path("/x/val"), "/x/val"),
     ("val_split", "0.25", 0.25), ("seed", 2**32 - 1, 2**32 - 1), ("lr", None, None),
 ]

@@ -39,6 +39,7 @@ import numpy as np
 from .. import runtime
 from ..devices import load_device
 from ..errors import EdgetrainError, RunFailed, UsageError
+from ..options import DEFAULT_TRAIN_LAYERS
 from ..fileio import atomic_write_bytes, atomic_write_text
 from .codec import (CONTROL_STEP, DENSITY, MIN_KEEP, Encoded, arrays_digest, decode_tensor, derived_control,
                     downlink_apply, encode_update, update_bytes)
@@ -264,7 +265,8 @@ def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple
                          epochs=int(config["epochs"]), batch_size=int(config["batch_size"]),
                          lr=float(config["lr"]) if float(config["lr"]) > 0 else None, optimizer=str(config["optimizer"]),
                          seed=int(config["seed"]), threads=threads, budget_mb=join.get("memory_budget"),
-                         device=device, params=join.get("params"), train_layers=str(config.get("train_layers", "head")))
+                         device=device, params=join.get("params"),
+                         train_layers=str(config.get("train_layers", DEFAULT_TRAIN_LAYERS)))
         stray = sorted(set(c_global) - set(weights))
         if stray:
             raise ShapeMismatch(f"model mismatch: control variate for '{stray[0]}', which is not among the weights",

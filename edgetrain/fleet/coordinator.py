@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import EdgetrainError
 from ..fileio import atomic_write_bytes, atomic_write_text
+from ..options import DEFAULT_TRAIN_LAYERS
 from ..figures import Chance
 from .codec import CONTROL_STEP, DENSITY, MIN_KEEP, arrays_digest, decode_tensor, derived_control, downlink_delta
 from .local import Evaluator, LocalSpec, check_shapes
@@ -149,7 +150,7 @@ def run(grid, spec_path: str) -> None:
     log = _Log(rundir / "coordinator-rounds.log")
     state = read_state(rundir)
     devices = state.setdefault("devices", {})  # device key -> name, accepted (its last round aggregated), ...
-    train_layers = spec.get("train_layers", "head")
+    train_layers = spec.get("train_layers", DEFAULT_TRAIN_LAYERS)
     evaluator = Evaluator(LocalSpec(model=spec["model"], data=spec["val"], workdir=str(rundir / "work"),
                                     threads=spec.get("threads"), seed=spec["seed"], params=spec.get("params"),
                                     train_layers=train_layers), spec["val"])

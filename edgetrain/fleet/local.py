@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import runtime
-from ..options import FinetuneOptions, TrainLayers
+from ..options import DEFAULT_TRAIN_LAYERS, FinetuneOptions, TrainLayers
 from ..training import FinetuneJob, ShapeMismatch, check_shapes
 
 __all__ = ["Evaluator", "LocalSpec", "ShapeMismatch", "check_shapes", "class_view", "displacement_per_gradient",
@@ -51,7 +51,7 @@ class LocalSpec:
     budget_mb: float | None = None
     device: object = None  # a DeviceProfile or None
     params: str | None = None
-    train_layers: TrainLayers = TrainLayers("head")   # text from the wire is read here, once
+    train_layers: TrainLayers = DEFAULT_TRAIN_LAYERS   # text from the wire is read here, once
 
     def __post_init__(self):
         self.train_layers = TrainLayers(self.train_layers)

@@ -33,7 +33,7 @@ from . import fleet_models as deploy
 from ..fleet import procs
 from ..fleet.local import Evaluator, LocalSpec
 from ..fleet.report import HTML, RESULT, FleetResult, JoinResult, html_section
-from ..options import FleetJoinOptions, FleetServeOptions
+from ..options import DEFAULT_TRAIN_LAYERS, FleetJoinOptions, FleetServeOptions
 from ..results import ProgressFn, report
 from ..run_report import page
 
@@ -179,7 +179,7 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
         resumed_after = 0
     else:
         old = json.loads((rundir / SPEC).read_text()) if (rundir / SPEC).exists() else {}
-        old.setdefault("train_layers", "head")  # a run made before --train-layers trained the head
+        old.setdefault("train_layers", DEFAULT_TRAIN_LAYERS)  # a run made before --train-layers trained the head
         changed = [k for k in ("model", "val", "codec", "params", "aggregate", "train_layers") if old.get(k) != spec[k]]
         if changed:
             raise UsageError(f"--resume with a different {', '.join(changed)} than the run in RUNDIR", str(rundir),

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import fsync_dir
+from ..options import DEFAULT_TRAIN_LAYERS
 from ..fleet.local import Evaluator, LocalSpec
 
 FOLDER = "model"
@@ -45,7 +46,7 @@ def write_models(rundir: Path, spec: dict, arrays: dict[str, np.ndarray], round_
     try:
         ev = Evaluator(LocalSpec(model=spec["model"], data=spec["val"], workdir=str(rundir / "work"),
                                  threads=spec.get("threads"), seed=spec["seed"], params=spec.get("params"),
-                                 train_layers=spec.get("train_layers", "head")), spec["val"])
+                                 train_layers=spec.get("train_layers", DEFAULT_TRAIN_LAYERS)), spec["val"])
         engine_file = ev.write_model(arrays, tmp, {"finetuned_from": spec["model"], "fleet_rundir": str(rundir),
                                                    "fleet_round": round_no, "train_layers": spec.get("train_layers")})
         files: dict[str, str] = {}
