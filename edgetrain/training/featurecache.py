@@ -47,6 +47,7 @@ class FeatureCache:
         if self._mem is not None:
             self._mem[start:start + len(values)] = values
         else:
+            assert self._fd is not None, "a disk cache holds its file open"
             try:
                 os.pwrite(self._fd, values.tobytes(), start * self.row_bytes)
             except OSError as exc:  # the disk filled up meanwhile (another writer): one line, not a traceback
@@ -60,6 +61,7 @@ class FeatureCache:
         idx = np.asarray(idx, dtype=np.int64)
         if self._mem is not None:
             return self._mem[idx]
+        assert self._fd is not None, "a disk cache holds its file open"
         out = np.empty((len(idx), *self.shape), dtype=np.float32)
         flat = out.reshape(len(idx), -1)
         for i, j in enumerate(idx):

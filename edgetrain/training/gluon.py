@@ -106,7 +106,7 @@ class GluonBase:
     def weight_names(self) -> set[str]:
         """What a PREFIX can hold: the Gluon model's trained weights by name (the ONNX initializers of the same
         names are them; others, such as the ones a BatchNorm with fix_gamma reads, have no Gluon weight)."""
-        return {k[4:] for k in ckpt.read_params(str(self.folder / "template-0000.params"), mapped=True)
+        return {k[4:] for k in ckpt.read_params(self.folder / "template-0000.params", mapped=True)
                 if k.startswith("arg:")}
 
     def write_prefix(self, prefix: Path, arrays: dict[str, np.ndarray], classes: int, pre, extra: dict) -> None:
@@ -140,7 +140,7 @@ def prepare(job) -> GluonBase:
     cached = (root / "finetune-prep" / key) if root else None
     for folder in (here, cached):
         prep = intact_prep(folder, key) if folder is not None else None
-        if prep is not None:
+        if folder is not None and prep is not None:
             if folder != here:
                 job.notes.append("the model's ONNX export reused from the cache (no mxnet in this run)")
             return GluonBase(folder, prep)
@@ -248,7 +248,7 @@ def write_template(out: Path, g: Graph) -> dict:
 
 def template_graph(folder: Path, record: dict, read=ckpt.read_params) -> Graph:
     """The Graph written by write_template (weights as NumPy arrays, or as ``read`` gives them)."""
-    template = read(str(folder / "template-0000.params"))
+    template = read(folder / "template-0000.params")
     doc = json.loads((folder / "template-symbol.json").read_text())
     arg = {k[4:]: v for k, v in template.items() if k.startswith("arg:")}
     aux = {k[4:]: v for k, v in template.items() if k.startswith("aux:")}

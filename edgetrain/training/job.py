@@ -32,24 +32,24 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 
 from .. import procmem, runtime
 from ..compare import chance_check, chance_failure
-from ..data import ParallelReader, load_data
+from ..data import Dataset, ParallelReader, load_data
 from ..energy import EnergyMeter
 from ..errors import EdgetrainError, RunFailed, UsageError
 from ..fileio import atomic_write_text
 from ..models import with_norm
+from ..preprocess import Preprocess
 from ..options import FinetuneOptions, TrainLayers
 from ..results import ProgressFn, Result, report
 from . import checkpoint as ckpt
 from . import store
 from .engine_onnx import OnnxEngine
 from .featurecache import FeatureCache
-from .memplan import READ_AHEAD
+from .memplan import READ_AHEAD, Costs, MemoryPlan
 from .optimizers import Corrected, default_lr
 from .gluon import GluonBase, prepare
 from .outdir import FEATURES_FILE, LOCK_FILE, METRICS, MODEL_NAME, ONNX_MODEL, take_lock
@@ -107,9 +107,11 @@ class FinetuneResult(Result):
     threads: int = 1
     notes: list[str] = field(default_factory=list)
     chance: dict | None = None   # compare.chance_check on the held-out data
-    # how many of ``notes`` were known before training (and sent to ``progress`` then): a summary shown
-    # after the progress lines says only the rest, so no note is said twice. Not a field: not in the JSON.
-    notes_before_training: ClassVar[int] = 0
+
+    def __post_init__(self) -> None:
+        # how many of ``notes`` were known before training (and sent to ``progress`` then): a summary shown
+        # after the progress lines says only the rest, so no note is said twice. Not a field: not in the JSON.
+        self.notes_before_training = 0
 
     def checks(self) -> list[str]:
         failed = []
@@ -167,24 +169,26 @@ class FinetuneJob:
         self.notes: list[str] = []
         self.notes_before_training = 0
         self.stop = Stop()
-        # the data, read by load_data
-        self.pre = None
+        # the data, read by load_data (pre and train_ds exist from then on)
+        self.pre: Preprocess
+        self.train_ds: Dataset
         self.own_norm = True
-        self.train_ds = self.val_ds = None
+        self.val_ds: Dataset | None = None
         self.classes: list[str] = []
-        # the run's state
-        self.plan = self.costs = None
+        # the run's state (plan, costs, opt, rng and energy_meter exist once run() has made them)
+        self.plan: MemoryPlan
+        self.costs: Costs
+        self.opt: Corrected
+        self.rng: np.random.RandomState
+        self.energy_meter: EnergyMeter
         self.cache: FeatureCache | None = None
         self.cache_fp = ""
         self.cache_complete = False
         self.frozen_record: dict | None = None
         self.frozen_in_ort = False
-        self.opt: Corrected | None = None
-        self.rng: np.random.RandomState | None = None
         self.global_step = 0
         self.history: list[dict] = []
         self.resumed_from: dict | None = None
-        self.energy_meter: EnergyMeter | None = None
         self.eval_features: np.ndarray | None = None
         self._last_tick = 0.0
         self._over_noted = False
@@ -306,8 +310,8 @@ class FinetuneJob:
                                         self.plan.feature_batch]).encode()).hexdigest()[:16]
         self.cache_fp = fp
         path = self.outdir / FEATURES_FILE
-        reuse = (self.plan.cache == "disk" and meta_cache is not None and meta_cache.get("fingerprint") == fp
-                 and meta_cache.get("complete") and path.exists())
+        reuse = bool(self.plan.cache == "disk" and meta_cache is not None and meta_cache.get("fingerprint") == fp
+                     and meta_cache.get("complete") and path.exists())
         self.cache = FeatureCache(rows, feature_shape, self.plan.cache, path, reuse=reuse)
         if reuse and self.cache.reusable():
             self.notes.append("feature cache on disk reused from the interrupted run")
@@ -362,7 +366,9 @@ class FinetuneJob:
         if self.cache is not None:
             offset = 0 if ds_kind == "train" else len(self.train_ds)
             return self.cache.read(idx + offset)
-        return (self.train_ds if ds_kind == "train" else self.val_ds).batch(idx)
+        ds = self.train_ds if ds_kind == "train" else self.val_ds
+        assert ds is not None, "held-out inputs asked for without held-out data"
+        return ds.batch(idx)
 
     def evaluate_held_out(self) -> tuple[float | None, float | None]:
         if self.val_ds is None:
@@ -449,7 +455,8 @@ class FinetuneJob:
         self.load()
         if self.lr is None:
             self.lr = default_lr(self.optimizer, head_only=self.layers.head_only)
-        meta = arrays = None
+        meta: dict | None = None
+        arrays: dict[str, np.ndarray] = {}
         ckpt_path = self.outdir / ckpt.FILENAME
         if has_checkpoint:
             meta, arrays = ckpt.load(ckpt_path)
@@ -463,7 +470,8 @@ class FinetuneJob:
         self.opt = Corrected(self.engine.make_optimizer(self.optimizer, self.lr), self.correction)
         self.engine.opt = self.opt
         self.rng = np.random.RandomState(self.seed)
-        start_epoch, start_step, order, partial = 0, 0, None, {}
+        start_epoch, start_step, order = 0, 0, None
+        partial: dict = {}
         if meta is not None:
             self.restore(meta, arrays)
             start_epoch, start_step = int(meta["epoch"]), int(meta["step"])
@@ -496,12 +504,14 @@ class FinetuneJob:
         return self._finish(total, feature_seconds)
 
     def _interrupted(self, epoch: int, step: int):
-        name = signal.Signals(self.stop.signum).name
+        signum = self.stop.signum
+        assert signum is not None, "called only once a signal arrived"
+        name = signal.Signals(signum).name
         if self.cache is not None:
             self.cache.close()
         exc = Interrupted(f"training interrupted by {name} at epoch {epoch + 1}, step {step}; checkpoint saved",
                           str(self.outdir / ckpt.FILENAME), "run the same command with --resume to continue")
-        exc.exit_code = 128 + self.stop.signum  # what a shell reports for a process ended by that signal
+        exc.exit_code = 128 + signum  # what a shell reports for a process ended by that signal
         raise exc
 
     def _train(self, start_epoch: int, start_step: int, order, partial: dict) -> None:

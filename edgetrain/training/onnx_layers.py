@@ -185,7 +185,7 @@ def _field(number: int, payload: bytes) -> bytes:
 def _float_tensor(name: str, array: np.ndarray) -> tuple[bytes, memoryview]:
     """A float32 TensorProto as (its fields but the raw data's bytes, those bytes): dims (1), data_type (2),
     name (8), raw_data (9, little-endian), so the array is written as it lies in memory, not copied twice."""
-    data = memoryview(np.ascontiguousarray(array, "<f4")).cast("B")
+    data = memoryview(np.ascontiguousarray(array, "<f4")).cast("B")  # type: ignore[arg-type]  # numpy < 2 stubs lack the buffer protocol
     head = b"".join(_varint(1 << 3) + _varint(int(d)) for d in array.shape) + _varint(2 << 3) + _varint(1)
     head += _field(8, name.encode("utf-8")) + _varint(9 << 3 | 2) + _varint(len(data))
     return head, data

@@ -27,6 +27,8 @@ class NumpyOptimizer:
     over the effective batch. State arrays are named NAME:i.
     """
 
+    n_states = 0   # per weight: a subclass's state arrays
+
     def __init__(self, params: dict, lr: float, wd: float = 1e-4):
         import numpy as np
 
@@ -44,6 +46,9 @@ class NumpyOptimizer:
             if name not in self.state:
                 self.state[name] = [np.zeros_like(w) for _ in range(self.n_states)]
             self._update(w, grads[name].astype(np.float32, copy=False), self.state[name])
+
+    def _update(self, w, g, state: list) -> None:
+        raise NotImplementedError
 
     def state_arrays(self) -> dict:
         return {f"{name}:{i}": s for name, states in self.state.items() for i, s in enumerate(states)}
