@@ -14,7 +14,8 @@ SIGINT/SIGTERM makes ``resume`` end with the same weights as an uninterrupted ru
 Extension is by constructor parameters, never by overriding: ``initial`` (the arrays the trainable part
 starts from, refused unless they fit), ``correction`` (added to every gradient, by array name) and
 ``write_model`` (False: the run's result is its arrays). The fleet uses them, ``trainable_arrays()``,
-``statistics()`` and ``evaluate(arrays)``.
+``statistics()`` and ``evaluate(arrays)``. ``feature_store`` (a FeatureStore) shares the feature cache
+with the other jobs of the process that have the same frozen part and data (a tune's trials).
 
 Test hook (for the kill-at-phase tests, never set by users): ``EDGETRAIN_TEST_KILL_AT=PHASE:N`` makes
 the process SIGKILL itself the N-th time it reaches PHASE: ``features`` (after a feature-pass batch is
@@ -49,7 +50,7 @@ from . import checkpoint as ckpt
 from . import store
 from .engine_mxnet import MXNetEngine
 from .engine_numpy import NotNumpy, NumpyEngine
-from .featurecache import FeatureCache
+from .featurecache import FeatureCache, FeatureStore
 from .memplan import READ_AHEAD
 from .optimizers import Corrected, default_lr
 from .outdir import FEATURES_FILE, LOCK_FILE, METRICS, take_lock
@@ -166,7 +167,8 @@ class FinetuneJob:
     def __init__(self, model: str, opts: FinetuneOptions, *, layers: TrainLayers, val_split: float | None,
                  budget_mb, threads: int, profile, progress, resume: bool = False,
                  initial: dict[str, np.ndarray] | None = None, initial_where: str = "initial arrays",
-                 correction: dict[str, np.ndarray] | None = None, write_model: bool = True):
+                 correction: dict[str, np.ndarray] | None = None, write_model: bool = True,
+                 feature_store: FeatureStore | None = None):
         self.model, self.opts, self.layers, self.val_split = model, opts, layers, val_split
         self.budget_mb, self.threads, self.profile, self.progress = budget_mb, threads, profile, progress
         self.data, self.outdir, self.val = opts.data, Path(opts.out), opts.val
@@ -174,6 +176,7 @@ class FinetuneJob:
         self.seed, self.params, self.input_shape = opts.seed, opts.params, opts.input_shape
         self.resume, self.initial, self.initial_where = resume, initial, initial_where
         self.correction, self.writes_model = correction, write_model
+        self.feature_store = feature_store  # frozen-part outputs shared with other jobs of this process (a tune)
         self.engine = engine_for(model, layers)(self)
         self.notes: list[str] = []
         self.notes_before_training = 0
@@ -302,6 +305,17 @@ class FinetuneJob:
         fp = hashlib.sha256(json.dumps([self.fingerprint(), self.engine.cut_name,
                                         self.plan.feature_batch]).encode()).hexdigest()[:16]
         self.cache_fp = fp
+        shared_key = None
+        if self.feature_store is not None:
+            # what the frozen part's outputs depend on: not the trained part's lr, optimizer, batch or seed
+            same = {k: v for k, v in self.fingerprint().items() if k not in ("lr", "optimizer", "batch_size", "seed")}
+            shared_key = hashlib.sha256(json.dumps([same, self.engine.cut_name, self.plan.feature_batch, rows,
+                                                    list(feature_shape)]).encode()).hexdigest()
+            shared = self.feature_store.get(shared_key)
+            if shared is not None:
+                self.cache, self.cache_complete = shared, True
+                self.notes.append("frozen features computed once by an earlier run with the same frozen part, reused")
+                return 0.0
         path = self.outdir / FEATURES_FILE
         reuse = (self.plan.cache == "disk" and meta_cache is not None and meta_cache.get("fingerprint") == fp
                  and meta_cache.get("complete") and path.exists())
@@ -351,6 +365,8 @@ class FinetuneJob:
         self.notes.append(f"feature pass: {decode_s:.2f}s decoding and preprocessing {rows} samples, "
                           f"{frozen_s:.2f}s in the frozen part")
         self.cache_complete = True  # only now may a checkpoint vouch for it
+        if shared_key is not None:
+            self.feature_store.put(shared_key, self.cache)
         return time.monotonic() - t0
 
     # --- training ----------------------------------------------------------------------------------
@@ -429,7 +445,7 @@ class FinetuneJob:
             import shutil
 
             if created and not (self.outdir / ckpt.FILENAME).exists():  # nothing to resume: leave nothing behind
-                if self.cache is not None:
+                if self.cache is not None and not self._cache_shared():
                     self.cache.close()
                 shutil.rmtree(self.outdir, ignore_errors=True)
             elif isinstance(exc, UsageError) and not had_prep:  # a refused run (other data, a budget too
@@ -493,7 +509,7 @@ class FinetuneJob:
 
     def _interrupted(self, epoch: int, step: int):
         name = signal.Signals(self.stop.signum).name
-        if self.cache is not None:
+        if self.cache is not None and not self._cache_shared():
             self.cache.close()
         exc = Interrupted(f"training interrupted by {name} at epoch {epoch + 1}, step {step}; checkpoint saved",
                           str(self.outdir / ckpt.FILENAME), "run the same command with --resume to continue")
@@ -550,6 +566,9 @@ class FinetuneJob:
             if self.stop.signum:
                 self._interrupted(epoch + 1, 0)
 
+    def _cache_shared(self) -> bool:
+        return self.feature_store is not None and self.feature_store.holds(self.cache)
+
     def _write_metrics(self, final: bool, summary: dict | None = None) -> None:
         doc = {"format": "edgetrain-finetune-metrics/1", "complete": final, "model": self.model, "data": self.data,
                "classes": self.classes, "train_layers": self.layers.text, "plan": self.plan.to_dict(),
@@ -572,7 +591,7 @@ class FinetuneJob:
             self.engine.write_model(self.engine.model_path(self.outdir), self.pre, {
                 "finetuned_from": self.model, "data": self.data, "train_layers": self.layers.text,
                 "epochs": len(self.history), "accuracy": final_acc, "accuracy_on": acc_on})
-        if self.cache is not None:
+        if self.cache is not None and not self._cache_shared():
             self.cache.close(delete=True)
         _remove_scratch(self.outdir)
         peak = max(procmem.peak_rss_mb() or 0.0, self.engine.child_peak_mb) or None
