@@ -26,7 +26,7 @@ def tune(model, json_path, grid, **values):
     power cut. Exit 3 when the run went over its memory or time budget (outputs are kept).
     """
     try:
-        call(model, parse(TuneOptions, {**values, "grid": list(grid) or None}), json_path)
+        call(model, parse(TuneOptions, {**values, "grid": ";".join(grid) or None}), json_path)
     except KeyboardInterrupt:
         raise click.exceptions.Abort() from None
 

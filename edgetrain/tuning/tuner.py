@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -38,8 +39,10 @@ from .journal import FORMAT, Journal
 TRIALS_DIR, DATA_DIR, LOCK = "trials", "data", ".tune.lock"
 MODEL, CSV, JSON, REPORT = "model.onnx", "trials.csv", "tune.json", "report.html"
 LATENCY_RUNS = 30
+OUTPUT_RESERVE_S = 0.25  # of --time-budget, kept for writing the outputs (the model, the table, the report)
 # what a resume must find as it was: changed, the trials would not be the same ones
-SAME_ON_RESUME = ("model", "data", "val", "grid", "epochs", "strategy", "trials", "seed", "objective")
+SAME_ON_RESUME = {"model": "MODEL", "data": "DATA", "val": "held-out data", "grid": "grid", "epochs": "--epochs",
+                  "strategy": "--strategy", "trials": "--trials", "seed": "--seed", "objective": "objective"}
 
 
 @dataclass
@@ -280,8 +283,6 @@ class Tuner:
         self.store = None
         self.stopped_by_time = False
         self.done_runs = 0
-        self.epoch_seconds: dict[str, list[float]] = {}
-        self.setup_seconds: list[float] = []
 
     def clock(self) -> float:
         return self.clock_before + time.monotonic() - self.clock0
@@ -336,48 +337,83 @@ class Tuner:
         head = self.journal.header()
         if head is None:
             raise UsageError("OUTDIR's journal.jsonl is not a tune journal", str(out), "choose another OUTDIR")
-        changed = [k for k in SAME_ON_RESUME if head["fingerprint"].get(k) != json.loads(json.dumps(fp[k]))]
+        changed = [SAME_ON_RESUME[k] for k in SAME_ON_RESUME if head["fingerprint"].get(k) != json.loads(json.dumps(fp[k]))]
         if changed:
-            raise UsageError(f"cannot resume: the tune run in OUTDIR had another {', '.join(changed)}", str(out),
+            raise UsageError(f"cannot resume: the tune run in OUTDIR was made with a different {', '.join(changed)}", str(out),
                              "resume with the same MODEL, data, --grid, --epochs, --strategy, --trials, --seed and "
                              "--objective, or start a new OUTDIR")
         return True
 
-    def precheck(self, configs: list[dict], train: Path, val: Path) -> None:
-        """Each distinct trained part loaded once and its memory plan made: a point that would not fit the budget
-        is skipped before it runs; a point finetune refuses (too many layers...) is refused here, exit 2."""
-        from ..training import FinetuneJob
-
+    def precheck(self) -> None:
+        """Each distinct trained part (train_layers, batch_size) checked before any training: loaded as finetune
+        loads it (a point finetune refuses, such as more layers than the model has, is refused here, exit 2) and,
+        with a memory budget, its plan made in a fresh process (precheck.py): a point that would not fit is
+        skipped before it runs; a grid none of whose points fits is refused, exit 2."""
+        keys = [(t.config["train_layers"], t.config["batch_size"]) for t in self.trials]
         seen: dict[tuple, tuple[float | None, str]] = {}
+        refusals: list[dict] = []
         scratch = self.outdir / ".precheck"
-        for trial in self.trials:
-            key = (trial.config["train_layers"], trial.config["batch_size"])
-            if key not in seen:
-                fopts = FinetuneOptions.unchecked(**self._finetune_values(trial, scratch, 1, resume=False))
-                job = FinetuneJob(self.model, fopts, layers=parse_train_layers(key[0]), val_split=None,
-                                  budget_mb=self.budget_mb, threads=self.threads, profile=self.profile,
-                                  progress=lambda info: None)
-                try:
-                    job.load()
-                    rows = len(job.train_ds) + len(job.val_ds)
-                    plan, _ = job.engine.plan(rows, None)
-                    seen[key] = (float(plan.estimate_mb), "")
-                except UsageError as exc:
-                    if self.budget_mb is None or "memory budget" not in exc.what:
-                        raise UsageError(f"finetune refuses the grid point {trial.label()}: {exc.what}", "--grid",
-                                         exc.fix) from None
-                    seen[key] = (None, f"would not fit the memory budget {self.budget_mb:.0f} MB: {exc.what}")
-                finally:
-                    del job
-                    shutil.rmtree(scratch, ignore_errors=True)
+        for key in dict.fromkeys(keys):
+            trial = self.trials[keys.index(key)]
+            try:
+                got = self._plan_of(trial, scratch) if self.budget_mb is not None else self._load_of(trial, scratch)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            if "error" in got:
+                raise UsageError(f"finetune refuses the grid point {trial.label()}: {got['error']}", "--grid",
+                                 got["fix"])
+            if "refused" in got:
+                seen[key] = (None, f"would not fit: {got['refused']}")
+                refusals.append(got)
+            else:
+                seen[key] = (got.get("estimate_mb"), "")
+        for trial, key in zip(self.trials, keys):
             trial.estimate_mb, why = seen[key]
             if why:
                 trial.status, trial.why = "skipped", why
         if self.trials and all(t.status == "skipped" for t in self.trials):
-            least = min(seen.values(), key=lambda v: v[1])[1]
-            raise UsageError(f"no point of the grid fits the memory budget {self.budget_mb:.0f} MB ({least})",
-                             "--memory-budget", "raise --memory-budget, or search modes that train less "
-                             "(train_layers=head,last:2) or smaller batch sizes")
+            import re
+
+            def need(got: dict) -> float:
+                m = re.search(r"needs about (\d+) MB", got["refused"])
+                return float(m.group(1)) if m else math.inf
+
+            least = min(refusals, key=need)  # the point that comes closest, and what would make it fit
+            raise UsageError(f"no point of the grid fits the memory budget: {least['refused']}", "--memory-budget",
+                             least["fix"])
+
+    def _load_of(self, trial: Trial, scratch: Path) -> dict:
+        """No budget: the point's model loaded here as its trial will load it (its errors are the user's)."""
+        from ..training import FinetuneJob
+
+        fopts = FinetuneOptions.unchecked(**self._finetune_values(trial, scratch, 1, resume=False))
+        job = FinetuneJob(self.model, fopts, layers=parse_train_layers(trial.config["train_layers"]), val_split=None,
+                          budget_mb=None, threads=self.threads, profile=self.profile, progress=lambda info: None)
+        try:
+            job.load()
+        except UsageError as exc:
+            return {"error": exc.what, "fix": exc.fix}
+        finally:
+            del job
+            _release()
+        return {}
+
+    def _plan_of(self, trial: Trial, scratch: Path) -> dict:
+        from .. import child
+
+        spec = {"model": str(Path(self.model).resolve()), "budget_mb": self.budget_mb, "threads": self.threads,
+                "options": self._finetune_values(trial, scratch, 1, resume=False)}
+        scratch.mkdir(parents=True, exist_ok=True)
+        path = scratch / "spec.json"
+        path.write_text(json.dumps(spec), encoding="utf-8")
+        done = child.run(child.python_argv("edgetrain.tuning.precheck", str(path)), what="the memory pre-check",
+                         threads=self.threads)
+        lines = [ln for ln in done.out.splitlines() if ln.startswith("{")]
+        if done.code != 0 or not lines:
+            raise RunFailed(f"the memory pre-check of {trial.label()} failed ({child.death(done.code)})",
+                            str(self.outdir), (done.err or "").strip().splitlines()[-1][:200] if done.err else
+                            "run it again with EDGETRAIN_DEBUG=1")
+        return json.loads(lines[-1])
 
     def _finetune_values(self, trial: Trial, out: Path, epochs: int, resume: bool) -> dict:
         c = trial.config
@@ -414,26 +450,31 @@ class Tuner:
         try:
             res = job.run(has_checkpoint)
         except RunFailed as exc:
+            del job
+            _release()
             trial.status, trial.why = "failed", exc.what
             self.journal.append({"kind": "failed", "trial": trial.number, "why": exc.what, "clock": self.clock()})
             return
         except UsageError as exc:  # the plan refused at run time (the budget, measured)
-            trial.status, trial.why = "skipped", exc.what
-            self.journal.append({"kind": "skipped", "trial": trial.number, "why": exc.what, "clock": self.clock()})
+            del job
+            _release()
+            trial.status, trial.why = "skipped", f"would not fit (its plan, at its start): {exc.what}"
+            self.journal.append({"kind": "skipped", "trial": trial.number, "why": trial.why, "clock": self.clock()})
             return
         seconds, cpu = time.monotonic() - t0, time.process_time() - c0
         trial.lr_used = job.lr
+        del job
+        _release()  # the next trial plans from this process's memory: what this one freed goes back
         new = res.epochs[before:] if len(res.epochs) > before else []
         train_s = sum(e["seconds"] for e in new)
         record = {"kind": "rung", "trial": trial.number, "rung": rung_index, "epochs": len(res.epochs),
                   "val_accuracy": res.final_accuracy, "seconds": round(seconds, 4), "cpu_seconds": round(cpu, 4),
                   "train_seconds": round(train_s, 4),
-                  "feature_seconds": res.feature_seconds, "peak_mb": res.peak_rss_mb, "lr_used": job.lr,
+                  "feature_seconds": res.feature_seconds, "peak_mb": res.peak_rss_mb, "lr_used": trial.lr_used,
+                  "plan_mb": res.plan.get("estimate_mb"),
                   "joules": (res.energy or {}).get("joules"), "energy_provenance": (res.energy or {}).get("provenance"),
-                  "history": [e.get("val_accuracy") for e in res.epochs], "clock": None}
-        if new:
-            self.epoch_seconds.setdefault(trial.config["train_layers"], []).append(train_s / len(new))
-            self.setup_seconds.append(max(seconds - train_s, 0.0))
+                  "history": [e.get("val_accuracy") for e in res.epochs], "trained": len(new),
+                  "resumed_at": (res.resumed_from or {}).get("epoch"), "clock": None}
         record["clock"] = round(self.clock(), 4)
         self.journal.append(record)
         trial.rungs.append(record)
@@ -451,23 +492,42 @@ class Tuner:
         return statistics.mean(done) * max(total_runs - self.done_runs, 0)
 
     def estimate_s(self, trial: Trial, epochs: int) -> float | None:
-        per = self.epoch_seconds.get(trial.config["train_layers"]) or [s for v in self.epoch_seconds.values() for s in v]
-        if not per:
+        """Seconds a run of ``epochs`` more epochs of ``trial`` would take: a line (set-up + epochs x an epoch's
+        whole cost: its steps, held-out check and checkpoint) through the runs of the same trained part so far;
+        from a single run length, all of its time counts as epochs (the set-up too: an over-estimate)."""
+        kind = trial.config["train_layers"]
+        runs = [(r["trained"], r["seconds"]) for t in self.trials if t.config["train_layers"] == kind
+                for r in t.rungs if r.get("trained")]
+        if not runs:
+            runs = [(r["trained"], r["seconds"]) for t in self.trials for r in t.rungs if r.get("trained")]
+        if not runs:
             return None
-        setup = statistics.median(self.setup_seconds) if self.setup_seconds else 0.0
-        return setup + max(per) * epochs
+        ns = {n for n, _ in runs}
+        if len(ns) > 1:
+            n_mean = statistics.mean(n for n, _ in runs)
+            s_mean = statistics.mean(sec for _, sec in runs)
+            slope = sum((n - n_mean) * (sec - s_mean) for n, sec in runs) / sum((n - n_mean) ** 2 for n, _ in runs)
+            per = max(slope, max(sec / n for n, sec in runs) / 4)
+            setup = max(s_mean - per * n_mean, 0.0)
+        else:
+            per, setup = max(sec / n for n, sec in runs), 0.0
+        return setup + per * epochs
 
     def within_time(self, trial: Trial, target: int) -> int:
         """The epochs ``trial`` may reach within --time-budget (``target`` if no budget, or it fits)."""
         budget = self.opts.time_budget
         if budget is None:
             return target
-        left = budget - self.clock()
+        left = budget - self.clock() - OUTPUT_RESERVE_S
+        if left <= 0:
+            return trial.epochs_run
         need = self.estimate_s(trial, target - trial.epochs_run)
-        if need is None or need <= left:
-            return target if left > 0 else trial.epochs_run
-        per = self.estimate_s(trial, 1) or need
-        fits = int(max(left, 0.0) // per)
+        if need is None:  # nothing of this kind measured yet: one epoch, to learn what one costs
+            return trial.epochs_run + 1
+        if need <= left:
+            return target
+        fits = max((n for n in range(1, target - trial.epochs_run + 1) if self.estimate_s(trial, n) <= left),
+                   default=0)
         return trial.epochs_run + max(0, min(fits, target - trial.epochs_run))
 
     def measure_model(self, trial: Trial, objective: str) -> None:
@@ -511,6 +571,24 @@ class Tuner:
         self.clock0 = time.monotonic()
 
 
+def _release() -> None:
+    """Give what a dropped job held back to the system: its graphs are cycles (gc), and glibc keeps a freed
+    heap unless trimmed."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def reached(trial: Trial, k: int) -> dict | None:
+    """The trial's record at rung ``k`` (its last, when the time budget ran it an epoch at a time), or None."""
+    return next((r for r in reversed(trial.rungs) if r["rung"] == k), None)
+
+
 def _reset_peak() -> None:
     """Start the process's peak RSS (VmHWM) afresh, so that each trial's peak is its own (Linux)."""
     try:
@@ -520,17 +598,17 @@ def _reset_peak() -> None:
         pass
 
 
-def _latency_ms(path: Path, threads: int | None) -> float:
+def _latency_ms(path: Path, threads: int | None, runs: int = LATENCY_RUNS) -> float:
     from .. import _lazy
 
     session = _lazy.ort_session(str(path), threads)
     inp = session.get_inputs()[0]
     shape = [1 if not isinstance(d, int) or d <= 0 else d for d in inp.shape]
     x = np.zeros(shape, np.float32)
-    for _ in range(3):
+    for _ in range(min(3, runs)):
         session.run(None, {inp.name: x})
     times = []
-    for _ in range(LATENCY_RUNS):
+    for _ in range(runs):
         t0 = time.perf_counter()
         session.run(None, {inp.name: x})
         times.append((time.perf_counter() - t0) * 1000.0)
@@ -580,7 +658,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
         train, val, _ = decode_data(tuner.model, opts, data, tuner.budget_mb)
     tuner.timers["decode"] = time.monotonic() - t0
     t1 = time.monotonic()
-    tuner.precheck([t.config for t in tuner.trials], data / "train.npz", data / "val.npz")
+    tuner.precheck()
     tuner.timers["precheck"] = time.monotonic() - t1
     tuner.setup_peak_mb = procmem.peak_rss_mb()
     if not resumed:
@@ -598,30 +676,32 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
     alive = runnable
     for k, rung in enumerate(rungs):
         if k > 0:
-            measured = [t for t in alive if len(t.rungs) >= k and t.status in ("stopped", "finished")]
-            measured.sort(key=lambda t: rank_key(t, objective, t.rungs[k - 1]))
+            measured = [t for t in alive if reached(t, k - 1) is not None and t.status in ("stopped", "finished")]
+            measured.sort(key=lambda t: rank_key(t, objective, reached(t, k - 1)))
             alive = measured[:rung.keep]
             for t in measured[rung.keep:]:
                 if t.status == "stopped":
-                    e = t.rungs[k - 1]["epochs"]
+                    e = reached(t, k - 1)["epochs"]
                     t.why = f"not among the best {rung.keep} at rung {k} ({e} epoch{'s' if e != 1 else ''})"
         for trial in alive:
-            target = min(rung.epochs, trial.config["epochs"])
-            if len(trial.rungs) > k or trial.status in ("failed", "skipped"):
-                continue  # journaled (a resume), or out
-            if trial.epochs_run >= target:  # its own maximum came at an earlier rung: the same record stands
-                trial.rungs.append({**trial.rungs[-1], "rung": k, "seconds": 0.0, "train_seconds": 0.0,
-                                    "feature_seconds": 0.0, "joules": None})
+            if trial.status in ("failed", "skipped"):
                 continue
-            reach = tuner.within_time(trial, target)
-            if reach <= trial.epochs_run:
-                tuner.stopped_by_time = True
-                break
-            tuner.run_rung(trial, k, reach, len(rungs), total_runs)
-            tuner.measure_model(trial, objective)
-            if reach < target:
-                tuner.stopped_by_time = True
-                trial.why = f"time budget: stopped at {trial.epochs_run} of {target} epochs"
+            target = min(rung.epochs, trial.config["epochs"])
+            if trial.epochs_run >= target:
+                if reached(trial, k) is None:  # its own maximum came at an earlier rung: that record stands here
+                    trial.rungs.append({**trial.rungs[-1], "rung": k, "seconds": 0.0, "cpu_seconds": 0.0,
+                                        "train_seconds": 0.0, "feature_seconds": 0.0, "joules": None, "trained": 0})
+                continue
+            while trial.epochs_run < target and trial.status not in ("failed", "skipped"):
+                reach = tuner.within_time(trial, target)
+                if reach <= trial.epochs_run:
+                    tuner.stopped_by_time = True
+                    break
+                tuner.run_rung(trial, k, reach, len(rungs), total_runs)
+                tuner.measure_model(trial, objective)
+            if tuner.stopped_by_time:
+                if trial.rungs and trial.epochs_run < target:
+                    trial.why = f"time budget: stopped at {trial.epochs_run} of {target} epochs"
                 break
         if tuner.stopped_by_time:
             break
@@ -633,6 +713,9 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
         elif trial.status == "stopped" and not trial.why:
             trial.why = "time budget" if tuner.stopped_by_time else "stopped"
     done = [t for t in tuner.trials if t.rungs]
+    if not done and all(t.status == "skipped" for t in tuner.trials):
+        raise UsageError(f"no point of the grid fits the memory budget: {tuner.trials[0].why}", "--memory-budget",
+                         "raise --memory-budget, or search modes that train less (train_layers=head,last:2)")
     if not done:
         why = "; ".join(sorted({t.why for t in tuner.trials if t.why}))[:300]
         raise RunFailed(f"no trial finished ({why or 'none ran'})", str(tuner.outdir),
