@@ -328,7 +328,7 @@ class Tuner:
                                  "choose another (empty) OUTDIR")
             return False
         if not self.journal.exists():
-            if busy:
+            if busy and {p.name for p in out.iterdir()} - {DATA_DIR, ".precheck", LOCK}:
                 raise UsageError("OUTDIR holds no tune run to resume (no journal.jsonl)", str(out),
                                  "choose another OUTDIR, or leave out --resume with an empty one")
             self.notes.append("--resume: no tune run in OUTDIR, starting from the beginning")
@@ -465,7 +465,8 @@ class Tuner:
         trial.lr_used = job.lr
         del job
         _release()  # the next trial plans from this process's memory: what this one freed goes back
-        new = res.epochs[before:] if len(res.epochs) > before else []
+        start = int((res.resumed_from or {}).get("epoch", before))  # a power cut may have left it further on
+        new = res.epochs[start:]
         train_s = sum(e["seconds"] for e in new)
         record = {"kind": "rung", "trial": trial.number, "rung": rung_index, "epochs": len(res.epochs),
                   "val_accuracy": res.final_accuracy, "seconds": round(seconds, 4), "cpu_seconds": round(cpu, 4),
