@@ -897,9 +897,12 @@ class TuneOptions(DeviceOptions):
     epochs: Annotated[int, Range(ge=1, le=10_000)] = opt(
         10, help="Epochs of a trial trained in full (the last rung); a grid's epochs values override it.")
     strategy: Literal["halving", "grid", "random"] = opt(
-        "halving", help="halving: successive halving over epochs (every point 1 epoch or so, the best third "
+        "halving", help="halving: successive halving over epochs (every point 1 epoch or so, the best 1/--eta "
                         "further, the best one to --epochs); grid: every point fully (the reference); random: "
                         "--trials points of the grid, fully.")
+    eta: Annotated[int, Range(ge=2, le=16)] = opt(
+        3, metavar="N", help="halving: the best 1/N of the points at a rung go on to the next; the rungs are --epochs "
+                             "divided by N, N^2, ... down to 1 epoch.")
     trials: Optional[Annotated[int, Range(ge=1, le=100_000)]] = opt(
         None, metavar="N", help="Points of the grid tried (a seeded sample; default: all of them, a quarter with "
                                 "--strategy random).")

@@ -14,8 +14,8 @@ _GRID = TuneOptions.fields["grid"]
 
 @click.command()
 @click.argument("model")
-@declared_options(TuneOptions, skip=("grid",))
 @click.option(_GRID.flag, "grid", multiple=True, metavar=_GRID.metavar, help=_GRID.help)
+@declared_options(TuneOptions, skip=("grid",))
 @json_option
 def tune(model, json_path, grid, **values):
     """Search finetune's options for MODEL (an ONNX file) on DATA, on this device; keep the best.

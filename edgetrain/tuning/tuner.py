@@ -42,7 +42,7 @@ LATENCY_RUNS = 30
 OUTPUT_RESERVE_S = 0.25  # of --time-budget, kept for writing the outputs (the model, the table, the report)
 # what a resume must find as it was: changed, the trials would not be the same ones
 SAME_ON_RESUME = {"model": "MODEL", "data": "DATA", "val": "held-out data", "grid": "grid", "epochs": "--epochs",
-                  "strategy": "--strategy", "trials": "--trials", "seed": "--seed", "objective": "objective"}
+                  "strategy": "--strategy", "eta": "--eta", "trials": "--trials", "seed": "--seed", "objective": "objective"}
 
 
 @dataclass
@@ -205,7 +205,7 @@ def _configs(points: list[dict], opts: TuneOptions) -> list[dict]:
 def fingerprint(model: str, opts: TuneOptions, grid: Grid, objective: str) -> dict:
     val = _source_fp(opts.val) if opts.val is not None else f"split {opts.val_split or 0.2}"
     return {"model": file_digest(Path(model)), "data": _source_fp(opts.data), "val": val, "grid": grid.to_dict(),
-            "epochs": opts.epochs, "strategy": opts.strategy, "trials": opts.trials, "seed": opts.seed,
+            "epochs": opts.epochs, "strategy": opts.strategy, "eta": opts.eta, "trials": opts.trials, "seed": opts.seed,
             "objective": objective}
 
 
@@ -337,10 +337,11 @@ class Tuner:
         head = self.journal.header()
         if head is None:
             raise UsageError("OUTDIR's journal.jsonl is not a tune journal", str(out), "choose another OUTDIR")
-        changed = [SAME_ON_RESUME[k] for k in SAME_ON_RESUME if head["fingerprint"].get(k) != json.loads(json.dumps(fp[k]))]
+        old = head["fingerprint"]
+        changed = [SAME_ON_RESUME[k] for k in SAME_ON_RESUME if old.get(k) != json.loads(json.dumps(fp[k]))]
         if changed:
             raise UsageError(f"cannot resume: the tune run in OUTDIR was made with a different {', '.join(changed)}", str(out),
-                             "resume with the same MODEL, data, --grid, --epochs, --strategy, --trials, --seed and "
+                             "resume with the same MODEL, data, --grid, --epochs, --strategy, --eta, --trials, --seed and "
                              "--objective, or start a new OUTDIR")
         return True
 
@@ -464,7 +465,8 @@ class Tuner:
         seconds, cpu = time.monotonic() - t0, time.process_time() - c0
         trial.lr_used = job.lr
         del job
-        _release()  # the next trial plans from this process's memory: what this one freed goes back
+        if self.budget_mb is not None:
+            _release()  # the next trial plans from this process's memory: what this one freed goes back (~80 ms)
         start = int((res.resumed_from or {}).get("epoch", before))  # a power cut may have left it further on
         new = res.epochs[start:]
         train_s = sum(e["seconds"] for e in new)
@@ -672,7 +674,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
         tuner.notes.append(f"resumed: {tuner.done_runs} trial rung(s) from the journal")
     tuner.store = FeatureStore()
     runnable = [t for t in tuner.trials if t.status != "skipped"]
-    rungs = schedule.plan(opts.strategy, len(runnable), max(t.config["epochs"] for t in tuner.trials))
+    rungs = schedule.plan(opts.strategy, len(runnable), max(t.config["epochs"] for t in tuner.trials), opts.eta)
     total_runs = sum(min(r.keep, len(runnable)) for r in rungs)
     alive = runnable
     for k, rung in enumerate(rungs):
@@ -680,8 +682,12 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
             measured = [t for t in alive if reached(t, k - 1) is not None and t.status in ("stopped", "finished")]
             measured.sort(key=lambda t: rank_key(t, objective, reached(t, k - 1)))
             alive = measured[:rung.keep]
-            for t in measured[rung.keep:]:
-                if t.status == "stopped":
+            if k == len(rungs) - 1:  # into the last rung: the best of each trained part too (see schedule.py)
+                for t in measured:
+                    if all(a.config["train_layers"] != t.config["train_layers"] for a in alive):
+                        alive.append(t)
+            for t in measured:
+                if t.status == "stopped" and t not in alive:
                     e = reached(t, k - 1)["epochs"]
                     t.why = f"not among the best {rung.keep} at rung {k} ({e} epoch{'s' if e != 1 else ''})"
         for trial in alive:
