@@ -14,7 +14,7 @@ _GRID = TuneOptions.fields["grid"]
 
 @click.command()
 @click.argument("model")
-@click.option(_GRID.flag, "grid", multiple=True, metavar=_GRID.metavar, help=_GRID.help)
+@click.option(_GRID.flag, "grid", multiple=True, default=_GRID.default, metavar=_GRID.metavar, help=_GRID.help)
 @declared_options(TuneOptions, skip=("grid",))
 @json_option
 def tune(model, json_path, grid, **values):

@@ -294,9 +294,11 @@ class Tuner:
         if opts.val is not None and opts.val_split is not None:
             raise UsageError("--val and --val-split both given", "--val", "give held-out data or a split fraction, "
                              "not both")
-        if not str(self.model).lower().endswith(".onnx") or not Path(self.model).is_file():
+        if not str(self.model).lower().endswith(".onnx"):
             raise UsageError("tune trains from an ONNX file", self.model,
                              "export the model first (edgetrain export MODEL model.onnx) and tune model.onnx")
+        if not Path(self.model).is_file():
+            raise UsageError("MODEL not found", self.model, "give the path of an ONNX file edgetrain export wrote")
         grid = read_grid(opts.grid)
         objective = opts.objective
         if objective == "accuracy" and grid.objective:
