@@ -294,3 +294,37 @@ def test_a_resume_after_a_torn_journal_line_decides_the_same(tuned, task, tmp_pa
     assert res.resumed
     assert what_was_decided(out) == what_was_decided(tuned[0])
     assert all(json.loads(line) for line in journal.read_bytes().splitlines())  # no torn line left inside
+
+
+def test_with_a_device_each_trial_has_its_energy_and_the_objective_weighs_latency(task, tmp_path):
+    """--device: each trial's energy is the job's, labelled as finetune labels it; --objective latency:W takes
+    W points off per ms of one inference of the trial's model (measured once per kind of graph)."""
+    res = edgetrain.tune(task["model"], task["train"], tmp_path / "out", val=task["val"], grid=GRID, epochs=2,
+                         threads=1, device="rpi4b-4gb", objective="latency:2", progress=None)
+    assert res.objective == "latency:2"
+    for t in res.trials:
+        assert t["energy_j"] > 0 and t["energy_provenance"] == "modelled"
+        assert t["latency_ms"] > 0 and t["energy_per_inference_mj"] > 0
+        assert t["score"] == pytest.approx(100 * t["val_accuracy"] - 2 * t["latency_ms"])
+    latency = {t["train_layers"]: t["latency_ms"] for t in res.trials}
+    assert all(t["latency_ms"] == latency[t["train_layers"]] for t in res.trials)  # once per kind of graph
+    best = max((t for t in res.trials if t["epochs_run"] == 2), key=lambda t: t["score"])
+    assert res.chosen["trial"] == best["trial"]
+
+
+@pytest.mark.slow
+def test_a_recipe_tune_step_hands_its_model_to_the_next_step(tmp_path):
+    """export -> tune -> quantize: quantize's MODEL is tune/model.onnx."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: tune-step\ndevice: rpi4b-4gb\nmodel: edgetrain.nets:pretrained_digits\n"
+                      "data: builtin:digits\nval_split: 0.2\nthreads: 1\nsteps:\n  - export:\n"
+                      "  - tune:\n      grid: {lr: [0.01, 0.03], train_layers: [head, lite]}\n      epochs: 2\n"
+                      "  - quantize:\n      max_drop: 5.0\n")
+    res = run_edgetrain("run", recipe, "-o", tmp_path / "run", "--json", "-")
+    assert res.code == 0, res.err[-3000:]
+    run = tmp_path / "run"
+    spec = json.loads((run / "steps" / "quantize.options.json").read_text())
+    assert Path(spec["model"]) == run / "tune" / "model.onnx"
+    tuned = json.loads((run / "steps" / "tune.json").read_text())
+    assert tuned["passed"] and Path(tuned["model"]) == run / "tune" / "model.onnx"
+    assert (run / "tune" / "trials.csv").is_file() and (run / "steps" / "tune.files.json").is_file()
