@@ -46,8 +46,10 @@ def what_was_decided(outdir: Path) -> dict:
     doc = json.loads((outdir / "tune.json").read_text())
     keep = ("trial", "lr", "optimizer", "batch_size", "train_layers", "epochs", "status", "epochs_run",
             "accuracy_by_rung", "val_accuracy", "lr_used")
-    return {"trials": [{k: t[k] for k in keep} for t in doc["trials"]], "chosen": doc["chosen"]["trial"],
-            "rungs": doc["rungs"]}
+    trials = [{k: t[k] for k in keep} for t in doc["trials"]]
+    for t in trials:  # its seconds are the run's own
+        t["accuracy_by_rung"] = [(a["epochs"], a["val_accuracy"]) for a in t["accuracy_by_rung"]]
+    return {"trials": trials, "chosen": doc["chosen"]["trial"], "rungs": doc["rungs"]}
 
 
 def model_weights(path: Path) -> dict:

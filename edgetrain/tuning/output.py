@@ -74,9 +74,7 @@ def chart_svg(rows: list[dict]) -> str:
     body.append(text(left + plot_w / 2, H - 4, "device seconds (the trial's, all its rungs)", "middle"))
     for r in pts:
         colour = colours.get(str(r["train_layers"]).split(":")[0], "#9467bd")
-        # cumulative seconds at each rung are not kept per rung in the row: the rungs sit at their share
-        n = len(r["accuracy_by_rung"])
-        line = [xy(r["device_seconds"] * (j + 1) / n, a["val_accuracy"] or 0.0) for j, a in enumerate(r["accuracy_by_rung"])]
+        line = [xy(a["device_seconds"], a["val_accuracy"] or 0.0) for a in r["accuracy_by_rung"]]
         if len(line) > 1:
             body.append('<polyline fill="none" stroke="%s" stroke-opacity="0.4" points="%s"/>'
                         % (colour, " ".join(f"{x:.1f},{y:.1f}" for x, y in line)))
@@ -135,7 +133,7 @@ def write_outputs(tuner, grid, points: list[dict], best, objective: str, rungs, 
     write_model(out / TRIALS_DIR / f"{best.number:03d}" / MODEL, out / MODEL, config)
     rows = [t.row(objective, t is best) for t in tuner.trials]
     trial_s = sum(t.seconds for t in tuner.trials)
-    caps = [t.config["epochs"] for t in tuner.trials]
+    caps = [p.get("epochs", tuner.opts.epochs) for p in points]  # every point of the grid, trained fully
     total = tuner.clock()
     shared = {k: round(v, 4) for k, v in tuner.timers.items()}
     store = tuner.store

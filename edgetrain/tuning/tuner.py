@@ -89,7 +89,9 @@ class Trial:
     def row(self, objective: str, chosen: bool) -> dict:
         return {"trial": self.number, **self.config, "lr_used": self.lr_used,
                 "status": "chosen" if chosen else self.status, "why": self.why, "epochs_run": self.epochs_run,
-                "accuracy_by_rung": [{"epochs": r["epochs"], "val_accuracy": r["val_accuracy"]} for r in self.rungs],
+                "accuracy_by_rung": [{"epochs": r["epochs"], "val_accuracy": r["val_accuracy"],
+                                      "device_seconds": round(sum(q["seconds"] for q in self.rungs[:i + 1]), 4)}
+                                     for i, r in enumerate(self.rungs)],
                 "val_accuracy": self.accuracy, "device_seconds": round(self.seconds, 4),
                 "cpu_seconds": round(self.cpu_seconds, 4),
                 "train_seconds": round(sum(r["train_seconds"] for r in self.rungs), 4),
