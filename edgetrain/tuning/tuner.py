@@ -637,9 +637,8 @@ def tune(model: str, opts: TuneOptions, progress: ProgressFn | None = None) -> T
     lock = _lock(tuner.outdir)
     try:
         return _run(tuner, grid, points, tried, objective, fp, resumed)
-    except BaseException as exc:
-        if created and not isinstance(exc, (KeyboardInterrupt, SystemExit)) and not any(
-                r.get("kind") == "rung" for r in tuner.journal.records):
+    except UsageError:
+        if created and not any(r.get("kind") == "rung" for r in tuner.journal.records):
             shutil.rmtree(tuner.outdir, ignore_errors=True)  # a refusal before any trial leaves nothing behind
         raise
     finally:
