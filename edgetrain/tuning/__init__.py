@@ -14,14 +14,15 @@ from .. import _lazy
 _FACE = {  # name -> the module of this wing that defines it
     "Grid": "grid", "grid_text": "grid", "objective_text": "grid", "read_grid": "grid",
     "halving": "schedule", "rung_epochs": "schedule", "planned_epochs": "schedule",
-    "TuneResult": "tuner", "tune": "tuner",
+    "TuneResult": "records", "tune": "tuner",
 }
 __all__ = sorted(_FACE)
 
 if TYPE_CHECKING:
     from .grid import Grid, grid_text, objective_text, read_grid
     from .schedule import halving, planned_epochs, rung_epochs
-    from .tuner import TuneResult, tune
+    from .records import TuneResult
+    from .tuner import tune
 
 
 __getattr__, __dir__ = _lazy.face(__name__, _FACE, globals())

@@ -14,7 +14,8 @@ from pathlib import Path
 from .. import procmem
 from ..fileio import atomic_path, atomic_write_text
 from ..svgchart import H, PAD_B, PAD_R, PAD_T, W, axes, fmt, nice_max, pad_left, svg, text
-from .tuner import CSV, JSON, MODEL, REPORT, TRIALS_DIR, TuneResult, score
+from .records import TuneResult, score
+from .tuner import CSV, JSON, MODEL, REPORT, TRIALS_DIR
 
 META_KEY = "edgetrain.tune"
 CSV_COLUMNS = ("trial", "status", "lr", "lr_used", "optimizer", "batch_size", "train_layers", "epochs", "epochs_run",

@@ -15,26 +15,26 @@ only the interrupted rung of one trial goes on, from that trial's last epoch che
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import math
 import os
 import shutil
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .. import procmem, runtime
 from ..errors import RunFailed, UsageError
-from ..fileio import atomic_path, file_digest, write_npz
+from ..fileio import file_digest
 from ..options import FinetuneOptions, TuneOptions, parse_train_layers
-from ..results import ProgressFn, Result, report
+from ..results import ProgressFn, report
 from . import schedule
 from .grid import Grid, read_grid
+from .inputs import configs_of, check_points, decode_data, fingerprint
 from .journal import FORMAT, Journal
+from .records import Trial, TuneResult, rank_key, reached
 
 TRIALS_DIR, DATA_DIR, LOCK = "trials", "data", ".tune.lock"
 MODEL, CSV, JSON, REPORT = "model.onnx", "trials.csv", "tune.json", "report.html"
@@ -45,171 +45,7 @@ SAME_ON_RESUME = {"model": "MODEL", "data": "DATA", "val": "held-out data", "gri
                   "strategy": "--strategy", "eta": "--eta", "trials": "--trials", "seed": "--seed", "objective": "objective"}
 
 
-@dataclass
-class Trial:
-    number: int                  # 1-based, in grid order among the points tried
-    config: dict                 # lr (None: finetune's default), optimizer, batch_size, train_layers, epochs
-    status: str = "pending"      # pending | running | stopped | finished | skipped | failed | not run
-    why: str = ""                # why it stopped, was skipped, failed or was not run
-    rungs: list[dict] = field(default_factory=list)   # one record per rung reached (journal facts)
-    lr_used: float | None = None
-    estimate_mb: float | None = None
-    latency_ms: float | None = None
-    energy_mj: float | None = None
-
-    @property
-    def epochs_run(self) -> int:
-        return self.rungs[-1]["epochs"] if self.rungs else 0
-
-    @property
-    def accuracy(self) -> float | None:
-        return self.rungs[-1]["val_accuracy"] if self.rungs else None
-
-    @property
-    def seconds(self) -> float:
-        return sum(r["seconds"] for r in self.rungs)
-
-    @property
-    def cpu_seconds(self) -> float:
-        return sum(r.get("cpu_seconds", 0.0) for r in self.rungs)
-
-    @property
-    def peak_mb(self) -> float | None:
-        peaks = [r["peak_mb"] for r in self.rungs if r.get("peak_mb") is not None]
-        return max(peaks) if peaks else None
-
-    @property
-    def joules(self) -> float | None:
-        js = [r["joules"] for r in self.rungs if r.get("joules") is not None]
-        return sum(js) if js else None
-
-    def label(self) -> str:
-        return " ".join(f"{k}={v if v is not None else 'default'}" for k, v in self.config.items())
-
-    def row(self, objective: str, chosen: bool) -> dict:
-        return {"trial": self.number, **self.config, "lr_used": self.lr_used,
-                "status": "chosen" if chosen else self.status, "why": self.why, "epochs_run": self.epochs_run,
-                "accuracy_by_rung": [{"epochs": r["epochs"], "val_accuracy": r["val_accuracy"],
-                                      "device_seconds": round(sum(q["seconds"] for q in self.rungs[:i + 1]), 4)}
-                                     for i, r in enumerate(self.rungs)],
-                "val_accuracy": self.accuracy, "device_seconds": round(self.seconds, 4),
-                "cpu_seconds": round(self.cpu_seconds, 4),
-                "train_seconds": round(sum(r["train_seconds"] for r in self.rungs), 4),
-                "feature_seconds": round(sum(r["feature_seconds"] for r in self.rungs), 4),
-                "peak_mb": self.peak_mb, "estimate_mb": self.estimate_mb,
-                "energy_j": self.joules, "energy_provenance": _energy_label(self.rungs),
-                "latency_ms": self.latency_ms, "energy_per_inference_mj": self.energy_mj,
-                "score": score(self, objective) if self.rungs else None}
-
-
-def _energy_label(rungs: list[dict]) -> str | None:
-    labels = sorted({r["energy_provenance"] for r in rungs if r.get("energy_provenance")})
-    return "+".join(labels) or None
-
-
-def score(trial: Trial, objective: str, rung: dict | None = None) -> float:
-    """Accuracy in points, less the objective's weight times the trial model's latency (ms) or energy (mJ)."""
-    acc = (rung or trial.rungs[-1])["val_accuracy"] or 0.0
-    kind, _, weight = objective.partition(":")
-    cost = {"latency": trial.latency_ms, "energy": trial.energy_mj}.get(kind) or 0.0
-    return 100.0 * acc - (float(weight) * cost if weight else 0.0)
-
-
-def rank_key(trial: Trial, objective: str, rung: dict | None = None):
-    """Best first: the objective, then less device time, then lower peak memory, then grid order."""
-    return (-score(trial, objective, rung), round(trial.seconds, 3), trial.peak_mb or 0.0, trial.number)
-
-
-@dataclass
-class TuneResult(Result):
-    model: str | None
-    outdir: str
-    strategy: str
-    objective: str
-    grid: dict
-    points: int
-    tried: int
-    rungs: list[dict]
-    trials: list[dict]
-    chosen: dict | None
-    seconds: float
-    trial_seconds: float
-    shared_seconds: dict
-    cpu_seconds: float
-    trial_cpu_seconds: float
-    overhead_seconds: float
-    overhead_pct: float
-    epochs_run: int
-    grid_epochs: int
-    features: dict
-    peak_rss_mb: float | None
-    budget_mb: float | None
-    time_budget_s: float | None
-    stopped_by_time: bool
-    csv: str
-    report: str
-    resumed: bool = False
-    notes: list[str] = field(default_factory=list)
-
-    def checks(self) -> list[str]:
-        failed = []
-        if self.budget_mb and self.peak_rss_mb and self.peak_rss_mb > self.budget_mb:
-            failed.append(f"peak RSS {self.peak_rss_mb:.0f} MB went over the memory budget {self.budget_mb:.0f} MB")
-        if self.time_budget_s is not None:
-            epoch_s = max([r["device_seconds"] / max(r["epochs_run"], 1) for r in self.trials if r["epochs_run"]],
-                          default=0.0)
-            if self.seconds > self.time_budget_s + epoch_s:
-                failed.append(f"the run took {self.seconds:.1f} s, more than one trial-epoch ({epoch_s:.1f} s) over "
-                              f"the time budget {self.time_budget_s:.0f} s")
-        return failed
-
-
 # --- set-up ------------------------------------------------------------------------------------------------
-
-def _source_fp(ref: str | None) -> str | None:
-    """What identifies DATA to a resume: a built-in's name, a file's SHA-256, a folder's file names, sizes and
-    modification times."""
-    if ref is None or ref.startswith("builtin:"):
-        return ref
-    path = Path(ref)
-    if path.is_file():
-        return file_digest(path)
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            st = p.stat()
-            h.update(f"{p.relative_to(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
-
-
-def _point_options(point: dict, opts: TuneOptions, **more) -> dict:
-    return {"epochs": opts.epochs, "seed": opts.seed, **point, **more}
-
-
-def check_points(points: list[dict], opts: TuneOptions) -> None:
-    """Every point as finetune would read it (data and OUTDIR stand-ins): its first refusal is the grid's."""
-    for point in points:
-        try:
-            FinetuneOptions.parse(_point_options(point, opts, data="DATA", out="OUTDIR"))
-        except UsageError as exc:
-            raise UsageError(f"finetune refuses the grid point {_text(point)}: {exc.what}", "--grid", exc.fix) from None
-
-
-def _text(point: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in point.items())
-
-
-def _configs(points: list[dict], opts: TuneOptions) -> list[dict]:
-    return [{"lr": p.get("lr"), "optimizer": p.get("optimizer", "adam"), "batch_size": p.get("batch_size", 32),
-             "train_layers": p.get("train_layers", "head"), "epochs": p.get("epochs", opts.epochs)} for p in points]
-
-
-def fingerprint(model: str, opts: TuneOptions, grid: Grid, objective: str) -> dict:
-    val = _source_fp(opts.val) if opts.val is not None else f"split {opts.val_split or 0.2}"
-    return {"model": file_digest(Path(model)), "data": _source_fp(opts.data), "val": val, "grid": grid.to_dict(),
-            "epochs": opts.epochs, "strategy": opts.strategy, "eta": opts.eta, "trials": opts.trials, "seed": opts.seed,
-            "objective": objective}
-
 
 def _lock(outdir: Path) -> int:
     fd = os.open(outdir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -220,49 +56,6 @@ def _lock(outdir: Path) -> int:
         raise UsageError("OUTDIR is in use by another tune run", str(outdir),
                          "wait for it to finish (or stop it), or choose another OUTDIR") from None
     return fd
-
-
-def decode_data(model: str, opts: TuneOptions, folder: Path, budget_mb: float | None) -> tuple[Path, Path, int]:
-    """DATA and the held-out data decoded once, at the model's input size, into FOLDER/train.npz and val.npz:
-    every trial reads these. Each sample is what finetune's preprocessing makes of it before the mean and std
-    (resized, on the [0, 1] scale; as bytes where it is exactly 8-bit), so a trial computes the same bits from
-    it as from DATA, without decoding or resizing again. Returns their paths and the class count."""
-    from dataclasses import replace
-
-    from ..data import load_data
-    from ..models import load_onnx
-    from ..training import DEFAULT_VAL_SPLIT
-
-    pre = load_onnx(model).preprocess
-    c = pre.input_shape[0]
-    plain = replace(pre, mean=(0.0,) * c, std=(1.0,) * c)  # x - 0 and x / 1 change no bit
-    max_bytes = int(budget_mb * 2**20) if budget_mb else None
-    ds = load_data(opts.data, plain, max_bytes=max_bytes)
-    if opts.val is not None:
-        val = load_data(opts.val, plain, where="--val", max_bytes=max_bytes)
-        if val.class_names != ds.class_names:
-            raise UsageError(f"--val classes ({', '.join(val.class_names[:8])}) differ from the training data's "
-                             f"({', '.join(ds.class_names[:8])})", opts.val,
-                             "give held-out data with the same class folders / labels")
-        train = ds
-    else:
-        train, val = ds.split(opts.val_split or DEFAULT_VAL_SPLIT, seed=opts.seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = folder / "train.npz", folder / "val.npz"
-    for part, path in zip((train, val), paths):
-        x = np.empty((len(part), *pre.input_shape), np.float32)
-        for first in range(0, len(part), 256):
-            idx = np.arange(first, min(first + 256, len(part)))
-            part.batch(idx, out=x[first:first + len(idx)])
-        x = x.transpose(0, 2, 3, 1)  # N, H, W, C: as an .npz of images is read
-        as_bytes = np.round(x * 255.0)
-        if np.array_equal((as_bytes.astype(np.uint8).astype(np.float32) / np.float32(255.0)), x):
-            x = as_bytes.astype(np.uint8)
-        with atomic_path(path, "tune data") as tmp:
-            with open(tmp, "wb") as fh:
-                write_npz(fh, {"data": np.ascontiguousarray(x), "label": np.asarray(part.labels),
-                               "class_names": np.array(ds.class_names)})
-    return paths[0], paths[1], len(ds.class_names)
 
 
 # --- the run -----------------------------------------------------------------------------------------------
@@ -591,11 +384,6 @@ def _release() -> None:
         pass
 
 
-def reached(trial: Trial, k: int) -> dict | None:
-    """The trial's record at rung ``k`` (its last, when the time budget ran it an epoch at a time), or None."""
-    return next((r for r in reversed(trial.rungs) if r["rung"] == k), None)
-
-
 def _reset_peak() -> None:
     """Start the process's peak RSS (VmHWM) afresh, so that each trial's peak is its own (Linux)."""
     try:
@@ -628,7 +416,7 @@ def tune(model: str, opts: TuneOptions, progress: ProgressFn | None = None) -> T
     grid, points, objective = tuner.check()
     tuner.timers["check"] = time.monotonic() - tuner.clock0
     tried = schedule.sample(points, opts.trials, opts.strategy, opts.seed)
-    configs = _configs([points[i] for i in tried], opts)
+    configs = configs_of([points[i] for i in tried], opts)
     tuner.trials = [Trial(i + 1, c) for i, c in enumerate(configs)]
     fp = fingerprint(model, opts, grid, objective)
     resumed = tuner.open_outdir(fp)
