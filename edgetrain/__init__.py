@@ -1,6 +1,6 @@
 """edgetrain: take MXNet Gluon models to low-power devices.
 
-The Python API: ``edgetrain.quantize``, ``export``, ``finetune``, ``profile``, ``inspect`` and ``run`` are
+The Python API: ``edgetrain.quantize``, ``export``, ``finetune``, ``profile``, ``inspect``, ``run`` and ``tune`` are
 functions taking the same options as the commands (see ``edgetrain.api`` and docs/python-api.md). Names
 are resolved lazily so that importing edgetrain (and ``edgetrain --help``) loads no heavy library.
 """
@@ -16,14 +16,14 @@ __version__ = "0.1.0"
 
 _API = {
     "quantize": "api", "export": "api", "finetune": "api", "profile": "api", "inspect": "api", "run": "api",
-    "predict": "api",
+    "predict": "api", "tune": "api",
     "EdgetrainError": "errors", "UsageError": "errors", "BudgetExceeded": "errors", "RunFailed": "errors",
     "Preprocess": "preprocess",
     "load_gluon": "models", "load_onnx": "models", "save_prefix": "models", "parse_model_ref": "models",
     "load_data": "data", "Dataset": "data",
     "load_device": "devices", "list_profiles": "devices", "detect_host": "host",
     "QuantizeOptions": "options", "ExportOptions": "options", "FinetuneOptions": "options",
-    "ProfileOptions": "options",
+    "ProfileOptions": "options", "TuneOptions": "options",
     "Result": "results", "QuantizeResult": "ops.quantize", "ExportResult": "ops.export", "Progress": "results",
     "compare_outputs": "compare", "Comparison": "compare", "energy_report": "energy",
 }

@@ -32,6 +32,7 @@ from .ops import inspect as _inspect
 from .ops import predict as _predict
 from .ops import profile as _profile
 from .ops import quantize as _quantize
+from .ops import tune as _tune
 from .ops.run import run_recipe
 from .options import (
     ExportOptions,
@@ -42,6 +43,7 @@ from .options import (
     ProfileOptions,
     QuantizeOptions,
     RunOptions,
+    TuneOptions,
 )
 from .fileio import check_command_outputs, check_outputs
 from .fileio import path_arg as _path
@@ -173,3 +175,18 @@ def predict(model, data, *, progress: ProgressFn | str | None = STDERR, on_rows=
 
         check_output_path(Path(opts.output), "-o")
     return _predict.predict(model, data, opts, progress=listener, on_rows=on_rows, outputs=outputs)
+
+
+def tune(model, data, out, *, grid, progress: ProgressFn | str | None = STDERR, **options):
+    """``edgetrain tune``: search finetune's options on this device within its budgets; the best model is
+    ``out``/model.onnx. ``grid`` is a mapping (``{"lr": [0.003, 0.03], "train_layers": ["head", "lite"]}``), a
+    list of ``"NAME=V1,V2"`` texts, or a YAML file's path. Returns a TuneResult."""
+    where = "edgetrain.tune"
+    listener = _listener(progress)
+    model = _path(model, "model", where)
+    if isinstance(grid, (bytes, os.PathLike)):
+        grid = _path(grid, "grid", where)
+    opts = _prepare(TuneOptions, dict(options, data=_path(data, "data", where), out=_path(out, "out", where),
+                                      grid=grid), where)
+    check_command_outputs(model, opts)
+    return _tune.tune(model, opts, progress=listener)

@@ -967,3 +967,95 @@ class FleetJoinOptions(DeviceOptions):
         prof = self.profile()
         return float(prof.memory_budget_mb) if prof is not None else None
 
+
+
+# --- edgetrain tune -------------------------------------------------------------------------------------
+
+def _grid_text(value) -> str:
+    """``--grid`` as one text, ``NAME=V1,V2;NAME=V1,...`` or a YAML file: a repeated flag (a list), a mapping
+    (the API: ``{"lr": [0.01, 0.1]}``) or that text. Names and values are checked by edgetrain.tuning, as
+    finetune checks them."""
+    from .tuning import grid_text  # lazy: the tuner's grid reader, one place
+
+    return grid_text(value)
+
+
+def _duration(value) -> float:
+    """'90s', '30m', '2h', '1.5h', or a bare number of seconds -> seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = _read_float(value)
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*(s|sec|m|min|h|hr|d)?\s*", str(value), re.IGNORECASE)
+        if not m:
+            raise ValueError("cannot read a duration; write e.g. 90s, 30m, 2h (a bare number is seconds)")
+        seconds = float(m.group(1)) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600,
+                                        "d": 86400}[(m.group(2) or "s").lower()]
+    if not seconds > 0:
+        raise ValueError("a duration must be more than zero; write e.g. 30m")
+    return seconds
+
+
+def _objective(value) -> str:
+    from .tuning import objective_text
+
+    return objective_text(value)
+
+
+GridText = Annotated[Optional[str], Parse(_grid_text)]
+Duration = Annotated[Optional[float], Parse(_duration, show=lambda s: f"{s:g}s")]
+ObjectiveText = Annotated[str, Parse(_objective)]
+
+
+class TuneOptions(DeviceOptions):
+    """``edgetrain tune MODEL``: a search over finetune's options, within the device's budgets."""
+
+    data: str = opt(metavar="DATA", recipe=False, help="Training data (classes come from it); decoded once for "
+                                                      "every trial.")
+    out: str = opt(metavar="OUTDIR", short="-o", recipe=False,
+                   help="Folder for the best model (OUTDIR/model.onnx), the trials (trials.csv, tune.json), "
+                        "report.html and every trial's checkpoint.")
+    val: Optional[str] = opt(None, metavar="DATA", recipe=False,
+                             help="Held-out data the trials are ranked on.")
+    val_split: Optional[Annotated[float, Range(gt=0, lt=1)]] = opt(
+        None, metavar="F", recipe=False,
+        help="Hold out this fraction of DATA (stratified, --seed) to rank on; default 0.2 unless --val.")
+    grid: GridText = opt(None, metavar="NAME=V1,V2,...|FILE.yaml",
+                         help="Values to search, repeatable: lr, optimizer, batch_size, train_layers (head, last:N, "
+                              "bias, lite, all), epochs; each value as finetune takes it. Or a YAML file in MXNet's "
+                              "GridSearch form (param_dict: {learning_rate: [...]}, objective: "
+                              "validation_accuracy). Required.")
+    epochs: Annotated[int, Range(ge=1, le=10_000)] = opt(
+        10, help="Epochs of a trial trained in full (the last rung); a grid's epochs values override it.")
+    strategy: Literal["halving", "grid", "random"] = opt(
+        "halving", help="halving: successive halving over epochs (every point 1 epoch or so, the best 1/--eta "
+                        "further, the best one to --epochs); grid: every point fully (the reference); random: "
+                        "--trials points of the grid, fully.")
+    eta: Annotated[int, Range(ge=2, le=16)] = opt(
+        3, metavar="N", help="halving: the best 1/N of the points at a rung go on to the next; the rungs are --epochs "
+                             "divided by N, N^2, ... down to 1 epoch.")
+    trials: Optional[Annotated[int, Range(ge=1, le=100_000)]] = opt(
+        None, metavar="N", help="Points of the grid tried (a seeded sample; default: all of them, a quarter with "
+                                "--strategy random).")
+    objective: ObjectiveText = opt(
+        "accuracy", metavar="accuracy|latency:W|energy:W",
+        help="What ranks the trials: held-out accuracy (ties: less device time, then lower peak memory); "
+             "latency:W or energy:W take W accuracy points off per ms or mJ of one inference of the trial's model "
+             "(energy modelled from the --device's power).")
+    time_budget: Duration = opt(None, metavar="DURATION",
+                                help="Stop starting trial epochs that would end after this (e.g. 30m, 2h); the "
+                                     "best so far is chosen.")
+    memory_budget: MemoryMB = opt(None, metavar="SIZE",
+                                  help="Peak RSS bound, e.g. 512MB (default: the device's); a trial whose plan "
+                                       "would not fit is skipped before it runs.")
+    seed: Annotated[int, Range(ge=0, le=2**32 - 1)] = opt(0, help="Seed of every trial, the held-out split and "
+                                                                 "the sample of points.")
+    resume: bool = opt(False, recipe=False, help="Continue the tune run in OUTDIR after a stop or power cut.")
+
+    def budget_mb(self) -> float | None:
+        if self.memory_budget is not None:
+            return self.memory_budget
+        prof = self.profile()
+        return float(prof.memory_budget_mb) if prof is not None else None
+
+
+COMMANDS["tune"] = TuneOptions

@@ -21,7 +21,7 @@ from .errors import UsageError
 from .fileio import parse_yaml, read_text_bounded
 from .fleet.report import read_report as read_fleet_report
 from .models import is_factory_ref, parse_model_ref
-from .options import ExportOptions, FinetuneOptions, Options, ProfileOptions, QuantizeOptions, flag_of
+from .options import ExportOptions, FinetuneOptions, Options, ProfileOptions, QuantizeOptions, TuneOptions, flag_of
 
 # --- Recipes (recipes/*.yaml) -------------------------------------------------------------------
 # A recipe names one model, one data set, one device and the steps to run, each step's options
@@ -34,7 +34,7 @@ from .options import ExportOptions, FinetuneOptions, Options, ProfileOptions, Qu
 class Artifacts:
     """What the steps so far have made; each step takes its input from here."""
 
-    model: str                    # the current Gluon MODEL (the recipe's, then the fine-tuned one)
+    model: str                    # the current MODEL (the recipe's, then the fine-tuned or tuned one)
     train: str
     val: str | None
     fp32_onnx: str | None = None
@@ -47,13 +47,14 @@ class StepKind:
     docs read it). ``options``: the command's declaration: a recipe sets the fields it allows, ``inputs(
     artifacts, rundir, step, resume)`` -> (MODEL, {field: value}) the rest. ``files``: what it leaves in the
     run folder (sealed when it passes, checked before --resume skips it); ``makes``: (Artifacts field, path)
-    of what later steps take; ``extra``: recipe fields beyond the command's."""
+    of what later steps take (``also_makes``: more such pairs); ``extra``: recipe fields beyond the command's."""
 
     options: type[Options]
     inputs: Callable[[Artifacts, Path, Any, bool], tuple[str, dict]]
     files: tuple[str, ...] = ()
     makes: tuple[str, str] | None = None
     extra: dict = field(default_factory=dict)
+    also_makes: tuple[tuple[str, str], ...] = ()
 
 
 def _profile_inputs(art: Artifacts, rundir: Path, step, resume: bool):
@@ -62,6 +63,16 @@ def _profile_inputs(art: Artifacts, rundir: Path, step, resume: bool):
         raise UsageError(f"profile target '{step.target}' has no model yet", "recipe steps",
                          "put an export or quantize step before profile")
     return target, {"report": str(rundir / "profile.html")}
+
+
+def _tune_inputs(art: Artifacts, rundir: Path, step, resume: bool):
+    """tune trains from an ONNX file: the export's (or an ONNX model the recipe starts from)."""
+    model = art.fp32_onnx or (art.model if str(art.model).lower().endswith(".onnx") else None)
+    if model is None:
+        raise UsageError("the tune step trains from an ONNX file and there is none yet", "recipe steps",
+                         "put an export step before tune")
+    return model, {"data": art.train, "val": art.val, "out": str(rundir / "tune"),
+                   "resume": resume and (rundir / "tune" / "journal.jsonl").is_file()}
 
 
 STEPS: dict[str, StepKind] = {
@@ -77,6 +88,10 @@ STEPS: dict[str, StepKind] = {
     "export": StepKind(ExportOptions, lambda art, rundir, step, resume: (art.model, {
         "output": str(rundir / "model.onnx"), "data": art.val or art.train}),
         makes=("fp32_onnx", "model.onnx"), files=("model.onnx",)),
+    # the tuned model is what later steps take: quantize's MODEL, profile's fp32
+    "tune": StepKind(TuneOptions, _tune_inputs, makes=("model", "tune/model.onnx"),
+                     also_makes=(("fp32_onnx", "tune/model.onnx"),),
+                     files=("tune/model.onnx", "tune/trials.csv", "tune/tune.json", "tune/report.html")),
     "profile": StepKind(ProfileOptions, _profile_inputs, files=("profile.html",), extra={"target": (
         Literal["deployed", "fp32", "int8"], Field("deployed", description="The model profiled: deployed (int8 if "
                                                    "quantized, else fp32), fp32 or int8."))}),

@@ -14,7 +14,7 @@ import edgetrain
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "edgetrain"
-WINGS = ("int8", "measure", "energy")
+WINGS = ("int8", "measure", "energy", "tuning")
 OPTIONAL = {"flwr"}  # the fleet's extra: its modules need it to import (pip install edgetrain[fleet])
 
 IMPORT_EVERYTHING = """

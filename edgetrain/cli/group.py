@@ -19,6 +19,7 @@ COMMANDS = {
     "quantize": "quantize",
     "recipes": "recipes",
     "run": "run",
+    "tune": "tune",
 }
 
 

@@ -10,6 +10,7 @@ Run folder::
     recipe.yaml            the recipe as run (resume refuses a different one)
     data/train.npz, data/val.npz   the held-out split, when the recipe asks for one (same for every step)
     finetune/              the fine-tuned PREFIX model, metrics.json, checkpoint
+    tune/                  the tuned model.onnx, trials.csv, tune.json, report.html, the trials' checkpoints
     model.onnx, model_int8.onnx   export and quantize artifacts
     profile.html           the profile step's report
     steps/VERB.json        each step's result;  logs/VERB.log  each step's output
@@ -136,10 +137,10 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
         say(f"[{i}/{total}] {step.name} {run.status} in {run.seconds:.1f} s")
         if run.exit_code == 0 and not run.status.startswith("skipped"):
             _seal(step.name, kind.files, rundir)
-        if kind.makes:  # found in THIS run folder, never where steps/*.json says (it may have been moved)
-            made = rundir / kind.makes[1]
+        for attr, rel in ((kind.makes,) if kind.makes else ()) + kind.also_makes:
+            made = rundir / rel  # found in THIS run folder, never where steps/*.json says (it may have been moved)
             if made.exists() or Path(f"{made}-symbol.json").exists():  # a file or a PREFIX
-                setattr(art, kind.makes[0], str(made))
+                setattr(art, attr, str(made))
 
     result.summary = summarize(result)
     _write_json_atomic(rundir / "result.json", result.to_dict())

@@ -79,3 +79,32 @@ class FeatureCache:
             if delete and self.path and self.path.exists():
                 self.path.unlink()
         self._mem = None
+
+
+class FeatureStore:
+    """Frozen-part outputs shared by the jobs of one process (a tune's trials): a job whose frozen part, data
+    and feature batch are another's takes that job's complete cache instead of computing it again. The store
+    owns what it holds (a job never closes a shared cache); ``close()`` releases all of it."""
+
+    def __init__(self):
+        self._caches: dict[str, FeatureCache] = {}
+        self.computed = 0   # caches filled by a job's feature pass
+        self.shared = 0     # feature passes saved
+
+    def get(self, key: str) -> FeatureCache | None:
+        cache = self._caches.get(key)
+        if cache is not None:
+            self.shared += 1
+        return cache
+
+    def put(self, key: str, cache: FeatureCache) -> None:
+        self._caches[key] = cache
+        self.computed += 1
+
+    def holds(self, cache: FeatureCache | None) -> bool:
+        return cache is not None and any(c is cache for c in self._caches.values())
+
+    def close(self) -> None:
+        for cache in self._caches.values():
+            cache.close(delete=True)
+        self._caches.clear()

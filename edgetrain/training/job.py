@@ -14,7 +14,8 @@ uninterrupted run.
 Extension is by constructor parameters, never by overriding: ``initial`` (the arrays the trainable part
 starts from, refused unless they fit), ``correction`` (added to every gradient, by array name) and
 ``write_model`` (False: the run's result is its arrays). The fleet uses them, ``trainable_arrays()``,
-``statistics()`` and ``evaluate(arrays)``.
+``statistics()`` and ``evaluate(arrays)``. ``feature_store`` (a FeatureStore) shares the feature cache
+with the other jobs of the process that have the same frozen part and data (a tune's trials).
 
 Test hook (for the kill-at-phase tests, never set by users): ``EDGETRAIN_TEST_KILL_AT=PHASE:N`` makes
 the process SIGKILL itself the N-th time it reaches PHASE: ``features`` (after a feature-pass batch is
@@ -48,7 +49,7 @@ from ..results import ProgressFn, Result, report
 from . import checkpoint as ckpt
 from . import store
 from .engine_onnx import OnnxEngine
-from .featurecache import FeatureCache
+from .featurecache import FeatureCache, FeatureStore
 from .memplan import READ_AHEAD, Costs, MemoryPlan
 from .optimizers import Corrected, default_lr
 from .gluon import GluonBase, prepare
@@ -155,15 +156,18 @@ class FinetuneJob:
     def __init__(self, model: str, opts: FinetuneOptions, *, val_split: float | None,
                  budget_mb, threads: int, profile, progress, resume: bool = False,
                  initial: dict[str, np.ndarray] | None = None, initial_where: str = "initial arrays",
-                 correction: dict[str, np.ndarray] | None = None, write_model: bool = True):
+                 correction: dict[str, np.ndarray] | None = None, write_model: bool = True,
+                 feature_store: FeatureStore | None = None):
         self.model, self.opts, self.val_split = model, opts, val_split
-        self.layers: TrainLayers = opts.train_layers   # parsed once, at the declaration
+        # parsed once, at the declaration (options edgetrain makes itself, unchecked, may hold its text)
+        self.layers = TrainLayers(opts.train_layers)
         self.budget_mb, self.threads, self.profile, self.progress = budget_mb, threads, profile, progress
         self.data, self.outdir, self.val = opts.data, Path(opts.out), opts.val
         self.epochs, self.batch_size, self.lr, self.optimizer = opts.epochs, opts.batch_size, opts.lr, opts.optimizer
         self.seed, self.params, self.input_shape = opts.seed, opts.params, opts.input_shape
         self.resume, self.initial, self.initial_where = resume, initial, initial_where
         self.correction, self.writes_model = correction, write_model
+        self.feature_store = feature_store  # frozen-part outputs shared with other jobs of this process (a tune)
         self.engine = OnnxEngine(self)
         self.gluon: GluonBase | None = None   # a Gluon model's export (None: MODEL is an ONNX file)
         self.notes: list[str] = []
@@ -309,6 +313,17 @@ class FinetuneJob:
         fp = hashlib.sha256(json.dumps([self.fingerprint(), self.engine.cut_name,
                                         self.plan.feature_batch]).encode()).hexdigest()[:16]
         self.cache_fp = fp
+        shared_key = None
+        if self.feature_store is not None:
+            # what the frozen part's outputs depend on: not the trained part's lr, optimizer, batch or seed
+            same = {k: v for k, v in self.fingerprint().items() if k not in ("lr", "optimizer", "batch_size", "seed")}
+            shared_key = hashlib.sha256(json.dumps([same, self.engine.cut_name, self.plan.feature_batch, rows,
+                                                    list(feature_shape)]).encode()).hexdigest()
+            shared = self.feature_store.get(shared_key)
+            if shared is not None:
+                self.cache, self.cache_complete = shared, True
+                self.notes.append("frozen features computed once by an earlier run with the same frozen part, reused")
+                return 0.0
         path = self.outdir / FEATURES_FILE
         reuse = bool(self.plan.cache == "disk" and meta_cache is not None and meta_cache.get("fingerprint") == fp
                      and meta_cache.get("complete") and path.exists())
@@ -358,6 +373,8 @@ class FinetuneJob:
         self.notes.append(f"feature pass: {decode_s:.2f}s decoding and preprocessing {rows} samples, "
                           f"{frozen_s:.2f}s in the frozen part")
         self.cache_complete = True  # only now may a checkpoint vouch for it
+        if shared_key is not None:
+            self.feature_store.put(shared_key, self.cache)
         return time.monotonic() - t0
 
     # --- training ----------------------------------------------------------------------------------
@@ -438,7 +455,7 @@ class FinetuneJob:
             import shutil
 
             if created and not (self.outdir / ckpt.FILENAME).exists():  # nothing to resume: leave nothing behind
-                if self.cache is not None:
+                if self.cache is not None and not self._cache_shared():
                     self.cache.close()
                 shutil.rmtree(self.outdir, ignore_errors=True)
             elif isinstance(exc, UsageError) and not had_prep:  # a refused run (other data, a budget too
@@ -507,7 +524,7 @@ class FinetuneJob:
         signum = self.stop.signum
         assert signum is not None, "called only once a signal arrived"
         name = signal.Signals(signum).name
-        if self.cache is not None:
+        if self.cache is not None and not self._cache_shared():
             self.cache.close()
         exc = Interrupted(f"training interrupted by {name} at epoch {epoch + 1}, step {step}; checkpoint saved",
                           str(self.outdir / ckpt.FILENAME), "run the same command with --resume to continue")
@@ -564,6 +581,9 @@ class FinetuneJob:
             if self.stop.signum:
                 self._interrupted(epoch + 1, 0)
 
+    def _cache_shared(self) -> bool:
+        return self.feature_store is not None and self.feature_store.holds(self.cache)
+
     def _write_metrics(self, final: bool, summary: dict | None = None) -> None:
         doc = {"format": "edgetrain-finetune-metrics/1", "complete": final, "model": self.model, "data": self.data,
                "classes": self.classes, "train_layers": self.layers.text, "plan": self.plan.to_dict(),
@@ -587,7 +607,7 @@ class FinetuneJob:
             model_path = self.write_model(self.outdir, {
                 "finetuned_from": self.model, "data": self.data, "train_layers": self.layers.text,
                 "epochs": len(self.history), "accuracy": final_acc, "accuracy_on": acc_on})
-        if self.cache is not None:
+        if self.cache is not None and not self._cache_shared():
             self.cache.close(delete=True)
         _remove_scratch(self.outdir)
         peak = max(procmem.peak_rss_mb() or 0.0, self.gluon.child_peak_mb if self.gluon else 0.0) or None

@@ -1,0 +1,524 @@
+"""The tune run: the trials of a grid, trained by the fine-tune job (edgetrain.training) within the device's
+budgets, the best one kept.
+
+Set-up, before any training: the grid read and every point checked as finetune checks it; DATA (and --val, or
+the held-out split) decoded once into OUTDIR/data/*.npz, which every trial reads; each distinct trained part
+(train_layers, batch_size) loaded once and its memory plan made, so that a point that would not fit
+--memory-budget is skipped before it runs (a grid none of whose points fits is refused, exit 2).
+
+Then the schedule (schedule.py): a trial is a FinetuneJob in OUTDIR/trials/NNN; it moves up a rung by resuming
+its own checkpoint with more epochs (the job's resume gives the weights of an uninterrupted run). The trials of
+head/last:N share their frozen features through one FeatureStore: computed once per frozen part. Every rung's
+result goes to the journal (journal.py) before the next starts: after a power cut, ``--resume`` replays it and
+only the interrupted rung of one trial goes on, from that trial's last epoch checkpoint.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import procmem, runtime
+from ..errors import RunFailed, UsageError
+from ..fileio import file_digest
+from ..options import FinetuneOptions, TuneOptions
+from ..results import ProgressFn, report
+from . import schedule
+from .grid import Grid, read_grid
+from .inputs import configs_of, check_points, decode_data, fingerprint
+from .journal import FORMAT, Journal
+from .records import Trial, TuneResult, rank_key, reached
+
+TRIALS_DIR, DATA_DIR, LOCK = "trials", "data", ".tune.lock"
+MODEL, CSV, JSON, REPORT = "model.onnx", "trials.csv", "tune.json", "report.html"
+LATENCY_RUNS = 30
+OUTPUT_RESERVE_S = 0.25  # of --time-budget, kept for writing the outputs (the model, the table, the report)
+# what a resume must find as it was: changed, the trials would not be the same ones
+SAME_ON_RESUME = {"model": "MODEL", "data": "DATA", "val": "held-out data", "grid": "grid", "epochs": "--epochs",
+                  "strategy": "--strategy", "eta": "--eta", "trials": "--trials", "seed": "--seed", "objective": "objective"}
+
+
+# --- set-up ------------------------------------------------------------------------------------------------
+
+def _lock(outdir: Path) -> int:
+    fd = os.open(outdir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise UsageError("OUTDIR is in use by another tune run", str(outdir),
+                         "wait for it to finish (or stop it), or choose another OUTDIR") from None
+    return fd
+
+
+# --- the run -----------------------------------------------------------------------------------------------
+
+class Tuner:
+    def __init__(self, model: str, opts: TuneOptions, progress: ProgressFn | None):
+        self.model, self.opts, self.progress = model, opts, progress
+        self.outdir = Path(opts.out)
+        self.journal = Journal(self.outdir / "journal.jsonl")
+        self.budget_mb = opts.budget_mb()
+        self.profile = opts.profile()
+        self.threads = runtime.apply_threads(opts.thread_cap(), strict=False)
+        self.notes: list[str] = []
+        self.clock0 = time.monotonic()
+        self.clock_before = 0.0   # seconds of the run before this process (a resume)
+        self.timers = {"check": 0.0, "decode": 0.0, "precheck": 0.0, "latency": 0.0}  # shared work, not overhead
+        self.cpu0 = time.process_time()
+        self.setup_peak_mb: float | None = None
+        self.trials: list[Trial] = []
+        self.store = None
+        self.stopped_by_time = False
+        self.done_runs = 0
+
+    def clock(self) -> float:
+        return self.clock_before + time.monotonic() - self.clock0
+
+    # --- before any training -----------------------------------------------------------------------------
+
+    def check(self) -> tuple[Grid, list[dict], str]:
+        opts = self.opts
+        if opts.val is not None and opts.val_split is not None:
+            raise UsageError("--val and --val-split both given", "--val", "give held-out data or a split fraction, "
+                             "not both")
+        if not str(self.model).lower().endswith(".onnx"):
+            raise UsageError("tune trains from an ONNX file", self.model,
+                             "export the model first (edgetrain export MODEL model.onnx) and tune model.onnx")
+        if not Path(self.model).is_file():
+            raise UsageError("MODEL not found", self.model, "give the path of an ONNX file edgetrain export wrote")
+        grid = read_grid(opts.grid)
+        objective = opts.objective
+        if objective == "accuracy" and grid.objective:
+            objective = grid.objective
+        if objective.startswith("energy") and self.profile is None:
+            raise UsageError("--objective energy needs the device's power figures", "--objective",
+                             "give --device NAME, or use --objective latency:W")
+        points = grid.points()
+        check_points(points, opts)
+        from ..fileio import check_folder_outside_data
+
+        check_folder_outside_data(opts.out, "-o", {"--data": opts.data, "--val": opts.val})
+        from ..models import load_onnx
+
+        if load_onnx(self.model).preprocess is None:
+            raise UsageError("the ONNX file has no edgetrain preprocessing record", self.model,
+                             "export it with `edgetrain export` (its metadata says the input shape and mean/std)")
+        return grid, points, objective
+
+    def open_outdir(self, fp: dict) -> bool:
+        """Check OUTDIR can take this run (a resume: that it is this run's); True if it resumes one."""
+        out, opts = self.outdir, self.opts
+        if out.exists() and not out.is_dir():
+            raise UsageError("OUTDIR is a file", str(out), "give a folder (it is created if missing)")
+        busy = out.is_dir() and any(out.iterdir())
+        if not opts.resume:
+            if busy:
+                raise UsageError("OUTDIR is not empty", str(out), "pass --resume to continue the tune run there, or "
+                                 "choose another (empty) OUTDIR")
+            return False
+        if not self.journal.exists():
+            if busy and {p.name for p in out.iterdir()} - {DATA_DIR, ".precheck", LOCK}:
+                raise UsageError("OUTDIR holds no tune run to resume (no journal.jsonl)", str(out),
+                                 "choose another OUTDIR, or leave out --resume with an empty one")
+            self.notes.append("--resume: no tune run in OUTDIR, starting from the beginning")
+            return False
+        self.journal.read()
+        head = self.journal.header()
+        if head is None:
+            raise UsageError("OUTDIR's journal.jsonl is not a tune journal", str(out), "choose another OUTDIR")
+        old = head["fingerprint"]
+        changed = [SAME_ON_RESUME[k] for k in SAME_ON_RESUME if old.get(k) != json.loads(json.dumps(fp[k]))]
+        if changed:
+            raise UsageError(f"cannot resume: the tune run in OUTDIR was made with a different {', '.join(changed)}", str(out),
+                             "resume with the same MODEL, data, --grid, --epochs, --strategy, --eta, --trials, --seed and "
+                             "--objective, or start a new OUTDIR")
+        return True
+
+    def precheck(self) -> None:
+        """Each distinct trained part (train_layers, batch_size) checked before any training: loaded as finetune
+        loads it (a point finetune refuses, such as more layers than the model has, is refused here, exit 2) and,
+        with a memory budget, its plan made in a fresh process (precheck.py): a point that would not fit is
+        skipped before it runs; a grid none of whose points fits is refused, exit 2."""
+        keys = [(t.config["train_layers"], t.config["batch_size"]) for t in self.trials]
+        seen: dict[tuple, tuple[float | None, str]] = {}
+        refusals: list[dict] = []
+        scratch = self.outdir / ".precheck"
+        for key in dict.fromkeys(keys):
+            trial = self.trials[keys.index(key)]
+            try:
+                got = self._plan_of(trial, scratch) if self.budget_mb is not None else self._load_of(trial, scratch)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            if "error" in got:
+                raise UsageError(f"finetune refuses the grid point {trial.label()}: {got['error']}", "--grid",
+                                 got["fix"])
+            if "refused" in got:
+                seen[key] = (None, f"would not fit: {got['refused']}")
+                refusals.append(got)
+            else:
+                seen[key] = (got.get("estimate_mb"), "")
+        for trial, key in zip(self.trials, keys):
+            trial.estimate_mb, why = seen[key]
+            if why:
+                trial.status, trial.why = "skipped", why
+        if self.trials and all(t.status == "skipped" for t in self.trials):
+            import re
+
+            def need(got: dict) -> float:
+                m = re.search(r"needs about (\d+) MB", got["refused"])
+                return float(m.group(1)) if m else math.inf
+
+            least = min(refusals, key=need)  # the point that comes closest, and what would make it fit
+            raise UsageError(f"no point of the grid fits the memory budget: {least['refused']}", "--memory-budget",
+                             least["fix"])
+
+    def _load_of(self, trial: Trial, scratch: Path) -> dict:
+        """No budget: the point's model loaded here as its trial will load it (its errors are the user's)."""
+        from ..training import FinetuneJob
+
+        fopts = FinetuneOptions.unchecked(**self._finetune_values(trial, scratch, 1, resume=False))
+        job = FinetuneJob(self.model, fopts, val_split=None,
+                          budget_mb=None, threads=self.threads, profile=self.profile, progress=lambda info: None)
+        try:
+            job.load()
+        except UsageError as exc:
+            return {"error": exc.what, "fix": exc.fix}
+        finally:
+            del job
+            _release()
+        return {}
+
+    def _plan_of(self, trial: Trial, scratch: Path) -> dict:
+        from .. import child
+
+        spec = {"model": str(Path(self.model).resolve()), "budget_mb": self.budget_mb, "threads": self.threads,
+                "options": self._finetune_values(trial, scratch, 1, resume=False)}
+        scratch.mkdir(parents=True, exist_ok=True)
+        path = scratch / "spec.json"
+        path.write_text(json.dumps(spec), encoding="utf-8")
+        done = child.run(child.python_argv("edgetrain.tuning.precheck", str(path)), what="the memory pre-check",
+                         threads=self.threads)
+        lines = [ln for ln in done.out.splitlines() if ln.startswith("{")]
+        if done.code != 0 or not lines:
+            raise RunFailed(f"the memory pre-check of {trial.label()} failed ({child.death(done.code)})",
+                            str(self.outdir), (done.err or "").strip().splitlines()[-1][:200] if done.err else
+                            "run it again with EDGETRAIN_DEBUG=1")
+        return json.loads(lines[-1])
+
+    def _finetune_values(self, trial: Trial, out: Path, epochs: int, resume: bool) -> dict:
+        c = trial.config
+        values = {"data": str(self.outdir / DATA_DIR / "train.npz"), "val": str(self.outdir / DATA_DIR / "val.npz"),
+                  "out": str(out), "epochs": epochs, "optimizer": c["optimizer"], "batch_size": c["batch_size"],
+                  "train_layers": c["train_layers"], "lr": c["lr"], "seed": self.opts.seed,
+                  "memory_budget": self.budget_mb, "device": self.opts.device, "threads": self.opts.threads,
+                  "resume": resume, "allow_chance": True}
+        return values
+
+    # --- the trials --------------------------------------------------------------------------------------
+
+    def run_rung(self, trial: Trial, rung_index: int, target: int, n_rungs: int, total_runs: int) -> None:
+        """Train ``trial`` up to ``target`` epochs (resuming its checkpoint) and journal the result."""
+        from ..training import FinetuneJob, prepare_outdir
+
+        tdir = self.outdir / TRIALS_DIR / f"{trial.number:03d}"
+        has_checkpoint = prepare_outdir(tdir, resume=True)
+        fopts = FinetuneOptions.unchecked(**self._finetune_values(trial, tdir, target, resume=has_checkpoint))
+        where = f"trial {trial.number}/{len(self.trials)} rung {rung_index + 1}/{n_rungs}"
+
+        def relay(info: dict) -> None:
+            if info.get("phase") == "train":
+                report(self.progress, "tune", message=f"{where}: epoch {info['epoch']}/{info['epochs']} step "
+                       f"{info['step']}/{info['steps']}")
+
+        job = FinetuneJob(self.model, fopts, val_split=None,
+                          budget_mb=self.budget_mb, threads=self.threads, profile=self.profile, progress=relay,
+                          resume=has_checkpoint, feature_store=self.store)
+        _reset_peak()
+        before = trial.epochs_run
+        t0, c0 = time.monotonic(), time.process_time()
+        trial.status = "running"
+        try:
+            res = job.run(has_checkpoint)
+        except RunFailed as exc:
+            del job
+            _release()
+            trial.status, trial.why = "failed", exc.what
+            self.journal.append({"kind": "failed", "trial": trial.number, "why": exc.what, "clock": self.clock()})
+            return
+        except UsageError as exc:  # the plan refused at run time (the budget, measured)
+            del job
+            _release()
+            trial.status, trial.why = "skipped", f"would not fit (its plan, at its start): {exc.what}"
+            self.journal.append({"kind": "skipped", "trial": trial.number, "why": trial.why, "clock": self.clock()})
+            return
+        seconds, cpu = time.monotonic() - t0, time.process_time() - c0
+        trial.lr_used = job.lr
+        del job
+        if self.budget_mb is not None:
+            _release()  # the next trial plans from this process's memory: what this one freed goes back (~80 ms)
+        start = int((res.resumed_from or {}).get("epoch", before))  # a power cut may have left it further on
+        new = res.epochs[start:]
+        train_s = sum(e["seconds"] for e in new)
+        record = {"kind": "rung", "trial": trial.number, "rung": rung_index, "epochs": len(res.epochs),
+                  "val_accuracy": res.final_accuracy, "seconds": round(seconds, 4), "cpu_seconds": round(cpu, 4),
+                  "train_seconds": round(train_s, 4),
+                  "feature_seconds": res.feature_seconds, "peak_mb": res.peak_rss_mb, "lr_used": trial.lr_used,
+                  "plan_mb": res.plan.get("estimate_mb"),
+                  "joules": (res.energy or {}).get("joules"), "energy_provenance": (res.energy or {}).get("provenance"),
+                  "history": [e.get("val_accuracy") for e in res.epochs], "trained": len(new),
+                  "resumed_at": (res.resumed_from or {}).get("epoch"), "clock": None}
+        record["clock"] = round(self.clock(), 4)
+        self.journal.append(record)
+        trial.rungs.append(record)
+        trial.status = "finished" if len(res.epochs) >= trial.config["epochs"] else "stopped"
+        self.done_runs += 1
+        report(self.progress, "tune", self.done_runs, total_runs, final=True,
+               message=f"{where} ({trial.label()}): {record['val_accuracy']:.3f} held-out at {record['epochs']} "
+                       f"epoch{'s' if record['epochs'] != 1 else ''}, {seconds:.1f}s",
+               eta_s=self.eta(total_runs))
+
+    def eta(self, total_runs: int) -> float | None:
+        done = [r["seconds"] for t in self.trials for r in t.rungs]
+        if not done:
+            return None
+        return statistics.mean(done) * max(total_runs - self.done_runs, 0)
+
+    def estimate_s(self, trial: Trial, epochs: int) -> float | None:
+        """Seconds a run of ``epochs`` more epochs of ``trial`` would take: a line (set-up + epochs x an epoch's
+        whole cost: its steps, held-out check and checkpoint) through the runs of the same trained part so far;
+        from a single run length, all of its time counts as epochs (the set-up too: an over-estimate)."""
+        kind = trial.config["train_layers"]
+        runs = [(r["trained"], r["seconds"]) for t in self.trials if t.config["train_layers"] == kind
+                for r in t.rungs if r.get("trained")]
+        if not runs:
+            runs = [(r["trained"], r["seconds"]) for t in self.trials for r in t.rungs if r.get("trained")]
+        if not runs:
+            return None
+        ns = {n for n, _ in runs}
+        if len(ns) > 1:
+            n_mean = statistics.mean(n for n, _ in runs)
+            s_mean = statistics.mean(sec for _, sec in runs)
+            slope = sum((n - n_mean) * (sec - s_mean) for n, sec in runs) / sum((n - n_mean) ** 2 for n, _ in runs)
+            per = max(slope, max(sec / n for n, sec in runs) / 4)
+            setup = max(s_mean - per * n_mean, 0.0)
+        else:
+            per, setup = max(sec / n for n, sec in runs), 0.0
+        return setup + per * epochs
+
+    def within_time(self, trial: Trial, target: int) -> int:
+        """The epochs ``trial`` may reach within --time-budget (``target`` if no budget, or it fits)."""
+        budget = self.opts.time_budget
+        if budget is None:
+            return target
+        left = budget - self.clock() - OUTPUT_RESERVE_S
+        if left <= 0:
+            return trial.epochs_run
+        need = self.estimate_s(trial, target - trial.epochs_run)
+        if need is None:  # nothing of this kind measured yet: one epoch, to learn what one costs
+            return trial.epochs_run + 1
+        if need <= left:
+            return target
+        fits = max((n for n in range(1, target - trial.epochs_run + 1) if self.estimate_s(trial, n) <= left),
+                   default=0)
+        return trial.epochs_run + max(0, min(fits, target - trial.epochs_run))
+
+    def measure_model(self, trial: Trial, objective: str) -> None:
+        """The latency (and modelled energy) of one inference of the trial's model, once per kind of graph."""
+        if objective == "accuracy" or not trial.rungs:
+            return
+        kind = trial.config["train_layers"]
+        got = self.journal.find("latency", train_layers=kind)
+        if got is None:
+            t0 = time.monotonic()
+            ms = _latency_ms(self.outdir / TRIALS_DIR / f"{trial.number:03d}" / MODEL, self.threads)
+            mj = None
+            if self.profile is not None:
+                from ..energy import energy_report
+
+                mj = energy_report(ms, self.profile, threads=self.threads)["per_inference"]["total_mj"]
+            got = {"kind": "latency", "train_layers": kind, "ms": ms, "mj": mj}
+            self.journal.append(got)
+            self.timers["latency"] += time.monotonic() - t0
+        trial.latency_ms, trial.energy_mj = got["ms"], got["mj"]
+
+    def replay(self) -> None:
+        """The journal's facts back on the trials (a resume)."""
+        for rec in self.journal.records[1:]:
+            kind = rec.get("kind")
+            if kind not in ("rung", "failed", "skipped"):
+                continue
+            if not 1 <= rec.get("trial", 0) <= len(self.trials):
+                raise UsageError("OUTDIR's journal names a trial this grid does not have", str(self.journal.path),
+                                 "start a new OUTDIR")
+            trial = self.trials[rec["trial"] - 1]
+            if kind == "rung":
+                trial.rungs.append(rec)
+                trial.lr_used = rec.get("lr_used")
+                trial.status = "finished" if rec["epochs"] >= trial.config["epochs"] else "stopped"
+                self.done_runs += 1
+            else:
+                trial.status, trial.why = kind, rec.get("why", "")
+        clocks = [r["clock"] for r in self.journal.records if isinstance(r.get("clock"), (int, float))]
+        self.clock_before = max(clocks, default=0.0)
+        self.clock0 = time.monotonic()
+
+
+def _release() -> None:
+    """Give what a dropped job held back to the system: its graphs are cycles (gc), and glibc keeps a freed
+    heap unless trimmed."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _reset_peak() -> None:
+    """Start the process's peak RSS (VmHWM) afresh, so that each trial's peak is its own (Linux)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def _latency_ms(path: Path, threads: int | None, runs: int = LATENCY_RUNS) -> float:
+    from .. import _lazy
+
+    session = _lazy.ort_session(str(path), threads)
+    inp = session.get_inputs()[0]
+    shape = [1 if not isinstance(d, int) or d <= 0 else d for d in inp.shape]
+    x = np.zeros(shape, np.float32)
+    for _ in range(min(3, runs)):
+        session.run(None, {inp.name: x})
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        session.run(None, {inp.name: x})
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return float(statistics.median(times))
+
+
+def tune(model: str, opts: TuneOptions, progress: ProgressFn | None = None) -> TuneResult:
+    """The whole run: check, decode, pre-check, the schedule, the outputs. See the module's docstring."""
+    tuner = Tuner(model, opts, progress)
+    grid, points, objective = tuner.check()
+    tuner.timers["check"] = time.monotonic() - tuner.clock0
+    tried = schedule.sample(points, opts.trials, opts.strategy, opts.seed)
+    configs = configs_of([points[i] for i in tried], opts)
+    tuner.trials = [Trial(i + 1, c) for i, c in enumerate(configs)]
+    fp = fingerprint(model, opts, grid, objective)
+    resumed = tuner.open_outdir(fp)
+    created = not tuner.outdir.exists()
+    tuner.outdir.mkdir(parents=True, exist_ok=True)
+    lock = _lock(tuner.outdir)
+    try:
+        return _run(tuner, grid, points, tried, objective, fp, resumed)
+    except UsageError:
+        if created and not any(r.get("kind") == "rung" for r in tuner.journal.records):
+            shutil.rmtree(tuner.outdir, ignore_errors=True)  # a refusal before any trial leaves nothing behind
+        raise
+    finally:
+        if tuner.store is not None:
+            tuner.store.close()
+        (tuner.outdir / LOCK).unlink(missing_ok=True)
+        os.close(lock)
+
+
+def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objective: str, fp: dict,
+         resumed: bool) -> TuneResult:
+    from ..training import FeatureStore
+
+    opts = tuner.opts
+    t0 = time.monotonic()
+    data = tuner.outdir / DATA_DIR
+    have = resumed and all((data / f).is_file() for f in ("train.npz", "val.npz"))
+    if have:
+        rec = tuner.journal.find("data")
+        have = rec is not None and rec.get("train") == file_digest(data / "train.npz") \
+            and rec.get("val") == file_digest(data / "val.npz")
+    if not have:
+        train, val, _ = decode_data(tuner.model, opts, data, tuner.budget_mb)
+    tuner.timers["decode"] = time.monotonic() - t0
+    t1 = time.monotonic()
+    tuner.precheck()
+    tuner.timers["precheck"] = time.monotonic() - t1
+    tuner.setup_peak_mb = procmem.peak_rss_mb()
+    if not resumed:
+        tuner.journal.append({"format": FORMAT, "fingerprint": fp, "tried": tried, "clock": 0.0})
+    if not have:
+        tuner.journal.append({"kind": "data", "train": file_digest(data / "train.npz"),
+                              "val": file_digest(data / "val.npz")})
+    if resumed:
+        tuner.replay()
+        tuner.notes.append(f"resumed: {tuner.done_runs} trial rung(s) from the journal")
+    tuner.store = FeatureStore()
+    runnable = [t for t in tuner.trials if t.status != "skipped"]
+    rungs = schedule.plan(opts.strategy, len(runnable), max(t.config["epochs"] for t in tuner.trials), opts.eta)
+    total_runs = sum(min(r.keep, len(runnable)) for r in rungs)
+    alive = runnable
+    for k, rung in enumerate(rungs):
+        if k > 0:
+            measured = [t for t in alive if reached(t, k - 1) is not None and t.status in ("stopped", "finished")]
+            measured.sort(key=lambda t: rank_key(t, objective, reached(t, k - 1)))
+            alive = measured[:rung.keep]
+            if k == len(rungs) - 1:  # into the last rung: the best of each trained part too (see schedule.py)
+                for t in measured:
+                    if all(a.config["train_layers"] != t.config["train_layers"] for a in alive):
+                        alive.append(t)
+            for t in measured:
+                if t.status == "stopped" and t not in alive:
+                    e = reached(t, k - 1)["epochs"]
+                    t.why = f"not among the best {rung.keep} at rung {k} ({e} epoch{'s' if e != 1 else ''})"
+        for trial in alive:
+            if trial.status in ("failed", "skipped"):
+                continue
+            target = min(rung.epochs, trial.config["epochs"])
+            if trial.epochs_run >= target:
+                if reached(trial, k) is None:  # its own maximum came at an earlier rung: that record stands here
+                    trial.rungs.append({**trial.rungs[-1], "rung": k, "seconds": 0.0, "cpu_seconds": 0.0,
+                                        "train_seconds": 0.0, "feature_seconds": 0.0, "joules": None, "trained": 0})
+                continue
+            while trial.epochs_run < target and trial.status not in ("failed", "skipped"):
+                reach = tuner.within_time(trial, target)
+                if reach <= trial.epochs_run:
+                    tuner.stopped_by_time = True
+                    break
+                tuner.run_rung(trial, k, reach, len(rungs), total_runs)
+                tuner.measure_model(trial, objective)
+            if tuner.stopped_by_time:
+                if trial.rungs and trial.epochs_run < target:
+                    trial.why = f"time budget: stopped at {trial.epochs_run} of {target} epochs"
+                break
+        if tuner.stopped_by_time:
+            break
+    for trial in tuner.trials:
+        tuner.measure_model(trial, objective)
+        if trial.status == "pending":
+            trial.status = "not run"
+            trial.why = "time budget" if tuner.stopped_by_time else "not among the best at an earlier rung"
+        elif trial.status == "stopped" and not trial.why:
+            trial.why = "time budget" if tuner.stopped_by_time else "stopped"
+    done = [t for t in tuner.trials if t.rungs]
+    if not done and all(t.status == "skipped" for t in tuner.trials):
+        raise UsageError(f"no point of the grid fits the memory budget: {tuner.trials[0].why}", "--memory-budget",
+                         "raise --memory-budget, or search modes that train less (train_layers=head,last:2)")
+    if not done:
+        why = "; ".join(sorted({t.why for t in tuner.trials if t.why}))[:300]
+        raise RunFailed(f"no trial finished ({why or 'none ran'})", str(tuner.outdir),
+                        "lower the learning rates searched, or raise --time-budget / --memory-budget")
+    best = min(done, key=lambda t: rank_key(t, objective))
+    from .output import write_outputs
+
+    return write_outputs(tuner, grid, points, best, objective, rungs, resumed)
