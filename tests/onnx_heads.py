@@ -20,7 +20,7 @@ from onnx_models import Builder
 
 SHIPPED = Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx"
 HEADS = ("gemm", "gemm_transb0", "matmul_add", "add_matmul", "matmul", "conv1x1_flatten", "conv1x1_reshape",
-         "conv1x1_relu_gap")
+         "conv1x1_reshape_n", "conv1x1_relu_gap")
 MODES = ("bias", "lite", "head", "last:2", "all")
 
 
@@ -33,6 +33,7 @@ class Built:
     biases: list[str]                     # every other layer's bias and every BatchNorm shift
     last2: list[str]                      # what the last two layers hold (last:2), classifier included
     weights: list[str] = field(default_factory=list)   # every initializer that trains with `all`
+    class_targets: list[str] = field(default_factory=list)   # Reshape targets that spell the class count
 
     def bias_set(self) -> set:
         return set(self.biases) | set(self.classifier)
@@ -77,6 +78,9 @@ def classifier(head: str, classes: int = 5, seed: int = 0) -> Built:
     elif head == "conv1x1_reshape":
         out, cls = made(b.conv, x, classes, 1, pads=[0, 0, 0, 0])
         out = b.reshape(out, [0, -1])
+    elif head == "conv1x1_reshape_n":   # the target spells the class count
+        out, cls = made(b.conv, x, classes, 1, pads=[0, 0, 0, 0])
+        out, targets = made(b.reshape, out, [-1, classes])
     elif head == "conv1x1_relu_gap":   # SqueezeNet's: a 1x1 conv on the features, then ReLU and the pool
         out, cls = made(b.conv, spatial, classes, 1, pads=[0, 0, 0, 0])
         out = b.flatten(b.gap(b.relu(out)))
@@ -85,11 +89,12 @@ def classifier(head: str, classes: int = 5, seed: int = 0) -> Built:
     else:
         raise ValueError(head)
     proto = _with_metadata(_batch_dynamic(onnx.load_from_string(b.model(out))))
+    targets = targets if head == "conv1x1_reshape_n" else []
     stats = ("_mean", "_var")
     biases = [n for n in first + second if n.endswith(("_bias", "_beta"))]
     weights = [n for n in first + second + cls if not n.endswith(stats)]
     last2 = [n for n in second + cls if not n.endswith(stats)]
-    return Built(proto, cls, biases, last2, weights)
+    return Built(proto, cls, biases, last2, weights, targets)
 
 
 def _two_heads(b, x, classes):
@@ -251,7 +256,7 @@ def tf_names(built: Built) -> None:
     for node in g.node:
         for i, name in enumerate(node.input):
             node.input[i] = rename.get(name, name)
-    for role in ("classifier", "biases", "last2", "weights"):
+    for role in ("classifier", "biases", "last2", "weights", "class_targets"):
         setattr(built, role, [rename[n] for n in getattr(built, role)])
 
 

@@ -137,7 +137,11 @@ def _topological(graph) -> None:
         return {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
 
     known, nodes = start(), list(graph.node)
-    if all(all(i in known for i in n.input) and known.update(n.output) is None for n in nodes):
+    for n in nodes:
+        if not all(i in known for i in n.input):
+            break
+        known.update(n.output)
+    else:
         return
     known, pending, ordered = start(), list(range(len(nodes))), []
     while pending:
@@ -246,12 +250,15 @@ class OnnxEngine:
             else:   # (C,), (1, C); a Conv's (C, 1, 1), (1, C, 1, 1)
                 b[len(b) - 3 if head.form == "1x1 Conv" and len(b) >= 3 else len(b) - 1] = classes
             replace[head.bias] = np.zeros(b, np.float32)
-        for name in head.reshapes:   # a Reshape target that spells the class count
-            target = numpy_helper.to_array(inits[name]) if name in inits else None
+        constants = {n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                     if a.name == "value"}
+        for name in head.reshapes:   # a Reshape target (an initializer or a Constant node) that spells the class count
+            tensor = inits.get(name, constants.get(name))
+            target = numpy_helper.to_array(tensor) if tensor is not None else None
             if target is not None and target.ndim == 1 and len(target) == 2 and target[1] == head.outputs:
                 replace[name] = np.asarray([target[0], classes], target.dtype)
         for name, value in replace.items():
-            inits[name].CopyFrom(numpy_helper.from_array(value, name))
+            inits.get(name, constants.get(name)).CopyFrom(numpy_helper.from_array(value, name))
         for out in graph.output:  # the class axis of the output is the new count
             dims = out.type.tensor_type.shape.dim
             if len(dims) >= 2:
