@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from .onnx_layers import WEIGHTED
+
 # ops between the classifier and the logits that keep the class axis where it is
 _KEEPS_CLASSES = ("Flatten", "Reshape", "Squeeze", "Identity", "Dropout", "Relu", "GlobalAveragePool",
                   "AveragePool", "GlobalMaxPool", "MaxPool", "Softmax", "LogSoftmax")
