@@ -20,7 +20,7 @@ from onnx_models import Builder
 
 SHIPPED = Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx"
 HEADS = ("gemm", "gemm_transb0", "matmul_add", "add_matmul", "matmul", "conv1x1_flatten", "conv1x1_reshape",
-         "conv1x1_relu_gap")
+         "conv1x1_reshape_n", "conv1x1_relu_gap")
 MODES = ("bias", "lite", "head", "last:2", "all")
 
 
@@ -33,6 +33,7 @@ class Built:
     biases: list[str]                     # every other layer's bias and every BatchNorm shift
     last2: list[str]                      # what the last two layers hold (last:2), classifier included
     weights: list[str] = field(default_factory=list)   # every initializer that trains with `all`
+    class_targets: list[str] = field(default_factory=list)   # Reshape targets that spell the class count
 
     def bias_set(self) -> set:
         return set(self.biases) | set(self.classifier)
@@ -77,6 +78,9 @@ def classifier(head: str, classes: int = 5, seed: int = 0) -> Built:
     elif head == "conv1x1_reshape":
         out, cls = made(b.conv, x, classes, 1, pads=[0, 0, 0, 0])
         out = b.reshape(out, [0, -1])
+    elif head == "conv1x1_reshape_n":   # the target spells the class count
+        out, cls = made(b.conv, x, classes, 1, pads=[0, 0, 0, 0])
+        out, targets = made(b.reshape, out, [-1, classes])
     elif head == "conv1x1_relu_gap":   # SqueezeNet's: a 1x1 conv on the features, then ReLU and the pool
         out, cls = made(b.conv, spatial, classes, 1, pads=[0, 0, 0, 0])
         out = b.flatten(b.gap(b.relu(out)))
@@ -85,11 +89,12 @@ def classifier(head: str, classes: int = 5, seed: int = 0) -> Built:
     else:
         raise ValueError(head)
     proto = _with_metadata(_batch_dynamic(onnx.load_from_string(b.model(out))))
+    targets = targets if head == "conv1x1_reshape_n" else []
     stats = ("_mean", "_var")
     biases = [n for n in first + second if n.endswith(("_bias", "_beta"))]
     weights = [n for n in first + second + cls if not n.endswith(stats)]
     last2 = [n for n in second + cls if not n.endswith(stats)]
-    return Built(proto, cls, biases, last2, weights)
+    return Built(proto, cls, biases, last2, weights, targets)
 
 
 def _two_heads(b, x, classes):
@@ -194,9 +199,77 @@ def float_data(built: Built) -> None:
             t.float_data.extend(values)
 
 
-def no_input_shape(built: Built) -> None:
-    """The data input's type says float, and no shape at all."""
-    built.proto.graph.input[0].type.tensor_type.ClearField("shape")
+def batch_in_reshape(built: Built) -> None:
+    """A batch of 1 written into the types and into a Reshape's target: every Flatten is a Reshape (1, -1)."""
+    fixed_batch(built)
+    g = built.proto.graph
+    nodes = []
+    for node in g.node:
+        if node.op_type == "Flatten":
+            shape = f"{node.output[0]}_shape"
+            g.initializer.append(numpy_helper.from_array(np.asarray([1, -1], np.int64), shape))
+            node = helper.make_node("Reshape", [node.input[0], shape], list(node.output), name=node.name)
+        nodes.append(node)
+    del g.node[:]
+    g.node.extend(nodes)
+
+
+def softmax_output(built: Built) -> None:
+    """The probabilities are the output (a final Softmax), as most exporters of a deployable model write it."""
+    g = built.proto.graph
+    g.node.append(helper.make_node("Softmax", [g.output[0].name], ["probs"], name="softmax", axis=1))
+    g.output[0].name = "probs"
+
+
+def log_softmax_output(built: Built) -> None:
+    g = built.proto.graph
+    g.node.append(helper.make_node("LogSoftmax", [g.output[0].name], ["logp"], name="logsoftmax", axis=1))
+    g.output[0].name = "logp"
+
+
+def two_outputs(built: Built) -> None:
+    """The logits and the probabilities, both outputs."""
+    g = built.proto.graph
+    g.node.append(helper.make_node("Softmax", [g.output[0].name], ["probs"], name="softmax", axis=1))
+    probs = g.output.add()
+    probs.CopyFrom(g.output[0])
+    probs.name = "probs"
+
+
+def constant_nodes(built: Built) -> None:
+    """Integer constants (Reshape targets) as Constant nodes rather than initializers (PyTorch's habit)."""
+    g = built.proto.graph
+    ints = [t for t in g.initializer if t.data_type == onnx.TensorProto.INT64]
+    for t in ints:
+        g.initializer.remove(t)
+    nodes = [helper.make_node("Constant", [], [t.name], name=f"const_{t.name}", value=t) for t in ints] + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+
+
+def tf_names(built: Built) -> None:
+    """tf2onnx's names: slashes and a ':0'."""
+    g = built.proto.graph
+    rename = {t.name: f"model/{t.name}/kernel:0" for t in g.initializer}
+    for t in g.initializer:
+        t.name = rename[t.name]
+    for node in g.node:
+        for i, name in enumerate(node.input):
+            node.input[i] = rename.get(name, name)
+    for role in ("classifier", "biases", "last2", "weights", "class_targets"):
+        setattr(built, role, [rename[n] for n in getattr(built, role)])
+
+
+def unsorted(built: Built) -> None:
+    """Nodes in reverse order: ONNX Runtime sorts them itself (a graph edited by hand or by a surgeon tool)."""
+    g = built.proto.graph
+    nodes = list(g.node)[::-1]
+    del g.node[:]
+    g.node.extend(nodes)
+
+
+def ir_version_6(built: Built) -> None:
+    built.proto.ir_version = 6
 
 
 def unnamed_nodes(built: Built) -> None:
@@ -204,9 +277,10 @@ def unnamed_nodes(built: Built) -> None:
         node.name = ""
 
 
-QUIRKS = {q.__name__: q for q in (inits_as_inputs, dynamic_hw, value_info, identity_between, shared_bias,
-                                  opset(11), opset(17), opset(21), fixed_batch, no_input_shape, float_data,
-                                  unnamed_nodes)}
+QUIRKS = {q.__name__: q for q in (inits_as_inputs, dynamic_hw, value_info, identity_between,
+                                  shared_bias, opset(9), opset(11), opset(17), opset(21), ir_version_6, fixed_batch,
+                                  batch_in_reshape, softmax_output, log_softmax_output, two_outputs, constant_nodes,
+                                  tf_names, unsorted, float_data, unnamed_nodes)}
 
 
 def save(proto, path) -> Path:

@@ -61,10 +61,13 @@ def _within(names: list[str], within: set[str] | None) -> list[str]:
     return names if within is None else [n for n in names if n in within]
 
 
-def _as_trained(proto, input_shape: tuple, where: str) -> list[str]:
-    """The graph as the engine trains it, changed in place, computing what it did: exporters' quirks undone.
-    Returns what to say about it.
+def _as_trained(proto, input_shape: tuple, where: str) -> tuple:
+    """The graph as the engine trains it, computing what it did: exporters' quirks undone (in place, but for an
+    opset conversion). Returns the model and what to say about it.
 
+    - A model of an opset before 13 is converted to 13 (onnx's version converter), the semantics the gradient
+      code reads; one it cannot convert is refused in one line.
+    - Nodes out of topological order (ONNX Runtime sorts them itself) are sorted.
     - Initializers also listed as graph inputs (older exporters: an overridable default) are inputs no more:
       the step graph feeds weights as inputs of its own, and the gradient engine takes one data input.
     - An initializer several nodes share (an exporter that deduplicates equal tensors: all-zero biases, a
@@ -74,8 +77,18 @@ def _as_trained(proto, input_shape: tuple, where: str) -> list[str]:
     - A data input with symbolic H/W takes the preprocessing's: the shapes the cut, the lite modules and the
       step graph need are then known (the model is trained, and written, at that size)."""
     numpy_helper = _lazy.from_import("onnx", "numpy_helper")
-    graph = proto.graph
     said = []
+    version = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if version < 13:
+        try:
+            proto = _lazy.from_import("onnx", "version_converter").convert_version(proto, 13)
+        except Exception as exc:   # the converter's errors have no common type
+            raise UsageError(f"the model's opset {version} cannot be converted to 13 (what the gradient code reads): "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", where,
+                             "export the model with opset 13 or later") from None
+        said.append(f"the model's opset {version} was converted to 13 (the model written is opset 13)")
+    graph = proto.graph
+    _topological(graph)
     inits = {t.name: t for t in graph.initializer}
     data = [i for i in graph.input if i.name not in inits]
     if len(data) < len(graph.input):
@@ -98,11 +111,7 @@ def _as_trained(proto, input_shape: tuple, where: str) -> list[str]:
     if copies:
         said.append(f"{copies} initializer use(s) shared with another node got a copy of their own (each layer "
                     "trains its own)")
-    shape = graph.input[0].type.tensor_type.shape if graph.input else None
-    if shape is not None and not shape.dim:   # no shape in the input's type at all: a batch of images
-        shape.dim.add().dim_param = "batch"
-        shape.dim.extend([type(shape.dim[0])() for _ in input_shape])
-    dims = shape.dim if shape is not None else []
+    dims = graph.input[0].type.tensor_type.shape.dim if graph.input else []
     batch = dims[0].dim_value if dims else 0
     if batch:   # a batch written into the types (predict runs such a file a sample at a time; training batches)
         for v in [graph.input[0], *graph.output]:
@@ -123,7 +132,38 @@ def _as_trained(proto, input_shape: tuple, where: str) -> list[str]:
         said.append(f"the model's input has symbolic sides: trained (and written) at the preprocessing's "
                     f"{'x'.join(map(str, input_shape))}")
         del graph.value_info[:]   # shapes inferred for the symbolic sizes
-    return said
+    return proto, said
+
+
+def _topological(graph) -> None:
+    """``graph``'s nodes in an order where each comes after what it reads (a sorted graph is left as it is); a
+    graph no order satisfies is left as it is too, for the gradient code to refuse naming the node."""
+    def start():
+        return {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+
+    known, nodes = start(), list(graph.node)
+    for n in nodes:
+        if not all(i in known for i in n.input):
+            break
+        known.update(n.output)
+    else:
+        return
+    known, pending, ordered = start(), list(range(len(nodes))), []
+    while pending:
+        ready = [j for j in pending if all(i in known for i in nodes[j].input)]
+        if not ready:
+            return
+        for j in ready:
+            known.update(nodes[j].output)
+        ordered += ready
+        pending = [j for j in pending if j not in set(ready)]
+    copies = []
+    for j in ordered:
+        copy = type(nodes[j])()
+        copy.CopyFrom(nodes[j])
+        copies.append(copy)
+    del graph.node[:]
+    graph.node.extend(copies)
 
 
 class OnnxEngine:
@@ -164,7 +204,8 @@ class OnnxEngine:
         job.load_data(model.preprocess)
         self.proto = model.proto
         self.model_fp = hashlib.sha256(self.proto.SerializeToString()).hexdigest()[:16]
-        job.notes.extend(_as_trained(self.proto, job.pre.input_shape, job.model))
+        self.proto, said = _as_trained(self.proto, job.pre.input_shape, job.model)
+        job.notes.extend(said)
         logits = onnx_grad.logits_name(self.proto)
         self._fit_head(logits, len(job.classes))
         initializers = {t.name for t in self.proto.graph.initializer}
@@ -216,12 +257,15 @@ class OnnxEngine:
             else:   # (C,), (1, C); a Conv's (C, 1, 1), (1, C, 1, 1)
                 b[len(b) - 3 if head.form == "1x1 Conv" and len(b) >= 3 else len(b) - 1] = classes
             replace[head.bias] = np.zeros(b, np.float32)
-        for name in head.reshapes:   # a Reshape target that spells the class count
-            target = numpy_helper.to_array(inits[name]) if name in inits else None
+        constants = {n.output[0]: a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute
+                     if a.name == "value"}
+        for name in head.reshapes:   # a Reshape target (an initializer or a Constant node) that spells the class count
+            tensor = inits.get(name, constants.get(name))
+            target = numpy_helper.to_array(tensor) if tensor is not None else None
             if target is not None and target.ndim == 1 and len(target) == 2 and target[1] == head.outputs:
                 replace[name] = np.asarray([target[0], classes], target.dtype)
         for name, value in replace.items():
-            inits[name].CopyFrom(numpy_helper.from_array(value, name))
+            inits.get(name, constants.get(name)).CopyFrom(numpy_helper.from_array(value, name))
         for out in graph.output:  # the class axis of the output is the new count
             dims = out.type.tensor_type.shape.dim
             if len(dims) >= 2:

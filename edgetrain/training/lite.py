@@ -79,10 +79,9 @@ def _classifier_output(proto) -> str | None:
     """The classifier's output (roles): no block reaches it (a 1x1 Conv classifier on features that still have
     rows and columns, SqueezeNet's, is no block). None: no classifier is recognised (the engine refuses that)."""
     try:
-        head = roles.graph_classifier(proto.graph, logits_name(proto))
+        return roles.graph_classifier(proto.graph, logits_name(proto)).output
     except UsageError:
         return None
-    return next(n.output[0] for n in proto.graph.node if (n.name or n.output[0]) == head.node)
 
 
 def _blocks(graph, inits: dict, shapes: dict, classifier: str | None = None) -> list[Block]:

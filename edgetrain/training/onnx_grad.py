@@ -1625,11 +1625,12 @@ def _needed(nodes, output: str) -> list:
 
 
 def logits_name(model) -> str:
-    """The value a loss on logits should see: the input of a final Softmax, else the graph's output."""
+    """The value a loss on logits should see: the input of a final Softmax or LogSoftmax (the same classes, the
+    same cross-entropy), else the graph's output."""
     graph = load_model(model).graph
     out = graph.output[0].name
     last = [n for n in graph.node if out in n.output]
-    return last[0].input[0] if last and last[0].op_type == "Softmax" else out
+    return last[0].input[0] if last and last[0].op_type in ("Softmax", "LogSoftmax") else out
 
 
 class GradGraph:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from .onnx_layers import WEIGHTED
+
 # ops between the classifier and the logits that keep the class axis where it is
 _KEEPS_CLASSES = ("Flatten", "Reshape", "Squeeze", "Identity", "Dropout", "Relu", "GlobalAveragePool",
                   "AveragePool", "GlobalMaxPool", "MaxPool", "Softmax", "LogSoftmax")
@@ -33,6 +34,7 @@ class Classifier:
 
     form: str                 # "Gemm", "MatMul+Add", "MatMul", "1x1 Conv"
     node: str                 # the weighted node's label (name, else first output)
+    output: str               # its output (unique in the graph, where a name may not be)
     weight: str
     bias: str | None
     outputs: int              # the class count the file's layer has
@@ -164,7 +166,7 @@ def classifier(nodes, shapes: dict, logits: str, where: str = "model", declared:
     own = node.input[2] if len(node.input) > 2 and node.input[2] in shapes else None
     form = {"Gemm": "Gemm", "Conv": "1x1 Conv", "MatMul": "MatMul+Add" if bias else "MatMul"}[node.op_type]
     axis = 0 if node.op_type == "Conv" or node.op_type == "Gemm" and _attr(node, "transB") else 1
-    return Classifier(form, _label(node), node.input[1], own or bias, int(n), axis, tuple(reshapes))
+    return Classifier(form, _label(node), node.output[0], node.input[1], own or bias, int(n), axis, tuple(reshapes))
 
 
 def graph_classifier(graph, logits: str, where: str = "model") -> Classifier:
