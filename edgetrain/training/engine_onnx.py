@@ -44,7 +44,7 @@ from . import checkpoint as ckpt
 from . import lite, onnx_grad, store
 from . import ort_forward, ort_train
 from .ort_forward import OrtForward
-from .memplan import MB, MEASURED_SPREAD_MB, Costs, choose, plan_for
+from .memplan import HEADROOM, MB, MEASURED_SPREAD_MB, Costs, choose, plan_for
 from .onnx_layers import WEIGHTED, cut_before_layer, extract, shapes_of, without_weights, write_streamed
 from .optimizers import make_numpy_optimizer
 from .outdir import ONNX_MODEL
@@ -71,7 +71,8 @@ class OnnxEngine:
         self.proto = None            # the model, its output layer resized when the classes differ
         self.grad: onnx_grad.GradGraph | None = None
         self.fwd: OrtForward | None = None   # bias/lite: the forward in ONNX Runtime (the backward: self.grad)
-        self.step_graph: ort_train.OrtTrain | None = None   # bias/lite: the whole step in ONNX Runtime
+        self.step_graph: ort_train.OrtTrain | None = None   # the whole step in ONNX Runtime
+        self.step_model = None      # head/last:N: the trained part's graph, until the step graph is made of it
         self.stripped: list[str] = []   # frozen initializers whose values only self.grad.params holds
         self.weights: dict[str, np.ndarray] = {}
         self.cut: str | None = None
@@ -106,6 +107,7 @@ class OnnxEngine:
                                  "export the model with a fixed input shape")
             tail = extract(self.proto, [self.cut], [logits], shapes)
             self.grad = onnx_grad.GradGraph(tail, _weights_of(tail.graph), output=logits)
+            self.step_model = tail   # the step graph's (plan): the trained part on the cached features
             frozen = extract(self.proto, [self.proto.graph.input[0].name], [self.cut], shapes)
             self._frozen_figures(frozen, shapes)
             self.frozen_bytes = frozen.SerializeToString()
@@ -220,56 +222,95 @@ class OnnxEngine:
         costs = Costs(base_mb + session_mb, self.frozen_per_sample_mb, train_mb,
                       params_mb + 3 * n_weights * 4 / MB, int(np.prod(job.pre.input_shape)) * 4 / MB, rows,
                       feat * 4, job.batch_size, self.has_frozen, spread_mb=spread_mb)
-        if self.kind not in ("bias", "lite"):
-            return plan_for(costs, job.budget_mb, saved), costs
         return self._plan_runtime(costs, train_mb, masks_mb, saved)
 
     def _plan_runtime(self, costs: Costs, train_mb: float, masks_mb: float, saved: dict | None):
-        """bias/lite: where the step runs, the fastest that fits the budget (always the first without one), as a
-        resumed run's plan says (the three round differently):
+        """Where the step runs, the fastest that fits the budget (always the first without one), as a resumed run's
+        plan says (the three round differently):
         - ``ort_step``: the whole step as one ONNX Runtime graph (ort_train), when the graph's backward can be
-          written in ONNX;
-        - ``ort_forward``: the forward in ONNX Runtime, the backward NumPy's with ORT's ConvTranspose;
-        - else NumPy's forward and backward.
-        ONNX Runtime's sessions cost memory up front, and its tensors (masks a byte per value) per sample."""
+          written in ONNX: every mode (head and last:N on the cached features of the frozen part);
+        - ``ort_forward`` (bias/lite): the forward in ONNX Runtime, the backward NumPy's with ORT's ConvTranspose;
+        - else NumPy's forward and backward (onnx_grad), which stays the reference the others are tested against.
+        ONNX Runtime's sessions cost memory up front, and its tensors (masks a byte per value) per sample. The
+        micro-batch is the largest that fits the budget: the step's time per sample falls as it grows (fewer,
+        larger kernels). The first step at that micro-batch is the probe: a measured peak over the budget shrinks
+        it, and the plan's estimate becomes what was measured plus what the run still adds (its optimizer's state,
+        the cache)."""
         job = self.job
-        x = np.zeros((1, *job.pre.input_shape), np.float32)
-        size = self.proto.ByteSize()
+        model = self.step_model if self.has_frozen else self.proto
+        size = model.ByteSize()
         fused = dataclasses.replace(costs, base_mb=costs.base_mb + ort_train.sessions_mb(size),
-                                    train_per_sample=ort_train.STEP_PER_SAMPLE * (train_mb + masks_mb),
-                                    train_cap_mb=ort_train.STEP_CAP_MB)
+                                    train_per_sample=ort_train.STEP_PER_SAMPLE * (train_mb + masks_mb))
         with_ort = dataclasses.replace(costs, base_mb=costs.base_mb + ort_forward.sessions_mb(size),
                                        train_per_sample=train_mb + masks_mb)
         step = None
         if saved.get("ort_step", False) if saved is not None else self._fits(fused):
             try:   # written only when it may run: the graph's making alone takes memory (a NumPy plan's margin)
-                step = ort_train.OrtTrain(self.proto, self.grad)
+                step = ort_train.OrtTrain(model, self.grad)
             except onnx_grad.NotEmitted as e:
                 job.notes.append(f"the backward runs in NumPy: {e}")
+        partial = self.kind in ("bias", "lite")   # a forward alone in ORT serves a graph with frozen weights
         if saved is not None:
             # (a step graph the saved plan used and this one cannot write: NumPy's backward, said in the notes)
             use_step, use_fwd = saved.get("ort_step", False) and step is not None, saved.get("ort_forward", False)
         else:
             use_step = step is not None
-            use_fwd = not use_step and self._fits(with_ort)
-        plan = plan_for(fused if use_step else with_ort if use_fwd else costs, job.budget_mb, saved)
+            use_fwd = partial and not use_step and self._fits(with_ort)
+        costs = fused if use_step else with_ort if use_fwd else costs
+        plan = plan_for(costs, job.budget_mb, saved)
         plan.ort_step, plan.ort_forward = use_step, use_fwd
-        if not use_fwd:   # the graph's copy of the frozen weights is GradGraph's: hold one (OrtForward reads the graph's)
+        if not use_fwd and not self.has_frozen:
+            # the graph's copy of the frozen weights is GradGraph's: hold one (OrtForward reads the graph's)
             self.stripped = ort_train.frozen_weights(self.proto.graph, self.grad)
             self.proto = without_weights(self.proto, self.stripped)
             store.release_freed_memory()
+        model = None
+        self.step_model = None
         if use_step:
-            self.step_graph = step.start(job.threads)
-            self.step_graph.step(x, np.zeros(1, np.int64), 0.0)   # its first run allocates what later ones reuse
-        elif use_fwd:
+            self.step_graph, plan = self._probe(step, plan, costs, saved)
+            return plan, costs
+        x = np.zeros((1, *job.pre.input_shape), np.float32)
+        if use_fwd:
             self.fwd = OrtForward(self.proto, self.grad, job.threads)
             out, tape = self.fwd.forward(x)   # its ConvTranspose sessions are made at first use
             self.grad.backward(tape, np.zeros_like(out))
-        elif saved is None:
+        elif saved is None and partial:
             least = min(ort_train.sessions_mb(size), ort_forward.sessions_mb(size))
             job.notes.append(f"the step runs in NumPy: ONNX Runtime's sessions (about {least:.0f} MB) do not fit "
                              "the memory budget")
-        return plan, (fused if use_step else with_ort if use_fwd else costs)
+        return plan, costs
+
+    def _probe(self, step: ort_train.OrtTrain, plan, costs: Costs, saved: dict | None):
+        """The step graph's session and the plan, probed by a first step at the planned micro-batch (it allocates
+        what later steps reuse). A peak over the budget shrinks the micro-batch by the measured ratio and makes the
+        session again (a new arena); a resumed run keeps its saved plan."""
+        job = self.job
+        shape = self.frozen_shape if self.has_frozen else job.pre.input_shape
+        before = procmem.rss_mb() or 0.0
+        # what the run adds after the probe: the optimizer's state and the summed gradients (at the first real
+        # step), and the cache (filled after the plan)
+        later = 3 * sum(int(v.nbytes) for v in self.weights.values()) / MB
+        scale = 1.0
+        for _ in range(4):
+            step.start(job.threads)
+            m = plan.micro_batch
+            step.step(np.zeros((m, *shape), np.float32), np.zeros(m, np.int64), 0.0)
+            peak = procmem.peak_rss_mb() or 0.0
+            plan.method, plan.probe_peak_mb = "probe", round(peak, 1)
+            plan.estimate_mb = round(max(peak, (procmem.rss_mb() or 0.0) + later
+                                         + (costs.cache_mb if plan.cache == "memory" else 0.0)), 1)
+            if job.budget_mb is None or saved is not None or m == 1 or plan.estimate_mb <= job.budget_mb * HEADROOM:
+                break
+            scale *= max(1.0, (plan.estimate_mb - before) / max(costs.train_per_sample * m, 1.0)) * 1.1
+            try:
+                smaller = choose(costs, job.budget_mb, scale=scale)
+            except UsageError:
+                smaller = dataclasses.replace(plan, micro_batch=1)
+            plan = dataclasses.replace(plan, micro_batch=min(smaller.micro_batch, m // 2 or 1), notes=list(plan.notes))
+            step.stop()
+            store.release_freed_memory()
+        step.done()
+        return step, plan
 
     def _fits(self, costs: Costs) -> bool:
         if self.job.budget_mb is None:
@@ -310,8 +351,15 @@ class OnnxEngine:
 
     def step(self, inputs, idx: np.ndarray, labels: np.ndarray, micro: int) -> tuple[float, int]:
         real = len(idx)
-        grads = {k: np.zeros_like(v) for k, v in self.weights.items()}
+        grads: dict[str, np.ndarray] = {}
         loss_sum, correct = 0.0, 0
+
+        def add(got: dict) -> None:
+            for k, g in got.items():
+                if k in grads:
+                    grads[k] += g
+                else:   # the first micro-batch's own arrays (ORT's outputs are the caller's): no zeros to add to
+                    grads[k] = g if real <= micro else g.copy()
         with np.errstate(over="ignore", invalid="ignore"):  # a diverged loss is reported by the job, once
             for start in range(0, real, micro):
                 part = idx[start:start + micro]
@@ -319,15 +367,13 @@ class OnnxEngine:
                     out, got = self.step_graph.step(inputs(part), labels[part], 1.0 / real)
                     loss, right, _ = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])
                     loss_sum, correct = loss_sum + loss, correct + right
-                    for k, g in got.items():
-                        grads[k] += g
-                    out = got = g = None   # ORT's buffers, free before the next run (its arena reuses them)
+                    add(got)
+                    out = got = None
                     continue
                 out, tape = self._forward(inputs(part))
                 loss, right, dlogits = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])
                 loss_sum, correct = loss_sum + loss, correct + right
-                for k, g in self.grad.backward(tape, (dlogits / np.float32(real)).reshape(out.shape)).items():
-                    grads[k] += g
+                add(self.grad.backward(tape, (dlogits / np.float32(real)).reshape(out.shape)))
         self.opt.step(grads)
         return loss_sum, correct
 

@@ -51,9 +51,6 @@ class Costs:
     feature_bytes: int        # one row of the feature cache
     effective_batch: int
     has_frozen: bool
-    # at most this many MiB of a training pass's tensors, budget or not (None: as much as fits): a runtime whose
-    # speed per sample does not grow with the micro-batch (ort_train's step) need not hold a larger one
-    train_cap_mb: float | None = None
     # how much higher base_mb may read in another run of the same job (MEASURED_SPREAD_MB where part of it was
     # measured rather than reckoned)
     spread_mb: float = 0.0
@@ -117,8 +114,6 @@ def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
     if not c.has_frozen:
         fbs = [1]
     ms = divisors_desc(c.effective_batch)
-    if c.train_cap_mb is not None:
-        ms = [d for d in ms if d == 1 or c.train_per_sample * d * scale <= c.train_cap_mb]
     caches = ("memory", "disk") if c.has_frozen else ("none",)
     if budget_mb is None:
         fb = next((b for b in fbs if c.frozen_per_sample * b * scale <= UNBUDGETED_FROZEN_MB), fbs[-1])
