@@ -9,6 +9,10 @@ BatchNorm shift plus the output layer (TinyTL's bias-only). The inputs are the a
 made (the benchmark writes them), so the peer does no decoding of its own. Prints one JSON line.
 
     python torch_peer_finetune.py MODEL.onnx TRAIN.npz VAL.npz --mode full|bias [--epochs 2] [--lr 3e-4]
+
+The benchmark's base is made the same way: ``--reinit --classes 5 --save-onnx BASE.onnx`` trains every weight from
+a fresh initialisation (He normal; BatchNorm at 1/0) on the digits 0-4 and writes the weights, the BatchNorm
+statistics and the 5-way output layer back into a copy of MODEL (its edgetrain metadata kept).
 """
 from __future__ import annotations
 
@@ -91,6 +95,61 @@ class OnnxNet(nn.Module):
                 self.steps.append(("Reshape", None, ins[:1], out, tuple(int(d) for d in inits[ins[1]])))
             else:
                 raise SystemExit(f"torch peer: no mapping for ONNX op {op}")
+            self.steps[-1] = (*self.steps[-1][:4], *(self.steps[-1][4:] or (None,)), node)
+
+    def reinit(self) -> None:
+        for m in self.layers.values():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.BatchNorm2d):
+                m.reset_parameters()
+
+    def last_layer(self) -> str:
+        return [k for k, m in self.layers.items() if isinstance(m, (nn.Linear, nn.Conv2d))][-1]
+
+    def resize_head(self, classes: int) -> None:
+        name = self.last_layer()
+        old = self.layers[name]
+        if isinstance(old, nn.Linear):
+            new = nn.Linear(old.in_features, classes, bias=old.bias is not None)
+        else:
+            new = nn.Conv2d(old.in_channels, classes, old.kernel_size, bias=old.bias is not None)
+        self.layers[name] = new
+
+    def save_onnx(self, model, path: str) -> None:
+        """The weights back into a copy of ``model`` (its metadata kept); the output's class axis resized."""
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        inits = {t.name: t for t in out.graph.initializer}
+
+        def put(name, value):
+            inits[name].CopyFrom(numpy_helper.from_array(value.detach().numpy().astype(np.float32), name))
+        for step in self.steps:
+            kind, name, node = step[0], step[1], step[-1]
+            if kind != "module":
+                continue
+            m = self.layers[name]
+            if isinstance(m, nn.Conv2d):
+                put(node.input[1], m.weight)
+                if m.bias is not None:
+                    put(node.input[2], m.bias)
+            elif isinstance(m, nn.Linear):
+                transposed = any(a.name == "transB" and a.i for a in node.attribute)
+                put(node.input[1], m.weight if transposed else m.weight.t())
+                if m.bias is not None:
+                    put(node.input[2], m.bias)
+            elif isinstance(m, nn.BatchNorm2d):
+                for i, v in zip(node.input[1:5], (m.weight, m.bias, m.running_mean, m.running_var)):
+                    put(i, v)
+        classes = self.layers[self.last_layer()].weight.shape[0]
+        for value in out.graph.output:
+            dims = value.type.tensor_type.shape.dim
+            if len(dims) >= 2:
+                dims[1].dim_value = classes
+        del out.graph.value_info[:]
+        onnx.save(out, path)
 
     def forward(self, x):
         env = {self.input: x}
@@ -122,10 +181,19 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2), ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-4), ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reinit", action="store_true", help="train from a fresh initialisation (the base)")
+    ap.add_argument("--classes", type=int, help="a new output layer of this many classes")
+    ap.add_argument("--save-onnx", help="write the trained weights into a copy of MODEL here")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    net = OnnxNet(onnx.load(a.model))
+    torch.set_flush_denormal(True)
+    model = onnx.load(a.model)
+    net = OnnxNet(model)
+    if a.reinit:
+        net.reinit()
+    if a.classes:
+        net.resize_head(a.classes)
     train, val = np.load(a.train), np.load(a.val)
     x, y = torch.from_numpy(train["data"]), torch.from_numpy(train["label"].astype(np.int64))
     xv, yv = torch.from_numpy(val["data"]), val["label"].astype(np.int64)
@@ -152,6 +220,8 @@ def main() -> None:
     net.eval()
     with torch.no_grad():
         pred = np.concatenate([net(xv[s:s + 64]).argmax(1).numpy() for s in range(0, len(yv), 64)])
+    if a.save_onnx:
+        net.save_onnx(model, a.save_onnx)
     hwm = next(int(ln.split()[1]) for ln in open(f"/proc/{os.getpid()}/status") if ln.startswith("VmHWM"))
     print(json.dumps({"final_accuracy": float(np.mean(pred == yv)), "peak_rss_mb": hwm / 1024,
                       "train_seconds": epochs, "trained_parameters": sum(p.numel() for p in params),

@@ -5,9 +5,10 @@ in its metadata. What trains follows ``--train-layers``:
 
 - ``head`` / ``last:N``: the graph is cut at a tensor that alone separates the frozen layers from the
   trained ones (a residual block is one layer: no skip connection may cross the cut). The frozen part runs
-  in ONNX Runtime once per sample into the feature cache; the trained part runs and is differentiated in
-  NumPy (onnx_grad), every initializer of it training. BatchNorm keeps the running statistics the file
-  holds (an exported BatchNorm is an inference-time affine map); its scale and shift train.
+  in ONNX Runtime once per sample into the feature cache (from a file in OUTDIR: the model this engine holds
+  keeps no frozen weight); the trained part, every initializer of it training, steps on the cached features.
+  BatchNorm keeps the running statistics the file holds (an exported BatchNorm is an inference-time affine
+  map); its scale and shift train.
 - ``bias``: every bias and BatchNorm shift of every layer trains, every other weight is frozen, plus the
   output layer, which must learn the new classes (TinyTL, NeurIPS 2020). Nothing is frozen whole, so every
   step runs the whole graph; what the backward pass keeps is a bit mask per ReLU/ReLU6 activation and a
@@ -16,11 +17,13 @@ in its metadata. What trains follows ``--train-layers``:
   ops: a small group convolution on a 2x-downsampled copy of each block's input, a 1x1 projection, upsampled
   and added to the block's output. Their weights train from a zero output; every original weight is frozen.
   The backward pass keeps the same bit masks as ``bias`` plus the modules' own (downsampled) inputs.
-  With ``bias`` and ``lite`` the whole step (forward, the loss's gradient, backward) is one ONNX Runtime graph
-  (ort_train) when the plan fits it; if the graph's backward has an op ONNX cannot write here, the forward runs
-  in ONNX Runtime and the backward in NumPy (ort_forward); else both in NumPy (onnx_grad), which stays the
-  reference the others are tested against.
-- ``all``: every weight trains in NumPy (the activations a weight's gradient needs are kept).
+- ``all``: every weight trains (the activations a weight's gradient needs are kept).
+
+In every mode the whole step (forward, the loss's gradient, backward) is one ONNX Runtime graph (ort_train, the
+backward written by onnx_grad's op classes) at the largest micro-batch the memory plan fits. NumPy's backward is
+kept in one place, for a graph whose backward ONNX cannot write here (then with ``bias``/``lite`` the forward
+runs in ONNX Runtime, ort_forward) or a budget ONNX Runtime's sessions do not fit; onnx_grad's NumPy engine stays
+the reference the others are tested against.
 
 The result is OUTDIR/model.onnx: the same graph with the trained initializers (a replaced output layer
 resized; with ``lite``, the modules' nodes added), and its metadata saying the classes and preprocessing,
@@ -44,7 +47,7 @@ from . import checkpoint as ckpt
 from . import lite, onnx_grad, store
 from . import ort_forward, ort_train
 from .ort_forward import OrtForward
-from .memplan import HEADROOM, MB, MEASURED_SPREAD_MB, Costs, choose, plan_for
+from .memplan import HEADROOM, MB, MEASURED_SPREAD_MB, READ_AHEAD, Costs, choose, plan_for
 from .onnx_layers import WEIGHTED, cut_before_layer, extract, shapes_of, without_weights, write_streamed
 from .optimizers import make_numpy_optimizer
 from .outdir import ONNX_MODEL
@@ -77,6 +80,8 @@ class OnnxEngine:
         self.weights: dict[str, np.ndarray] = {}
         self.cut: str | None = None
         self.frozen_bytes: bytes | None = None
+        self.frozen_path: Path | None = None   # where the frozen part was written (then frozen_bytes goes)
+        self.from_model: list[str] = []   # frozen initializers the model held: read back from MODEL to write it
         self.frozen_shape: tuple = ()
         self.frozen_per_sample_mb = 0.0
         self.opt = None
@@ -195,9 +200,11 @@ class OnnxEngine:
     def plan(self, rows: int, saved: dict | None):
         job = self.job
         x = np.zeros((1, *job.pre.input_shape), np.float32)
+        if self.has_frozen and self.frozen_bytes is not None:
+            self._frozen_to_file()
         base_mb = procmem.rss_mb() or 0.0   # before the probe: what one sample's pass takes is train_mb's
         probe = self.features(x) if self.has_frozen else x
-        self.eval_session = None  # the feature pass makes its own, with the plan's arena: hold one, not two
+        # (the frozen part's session stays for the probe of a feature pass at the plan's batch: _probe)
         out, tape = self.grad.forward(probe)
         masks_mb = ort_forward.mask_bytes(tape) / MB
         self.grad.backward(tape, np.zeros_like(out))   # its peak too: the gradients it holds at once
@@ -205,7 +212,8 @@ class OnnxEngine:
         # (im2col columns, padded copies, unpacked masks): two of the largest activation
         train_mb = (tape.peak_bytes + 2 * tape.largest_bytes) / MB
         n_weights = sum(int(v.size) for v in self.weights.values())
-        session_mb = 2.65 * len(self.frozen_bytes) / MB + 30.0 if self.has_frozen else 0.0
+        frozen_size = self.frozen_path.stat().st_size if self.frozen_path is not None else len(self.frozen_bytes or b"")
+        session_mb = 2.65 * frozen_size / MB + 30.0 if self.has_frozen else 0.0
         spread_mb = 0.0
         now = procmem.rss_mb()
         if self.has_frozen and now is not None and base_mb > 0:
@@ -223,6 +231,18 @@ class OnnxEngine:
                       params_mb + 3 * n_weights * 4 / MB, int(np.prod(job.pre.input_shape)) * 4 / MB, rows,
                       feat * 4, job.batch_size, self.has_frozen, spread_mb=spread_mb)
         return self._plan_runtime(costs, train_mb, masks_mb, saved)
+
+    def _frozen_to_file(self) -> None:
+        """head/last:N: the frozen part goes to OUTDIR (its sessions read the file) and its weights leave the model
+        this engine holds (MODEL has them; write_model reads them back): 26 MB less during the run's passes
+        (MobileNetV2-1.0 at 160x160: the serialized frozen part and its weights in the model)."""
+        path = self.job.outdir / store.FROZEN_ONNX
+        atomic_write_bytes(path, self.frozen_bytes, "frozen part")
+        self.frozen_bytes, self.frozen_path = None, path
+        self.from_model = [t.name for t in self.proto.graph.initializer
+                           if t.data_type == 1 and t.name not in self.grad.params]
+        self.proto = without_weights(self.proto, self.from_model)
+        store.release_freed_memory()
 
     def _plan_runtime(self, costs: Costs, train_mb: float, masks_mb: float, saved: dict | None):
         """Where the step runs, the fastest that fits the budget (always the first without one), as a resumed run's
@@ -269,6 +289,8 @@ class OnnxEngine:
         if use_step:
             self.step_graph, plan = self._probe(step, plan, costs, saved)
             return plan, costs
+        if plan.arena is False:   # a saved plan's: the feature pass makes its own session without the arena
+            self.eval_session = None
         x = np.zeros((1, *job.pre.input_shape), np.float32)
         if use_fwd:
             self.fwd = OrtForward(self.proto, self.grad, job.threads)
@@ -291,6 +313,12 @@ class OnnxEngine:
         # step), and the cache (filled after the plan)
         later = 3 * sum(int(v.nbytes) for v in self.weights.values()) / MB
         scale = 1.0
+        if self.has_frozen:
+            # the feature pass comes after the plan, beside the step graph's session: one pass at the plan's feature
+            # batch through the frozen part's session (the pass makes its own, alike) is measured here with it
+            self.features(np.zeros((plan.feature_batch, *job.pre.input_shape), np.float32))
+            # decoded inputs the pass holds beyond the probe's (ParallelReader: READ_AHEAD at a time, and a copy)
+            later += costs.input_per_sample * max(plan.feature_batch, READ_AHEAD) * 2
         for _ in range(4):
             step.start(job.threads)
             m = plan.micro_batch
@@ -334,8 +362,14 @@ class OnnxEngine:
     def frozen_fn(self):
         job = self.job
         path = job.outdir / store.FROZEN_ONNX
-        atomic_write_bytes(path, self.frozen_bytes, "frozen part")
-        session = store.ort_session(path, job.threads, job.plan.arena)
+        if self.frozen_bytes is not None:
+            atomic_write_bytes(path, self.frozen_bytes, "frozen part")
+            self.frozen_bytes, self.frozen_path = None, path
+        # the plan's probe session (the same file, with the arena) serves the pass: a second one made here took
+        # 23 MB more at MobileNetV2-1.0 160x160 head, where the run peaked
+        session = self.eval_session if self.eval_session is not None and job.plan.arena else \
+            store.ort_session(path, job.threads, job.plan.arena)
+        self.eval_session = None
         name = session.get_inputs()[0].name
         record = {"fingerprint": job.cache_fp, "sha256": store.file_sha(path)}
         return (lambda x: session.run(None, {name: x})[0]), record
@@ -344,7 +378,8 @@ class OnnxEngine:
         if not self.has_frozen:
             return x
         if self.eval_session is None:
-            self.eval_session = _lazy.ort_session(self.frozen_bytes, self.job.threads)
+            frozen = self.frozen_bytes if self.frozen_bytes is not None else self.frozen_path
+            self.eval_session = _lazy.ort_session(frozen, self.job.threads, spinning=True, stop_spinning_after_run=True)
         return self.eval_session.run(None, {self.eval_session.get_inputs()[0].name: x})[0]
 
     # --- training ----------------------------------------------------------------------------------
@@ -435,5 +470,26 @@ class OnnxEngine:
             entry = proto.metadata_props.add()
             entry.key, entry.value = key, value
         values = {name: self.grad.params[name] for name in self.stripped}
+        if self.from_model:   # read back from MODEL one at a time as they are written (not all at once: 14 MB)
+            store.release_freed_memory()   # first what the feature pass's session left to the heap (its arena)
+            inits = {t.name: t for t in load_onnx(self.job.model).proto.graph.initializer if t.name in set(self.from_model)}
+            write_streamed(path, proto, _FromTensors(inits, {**values, **self.weights}), "model")
+            return
         write_streamed(path, proto, {**values, **self.weights}, "model")
+
+
+class _FromTensors(dict):
+    """``arrays``, and the initializers ``tensors`` as arrays made when asked (write_streamed asks for one at a time)."""
+
+    def __init__(self, tensors: dict, arrays: dict):
+        super().__init__(arrays)
+        self.tensors = tensors
+
+    def __contains__(self, name) -> bool:
+        return super().__contains__(name) or name in self.tensors
+
+    def __getitem__(self, name):
+        if super().__contains__(name):
+            return super().__getitem__(name)
+        return _lazy.from_import("onnx", "numpy_helper").to_array(self.tensors[name])
 

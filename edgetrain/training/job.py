@@ -445,7 +445,8 @@ class FinetuneJob:
                                         meter_export=bool(getattr(self.opts, "meter_export", False))).start()
         self.load()
         if self.lr is None:
-            self.lr = default_lr(self.optimizer, head_only=self.layers.kind == "last" and self.layers.n == 1)
+            self.lr = default_lr(self.optimizer, head_only=self.layers.kind == "last" and self.layers.n == 1,
+                                 every_weight=self.layers.kind == "all")
         meta = arrays = None
         ckpt_path = self.outdir / ckpt.FILENAME
         if has_checkpoint:
