@@ -124,16 +124,24 @@ def load() -> str:
 
 
 def measure(cmd: list[str], env: dict) -> dict:
+    """Wall seconds, CPU seconds (user + sys: on a busy host the wall time swings with the other load, the CPU time
+    much less; an OpenMP pool spinning while descheduled inflates it) and the output of one process."""
+    import threading
+
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             cwd=tempfile.gettempdir())
-    out, err = proc.communicate()
+    chunks: dict[str, list] = {"out": [], "err": []}
+    readers = [threading.Thread(target=lambda k=k, f=f: chunks[k].append(f.read()), daemon=True)
+               for k, f in (("out", proc.stdout), ("err", proc.stderr))]
+    for t in readers:
+        t.start()
+    _, status, ru = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
-    # communicate() reaped it: the children's rusage holds it alone (one child at a time)
-    import resource
-
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"wall": wall, "out": out, "err": err, "code": proc.returncode, "maxrss_children": ru.ru_maxrss / 1024}
+    for t in readers:
+        t.join()
+    return {"wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "maxrss_mb": ru.ru_maxrss / 1024,
+            "out": "".join(chunks["out"]), "err": "".join(chunks["err"]), "code": os.waitstatus_to_exitcode(status)}
 
 
 def run(name: str, folder: Path, model: Path, epochs: int, torch_python: str, tag: str) -> dict:
@@ -157,10 +165,10 @@ def run(name: str, folder: Path, model: Path, epochs: int, torch_python: str, ta
     if m["code"] not in (0, 3):
         lines = [ln for ln in m["err"].splitlines() if ln.strip()]
         return {"error": lines[-1] if lines else f"exit {m['code']}", "load": before}
-    doc = json.loads(m["out"].strip().splitlines()[-1])
+    doc = json.loads(m["out"].strip().splitlines()[-1] if kind == "torch" else m["out"])
     train_s = (sum(doc["train_seconds"]) if kind == "torch" else sum(e["seconds"] for e in doc["epochs"])) / epochs
     got = {"top1": doc["final_accuracy"], "peak_mb": doc["peak_rss_mb"], "s_per_epoch": m["wall"] / epochs,
-           "train_s_per_epoch": train_s, "load": before}
+           "cpu_per_epoch": m["cpu"] / epochs, "train_s_per_epoch": train_s, "load": before}
     if kind == "edgetrain":
         got["micro_batch"] = doc["plan"]["micro_batch"]
         got["plan_estimate_mb"] = doc["plan"]["estimate_mb"]
@@ -177,10 +185,18 @@ def main() -> int:
     ap.add_argument("--torch-python", default="/work/venv-torch/bin/python",
                     help="the Python of a venv with torch, numpy and onnx (never edgetrain's)")
     ap.add_argument("--configs", help="comma-separated subset of: " + ", ".join(CONFIGS))
+    ap.add_argument("--model", type=Path, help="an exported ONNX base instead of training one (its top-1 figures then "
+                                               "say nothing of adaptation: times and memory only)")
     args = ap.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-torch-peer-"))
     folder.mkdir(parents=True, exist_ok=True)
-    model = setup(folder, args.base_epochs, args.torch_python)
+    if args.model:
+        if not (folder / "train.npz").exists():
+            shifted(folder)
+        model = args.model
+        prepared(folder, model)
+    else:
+        model = setup(folder, args.base_epochs, args.torch_python)
     names = [c.strip() for c in args.configs.split(",")] if args.configs else list(CONFIGS)
     results: dict[str, list[dict]] = {n: [] for n in names}
     print(f"MobileNetV2-1.0 {SIZE}x{SIZE}: base on digits 0-4 -> digits 5-9 turned 180 degrees, low contrast, noisy; "
@@ -195,28 +211,32 @@ def main() -> int:
                 continue
             extra = f" micro-batch {got['micro_batch']} plan {got['plan_estimate_mb']:.0f} MB" if "micro_batch" in got else ""
             print(f"  round {r + 1} {name:12s} load {got['load']}: top-1 {got['top1']:.3f} peak {got['peak_mb']:.0f} MB "
-                  f"{got['s_per_epoch']:.2f} s/epoch whole ({got['train_s_per_epoch']:.2f} training){extra}", flush=True)
+                  f"{got['s_per_epoch']:.2f} s/epoch whole ({got['train_s_per_epoch']:.2f} training, "
+                  f"cpu {got['cpu_per_epoch']:.2f}){extra}", flush=True)
 
     def paired(name: str, ref: str, key: str) -> float | None:
         pairs = [b[key] / a[key] for a, b in zip(results[name], results.get(ref, [])) if "error" not in a and "error" not in b]
         return statistics.median(pairs) if pairs else None
 
-    print(f"\n{'configuration':13s} {'top-1':>6s} {'peak MB':>8s} {'s/epoch':>8s} {'train s/ep':>10s} "
-          f"{'speed x torch full':>19s} {'x torch bias':>13s} {'peak x torch full':>18s}   (medians; speed = torch's "
-          "s/epoch / this one's, pair by pair)")
+    print(f"\n{'configuration':13s} {'top-1':>6s} {'peak MB':>8s} {'s/epoch':>8s} {'train s/ep':>10s} {'cpu s/ep':>8s} "
+          f"{'speed x torch full':>19s} {'cpu x full':>10s} {'x torch bias':>13s} {'peak x torch full':>18s}   (medians; "
+          "speed = torch's s/epoch / this one's, pair by pair)")
     for name in names:
         ok = [g for g in results[name] if "error" not in g]
         if not ok:
             print(f"{name:13s} failed: {results[name][-1]['error']}")
             continue
-        med = {k: statistics.median(g[k] for g in ok) for k in ("top1", "peak_mb", "s_per_epoch", "train_s_per_epoch")}
+        med = {k: statistics.median(g[k] for g in ok)
+               for k in ("top1", "peak_mb", "s_per_epoch", "train_s_per_epoch", "cpu_per_epoch")}
         full = paired(name, "torch full", "s_per_epoch") if "torch full" in results else None
+        full_cpu = paired(name, "torch full", "cpu_per_epoch") if "torch full" in results else None
         bias = paired(name, "torch bias", "s_per_epoch") if "torch bias" in results else None
         tf = [g for g in results.get("torch full", []) if "error" not in g]
         peak_x = med["peak_mb"] / statistics.median(g["peak_mb"] for g in tf) if tf else None
         fmt = lambda v, w: f"{v:{w}.2f}" if v is not None else f"{'-':>{w}s}"  # noqa: E731
         print(f"{name:13s} {med['top1']:6.3f} {med['peak_mb']:8.0f} {med['s_per_epoch']:8.2f} "
-              f"{med['train_s_per_epoch']:10.2f} {fmt(full, 19)} {fmt(bias, 13)} {fmt(peak_x, 18)}")
+              f"{med['train_s_per_epoch']:10.2f} {med['cpu_per_epoch']:8.2f} {fmt(full, 19)} {fmt(full_cpu, 10)} "
+              f"{fmt(bias, 13)} {fmt(peak_x, 18)}")
     print(f"load after: {load()}")
     return 0
 
