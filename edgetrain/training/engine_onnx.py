@@ -47,7 +47,7 @@ from . import checkpoint as ckpt
 from . import lite, onnx_grad, store
 from . import ort_forward, ort_train
 from .ort_forward import OrtForward
-from .memplan import HEADROOM, MB, MEASURED_SPREAD_MB, READ_AHEAD, Costs, choose, plan_for
+from .memplan import HEADROOM, MB, MEASURED_SPREAD_MB, READ_AHEAD, Costs, MemoryPlan, choose, plan_for
 from .onnx_layers import WEIGHTED, cut_before_layer, extract, shapes_of, without_weights, write_streamed
 from .optimizers import make_numpy_optimizer
 from .outdir import ONNX_MODEL
@@ -264,7 +264,8 @@ class OnnxEngine:
         with_ort = dataclasses.replace(costs, base_mb=costs.base_mb + ort_forward.sessions_mb(size),
                                        train_per_sample=train_mb + masks_mb)
         step = None
-        if saved.get("ort_step", False) if saved is not None else self._fits(fused):
+        # (head/last:N: the trained part's step graph is small, and the probe measures it: no guess gates it)
+        if saved.get("ort_step", False) if saved is not None else self.has_frozen or self._fits(fused):
             try:   # written only when it may run: the graph's making alone takes memory (a NumPy plan's margin)
                 step = ort_train.OrtTrain(model, self.grad)
             except onnx_grad.NotEmitted as e:
@@ -277,7 +278,15 @@ class OnnxEngine:
             use_step = step is not None
             use_fwd = partial and not use_step and self._fits(with_ort)
         costs = fused if use_step else with_ort if use_fwd else costs
-        plan = plan_for(costs, job.budget_mb, saved)
+        refused = None
+        try:
+            plan = plan_for(costs, job.budget_mb, saved)
+        except UsageError as e:
+            if not (use_step and self.has_frozen):
+                raise
+            # the analytic bound (its headroom on top) refused: head/last:N's figures are nearly all measured, so the
+            # smallest plan is probed and refused only if what it measures breaks the budget
+            refused, plan = e, MemoryPlan(1, 1, "disk", 0.0, job.budget_mb, costs.cache_mb)
         plan.ort_step, plan.ort_forward = use_step, use_fwd
         if not use_fwd and not self.has_frozen:
             # the graph's copy of the frozen weights is GradGraph's: hold one (OrtForward reads the graph's)
@@ -288,6 +297,8 @@ class OnnxEngine:
         self.step_model = None
         if use_step:
             self.step_graph, plan = self._probe(step, plan, costs, saved)
+            if refused is not None and plan.estimate_mb > job.budget_mb:
+                raise refused
             return plan, costs
         if plan.arena is False:   # a saved plan's: the feature pass makes its own session without the arena
             self.eval_session = None
