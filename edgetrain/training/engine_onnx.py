@@ -188,7 +188,9 @@ class OnnxEngine:
         self.cut: str | None = None
         self.frozen_bytes: bytes | None = None
         self.frozen_path: Path | None = None   # where the frozen part was written (then frozen_bytes goes)
-        self.from_model: list[str] = []   # frozen initializers the model held: read back from MODEL to write it
+        self.source = Path()               # the ONNX file loaded (MODEL, or a Gluon model's export)
+        self.source_names: set[str] = set()
+        self.from_model: list[str] = []   # frozen initializers the model held: read back from the source to write it
         self.frozen_shape: tuple = ()
         self.frozen_per_sample_mb = 0.0
         self.opt = None
@@ -202,6 +204,8 @@ class OnnxEngine:
         train (a Gluon model's weights: the PREFIX written at the end holds nothing else)."""
         job = self.job
         model = load_onnx(source)
+        self.source = Path(source)
+        self.source_names = {t.name for t in model.proto.graph.initializer}   # before any exporter quirk is undone
         if model.preprocess is None:
             raise UsageError("the ONNX file has no edgetrain preprocessing record", job.model,
                              "export it with `edgetrain export` (its metadata says the input shape and mean/std)")
@@ -355,8 +359,9 @@ class OnnxEngine:
         path = self.job.outdir / store.FROZEN_ONNX
         atomic_write_bytes(path, self.frozen_bytes, "frozen part")
         self.frozen_bytes, self.frozen_path = None, path
+        # (an initializer this run made, a shared one's copy, stays in the model: the file does not hold it)
         self.from_model = [t.name for t in self.proto.graph.initializer
-                           if t.data_type == 1 and t.name not in self.grad.params]
+                           if t.data_type == 1 and t.name not in self.grad.params and t.name in self.source_names]
         self.proto = without_weights(self.proto, self.from_model)
         store.release_freed_memory()
 
@@ -629,7 +634,7 @@ class OnnxEngine:
         values = {name: self.grad.params[name] for name in self.stripped}
         if self.from_model:   # read back from MODEL one at a time as they are written (not all at once: 14 MB)
             store.release_freed_memory()   # first what the feature pass's session left to the heap (its arena)
-            inits = {t.name: t for t in load_onnx(self.job.model).proto.graph.initializer if t.name in set(self.from_model)}
+            inits = {t.name: t for t in load_onnx(self.source).proto.graph.initializer if t.name in set(self.from_model)}
             write_streamed(path, proto, _FromTensors(inits, {**values, **self.weights}), "model")
             return
         write_streamed(path, proto, {**values, **self.weights}, "model")
