@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import envvars, runtime
+from ..child import python_c
 from ..compat import armpl
 from ..host import detect_host, read_cpuinfo
 from ..results import EXIT_FAILED, EXIT_OK, Result
@@ -201,7 +202,7 @@ class DoctorReport(Result):
 
 def probe(name: str, timeout: float | None = None) -> dict:
     """Import one library in a child Python and return what it reported (or how it died)."""
-    cmd = [sys.executable, "-P", "-c", PROBE, name]
+    cmd = python_c(PROBE, name)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout or PROBE_TIMEOUT,
                               stdin=subprocess.DEVNULL)
@@ -477,7 +478,7 @@ def check_inference(script: str = INFERENCE_PROBE, timeout: float | None = None)
     version = _dist_version("onnxruntime")
     wheel = f"onnxruntime {version}" if version else "onnxruntime"
     try:
-        proc = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True,
+        proc = subprocess.run(python_c(script), capture_output=True, text=True,
                               timeout=timeout or PROBE_TIMEOUT, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return Check("inference", FAIL, f"a tiny fp32/int8 inference with {wheel} did not finish",
