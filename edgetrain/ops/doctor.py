@@ -747,5 +747,5 @@ def render(report: DoctorReport) -> str:
             lines.append(f"  fixed: {action['path']} -> {action['target']}")
     n = report.counts()
     verdict = "healthy" if report.healthy else "NOT healthy"
-    lines.append(f"{verdict} ({report.side or 'unknown'} side): {n[OK]} ok, {n[WARN]} warning(s), {n[FAIL]} failed")
+    lines.append(f"{verdict}: {n[OK]} ok, {n[WARN]} warning(s), {n[FAIL]} failed ({report.side or 'unknown'} side)")
     return "\n".join(lines)
