@@ -184,3 +184,31 @@ class _Folders:
         path = self.root / name
         path.mkdir()
         return path
+
+
+def test_the_speed_reference_written_without_mxnet_is_the_zoo_export_op_for_op(tmp_path):
+    """What `profile --device` times as the profile's reference (reference_net) is the graph `edgetrain export
+    zoo:mobilenetv2_1.0` writes: the same ops, attributes, weight names and shapes, in the same order."""
+    import importlib.util
+
+    if importlib.util.find_spec("mxnet") is None:
+        pytest.skip("the host's check: needs mxnet to export")
+    import onnx
+    from onnx import helper
+
+    from edgetrain.measure import reference_net
+
+    res = run_edgetrain("export", "zoo:mobilenetv2_1.0", "--input-shape", "3,224,224", "-o", tmp_path / "zoo.onnx")
+    assert res.code == 0, res.err
+    exported = onnx.load(str(tmp_path / "zoo.onnx"))
+    built = onnx.load_from_string(reference_net.build("mobilenetv2_1.0", dynamic_batch=True))
+
+    def signature(m):
+        shapes = {i.name: tuple(i.dims) for i in m.graph.initializer}
+        return [(n.op_type, [(i, shapes.get(i)) for i in n.input], list(n.output),
+                 sorted((a.name, str(helper.get_attribute_value(a))) for a in n.attribute)) for n in m.graph.node]
+
+    assert signature(built) == signature(exported)
+    assert [i.name for i in built.graph.input] == [i.name for i in exported.graph.input]
+    assert [o.name for o in built.graph.output] == [o.name for o in exported.graph.output]
+    assert built.opset_import[0].version == exported.opset_import[0].version == 13

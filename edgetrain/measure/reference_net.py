@@ -70,7 +70,7 @@ def build(name: str, side: int = 224, classes: int = 1000, seed: int = 0, dynami
         y = relu6(bn(conv(y, b + "conv1", cin * t, cin * t, 3, stride, cin * t), b + "batchnorm1", cin * t), b + "relu61")
         y = bn(conv(y, b + "conv2", cin * t, cout), b + "batchnorm2", cout)
         if stride == 1 and cin == cout:
-            nodes.append(helper.make_node("Add", [x, y], [b + "elemwise_add0"]))
+            nodes.append(helper.make_node("Add", [y, x], [b + "elemwise_add0"]))
             y = b + "elemwise_add0"
         x = y
     x = relu6(bn(conv(x, f + "conv1", 320, 1280), f + "batchnorm1", 1280), f + "relu61")
