@@ -212,3 +212,43 @@ def test_the_speed_reference_written_without_mxnet_is_the_zoo_export_op_for_op(t
     assert [i.name for i in built.graph.input] == [i.name for i in exported.graph.input]
     assert [o.name for o in built.graph.output] == [o.name for o in exported.graph.output]
     assert built.opset_import[0].version == exported.opset_import[0].version == 13
+
+
+# --- the smallest board: the Pi Zero 2 W's profile (devices/rpi-zero2w.yaml, memory budget 320 MB of 512) -------
+
+@pytest.fixture(scope="module")
+def mobilenet(tmp_path_factory) -> dict:
+    """MobileNetV2-1.0 (the zoo's graph, written without mxnet) at 96x96 and at 512x512, and 32 digits."""
+    from edgetrain.data import load_data
+    from edgetrain.measure import reference_net
+    from edgetrain.preprocess import Preprocess
+
+    folder = tmp_path_factory.mktemp("mobilenet")
+    out = {}
+    for side in (96, 512):
+        out[side] = folder / f"mobilenetv2-{side}.onnx"
+        out[side].write_bytes(reference_net.build("mobilenetv2_1.0", side=side, classes=5, dynamic_batch=True))
+    x, y = load_data("builtin:digits", Preprocess(input_shape=(1, 8, 8), mean=(0.0,), std=(1.0,))).arrays(32)
+    np.savez(folder / "digits32.npz", data=x[:, 0], label=y)
+    out["data"] = folder / "digits32.npz"
+    return out
+
+
+def test_the_zero_2_w_refuses_a_finetune_that_would_not_fit_in_one_line_before_the_work(mobilenet, device, tmp_path):
+    """Every weight of MobileNetV2 at 512x512 needs about 500 MB even one sample at a time: the Zero 2 W's profile
+    refuses it before any training (exit 2, one line, nothing written)."""
+    from clitools import assert_user_error
+
+    res = device("finetune", mobilenet[512], "--data", mobilenet["data"], "-o", tmp_path / "run", "--train-layers",
+                 "all", "--device", "rpi-zero2w", "--epochs", "1")
+    assert_user_error(res, 2, "memory budget 320 MB is too small", "micro-batch 1")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_zero_2_w_plans_lite_at_96_within_its_budget(mobilenet, device, tmp_path):
+    res = device("finetune", mobilenet[96], "--data", mobilenet["data"], "-o", tmp_path / "run", "--train-layers",
+                 "lite", "--device", "rpi-zero2w", "--epochs", "1", "--json", "-")
+    assert res.code == 0, res.err
+    d = res.json()
+    assert d["budget_mb"] == 320 and d["plan"]["estimate_mb"] <= 320, d["plan"]
+    assert d["peak_rss_mb"] <= 352, d["peak_rss_mb"]   # what the Zero 2 W leaves a run: 512 - its 160 MB OS reserve
