@@ -33,6 +33,8 @@ SUPPORTED_PYTHON = ((3, 10), (3, 11), (3, 12), (3, 13))
 # mxnet installed without its dependencies: its metadata pins numpy<2.0, which has no wheels for Python >=
 # 3.12; of the others it imports only requests (graphviz is optional), installed first when missing.
 PIP_MXNET = [sys.executable, "-m", "pip", "install", "--no-deps", MXNET_PIN]
+# Below Python 3.12 pip installs it with its own pins (numpy<2 has wheels there): what `.[host]` adds.
+PIP_MXNET_PINNED = [sys.executable, "-m", "pip", "install", MXNET_PIN]
 # pyproject.toml's floors: 1.28.0 (the last manylinux_2_27 aarch64 wheel: a stock Jetson Nano), 1.23.2 on Python
 # 3.10 (the last release with its wheels: JetPack 6)
 ORT_FLOOR = "1.28.0" if sys.version_info >= (3, 11) else "1.23.2"
@@ -300,7 +302,7 @@ def check_platform(machine: str, bits: str | None = None) -> Check:
 def _host_how() -> str:
     """How a device install becomes a host (mxnet for export and Gluon models), on this Python."""
     if PIP_RESOLVES_MXNET:
-        return f'pip install ".[host]" in the edgetrain checkout (adds {MXNET_PIN})'
+        return f'pip install ".[host]" in the edgetrain checkout, or edgetrain doctor --fix (both: pip install {MXNET_PIN})'
     return 'pip install ".[host]" && edgetrain doctor --fix (installs mxnet 1.9.1 without its numpy<2 pin)'
 
 
@@ -643,9 +645,10 @@ def run_checks(fix: bool = False, progress=None) -> DoctorReport:
     say("numpy")
     report.checked.append(check_numpy(probe("numpy")))
 
-    if fix and not _mxnet_installed() and not PIP_RESOLVES_MXNET:
-        # Python 3.12+: pip cannot install mxnet with its metadata's numpy<2 pin (below 3.12, `.[host]` does)
-        if not _module_installed("requests"):
+    if fix and not _mxnet_installed():
+        # --fix makes the host: Python 3.12+ cannot have mxnet's metadata pin numpy<2 (no wheels), so it goes in
+        # without its dependencies and requests (what it imports) first; below 3.12 pip installs it with its pins
+        if not PIP_RESOLVES_MXNET and not _module_installed("requests"):
             say("installing requests")
             report.fixed.append(_pip(PIP_REQUESTS, "pip install requests>=2.20"))
         say("installing mxnet")
@@ -724,11 +727,14 @@ def _pip(argv: list[str], command: str) -> dict:
 
 
 def install_mxnet() -> dict:
-    """``pip install --no-deps mxnet==1.9.1`` into this interpreter's environment (doctor --fix).
+    """mxnet 1.9.1 into this interpreter's environment (doctor --fix): the host side.
 
-    Without its dependencies because its metadata pins numpy<2.0, which pip cannot satisfy on Python >=
-    3.12 (no wheels) and which would downgrade a numpy 2 that other packages need.
+    On Python >= 3.12 ``pip install --no-deps``: its metadata pins numpy<2.0, which pip cannot satisfy there (no
+    wheels). Below, ``pip install mxnet==1.9.1`` with its pins, as ``pip install ".[host]"`` does (a numpy 2 goes
+    back below 2; ``pip check`` stays clean).
     """
+    if PIP_RESOLVES_MXNET:
+        return _pip(PIP_MXNET_PINNED, "pip install " + MXNET_PIN)
     return _pip(PIP_MXNET, "pip install --no-deps " + MXNET_PIN)
 
 
