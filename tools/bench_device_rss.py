@@ -57,7 +57,8 @@ def _children(pid: int) -> list[int]:
 def run_measured(argv: list[str], env: dict) -> dict:
     """Run ``argv``; sample its process tree's memory every 10 ms until it ends."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out_f, err_f = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")   # files: a full pipe would stall it
+    proc = subprocess.Popen(argv, env=env, stdout=out_f, stderr=err_f, text=True)
     hwm: dict[int, int] = {}
     tree_peak = 0
     while proc.poll() is None:
@@ -72,7 +73,9 @@ def run_measured(argv: list[str], env: dict) -> dict:
             total += _status_kb(pid, "VmRSS")
         tree_peak = max(tree_peak, total)
         time.sleep(0.01)
-    out, err = proc.communicate()
+    out_f.seek(0)
+    err_f.seek(0)
+    out, err = out_f.read(), err_f.read()
     return {"code": proc.returncode, "seconds": time.monotonic() - t0, "processes": len(hwm),
             "largest_process_mb": max(hwm.values(), default=0) / 1024, "tree_peak_mb": tree_peak / 1024,
             "stdout": out, "stderr": err}
