@@ -196,12 +196,12 @@ def test_the_speed_reference_written_without_mxnet_is_the_zoo_export_op_for_op(t
     import onnx
     from onnx import helper
 
-    from edgetrain.measure import reference_net
+    from edgetrain.measure import reference_onnx
 
     res = run_edgetrain("export", "zoo:mobilenetv2_1.0", "--input-shape", "3,224,224", "-o", tmp_path / "zoo.onnx")
     assert res.code == 0, res.err
     exported = onnx.load(str(tmp_path / "zoo.onnx"))
-    built = onnx.load_from_string(reference_net.build("mobilenetv2_1.0", dynamic_batch=True))
+    built = onnx.load_from_string(reference_onnx("mobilenetv2_1.0", dynamic_batch=True))
 
     def signature(m):
         shapes = {i.name: tuple(i.dims) for i in m.graph.initializer}
@@ -220,14 +220,14 @@ def test_the_speed_reference_written_without_mxnet_is_the_zoo_export_op_for_op(t
 def mobilenet(tmp_path_factory) -> dict:
     """MobileNetV2-1.0 (the zoo's graph, written without mxnet) at 96x96 and at 512x512, and 32 digits."""
     from edgetrain.data import load_data
-    from edgetrain.measure import reference_net
+    from edgetrain.measure import reference_onnx
     from edgetrain.preprocess import Preprocess
 
     folder = tmp_path_factory.mktemp("mobilenet")
     out = {}
     for side in (96, 512):
         out[side] = folder / f"mobilenetv2-{side}.onnx"
-        out[side].write_bytes(reference_net.build("mobilenetv2_1.0", side=side, classes=5, dynamic_batch=True))
+        out[side].write_bytes(reference_onnx("mobilenetv2_1.0", side=side, classes=5, dynamic_batch=True))
     x, y = load_data("builtin:digits", Preprocess(input_shape=(1, 8, 8), mean=(0.0,), std=(1.0,))).arrays(32)
     np.savez(folder / "digits32.npz", data=x[:, 0], label=y)
     out["data"] = folder / "digits32.npz"

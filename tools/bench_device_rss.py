@@ -90,12 +90,12 @@ def main() -> int:
     args = ap.parse_args()
 
     from edgetrain.devices import load_device
-    from edgetrain.measure import reference_net
+    from edgetrain.measure import reference_onnx
 
     folder = args.keep or Path(tempfile.mkdtemp(prefix="edgetrain-rss-"))
     folder.mkdir(parents=True, exist_ok=True)
     base = folder / f"mobilenetv2_1.0-{args.side}.onnx"
-    base.write_bytes(reference_net.build("mobilenetv2_1.0", side=args.side, classes=5, dynamic_batch=True))
+    base.write_bytes(reference_onnx("mobilenetv2_1.0", side=args.side, classes=5, dynamic_batch=True))
     blocker = folder / "no-mxnet" / "mxnet"
     blocker.mkdir(parents=True, exist_ok=True)
     (blocker / "__init__.py").write_text("raise ImportError('No module named mxnet (this is the device)')\n")

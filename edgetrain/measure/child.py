@@ -418,7 +418,7 @@ def plan(spec: dict) -> dict:
         from . import reference_net
 
         side = int((spec.get("chw") or [3, 224, 224])[-1])
-        Path(spec["export_to"]).write_bytes(reference_net.build(spec["reference_net"], side=side,
+        Path(spec["export_to"]).write_bytes(reference_net.reference_onnx(spec["reference_net"], side=side,
                                                                 dynamic_batch=spec["batch"] != 1))
         out["preprocess"] = {**reference_net.PREPROCESS, "input_shape": [3, side, side]}
         out["random_weights"] = True

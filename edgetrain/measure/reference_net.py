@@ -26,7 +26,7 @@ PREPROCESS = {"input_shape": [3, 224, 224], "mean": [0.485, 0.456, 0.406], "std"
               "input_name": "data", "layout": "NCHW", "resize": "bilinear", "pixel_range": "0..1", "class_names": None}
 
 
-def build(name: str, side: int = 224, classes: int = 1000, seed: int = 0, dynamic_batch: bool = False) -> bytes:
+def reference_onnx(name: str, side: int = 224, classes: int = 1000, seed: int = 0, dynamic_batch: bool = False) -> bytes:
     """The serialized ONNX model of zoo network ``name`` (one of BUILT) at ``side`` x ``side``."""
     if name not in BUILT:
         raise ValueError(f"no built-in ONNX graph for {name!r} (built: {', '.join(BUILT)})")
