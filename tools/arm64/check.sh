@@ -189,7 +189,7 @@ trap 'rc=$?; unmount_all; rm -rf "$BUILD"; exit $rc' EXIT
 log "building the edgetrain wheel from $REPO"
 # Build from a copy: setuptools writes build/ and *.egg-info beside the sources it builds.
 mkdir -p "$BUILD/src"
-tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./build --exclude='*.egg-info' -cf - . | tar -C "$BUILD/src" -xf -
+tar -C "$REPO" --exclude=./.git --exclude='./.venv*' --exclude=./build --exclude='*.egg-info' -cf - . | tar -C "$BUILD/src" -xf -
 quiet_pip() {   # pip, without the host configuration's warnings about absent local indexes
   "$PY" -m pip "$@" 2> >(grep -v "^WARNING: Location '.*' is ignored" >&2)
 }
