@@ -16,7 +16,12 @@ import math
 import os
 import re
 import typing
-from typing import Annotated, Any, Literal, Optional, Self
+from typing import Annotated, Any, Literal, Optional
+
+try:
+    from typing import Self
+except ImportError:  # Python 3.10 (JetPack 6): typing.Self is 3.11's
+    from typing_extensions import Self
 
 from .errors import UsageError
 from .preprocess import parse_shape
