@@ -1008,7 +1008,8 @@ def _objective(value) -> str:
 
 
 GridText = Annotated[Optional[str], Parse(_grid_text)]
-Duration = Annotated[Optional[float], Parse(_duration, show=lambda s: f"{s:g}s")]
+# at most a year: beyond it a figure is a typo (or an infinity), not a plan
+Duration = Annotated[Optional[float], Parse(_duration, show=lambda s: f"{s:g}s"), Range(gt=0, le=366 * 86400)]
 ObjectiveText = Annotated[str, Parse(_objective)]
 
 

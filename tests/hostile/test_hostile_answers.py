@@ -145,10 +145,11 @@ def test_export_at_chance_exits_3_unless_allowed(work, tmp_path, cli):
 
 # --- metadata tells the truth -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("extra", [(), ("--max-fp32-nodes", "0"), ("--per-tensor",)])
+@pytest.mark.parametrize("extra", [(), ("--max-fp32-nodes", "0", "--val", "VAL"), ("--per-tensor",)])
 def test_int8_file_metadata_says_what_it_holds(work, tmp_path, cli, extra):
     import onnx
 
+    extra = [work / "d5.npz" if e == "VAL" else e for e in extra]   # --max-fp32-nodes takes effect with --val only
     res = cli("quantize", work / "trained5", "--calib", work / "d5.npz", "--samples", "50", "-o", tmp_path / "q.onnx",
               *extra)
     assert res.code in (0, 3), res.err

@@ -37,11 +37,14 @@ SIGNATURES = {
     "predict": (lambda a: edgetrain.predict(a.get("model", ONNX), a.get("data", "builtin:digits"), progress=None,
                                             **({"output": a["output"]} if "output" in a else {})),
                 ("model", "data", "output")),
+    "tune": (lambda a: edgetrain.tune(a.get("model", ONNX), a.get("data", "builtin:digits"), a.get("out", "tn"),
+                                      grid=a.get("grid", "lr=0.01,0.1"), epochs=1, progress=None),
+             ("model", "data", "out")),   # grid is not a path: its bad values are tests/test_tune.py's
 }
 # positional arguments: None is refused too (a keyword option's None means its default, as on the CLI)
 POSITIONAL = {"quantize": ("model", "calib", "output"), "export": ("model", "output"),
               "finetune": ("model", "data", "out"), "profile": ("model",), "inspect": ("model",),
-              "run": (), "predict": ("model", "data")}
+              "run": (), "predict": ("model", "data"), "tune": ("model", "data", "out")}
 BAD = {"None": None, "int": 5, "float": 2.5, "list": ["a.onnx"], "empty": "", "blank": "  "}
 
 
@@ -146,7 +149,8 @@ FACE = {
 # the face's other names take no path: classes, results, errors, and functions of numbers or profiles
 NO_PATH = {"list_profiles", "detect_host", "compare_outputs", "energy_report", "Preprocess", "Dataset",
            "EdgetrainError", "UsageError", "BudgetExceeded", "RunFailed", "QuantizeOptions", "ExportOptions",
-           "FinetuneOptions", "ProfileOptions", "Result", "QuantizeResult", "ExportResult", "Progress", "Comparison"}
+           "FinetuneOptions", "ProfileOptions", "TuneOptions", "Result", "QuantizeResult", "ExportResult", "Progress",
+           "Comparison"}
 
 
 def test_the_face_is_covered():
