@@ -977,7 +977,7 @@ class FleetJoinOptions(DeviceOptions):
 
 # --- edgetrain tune -------------------------------------------------------------------------------------
 
-def _grid_text(value) -> str:
+def _grid_text(value) -> str | None:
     """``--grid`` as one text, ``NAME=V1,V2;NAME=V1,...`` or a YAML file: a repeated flag (a list), a mapping
     (the API: ``{"lr": [0.01, 0.1]}``) or that text. Names and values are checked by edgetrain.tuning, as
     finetune checks them."""

@@ -177,7 +177,6 @@ class OnnxEngine:
         self.random_weights = False
         self.replaced_head = False
         self.model_fp = ""
-        self.child_peak_mb = 0.0
         self.proto = None            # the model, its output layer resized when the classes differ
         self.grad: onnx_grad.GradGraph | None = None
         self.fwd: OrtForward | None = None   # bias/lite: the forward in ONNX Runtime (the backward: self.grad)

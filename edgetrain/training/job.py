@@ -48,6 +48,7 @@ from ..options import FinetuneOptions, TrainLayers
 from ..results import ProgressFn, Result, report
 from . import checkpoint as ckpt
 from . import store
+from .engine import Engine
 from .engine_onnx import OnnxEngine
 from .featurecache import FeatureCache, FeatureStore
 from .memplan import READ_AHEAD, Costs, MemoryPlan
@@ -168,7 +169,7 @@ class FinetuneJob:
         self.resume, self.initial, self.initial_where = resume, initial, initial_where
         self.correction, self.writes_model = correction, write_model
         self.feature_store = feature_store  # frozen-part outputs shared with other jobs of this process (a tune)
-        self.engine = OnnxEngine(self)
+        self.engine: Engine = OnnxEngine(self)
         self.gluon: GluonBase | None = None   # a Gluon model's export (None: MODEL is an ONNX file)
         self.notes: list[str] = []
         self.notes_before_training = 0
@@ -373,7 +374,7 @@ class FinetuneJob:
         self.notes.append(f"feature pass: {decode_s:.2f}s decoding and preprocessing {rows} samples, "
                           f"{frozen_s:.2f}s in the frozen part")
         self.cache_complete = True  # only now may a checkpoint vouch for it
-        if shared_key is not None:
+        if shared_key is not None and self.feature_store is not None:
             self.feature_store.put(shared_key, self.cache)
         return time.monotonic() - t0
 
