@@ -203,7 +203,9 @@ def run(grid, spec_path: str) -> None:
                   "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers,
                   **({"density": float(spec.get("ternary_density") or DENSITY),
                       "control-step": control_step,
-                      "min-keep": int(spec.get("ternary_min_keep") or MIN_KEEP)} if compact else {}),
+                      "min-keep": int(spec.get("ternary_min_keep") or MIN_KEEP),
+                      # a run begun before the codec sized itself keeps its fixed density on --resume
+                      "uplink-ratio": float(spec.get("uplink_ratio") or 0.0)} if compact else {}),
                   "classes": list(evaluator.classes)}  # the fleet's: a device may hold any subset of them
         # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
         messages = [Message(content=RecordDict({"arrays": downs[d.key][0] if compact else down, "config": ConfigRecord(
