@@ -314,8 +314,11 @@ def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple
                "bytes-up-fp32": fp32_bytes,
                "train-loss": float(last.get("loss") or 0.0), "train-accuracy": float(last.get("train_accuracy") or 0.0),
                "joules": float(energy.get("joules") or 0.0), "threads": int(result.threads or 0), **extra}
+    # the round this answers and the global arrays it trained from: the coordinator refuses a reply that
+    # names another (a replayed message)
     facts = {"name": join["name"], "device": join.get("device") or "this host",
-             "energy": str(energy.get("provenance") or "") if energy else ""}
+             "energy": str(energy.get("provenance") or "") if energy else "",
+             "round": round_no, "trained-from": arrays_digest(global_arrays)}
     state = {"round": round_no, "codec": codec, "name": join["name"], "trained": int(meta.get("trained", 0)) + 1}
     staged = {"round": round_no, "digest": digest, "state": state, "metrics": metrics, "facts": facts,
               "update": {k: [e.codec, list(e.shape)] for k, e in encoded.items()}}
