@@ -101,9 +101,11 @@ def mxnet() -> ModuleType:
                     top = (exc.name or "?").split(".")[0]
                     raise UsageError(f"mxnet cannot load: it imports {top}, which is not installed",
                                      "import mxnet", f"pip install {top}") from exc
-                raise UsageError(f"mxnet {MXNET_VERSION} is not installed", f"Python {_python()}",
-                                 "run `edgetrain doctor --fix` (it installs mxnet==1.9.1 without the "
-                                 "numpy<2 pin in its metadata)") from exc
+                how = ("without the numpy<2 pin in its metadata" if sys.version_info >= (3, 12) else
+                       'with its pins, as pip install ".[host]" does')
+                raise UsageError(f"mxnet {MXNET_VERSION} is not installed (a device install: this needs the host side)",
+                                 f"Python {_python()}",
+                                 f"run `edgetrain doctor --fix` (it installs mxnet==1.9.1 {how})") from exc
             except OSError as exc:
                 libs = _MISSING_LIB.findall(str(exc))
                 if not libs:

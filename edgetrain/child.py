@@ -57,9 +57,22 @@ def child_env(threads: int | None = None, extra: dict | None = None) -> dict:
     return env
 
 
+# Python 3.10 (JetPack 6) has no -P: these drop the working directory from sys.path themselves.
+_RUN_MODULE_310 = "import runpy, sys; del sys.path[0]; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+
+
 def python_argv(module: str, *args: str) -> list[str]:
     """``python -P -m MODULE ARGS``: edgetrain is imported from where this process imported it."""
-    return [sys.executable, "-P", "-m", module, *map(str, args)]
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module, *map(str, args)]
+    return [sys.executable, "-c", _RUN_MODULE_310, module, *map(str, args)]
+
+
+def python_c(code: str, *args: str) -> list[str]:
+    """``python -P -c CODE ARGS`` (on Python 3.10, without -P, the same sys.path)."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-c", code, *map(str, args)]
+    return [sys.executable, "-c", "import sys; del sys.path[0]\n" + code, *map(str, args)]
 
 
 def start(argv: list[str], *, threads: int | None = None, env: dict | None = None, merge_stderr: bool = False,

@@ -685,7 +685,12 @@ def check_command_outputs(model, opts, json_path: str | None = None) -> None:
 def file_digest(path, algorithm: str = "sha256") -> str:
     """Hex digest of a file's bytes, read in chunks."""
     with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, algorithm).hexdigest()
+        if hasattr(hashlib, "file_digest"):
+            return hashlib.file_digest(fh, algorithm).hexdigest()
+        digest = hashlib.new(algorithm)  # Python 3.10 (JetPack 6) has no hashlib.file_digest
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+        return digest.hexdigest()
 
 
 MEMO_ENTRIES = 512  # the most files a digest memo remembers (the oldest are forgotten first)

@@ -16,7 +16,12 @@ import math
 import os
 import re
 import typing
-from typing import Annotated, Any, Literal, Optional, Self
+from typing import Annotated, Any, Literal, Optional
+
+try:
+    from typing import Self
+except ImportError:  # Python 3.10 (JetPack 6): typing.Self is 3.11's
+    from typing_extensions import Self
 
 from .errors import UsageError
 from .preprocess import parse_shape
@@ -754,7 +759,8 @@ class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions, MeterExportO
     batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(
         32, help="Effective batch size (micro-batches accumulate up to it).")
     lr: Positive = opt(None, metavar="LR", le=MAX_LR,
-                       help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, else 0.003 / 0.05).")
+                       help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, 0.0003 / 0.005 for all, else "
+                            "0.003 / 0.05).")
     optimizer: Literal["sgd", "adam"] = opt("adam", help="Optimizer.")
     train_layers: TrainLayersValue = opt(DEFAULT_TRAIN_LAYERS, metavar="head|last:N|bias|lite|all",
                                     help="What trains: the output layer, the last N trainable layers/blocks, "

@@ -33,10 +33,32 @@ def by_name(report: dict) -> dict:
     return {c["name"]: c for c in report["checks"]}
 
 
-EXPECTED = {"python", "numpy", "system-libs", "aarch64-armpl", "mxnet-import", "mxnet-compute", "mxnet-compat",
-            "onnx", "onnxruntime", "inference", "threads", "isa"}
+EXPECTED = {"python", "platform", "numpy", "side", "system-libs", "aarch64-armpl", "mxnet-import", "mxnet-compute",
+            "mxnet-compat", "onnx", "onnxruntime", "inference", "threads", "isa"}
+
+# A finder ahead of every other that says mxnet does not exist (find_spec and import alike): a device install,
+# made of a host's environment. Loaded by a sitecustomize on PYTHONPATH, in the doctor's children too.
+NO_MXNET_SITE = """import sys
+class _NoMxnet:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "mxnet" or name.startswith("mxnet."):
+            raise ModuleNotFoundError("No module named 'mxnet'", name="mxnet")
+        return None
+sys.meta_path.insert(0, _NoMxnet)
+"""
 
 
+def _mxnet_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("mxnet") is not None
+
+
+host_only = pytest.mark.skipif(not _mxnet_installed(), reason="the host side: needs mxnet installed")
+
+
+@host_only
 def test_healthy_host_exits_0_with_json(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
@@ -55,11 +77,61 @@ def test_healthy_host_exits_0_with_json(tmp_path):
     assert checks["mxnet-compute"]["details"]["potrf_max_abs_err"] < 1e-3
     if platform.machine() == "x86_64":
         assert "not applicable" in checks["aarch64-armpl"]["message"]
+    assert report["side"] == "host" and checks["side"]["message"].startswith("host: mxnet is installed")
     # the human report went to stderr, the JSON alone to stdout
-    assert "healthy" in proc.stderr
+    assert "healthy: " in proc.stderr and "failed (host side)" in proc.stderr
+
+
+def test_a_device_install_is_healthy_and_says_it_is_the_device_side(tmp_path):
+    """No mxnet at all (issue 36): healthy, exit 0, the side named, and how to become a host on this Python."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_MXNET_SITE)
+    proc = run_doctor("--json", "-", pythonpath=site, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = parsed(proc)
+    checks = by_name(report)
+    assert set(checks) == EXPECTED and report["healthy"] and report["side"] == "device"
+    assert all(c["status"] == "ok" for c in report["checks"]), [c for c in report["checks"] if c["status"] != "ok"]
+    assert checks["side"]["message"].startswith("device: no mxnet, none needed")
+    assert 'pip install ".[host]"' in checks["side"]["message"] and "edgetrain doctor --fix" in checks["side"]["message"]
+    for name in ("mxnet-import", "mxnet-compute", "mxnet-compat", "system-libs", "aarch64-armpl"):
+        assert checks[name]["details"]["applicable"] is False, checks[name]
+    assert "healthy: " in proc.stderr and "failed (device side)" in proc.stderr and ", device side (" in proc.stderr
+
+
+def test_fix_installs_mxnet_the_way_pip_can_on_this_python():
+    """--fix makes the host: below 3.12 with mxnet's own pins (what `.[host]` adds: pip check stays clean), on
+    3.12+ without them (numpy<2 has no wheels there)."""
+    from edgetrain.ops import doctor
+
+    cmd = doctor.PIP_MXNET_PINNED if sys.version_info < (3, 12) else doctor.PIP_MXNET
+    assert cmd[-1] == "mxnet==1.9.1" and ("--no-deps" in cmd) is (sys.version_info >= (3, 12))
+    assert doctor.PIP_RESOLVES_MXNET is (sys.version_info < (3, 12))
+
+
+@pytest.mark.parametrize("machine", ["armv7l", "armv6l"])
+def test_32_bit_arm_is_refused_with_what_to_install(machine):
+    from edgetrain.ops.doctor import FAIL, check_platform
+
+    c = check_platform(machine, "32bit")
+    assert c.status == FAIL and "32-bit ARM" in c.message and "no onnxruntime or onnx wheels" in c.message
+    assert "64-bit Raspberry Pi OS" in c.fix
+    assert check_platform("aarch64", "32bit").status == FAIL
+    assert check_platform("aarch64", "64bit").status == "ok" and check_platform("x86_64", "64bit").status == "ok"
+
+
+def test_a_python_older_than_3_10_points_at_conda_forge_and_the_jetson_nano_pin():
+    from edgetrain.ops.doctor import FAIL, OK, check_python
+
+    old = check_python((3, 6))   # JetPack 4.6 on a stock Jetson Nano
+    assert old.status == FAIL and "3.10 to 3.13" in old.message
+    assert "conda-forge" in old.fix and "python=3.11" in old.fix and 'onnxruntime==1.28.0' in old.fix
+    assert check_python((3, 10)).status == OK and check_python((3, 14)).status == FAIL
 
 
 @pytest.mark.compat
+@host_only
 def test_doctor_reports_the_compatibility_applied_for_this_numpy(tmp_path):
     import numpy
 
@@ -86,6 +158,7 @@ def test_doctor_reports_the_compatibility_applied_for_this_numpy(tmp_path):
     assert checks["python"]["status"] == "ok"
 
 
+@host_only
 def test_fix_on_healthy_host_changes_nothing(tmp_path):
     proc = run_doctor("--fix", "--json", str(tmp_path / "doctor.json"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -106,9 +179,10 @@ def test_too_old_numpy_fails_with_the_fix(tmp_path):
     assert numpy["status"] == "fail"
     assert "1.22.4" in numpy["message"] and "1.23.5" in numpy["message"]
     assert 'numpy>=1.23.5' in numpy["fix"]
-    # mxnet cannot work with it either, and its fix points back at numpy
-    assert checks["mxnet-import"]["status"] == "fail"
-    assert "numpy" in checks["mxnet-import"]["fix"]
+    # mxnet cannot work with it either, and its fix points back at numpy (on a host: a device has no mxnet)
+    if _mxnet_installed():
+        assert checks["mxnet-import"]["status"] == "fail"
+        assert "numpy" in checks["mxnet-import"]["fix"]
 
 
 def test_mxnet_not_installed_points_at_doctor_fix(tmp_path):
@@ -146,6 +220,7 @@ def test_system_libraries_missing_give_the_apt_line(tmp_path):
     assert check.status == "ok" and check.details["missing"] == []
 
 
+@host_only
 def test_system_libraries_are_read_from_the_installed_wheel():
     from edgetrain.ops.doctor import check_system_libs
 
@@ -226,6 +301,7 @@ def test_elf_needed_reads_real_libraries():
         armpl.elf_needed(Path(__file__))
 
 
+@host_only
 def test_installed_mxnet_needs_no_armpl_on_x86():
     lib = armpl.find_libmxnet()
     assert lib is not None and lib.name == "libmxnet.so"

@@ -222,7 +222,7 @@ def test_one_graph_step_lite_modules_equal_numpy():
     _check_train(model, "bias+head", _data(shape=(3, 3, 9, 9)), extra=names)
 
 
-@pytest.mark.parametrize("layers", ["bias", "lite"])
+@pytest.mark.parametrize("layers", ["bias", "lite", "all"])
 def test_one_graph_step_mobilenet_v2_blocks_equal_numpy(layers):
     """MobileNetV2's blocks (stem, inverted residuals with and without their skip, strides 1 and 2, depthwise,
     ReLU6, the 1280-wide last conv's shape scaled down), at a size that leaves odd rows (17 -> 9 -> 5 -> 3)."""
@@ -234,6 +234,11 @@ def test_one_graph_step_mobilenet_v2_blocks_equal_numpy(layers):
     if layers == "lite":
         model, names, _ = _lit(model.SerializeToString())
         model, extra = onnx.load_from_string(model), names
+    if layers == "all":   # every weight: a trained depthwise kernel is turned in the graph for its input gradient
+        from edgetrain.training.engine_onnx import _weights_of
+
+        _check_train(model, _weights_of(model.graph), _data(shape=(2, 3, 33, 33)))
+        return
     _check_train(model, "bias+head", _data(shape=(2, 3, 33, 33)), extra=extra)
 
 

@@ -11,9 +11,10 @@ from .render import ProgressLine
 
 @click.command()
 @click.option("--fix", is_flag=True,
-              help="Repair what can be repaired: install mxnet 1.9.1 without its numpy<2 pin when it is missing "
-                   "(Python 3.12+, where pip cannot resolve it); on aarch64 link the ARM Performance Libraries "
-                   "mxnet needs to OpenBLAS/LAPACKE, libm and libc. Changes nothing when all is well.")
+              help="Repair what can be repaired: install mxnet 1.9.1 when it is missing, making this install the "
+                   "host (on Python 3.12+ without its numpy<2 pin, which pip cannot resolve there; skip --fix on a "
+                   "device); on aarch64 link the ARM Performance Libraries mxnet needs to OpenBLAS/LAPACKE, libm "
+                   "and libc. Changes nothing when all is well.")
 @json_option
 def doctor(fix, json_path):
     """Check Python, numpy, mxnet (import and a computation), onnx, onnxruntime, thread settings and

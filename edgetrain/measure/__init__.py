@@ -15,12 +15,14 @@ _FACE = {  # name -> the module of this wing that defines it
     "ProfileResult": "profiling", "profile": "profiling", "attribute": "attribution",
     "first_window": "attribution",
     "check_report_path": "report", "energy_lines": "report", "text_summary": "report", "write_report": "report",
+    "reference_onnx": "reference_net",
 }
 __all__ = sorted(_FACE)
 
 if TYPE_CHECKING:
     from .attribution import attribute, first_window
     from .profiling import ProfileResult, profile
+    from .reference_net import reference_onnx
     from .report import check_report_path, energy_lines, text_summary, write_report
 
 

@@ -413,7 +413,17 @@ def plan(spec: dict) -> dict:
     from . import memory_model
 
     out: dict = {"notes": []}
-    if spec.get("export_to"):
+    if spec.get("reference_net"):
+        # the speed reference's network, written without mxnet (a device has none)
+        from . import reference_net
+
+        side = int((spec.get("chw") or [3, 224, 224])[-1])
+        Path(spec["export_to"]).write_bytes(reference_net.reference_onnx(spec["reference_net"], side=side,
+                                                                dynamic_batch=spec["batch"] != 1))
+        out["preprocess"] = {**reference_net.PREPROCESS, "input_shape": [3, side, side]}
+        out["random_weights"] = True
+        out["model_file"] = spec["export_to"]
+    elif spec.get("export_to"):
         from ..convert import export_onnx
         from ..models import load_gluon
 

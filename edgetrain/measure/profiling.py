@@ -26,7 +26,7 @@ from ..host import detect_host
 from ..models import parse_model_ref
 from ..options import ProfileOptions
 from ..results import ProgressFn, Result, report
-from . import contention, memory_model
+from . import contention, memory_model, reference_net
 
 RUNTIMES = ("onnxruntime", "mxnet")
 # Generous: a zoo model under QEMU or on a Pi Zero takes minutes; a hang still ends.
@@ -463,8 +463,9 @@ def _paired_reference(prof, host, label, thread_list, base_spec, warmup, timeout
 def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None, paired_with: dict | None = None) -> dict:
     """This host's p50 on the profile's reference workload, in a fresh child; cached for this process.
 
-    A zoo name runs as the exported ONNX model in ONNX Runtime (the closest host runtime to the fp32
-    CPU kernels the published figures come from); a runtime named 'mxnet' runs in MXNet. With
+    A zoo name runs as ONNX in ONNX Runtime (the closest host runtime to the fp32 CPU kernels the published
+    figures come from): MobileNetV2-1.0, every shipped profile's reference, written without mxnet
+    (reference_net: a device has none), another zoo name exported; a runtime named 'mxnet' runs in MXNet. With
     ``paired_with`` (a model's 1-thread run spec) the reference and that model are timed in turns in one
     child (``child.paired``) and the result carries the model's CPU times too (not cached).
     """
@@ -483,6 +484,8 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None, pai
             plan = {**spec, "mode": "plan", "chw": chw}
             if rt == "onnxruntime":
                 plan["export_to"] = str(Path(tmp) / "reference.onnx")
+                if model.startswith("zoo:") and model[4:] in reference_net.BUILT:
+                    plan["reference_net"] = model[4:]   # written without mxnet: the device has none
             return run_child(plan, 1, "the speed reference analysis", timeout)
 
         square = [refp.input, refp.input]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import envvars, runtime
+from ..child import python_c
 from ..compat import armpl
 from ..host import detect_host, read_cpuinfo
 from ..results import EXIT_FAILED, EXIT_OK, Result
@@ -28,10 +29,21 @@ OK, WARN, FAIL = "ok", "warn", "fail"
 NOTHING = "nothing to do"
 MXNET_PIN = "mxnet==1.9.1"
 NUMPY_MIN = (1, 23, 5)
-SUPPORTED_PYTHON = ((3, 11), (3, 12), (3, 13))
+SUPPORTED_PYTHON = ((3, 10), (3, 11), (3, 12), (3, 13))
 # mxnet installed without its dependencies: its metadata pins numpy<2.0, which has no wheels for Python >=
-# 3.12; of the others it imports only requests, which edgetrain requires there (graphviz is optional).
+# 3.12; of the others it imports only requests (graphviz is optional), installed first when missing.
 PIP_MXNET = [sys.executable, "-m", "pip", "install", "--no-deps", MXNET_PIN]
+# Below Python 3.12 pip installs it with its own pins (numpy<2 has wheels there): what `.[host]` adds.
+PIP_MXNET_PINNED = [sys.executable, "-m", "pip", "install", MXNET_PIN]
+# pyproject.toml's floors: 1.28.0 (the last manylinux_2_27 aarch64 wheel: a stock Jetson Nano), 1.23.2 on Python
+# 3.10 (the last release with its wheels: JetPack 6)
+ORT_FLOOR = "1.28.0" if sys.version_info >= (3, 11) else "1.23.2"
+PIP_REQUESTS = [sys.executable, "-m", "pip", "install", "requests>=2.20"]
+# Where pip installs mxnet with its own metadata (numpy<2 has wheels): the host extra, `pip install ".[host]"`.
+PIP_RESOLVES_MXNET = sys.version_info < (3, 12)
+HOST, DEVICE = "host", "device"
+# No onnxruntime or onnx wheels exist for 32-bit ARM (Raspberry Pi OS 32-bit, armv7l/armv6l).
+ARM32 = ("armv7l", "armv6l", "armv7", "armv8l", "arm")
 # Debian packages that provide the system libraries the mxnet wheels link (and do not bundle).
 SYSTEM_PACKAGES = {
     "libgomp.so.1": "libgomp1", "libquadmath.so.0": "libquadmath0", "libgfortran.so.5": "libgfortran5",
@@ -161,6 +173,7 @@ class DoctorReport(Result):
     fix_requested: bool = False
     fixed: list[dict] = field(default_factory=list)
     machine: str = field(default_factory=platform.machine)
+    side: str = ""  # "host" (mxnet installed: Gluon -> ONNX) or "device" (ONNX files only)
 
     def checks(self) -> list[str]:
         return [f"check '{c.name}' failed: {c.message}" for c in self.checked if c.status == FAIL]
@@ -186,6 +199,7 @@ class DoctorReport(Result):
             "healthy": self.healthy,
             "exit_code": self.exit_code,
             "machine": self.machine,
+            "side": self.side,
             "python": platform.python_version(),
             "executable": sys.executable,
             "counts": self.counts(),
@@ -201,7 +215,7 @@ class DoctorReport(Result):
 
 def probe(name: str, timeout: float | None = None) -> dict:
     """Import one library in a child Python and return what it reported (or how it died)."""
-    cmd = [sys.executable, "-P", "-c", PROBE, name]
+    cmd = python_c(PROBE, name)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout or PROBE_TIMEOUT,
                               stdin=subprocess.DEVNULL)
@@ -251,16 +265,60 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 # --- checks -----------------------------------------------------------------------------------------
 
-def check_python() -> Check:
-    v = sys.version_info
-    text = platform.python_version()
+def check_python(version: tuple[int, int] | None = None) -> Check:
+    v = version or sys.version_info[:2]
+    text = platform.python_version() if version is None else "%d.%d" % version
     details = {"version": text, "executable": sys.executable}
-    if (v.major, v.minor) in SUPPORTED_PYTHON:
+    if tuple(v) in SUPPORTED_PYTHON:
         return Check("python", OK, f"Python {text}", details=details)
+    if tuple(v) < SUPPORTED_PYTHON[0]:
+        return Check("python", FAIL,
+                     f"Python {text} is older than edgetrain supports (3.10 to 3.13); a stock Jetson Nano (JetPack 4, "
+                     "Python 3.6) needs a newer Python beside the system's",
+                     "install Miniforge (conda-forge), make a Python 3.11 environment (conda create -n edgetrain "
+                     "python=3.11) and in it: pip install . \"onnxruntime==1.28.0\" (README, Jetson Nano)", details)
     return Check("python", FAIL,
-                 f"Python {text}: edgetrain supports 3.11 to 3.13 (mxnet 1.9.1 is not tested on others)",
+                 f"Python {text}: edgetrain supports 3.10 to 3.13 (mxnet 1.9.1 and the onnxruntime wheels are not "
+                 "tested on others)",
                  "install Python 3.13 (Raspberry Pi OS / Debian trixie) or 3.11 (bookworm) and reinstall "
                  "edgetrain in a venv of it", details)
+
+
+def check_platform(machine: str, bits: str | None = None) -> Check:
+    """32-bit ARM has no onnxruntime or onnx wheels: say so, with what to install instead."""
+    details = {"machine": machine, "bits": bits or platform.architecture()[0]}
+    if machine in ARM32 or (machine.startswith("armv") and not machine.startswith("armv8")):
+        return Check("platform", FAIL,
+                     f"{machine} is 32-bit ARM (32-bit Raspberry Pi OS): no onnxruntime or onnx wheels exist for it "
+                     "(nor mxnet's), so no edgetrain command can run here",
+                     "install the 64-bit Raspberry Pi OS (aarch64: every Pi from the 3 and the Zero 2 W runs it), then "
+                     "edgetrain in a venv there (README, Supported platforms)", details)
+    if machine in ("aarch64", "arm64") and details["bits"] == "32bit":
+        return Check("platform", FAIL, "a 32-bit Python on a 64-bit ARM kernel: no onnxruntime or onnx wheels exist "
+                     "for it", "use the 64-bit Raspberry Pi OS's own Python (a 64-bit userland)", details)
+    return Check("platform", OK, f"{machine} ({details['bits']})", details=details)
+
+
+def _host_how() -> str:
+    """How a device install becomes a host (mxnet for export and Gluon models), on this Python."""
+    if PIP_RESOLVES_MXNET:
+        return f'pip install ".[host]" in the edgetrain checkout, or edgetrain doctor --fix (both: pip install {MXNET_PIN})'
+    return 'pip install ".[host]" && edgetrain doctor --fix (installs mxnet 1.9.1 without its numpy<2 pin)'
+
+
+def check_side(side: str) -> Check:
+    """Which side this install is: the host (mxnet: Gluon -> ONNX) or a device (ONNX files only)."""
+    details = {"side": side, "mxnet_installed": side == HOST}
+    if side == HOST:
+        return Check("side", OK, "host: mxnet is installed (export, Gluon models) beside every device command",
+                     details=details)
+    return Check("side", OK, "device: no mxnet, none needed (finetune, quantize, predict, profile, energy and fleet join "
+                 f"from ONNX files); for the host side (export, Gluon models): {_host_how()}", details=details)
+
+
+def _not_on_a_device(name: str) -> Check:
+    return Check(name, OK, "not applicable: a device install has no mxnet (see 'side')",
+                 details={"applicable": False, "side": DEVICE})
 
 
 def check_numpy(result: dict) -> Check:
@@ -409,7 +467,7 @@ def check_onnx(result: dict) -> Check:
 
 def check_onnxruntime(result: dict, emulated: bool) -> Check:
     if "error" in result:
-        fix = 'pip install --force-reinstall "onnxruntime>=1.17"'
+        fix = f'pip install --force-reinstall "onnxruntime>={ORT_FLOOR}"'
         if result.get("error_type") == "Crash" and emulated:
             fix = ("under QEMU, bind-mount an ARM /proc/cpuinfo into the root (tools/arm64/cpuinfo); "
                    "onnxruntime's CPU detection crashes on the host's")
@@ -419,7 +477,7 @@ def check_onnxruntime(result: dict, emulated: bool) -> Check:
     err = result.get("matmul_max_abs_err")
     if err is not None and err > 1e-4:
         return Check("onnxruntime", FAIL, f"onnxruntime MatMul differs from numpy by {err:.2e}",
-                     'pip install --force-reinstall "onnxruntime>=1.17"', details)
+                     f'pip install --force-reinstall "onnxruntime>={ORT_FLOOR}"', details)
     extra = f", MatMul matches numpy ({err:.1e})" if err is not None else ""
     return Check("onnxruntime", OK, f"onnxruntime {result.get('version')} runs{extra}", details=details)
 
@@ -458,7 +516,9 @@ def model(int8):
     nodes += [helper.make_node("Relu", [last], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["g"]),
               helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("MatMul", ["f", "m"], ["y"])]
     g = helper.make_graph(nodes, "probe", [x], [y], init)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    proto.ir_version = 7   # what every onnxruntime edgetrain supports reads (1.23.2 refuses the newest onnx's IR)
+    return proto.SerializeToString()
 data = rng.uniform(-1, 1, (2, 4, 8, 8)).astype(np.float32)
 out = {}
 for kind in ("fp32", "int8"):
@@ -477,7 +537,7 @@ def check_inference(script: str = INFERENCE_PROBE, timeout: float | None = None)
     version = _dist_version("onnxruntime")
     wheel = f"onnxruntime {version}" if version else "onnxruntime"
     try:
-        proc = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True,
+        proc = subprocess.run(python_c(script), capture_output=True, text=True,
                               timeout=timeout or PROBE_TIMEOUT, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return Check("inference", FAIL, f"a tiny fp32/int8 inference with {wheel} did not finish",
@@ -497,7 +557,7 @@ def check_inference(script: str = INFERENCE_PROBE, timeout: float | None = None)
                else f"exited {proc.returncode}")
         tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
         return Check("inference", FAIL, f"a tiny fp32/int8 inference with {wheel} {how}" + (f": {tail}" if tail else ""),
-                     'pip install --force-reinstall "onnxruntime>=1.17"', {"version": version})
+                     f'pip install --force-reinstall "onnxruntime>={ORT_FLOOR}"', {"version": version})
     if result["int8_rel_err"] > INT8_REL_TOLERANCE:
         return Check("inference", WARN, f"{wheel}'s int8 kernels differ from fp32 by {result['int8_rel_err']:.2g} "
                      "(relative) on a tiny model", "check int8 accuracy with `edgetrain quantize --val`", result)
@@ -571,7 +631,8 @@ def _emulated() -> bool:
 # --- the command ------------------------------------------------------------------------------------
 
 def run_checks(fix: bool = False, progress=None) -> DoctorReport:
-    """Run every check; with ``fix``, repair what can be repaired (the aarch64 ArmPL links) and re-check.
+    """Run every check; with ``fix``, repair what can be repaired (on Python 3.12+ install mxnet, the aarch64 ArmPL
+    links) and re-check.
 
     ``progress`` (optional) is called with the name of each check before it runs.
     """
@@ -580,35 +641,25 @@ def run_checks(fix: bool = False, progress=None) -> DoctorReport:
     report = DoctorReport(checked=[], fix_requested=fix, machine=machine)
     say("python")
     report.checked.append(check_python())
+    report.checked.append(check_platform(machine))
     say("numpy")
     report.checked.append(check_numpy(probe("numpy")))
 
-    libmxnet = armpl.find_libmxnet()
     if fix and not _mxnet_installed():
+        # --fix makes the host: Python 3.12+ cannot have mxnet's metadata pin numpy<2 (no wheels), so it goes in
+        # without its dependencies and requests (what it imports) first; below 3.12 pip installs it with its pins
+        if not PIP_RESOLVES_MXNET and not _module_installed("requests"):
+            say("installing requests")
+            report.fixed.append(_pip(PIP_REQUESTS, "pip install requests>=2.20"))
         say("installing mxnet")
         report.fixed.append(install_mxnet())
-        libmxnet = armpl.find_libmxnet()
-    say("system-libs")
-    report.checked.append(check_system_libs(machine, libmxnet))
-    say("aarch64-armpl")
-    armpl_check, p = check_armpl(machine, libmxnet)
-    if fix and p is not None and p.fixable:
-        try:
-            changed = armpl.apply(p)
-        except PermissionError as exc:
-            armpl_check.message += f"; --fix could not write beside libmxnet.so ({exc.strerror})"
-            armpl_check.fix = "run `edgetrain doctor --fix` as the user that installed mxnet (or with sudo)"
-        else:
-            report.fixed += [{"action": "symlink", **link.to_dict()} for link in changed]
-            armpl_check, p = check_armpl(machine, libmxnet)
-            if report.fixed:
-                armpl_check.message += f" (--fix linked {', '.join(link.name for link in changed)})"
-    report.checked.append(armpl_check)
-
-    say("mxnet")
-    mx_result = probe("mxnet")
-    report.checked += check_mxnet(mx_result, libmxnet, machine)
-    report.checked.append(check_compat(mx_result))
+    report.side = HOST if _mxnet_installed() else DEVICE
+    report.checked.append(check_side(report.side))
+    if report.side == HOST:
+        _check_host_side(report, fix, machine, say)
+    else:
+        report.checked += [_not_on_a_device(n) for n in ("system-libs", "aarch64-armpl", "mxnet-import",
+                                                           "mxnet-compute", "mxnet-compat")]
     say("onnx")
     report.checked.append(check_onnx(probe("onnx")))
     say("onnxruntime")
@@ -630,31 +681,67 @@ def run_checks(fix: bool = False, progress=None) -> DoctorReport:
     return report
 
 
+def _check_host_side(report: DoctorReport, fix: bool, machine: str, say) -> None:
+    """mxnet's checks: the system libraries its wheel links, the aarch64 ArmPL links (repaired with ``fix``), its
+    import and a computation, the numpy/Python compatibility applied."""
+    libmxnet = armpl.find_libmxnet()
+    say("system-libs")
+    report.checked.append(check_system_libs(machine, libmxnet))
+    say("aarch64-armpl")
+    armpl_check, p = check_armpl(machine, libmxnet)
+    if fix and p is not None and p.fixable:
+        try:
+            changed = armpl.apply(p)
+        except PermissionError as exc:
+            armpl_check.message += f"; --fix could not write beside libmxnet.so ({exc.strerror})"
+            armpl_check.fix = "run `edgetrain doctor --fix` as the user that installed mxnet (or with sudo)"
+        else:
+            report.fixed += [{"action": "symlink", **link.to_dict()} for link in changed]
+            armpl_check, p = check_armpl(machine, libmxnet)
+            if report.fixed:
+                armpl_check.message += f" (--fix linked {', '.join(link.name for link in changed)})"
+    report.checked.append(armpl_check)
+
+    say("mxnet")
+    mx_result = probe("mxnet")
+    report.checked += check_mxnet(mx_result, libmxnet, machine)
+    report.checked.append(check_compat(mx_result))
+
+
 def _mxnet_installed() -> bool:
+    return _module_installed("mxnet")
+
+
+def _module_installed(name: str) -> bool:
     try:
-        return importlib.util.find_spec("mxnet") is not None
+        return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
 
 
-def install_mxnet() -> dict:
-    """``pip install --no-deps mxnet==1.9.1`` into this interpreter's environment (doctor --fix).
-
-    Without its dependencies because its metadata pins numpy<2.0, which pip cannot satisfy on Python >=
-    3.12 (no wheels) and which would downgrade a numpy 2 that other packages need.
-    """
-    proc = subprocess.run(PIP_MXNET, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          timeout=PROBE_TIMEOUT)
+def _pip(argv: list[str], command: str) -> dict:
+    proc = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT)
     tail = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or [""])[-1][:300]
     importlib.invalidate_caches()
-    return {"action": "pip", "command": "pip install --no-deps " + MXNET_PIN, "exit_code": proc.returncode,
-            "message": tail}
+    return {"action": "pip", "command": command, "exit_code": proc.returncode, "message": tail}
+
+
+def install_mxnet() -> dict:
+    """mxnet 1.9.1 into this interpreter's environment (doctor --fix): the host side.
+
+    On Python >= 3.12 ``pip install --no-deps``: its metadata pins numpy<2.0, which pip cannot satisfy there (no
+    wheels). Below, ``pip install mxnet==1.9.1`` with its pins, as ``pip install ".[host]"`` does (a numpy 2 goes
+    back below 2; ``pip check`` stays clean).
+    """
+    if PIP_RESOLVES_MXNET:
+        return _pip(PIP_MXNET_PINNED, "pip install " + MXNET_PIN)
+    return _pip(PIP_MXNET, "pip install --no-deps " + MXNET_PIN)
 
 
 def render(report: DoctorReport) -> str:
     """The human report: one line per check, a fix line under each that is not ok."""
-    lines = [f"edgetrain doctor: Python {platform.python_version()} on {report.machine} "
-             f"({sys.executable})"]
+    lines = [f"edgetrain doctor: Python {platform.python_version()} on {report.machine}, "
+             f"{report.side or 'unknown'} side ({sys.executable})"]
     for c in report.checked:
         lines.append(f"  {c.status.upper():<4}  {c.name:<14} {c.message}")
         if c.status != OK:
@@ -666,5 +753,5 @@ def render(report: DoctorReport) -> str:
             lines.append(f"  fixed: {action['path']} -> {action['target']}")
     n = report.counts()
     verdict = "healthy" if report.healthy else "NOT healthy"
-    lines.append(f"{verdict}: {n[OK]} ok, {n[WARN]} warning(s), {n[FAIL]} failed")
+    lines.append(f"{verdict}: {n[OK]} ok, {n[WARN]} warning(s), {n[FAIL]} failed ({report.side or 'unknown'} side)")
     return "\n".join(lines)

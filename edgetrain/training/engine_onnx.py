@@ -5,9 +5,10 @@ gluon.py) wrote: its preprocessing and class names are in its metadata. What tra
 
 - ``head`` / ``last:N``: the graph is cut at a tensor that alone separates the frozen layers from the
   trained ones (a residual block is one layer: no skip connection may cross the cut). The frozen part runs
-  in ONNX Runtime once per sample into the feature cache; the trained part runs and is differentiated in
-  NumPy (onnx_grad), every initializer of it training. BatchNorm keeps the running statistics the file
-  holds (an exported BatchNorm is an inference-time affine map); its scale and shift train.
+  in ONNX Runtime once per sample into the feature cache (from a file in OUTDIR: the model this engine holds
+  keeps no frozen weight); the trained part, every initializer of it training, steps on the cached features.
+  BatchNorm keeps the running statistics the file holds (an exported BatchNorm is an inference-time affine
+  map); its scale and shift train.
 - ``bias``: every bias and BatchNorm shift of every layer trains, every other weight is frozen, plus the
   output layer, which must learn the new classes (TinyTL, NeurIPS 2020). Nothing is frozen whole, so every
   step runs the whole graph; what the backward pass keeps is a bit mask per ReLU/ReLU6 activation and a
@@ -16,11 +17,13 @@ gluon.py) wrote: its preprocessing and class names are in its metadata. What tra
   ops: a small group convolution on a 2x-downsampled copy of each block's input, a 1x1 projection, upsampled
   and added to the block's output. Their weights train from a zero output; every original weight is frozen.
   The backward pass keeps the same bit masks as ``bias`` plus the modules' own (downsampled) inputs.
-  With ``bias`` and ``lite`` the whole step (forward, the loss's gradient, backward) is one ONNX Runtime graph
-  (ort_train) when the plan fits it; if the graph's backward has an op ONNX cannot write here, the forward runs
-  in ONNX Runtime and the backward in NumPy (ort_forward); else both in NumPy (onnx_grad), which stays the
-  reference the others are tested against.
-- ``all``: every weight trains in NumPy (the activations a weight's gradient needs are kept).
+- ``all``: every weight trains (the activations a weight's gradient needs are kept).
+
+In every mode the whole step (forward, the loss's gradient, backward) is one ONNX Runtime graph (ort_train, the
+backward written by onnx_grad's op classes) at the largest micro-batch the memory plan fits. NumPy's backward is
+kept in one place, for a graph whose backward ONNX cannot write here (then with ``bias``/``lite`` the forward
+runs in ONNX Runtime, ort_forward) or a budget ONNX Runtime's sessions do not fit; onnx_grad's NumPy engine stays
+the reference the others are tested against.
 
 The result is OUTDIR/model.onnx: the same graph with the trained initializers (a replaced output layer
 resized; with ``lite``, the modules' nodes added), and its metadata saying the classes and preprocessing,
@@ -44,7 +47,7 @@ from . import checkpoint as ckpt
 from . import lite, onnx_grad, roles, store
 from . import ort_forward, ort_train
 from .ort_forward import OrtForward
-from .memplan import MB, MEASURED_SPREAD_MB, Costs, choose, plan_for
+from .memplan import HEADROOM, MB, MEASURED_SPREAD_MB, READ_AHEAD, Costs, MemoryPlan, choose, plan_for
 from .onnx_layers import cut_before_layer, extract, shapes_of, without_weights, write_streamed
 from .optimizers import make_numpy_optimizer
 from .outdir import ONNX_MODEL
@@ -178,11 +181,16 @@ class OnnxEngine:
         self.proto = None            # the model, its output layer resized when the classes differ
         self.grad: onnx_grad.GradGraph | None = None
         self.fwd: OrtForward | None = None   # bias/lite: the forward in ONNX Runtime (the backward: self.grad)
-        self.step_graph: ort_train.OrtTrain | None = None   # bias/lite: the whole step in ONNX Runtime
+        self.step_graph: ort_train.OrtTrain | None = None   # the whole step in ONNX Runtime
+        self.step_model = None      # head/last:N: the trained part's graph, until the step graph is made of it
         self.stripped: list[str] = []   # frozen initializers whose values only self.grad.params holds
         self.weights: dict[str, np.ndarray] = {}
         self.cut: str | None = None
         self.frozen_bytes: bytes | None = None
+        self.frozen_path: Path | None = None   # where the frozen part was written (then frozen_bytes goes)
+        self.source = Path()               # the ONNX file loaded (MODEL, or a Gluon model's export)
+        self.source_names: set[str] = set()
+        self.from_model: list[str] = []   # frozen initializers the model held: read back from the source to write it
         self.frozen_shape: tuple = ()
         self.frozen_per_sample_mb = 0.0
         self.opt = None
@@ -196,6 +204,8 @@ class OnnxEngine:
         train (a Gluon model's weights: the PREFIX written at the end holds nothing else)."""
         job = self.job
         model = load_onnx(source)
+        self.source = Path(source)
+        self.source_names = {t.name for t in model.proto.graph.initializer}   # before any exporter quirk is undone
         if model.preprocess is None:
             raise UsageError("the ONNX file has no edgetrain preprocessing record", job.model,
                              "export it with `edgetrain export` (its metadata says the input shape and mean/std)")
@@ -217,6 +227,7 @@ class OnnxEngine:
                                  "export the model with a fixed input shape")
             tail = extract(self.proto, [self.cut], [logits], shapes)
             self.grad = onnx_grad.GradGraph(tail, _within(_weights_of(tail.graph), within), output=logits)
+            self.step_model = tail   # the step graph's (plan): the trained part on the cached features
             frozen = extract(self.proto, [self.proto.graph.input[0].name], [self.cut], shapes)
             self._frozen_figures(frozen, shapes)
             self.frozen_bytes = frozen.SerializeToString()
@@ -309,9 +320,11 @@ class OnnxEngine:
     def plan(self, rows: int, saved: dict | None):
         job = self.job
         x = np.zeros((1, *job.pre.input_shape), np.float32)
+        if self.has_frozen and self.frozen_bytes is not None:
+            self._frozen_to_file()
         base_mb = procmem.rss_mb() or 0.0   # before the probe: what one sample's pass takes is train_mb's
         probe = self.features(x) if self.has_frozen else x
-        self.eval_session = None  # the feature pass makes its own, with the plan's arena: hold one, not two
+        # (the frozen part's session stays for the probe of a feature pass at the plan's batch: _probe)
         out, tape = self.grad.forward(probe)
         masks_mb = ort_forward.mask_bytes(tape) / MB
         self.grad.backward(tape, np.zeros_like(out))   # its peak too: the gradients it holds at once
@@ -319,7 +332,8 @@ class OnnxEngine:
         # (im2col columns, padded copies, unpacked masks): two of the largest activation
         train_mb = (tape.peak_bytes + 2 * tape.largest_bytes) / MB
         n_weights = sum(int(v.size) for v in self.weights.values())
-        session_mb = 2.65 * len(self.frozen_bytes) / MB + 30.0 if self.has_frozen else 0.0
+        frozen_size = self.frozen_path.stat().st_size if self.frozen_path is not None else len(self.frozen_bytes or b"")
+        session_mb = 2.65 * frozen_size / MB + 30.0 if self.has_frozen else 0.0
         spread_mb = 0.0
         now = procmem.rss_mb()
         if self.has_frozen and now is not None and base_mb > 0:
@@ -336,56 +350,157 @@ class OnnxEngine:
         costs = Costs(base_mb + session_mb, self.frozen_per_sample_mb, train_mb,
                       params_mb + 3 * n_weights * 4 / MB, int(np.prod(job.pre.input_shape)) * 4 / MB, rows,
                       feat * 4, job.batch_size, self.has_frozen, spread_mb=spread_mb)
-        if self.kind not in ("bias", "lite"):
-            return plan_for(costs, job.budget_mb, saved), costs
         return self._plan_runtime(costs, train_mb, masks_mb, saved)
 
+    def _frozen_to_file(self) -> None:
+        """head/last:N: the frozen part goes to OUTDIR (its sessions read the file) and its weights leave the model
+        this engine holds (MODEL has them; write_model reads them back): 26 MB less during the run's passes
+        (MobileNetV2-1.0 at 160x160: the serialized frozen part and its weights in the model)."""
+        path = self.job.outdir / store.FROZEN_ONNX
+        atomic_write_bytes(path, self.frozen_bytes, "frozen part")
+        self.frozen_bytes, self.frozen_path = None, path
+        # (an initializer this run made, a shared one's copy, stays in the model: the file does not hold it)
+        self.from_model = [t.name for t in self.proto.graph.initializer
+                           if t.data_type == 1 and t.name not in self.grad.params and t.name in self.source_names]
+        self.proto = without_weights(self.proto, self.from_model)
+        store.release_freed_memory()
+
     def _plan_runtime(self, costs: Costs, train_mb: float, masks_mb: float, saved: dict | None):
-        """bias/lite: where the step runs, the fastest that fits the budget (always the first without one), as a
-        resumed run's plan says (the three round differently):
+        """Where the step runs, the fastest that fits the budget (always the first without one), as a resumed run's
+        plan says (the three round differently):
         - ``ort_step``: the whole step as one ONNX Runtime graph (ort_train), when the graph's backward can be
-          written in ONNX;
-        - ``ort_forward``: the forward in ONNX Runtime, the backward NumPy's with ORT's ConvTranspose;
-        - else NumPy's forward and backward.
-        ONNX Runtime's sessions cost memory up front, and its tensors (masks a byte per value) per sample."""
+          written in ONNX: every mode (head and last:N on the cached features of the frozen part);
+        - ``ort_forward`` (bias/lite): the forward in ONNX Runtime, the backward NumPy's with ORT's ConvTranspose;
+        - else NumPy's forward and backward (onnx_grad), which stays the reference the others are tested against.
+        ONNX Runtime's sessions cost memory up front, and its tensors (masks a byte per value) per sample. The
+        micro-batch is the largest that fits the budget: the step's time per sample falls as it grows (fewer,
+        larger kernels). The first step at that micro-batch is the probe: a measured peak over the budget shrinks
+        it, and the plan's estimate becomes what was measured plus what the run still adds (its optimizer's state,
+        the cache)."""
         job = self.job
-        x = np.zeros((1, *job.pre.input_shape), np.float32)
-        size = self.proto.ByteSize()
+        model = self.step_model if self.has_frozen else self.proto
+        size = model.ByteSize()
         fused = dataclasses.replace(costs, base_mb=costs.base_mb + ort_train.sessions_mb(size),
-                                    train_per_sample=ort_train.STEP_PER_SAMPLE * (train_mb + masks_mb),
-                                    train_cap_mb=ort_train.STEP_CAP_MB)
+                                    train_per_sample=ort_train.STEP_PER_SAMPLE * (train_mb + masks_mb))
         with_ort = dataclasses.replace(costs, base_mb=costs.base_mb + ort_forward.sessions_mb(size),
                                        train_per_sample=train_mb + masks_mb)
         step = None
-        if saved.get("ort_step", False) if saved is not None else self._fits(fused):
+        # (head/last:N: the trained part's step graph is small, and the probe measures it: no guess gates it)
+        if saved.get("ort_step", False) if saved is not None else self.has_frozen or self._fits(fused):
             try:   # written only when it may run: the graph's making alone takes memory (a NumPy plan's margin)
-                step = ort_train.OrtTrain(self.proto, self.grad)
+                step = ort_train.OrtTrain(model, self.grad)
             except onnx_grad.NotEmitted as e:
                 job.notes.append(f"the backward runs in NumPy: {e}")
+        partial = self.kind in ("bias", "lite")   # a forward alone in ORT serves a graph with frozen weights
         if saved is not None:
             # (a step graph the saved plan used and this one cannot write: NumPy's backward, said in the notes)
             use_step, use_fwd = saved.get("ort_step", False) and step is not None, saved.get("ort_forward", False)
         else:
             use_step = step is not None
-            use_fwd = not use_step and self._fits(with_ort)
-        plan = plan_for(fused if use_step else with_ort if use_fwd else costs, job.budget_mb, saved)
+            use_fwd = partial and not use_step and self._fits(with_ort)
+        costs = fused if use_step else with_ort if use_fwd else costs
+        refused = None
+        try:
+            plan = plan_for(costs, job.budget_mb, saved)
+        except UsageError as e:
+            if not (use_step and self.has_frozen):
+                raise
+            # the analytic bound (its headroom on top) refused: head/last:N's figures are nearly all measured, so the
+            # smallest plan is probed and refused only if what it measures breaks the budget
+            refused, plan = e, MemoryPlan(1, 1, "disk", 0.0, job.budget_mb, costs.cache_mb)
         plan.ort_step, plan.ort_forward = use_step, use_fwd
-        if not use_fwd:   # the graph's copy of the frozen weights is GradGraph's: hold one (OrtForward reads the graph's)
+        if not use_fwd and not self.has_frozen:
+            # the graph's copy of the frozen weights is GradGraph's: hold one (OrtForward reads the graph's)
             self.stripped = ort_train.frozen_weights(self.proto.graph, self.grad)
             self.proto = without_weights(self.proto, self.stripped)
             store.release_freed_memory()
+        model = None
+        self.step_model = None
         if use_step:
-            self.step_graph = step.start(job.threads)
-            self.step_graph.step(x, np.zeros(1, np.int64), 0.0)   # its first run allocates what later ones reuse
-        elif use_fwd:
+            self.step_graph, plan = self._probe(step, plan, costs, saved)
+            if refused is not None and plan.estimate_mb > job.budget_mb:
+                raise refused
+            return plan, costs
+        if plan.arena is False:   # a saved plan's: the feature pass makes its own session without the arena
+            self.eval_session = None
+        x = np.zeros((1, *job.pre.input_shape), np.float32)
+        if use_fwd:
             self.fwd = OrtForward(self.proto, self.grad, job.threads)
             out, tape = self.fwd.forward(x)   # its ConvTranspose sessions are made at first use
             self.grad.backward(tape, np.zeros_like(out))
-        elif saved is None:
+        elif saved is None and partial:
             least = min(ort_train.sessions_mb(size), ort_forward.sessions_mb(size))
             job.notes.append(f"the step runs in NumPy: ONNX Runtime's sessions (about {least:.0f} MB) do not fit "
                              "the memory budget")
-        return plan, (fused if use_step else with_ort if use_fwd else costs)
+        return plan, costs
+
+    def _probe(self, step: ort_train.OrtTrain, plan, costs: Costs, saved: dict | None):
+        """The step graph's session and the plan, probed by a first step at the planned micro-batch (it allocates
+        what later steps reuse). A peak over the budget shrinks the micro-batch by the measured ratio and makes the
+        session again (a new arena); a resumed run keeps its saved plan."""
+        job = self.job
+        shape = self.frozen_shape if self.has_frozen else job.pre.input_shape
+        before = procmem.rss_mb() or 0.0
+        # what the run adds after the probe: the optimizer's state and the summed gradients (at the first real
+        # step), and the cache (filled after the plan)
+        later = 3 * sum(int(v.nbytes) for v in self.weights.values()) / MB
+        scale = 1.0
+        if self.has_frozen:
+            # the feature pass comes after the plan, beside the step graph's session: one pass at the plan's feature
+            # batch through the frozen part's session (the pass makes its own, alike) is measured here with it
+            self.features(np.zeros((plan.feature_batch, *job.pre.input_shape), np.float32))
+            # decoded inputs the pass holds beyond the probe's (ParallelReader: READ_AHEAD at a time, and a copy)
+            later += costs.input_per_sample * max(plan.feature_batch, READ_AHEAD) * 2
+        for _ in range(4):
+            step.start(job.threads)
+            m = plan.micro_batch
+            step.step(np.zeros((m, *shape), np.float32), np.zeros(m, np.int64), 0.0)
+            peak = procmem.peak_rss_mb() or 0.0
+            plan.method, plan.probe_peak_mb = "probe", round(peak, 1)
+            plan.estimate_mb = round(max(peak, (procmem.rss_mb() or 0.0) + later
+                                         + (costs.cache_mb if plan.cache == "memory" else 0.0)), 1)
+            if job.budget_mb is None or saved is not None or m == 1 or plan.estimate_mb <= job.budget_mb * HEADROOM:
+                break
+            scale *= max(1.0, (plan.estimate_mb - before) / max(costs.train_per_sample * m, 1.0)) * 1.1
+            try:
+                smaller = choose(costs, job.budget_mb, scale=scale)
+            except UsageError:
+                smaller = dataclasses.replace(plan, micro_batch=1)
+            plan = dataclasses.replace(plan, micro_batch=min(smaller.micro_batch, m // 2 or 1), notes=list(plan.notes))
+            step.stop()
+            store.release_freed_memory()
+        if job.budget_mb is not None and saved is None and plan.estimate_mb <= job.budget_mb * HEADROOM:
+            plan = self._grow(step, plan, shape, before, later, costs)
+        step.done()
+        return step, plan
+
+    def _grow(self, step: ort_train.OrtTrain, plan, shape: tuple, before: float, later: float, costs: Costs):
+        """The analytic figure per sample is an upper bound (MobileNetV2-1.0 lite at 96x96 under 200 MB: micro-batch
+        4 measured 162 MB): once, the largest micro-batch the probe's own figure per sample says fits is probed, and
+        kept if its measured peak fits too (else the probed one is made again)."""
+        job, m = self.job, plan.micro_batch
+        per_sample = max(plan.probe_peak_mb - before, 0.0) / m   # the session's fixed part too: an upper bound
+        room = job.budget_mb * HEADROOM - plan.estimate_mb
+        bigger = [d for d in range(m + 1, job.batch_size + 1) if job.batch_size % d == 0 and per_sample * (d - m) <= room]
+        if not bigger:
+            return plan
+        tried = dataclasses.replace(plan, micro_batch=bigger[-1], notes=list(plan.notes))
+        step.stop()
+        store.release_freed_memory()
+        step.start(job.threads)
+        step.step(np.zeros((tried.micro_batch, *shape), np.float32), np.zeros(tried.micro_batch, np.int64), 0.0)
+        peak = procmem.peak_rss_mb() or 0.0
+        tried.probe_peak_mb = round(peak, 1)
+        tried.estimate_mb = round(max(peak, (procmem.rss_mb() or 0.0) + later
+                                      + (costs.cache_mb if plan.cache == "memory" else 0.0)), 1)
+        if tried.estimate_mb <= job.budget_mb * HEADROOM:
+            return tried
+        step.stop()
+        store.release_freed_memory()
+        step.start(job.threads)
+        step.step(np.zeros((m, *shape), np.float32), np.zeros(m, np.int64), 0.0)
+        plan.estimate_mb = max(plan.estimate_mb, round(peak, 1))   # the process touched the larger probe's peak
+        return plan
 
     def _fits(self, costs: Costs) -> bool:
         if self.job.budget_mb is None:
@@ -409,8 +524,14 @@ class OnnxEngine:
     def frozen_fn(self):
         job = self.job
         path = job.outdir / store.FROZEN_ONNX
-        atomic_write_bytes(path, self.frozen_bytes, "frozen part")
-        session = store.ort_session(path, job.threads, job.plan.arena)
+        if self.frozen_bytes is not None:
+            atomic_write_bytes(path, self.frozen_bytes, "frozen part")
+            self.frozen_bytes, self.frozen_path = None, path
+        # the plan's probe session (the same file, with the arena) serves the pass: a second one made here took
+        # 23 MB more at MobileNetV2-1.0 160x160 head, where the run peaked
+        session = self.eval_session if self.eval_session is not None and job.plan.arena else \
+            store.ort_session(path, job.threads, job.plan.arena)
+        self.eval_session = None
         name = session.get_inputs()[0].name
         record = {"fingerprint": job.cache_fp, "sha256": store.file_sha(path)}
         return (lambda x: session.run(None, {name: x})[0]), record
@@ -419,15 +540,23 @@ class OnnxEngine:
         if not self.has_frozen:
             return x
         if self.eval_session is None:
-            self.eval_session = _lazy.ort_session(self.frozen_bytes, self.job.threads)
+            frozen = self.frozen_bytes if self.frozen_bytes is not None else self.frozen_path
+            self.eval_session = _lazy.ort_session(frozen, self.job.threads, spinning=True, stop_spinning_after_run=True)
         return self.eval_session.run(None, {self.eval_session.get_inputs()[0].name: x})[0]
 
     # --- training ----------------------------------------------------------------------------------
 
     def step(self, inputs, idx: np.ndarray, labels: np.ndarray, micro: int) -> tuple[float, int]:
         real = len(idx)
-        grads = {k: np.zeros_like(v) for k, v in self.weights.items()}
+        grads: dict[str, np.ndarray] = {}
         loss_sum, correct = 0.0, 0
+
+        def add(got: dict) -> None:
+            for k, g in got.items():
+                if k in grads:
+                    grads[k] += g
+                else:   # the first micro-batch's own arrays (ORT's outputs are the caller's): no zeros to add to
+                    grads[k] = g if real <= micro else g.copy()
         with np.errstate(over="ignore", invalid="ignore"):  # a diverged loss is reported by the job, once
             for start in range(0, real, micro):
                 part = idx[start:start + micro]
@@ -435,15 +564,13 @@ class OnnxEngine:
                     out, got = self.step_graph.step(inputs(part), labels[part], 1.0 / real)
                     loss, right, _ = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])
                     loss_sum, correct = loss_sum + loss, correct + right
-                    for k, g in got.items():
-                        grads[k] += g
-                    out = got = g = None   # ORT's buffers, free before the next run (its arena reuses them)
+                    add(got)
+                    out = got = None
                     continue
                 out, tape = self._forward(inputs(part))
                 loss, right, dlogits = onnx_grad.softmax_cross_entropy(out.reshape(len(part), -1), labels[part])
                 loss_sum, correct = loss_sum + loss, correct + right
-                for k, g in self.grad.backward(tape, (dlogits / np.float32(real)).reshape(out.shape)).items():
-                    grads[k] += g
+                add(self.grad.backward(tape, (dlogits / np.float32(real)).reshape(out.shape)))
         self.opt.step(grads)
         return loss_sum, correct
 
@@ -505,5 +632,26 @@ class OnnxEngine:
             entry = proto.metadata_props.add()
             entry.key, entry.value = key, value
         values = {name: self.grad.params[name] for name in self.stripped}
+        if self.from_model:   # read back from MODEL one at a time as they are written (not all at once: 14 MB)
+            store.release_freed_memory()   # first what the feature pass's session left to the heap (its arena)
+            inits = {t.name: t for t in load_onnx(self.source).proto.graph.initializer if t.name in set(self.from_model)}
+            write_streamed(path, proto, _FromTensors(inits, {**values, **self.weights}), "model")
+            return
         write_streamed(path, proto, {**values, **self.weights}, "model")
+
+
+class _FromTensors(dict):
+    """``arrays``, and the initializers ``tensors`` as arrays made when asked (write_streamed asks for one at a time)."""
+
+    def __init__(self, tensors: dict, arrays: dict):
+        super().__init__(arrays)
+        self.tensors = tensors
+
+    def __contains__(self, name) -> bool:
+        return super().__contains__(name) or name in self.tensors
+
+    def __getitem__(self, name):
+        if super().__contains__(name):
+            return super().__getitem__(name)
+        return _lazy.from_import("onnx", "numpy_helper").to_array(self.tensors[name])
 

@@ -471,7 +471,7 @@ class FinetuneJob:
                                         meter_export=bool(getattr(self.opts, "meter_export", False))).start()
         self.load()
         if self.lr is None:
-            self.lr = default_lr(self.optimizer, head_only=self.layers.head_only)
+            self.lr = default_lr(self.optimizer, head_only=self.layers.head_only, every_weight=self.layers.kind == "all")
         meta: dict | None = None
         arrays: dict[str, np.ndarray] = {}
         ckpt_path = self.outdir / ckpt.FILENAME

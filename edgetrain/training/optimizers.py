@@ -14,10 +14,16 @@ DEFAULT_LR = {"sgd": 0.05, "adam": 0.003}
 # A lone output layer on fixed features is a linear model: it tolerates, and needs, a larger step
 # (digits5 -> ten digits, head only, 10 epochs: 0.84 held-out accuracy at adam 0.003, 0.93 at 0.02).
 HEAD_LR = {"sgd": 0.2, "adam": 0.02}
+# Every weight of MobileNetV2-1.0 at adam 0.003 collapsed to chance in the first epoch (loss 3.9, then ln 5); on the
+# held-out shift of issue 34 (tools/bench_torch_peer.py, 2 epochs) 0.001 reached 0.260 held-out top-1 (chance 0.2),
+# 0.0003 0.457. The digits CNN learns slower at 0.0003 (0.58 after 4 epochs, 0.6+ at 0.001).
+ALL_LR = {"sgd": 0.005, "adam": 0.0003}
 
 
-def default_lr(name: str, head_only: bool) -> float:
-    return (HEAD_LR if head_only else DEFAULT_LR)[name]
+def default_lr(name: str, head_only: bool, every_weight: bool = False) -> float:
+    """The learning rate of a run without --lr: the output layer alone (``head_only``) tolerates a larger step, every
+    weight (``every_weight``: --train-layers all) a smaller one, the rest (last:N, bias, lite) DEFAULT_LR."""
+    return (HEAD_LR if head_only else ALL_LR if every_weight else DEFAULT_LR)[name]
 
 
 class NumpyOptimizer:

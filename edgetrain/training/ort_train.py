@@ -45,9 +45,6 @@ SESSIONS_PER_MODEL_MB = 0.5
 # A step's tensors per sample against NumPy's figure for it (its peak, tape and temporaries, plus the masks at a
 # byte per value): measured 15 MB against 13.2 (MobileNetV2-1.0 lite, 160x160, batch 1 and 4, ORT's arena).
 STEP_PER_SAMPLE = 1.25
-# The step's speed per sample is the same at any micro-batch (MobileNetV2 lite, 160x160: 38 ms at 1, 135 at 4),
-# its memory is not: the plan holds its tensors to this (at least one sample), budget or not.
-STEP_CAP_MB = 24.0
 
 
 def sessions_mb(model_bytes: int) -> float:
@@ -282,8 +279,15 @@ class OrtTrain:
     def start(self, threads: int) -> OrtTrain:
         """The session (with ORT's arena: its tensors' sizes repeat every step)."""
         self.session = _session(self.proto, threads, True)
-        self.proto = None
         return self
+
+    def stop(self) -> None:
+        """The session gone (its arena with it): the plan's probe makes another for a smaller micro-batch."""
+        self.session = None
+
+    def done(self) -> None:
+        """The graph is the session's now (no second session will be made)."""
+        self.proto = None
 
     def step(self, x: np.ndarray, labels: np.ndarray, scale: float) -> tuple:
         logits, grads = self._run(x, labels, scale, True)

@@ -189,7 +189,7 @@ trap 'rc=$?; unmount_all; rm -rf "$BUILD"; exit $rc' EXIT
 log "building the edgetrain wheel from $REPO"
 # Build from a copy: setuptools writes build/ and *.egg-info beside the sources it builds.
 mkdir -p "$BUILD/src"
-tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./build --exclude='*.egg-info' -cf - . | tar -C "$BUILD/src" -xf -
+tar -C "$REPO" --exclude=./.git --exclude='./.venv*' --exclude=./build --exclude='*.egg-info' -cf - . | tar -C "$BUILD/src" -xf -
 quiet_pip() {   # pip, without the host configuration's warnings about absent local indexes
   "$PY" -m pip "$@" 2> >(grep -v "^WARNING: Location '.*' is ignored" >&2)
 }
@@ -198,8 +198,10 @@ quiet_pip() {   # pip, without the host configuration's warnings about absent lo
 EDGE_WHEEL=$(ls "$BUILD"/dist/edgetrain-*.whl)
 log "downloading aarch64 wheels for its dependencies (Python $PYVER, with $PY)"
 mkdir -p "$WHEELS"
+# The host set, as a Pi user installs it (`pip install ".[host]"`): below Python 3.12 it brings mxnet, on 3.12+
+# requests (what mxnet imports), mxnet then coming from `edgetrain doctor --fix`.
 quiet_pip download --quiet --only-binary=:all: "${PLATFORMS[@]}" --python-version "$PYVER" \
-    --implementation cp --dest "$WHEELS" "$EDGE_WHEEL" \
+    --implementation cp --dest "$WHEELS" "$EDGE_WHEEL[host]" \
   || die "could not download aarch64 wheels for edgetrain's dependencies"
 # On Python >= 3.12 mxnet is not a dependency (its numpy<2 pin cannot be met there): `edgetrain doctor
 # --fix` installs it inside, offline from these wheels, as it does online on a Pi.
@@ -243,7 +245,7 @@ else
   log "creating $VENV inside the root and installing the wheels offline (emulated, ~2-4 min)"
   rm -rf "$ROOT$VENV"
   inside python3 -m venv "$VENV"
-  inside pip install --quiet --no-index --find-links /opt/wheels "/opt/wheels/$(basename "$EDGE_WHEEL")"
+  inside pip install --quiet --no-index --find-links /opt/wheels "/opt/wheels/$(basename "$EDGE_WHEEL")[host]"
   echo "$deps_stamp" > "$ROOT$VENV/.deps"
 fi
 log "installed: Python $PYVER, $(inside pip list 2>/dev/null | grep -Ei '^(edgetrain|mxnet|numpy|onnx|onnxruntime) ' | tr -s ' ' | paste -sd, -)"
