@@ -894,15 +894,20 @@ class FleetServeOptions(Options):
                      "error feedback; BatchNorm statistics as int8 deltas; "
                      "the global model then goes down as an int8 delta).")
     ternary_density: Annotated[float, Range(gt=0, le=1)] = opt(
-        0.09, metavar="F", help="With --codec ternary: the fraction of each weight tensor's entries a device sends "
-                                "per round (at least --ternary-min-keep; the rest waits in its residual). Smaller: "
-                                "fewer bytes, slower rounds to the same accuracy.")
+        0.09, metavar="F", help="With --codec ternary and --uplink-ratio 0: the fraction of each weight tensor's "
+                                "entries a device sends per round (at least --ternary-min-keep; the rest waits in "
+                                "its residual). Smaller: fewer bytes, slower rounds to the same accuracy.")
     ternary_control_step: Annotated[float, Range(gt=0, le=1)] = opt(
         0.4, metavar="F", help="With --codec ternary and --aggregate scaffold: no control deltas travel; the device "
                                "and the coordinator both derive them from the update as decoded, and move the "
                                "control variates this fraction of the way each round (one sparse update is noisy).")
     ternary_min_keep: Annotated[int, Range(ge=1, le=1_000_000_000)] = opt(
-        48, metavar="K", help="With --codec ternary: at least K entries of each tensor go up (all of a smaller one).")
+        48, metavar="K", help="With --codec ternary and --uplink-ratio 0: at least K entries of each tensor go up "
+                              "(all of a smaller one).")
+    uplink_ratio: Annotated[float, Range(ge=0, le=1_000_000)] = opt(
+        100.0, metavar="R", help="With --codec ternary: each device sizes each message to its float32 bytes / R, as "
+                                 "exactly as fits (int8, else 2-bit, else ternary at the largest density that fits); "
+                                 "0: the fixed --ternary-density and --ternary-min-keep instead.")
     server_momentum: Annotated[Optional[float], Range(ge=0, lt=1)] = opt(
         None, metavar="B", help="Server momentum (FedAvgM): the global step is the averaged update plus B times the "
                                 "last step (default: 0.4; 0: plain averaging).")
@@ -942,6 +947,7 @@ class FleetServeOptions(Options):
 
     NEEDS = {"ternary_density": ({"codec": "ternary"}, "the other codecs send every entry"),
              "ternary_min_keep": ({"codec": "ternary"}, "the other codecs send every entry"),
+             "uplink_ratio": ({"codec": "ternary"}, "only ternary sizes itself to a bytes target"),
              "ternary_control_step": ({"codec": "ternary", "aggregate": "scaffold"},
                                       "only SCAFFOLD's control variates over the ternary codec are derived this way")}
 

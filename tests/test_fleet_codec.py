@@ -413,8 +413,41 @@ def test_the_fleet_serve_defaults_are_the_codecs():
     from edgetrain.options import FleetServeOptions
 
     opts = FleetServeOptions.unchecked()
-    assert (opts.ternary_density, opts.ternary_control_step, opts.ternary_min_keep) == (
-        codec.DENSITY, codec.CONTROL_STEP, codec.MIN_KEEP)
+    assert (opts.ternary_density, opts.ternary_control_step, opts.ternary_min_keep, opts.uplink_ratio) == (
+        codec.DENSITY, codec.CONTROL_STEP, codec.MIN_KEEP, codec.UPLINK_RATIO)
+
+
+@pytest.mark.parametrize("sizes", [{"w": (10, 32), "b": (10,)}, {"conv": (32, 16, 3, 3), "fc": (10, 32), "b": (10,)}])
+@pytest.mark.parametrize("ratio", [100, 30, 20])
+def test_the_ternary_codec_sizes_each_message_to_its_bytes_target(sizes, ratio):
+    """--uplink-ratio: the message (the trained tensors) fits float32 bytes / ratio, spends most of it, decodes
+    without knowing the target, and keeps exactly what it did not send."""
+    from edgetrain.fleet.codec import decode_tensor, encode_update, update_bytes
+
+    rng = np.random.default_rng(ratio)
+    update = {k: rng.standard_normal(shape).astype(np.float32) for k, shape in sizes.items()}
+    residual = {k: (0.1 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in update.items()}
+    target = sum(4 * v.size for v in update.values()) // ratio
+    enc, new_res = encode_update(update, "ternary", residual, target=target)
+    spent = update_bytes(enc)
+    assert spent <= target and spent >= 0.8 * target, (spent, target)
+    for k, v in update.items():
+        np.testing.assert_array_equal(new_res[k], (v + residual[k]) - decode_tensor(enc[k]))
+    # more bytes, more entries (ternary all along at these ratios)
+    more, _ = encode_update(update, "ternary", residual, target=2 * target)
+    assert all(e.codec == "ternary" for e in enc.values())
+    assert sum(np.count_nonzero(decode_tensor(e)) for e in more.values()) > sum(
+        np.count_nonzero(decode_tensor(e)) for e in enc.values())
+
+
+def test_a_generous_bytes_target_buys_levels_not_only_entries():
+    from edgetrain.fleet.codec import encode_update, update_bytes
+
+    update = {"w": np.linspace(-1, 1, 320, dtype=np.float32).reshape(10, 32), "b": np.ones(10, np.float32)}
+    for target, codec in ((330 + 16, "int8"), (330 // 4 + 2 + 16, "2bit"), (60, "ternary")):
+        enc, res = encode_update(update, "ternary", {}, target=target)
+        assert {e.codec for e in enc.values()} == {codec} and update_bytes(enc) <= target
+        assert set(res) == set(update) if codec != "int8" else True
 
 
 @pytest.mark.parametrize("bad", ["0", "-0.1", "1.5", "nan", "x"])

@@ -35,10 +35,12 @@ HOLD = "EDGETRAIN_FLEET_TEST_DELAY"
 
 
 
-def _device(fleet: Fleet, name: str, gen: int = 0, env: dict | None = None):
-    """Device ``name`` (its own state folder, whatever the generation: a restart is the same device)."""
+def _device(fleet: Fleet, name: str, gen: int = 0, env: dict | None = None, devices=DEVICES):
+    """Device ``name`` (its own state folder, whatever the generation: a restart is the same device); more
+    devices than shares take the shares in turn."""
+    shares = fleet.shares["devices"]
     return fleet.start(f"{name}-{gen}", "fleet", "join", f"127.0.0.1:{fleet.port}", "--data",
-                       fleet.shares["devices"][DEVICES.index(name)], "-o", fleet.folder / name, "--name", name,
+                       shares[devices.index(name) % len(shares)], "-o", fleet.folder / name, "--name", name,
                        "--threads", 1, *fleet.join_args, env=env)
 
 
@@ -56,14 +58,14 @@ def _journal(folder: Path) -> list[tuple[str, int]]:
     return [(m.group(1), int(m.group(2))) for m in re.finditer(r"(staged|replayed|committed|dropped) round (\d+)", text)]
 
 
-def _exactly_once(fleet: Fleet, res: dict) -> dict[str, list]:
+def _exactly_once(fleet: Fleet, res: dict, devices=DEVICES, rounds=ROUNDS) -> dict[str, list]:
     """Each device's committed state counts exactly the rounds the coordinator aggregated from it, and no
     round was trained (staged) twice unless the first was dropped (never aggregated). Returns the journals."""
     from edgetrain.fleet.client import committed
 
     by_name = {d["client"]: d for d in res["devices"]}
     journals = {}
-    for name in DEVICES:
+    for name in devices:
         events = _journal(fleet.folder / name)
         journals[name] = events
         meta = committed(fleet.folder / name)[0]
@@ -77,7 +79,7 @@ def _exactly_once(fleet: Fleet, res: dict) -> dict[str, list]:
             dropped = sum(1 for e, x in events if (e, x) == ("dropped", r))
             assert staged <= 1 + dropped, (name, r, events)  # trained twice only if the first never counted
         assert not (fleet.folder / name / "staged.npz").exists()  # the goodbye settled the last round
-    assert [r["round"] for r in res["rounds"]] == list(range(1, ROUNDS + 1))
+    assert [r["round"] for r in res["rounds"]] == list(range(1, rounds + 1))
     for r in res["rounds"]:  # a device that rejoined (a new node id, the old one still listed) is asked once
         named = [x["client"] for k in ("participants", "refused", "failed", "timed_out") for x in r[k]]
         assert sorted(named) == sorted(set(named)), r
@@ -410,3 +412,40 @@ def test_server_momentum_resumes_bit_for_bit_after_a_coordinator_kill_with_terna
     _equal(arrays, ternary_reference)
     assert all(("replayed", 2) in journals[d] for d in DEVICES), journals
     assert all(r["updates"] == len(DEVICES) for r in res["rounds"]), res["rounds"]
+
+
+FIVE = tuple(f"dev{i}" for i in range(5))
+
+
+@pytest.mark.slow
+def test_five_devices_with_the_coordinator_killed_while_they_train_resume_to_the_fault_free_arrays(
+        fleet, tmp_path_factory, shares, fleet_cache):
+    """Issue 38 item 4: five devices (ternary, SCAFFOLD, server momentum); the coordinator SIGKILLed while all
+    five train round 2, then `--resume`: round 2 is asked again, every device answers from its stage (no
+    second training), all five updates count in every round, and the arrays equal a fault-free run's."""
+    config = ("--rounds", 3, "--min-clients", len(FIVE), "--codec", "ternary", "--round-timeout", 90)
+    ref = Fleet(tmp_path_factory.mktemp("five-reference"), fleet_cache)
+    ref.shares = shares
+    try:
+        ref.serve(ref.folder / "run", *config)
+        for d in FIVE:
+            _device(ref, d, devices=FIVE)
+        res = _finish(ref, "serve", [f"{d}-0" for d in FIVE])
+        _exactly_once(ref, res, FIVE, 3)
+        want = final_arrays(ref.folder / "run")
+    finally:
+        assert not ref.close()
+    run = fleet.folder / "run"
+    fleet.serve(run, *config)
+    for d in FIVE:
+        _device(fleet, d, env={HOLD: "2:25:training"}, devices=FIVE)
+    wait_for(lambda: all((fleet.folder / d / "delayed-training-2").exists() for d in FIVE), RUN_TIMEOUT,
+             "all five devices inside round 2")
+    fleet.kill("serve")
+    fleet.serve(run, *config, "--resume", key="serve-1")
+    res = _finish(fleet, "serve-1", [f"{d}-0" for d in FIVE])
+    assert res["resumed_after"] == 1
+    journals = _exactly_once(fleet, res, FIVE, 3)
+    assert all(("replayed", 2) in journals[d] for d in FIVE), journals
+    assert all(sorted(p["client"] for p in r["participants"]) == list(FIVE) for r in res["rounds"]), res["rounds"]
+    _equal(final_arrays(run), want)

@@ -147,3 +147,75 @@ def test_the_default_norm_bound_follows_the_rounds_lower_median_and_a_given_boun
     assert norm_bound([1.0, 1e30], arrays, 5.0) == (5.0, "--max-update-norm 5")
     assert update_norm({"w": np.array([np.nan], np.float32)}) == float("inf")
     assert update_norm({"w": np.full(4, 3e38, np.float32)}) == pytest.approx(6e38)  # no float32 overflow
+
+
+# issue 38 item 4: one bad device a round, each kind once, over real Flower processes with ternary
+BAD = ["count=1000000000", "replay", "drop", "extra", "scale=nan", "honest"]
+
+
+@pytest.mark.slow
+def test_replays_lies_wrong_arrays_and_a_nan_scale_are_each_handled_and_no_honest_update_is_lost(fleet, tmp_path, shares):
+    """A sample count in range but a lie is capped at COUNT_FACTOR x the round's median (the update still
+    counts); a reply replayed from the round before, an update missing an array or with one the model lacks,
+    and a NaN control scale are refused by name; the honest devices' updates are in every round, and the
+    hostile device's honest round at the end is taken."""
+    from edgetrain.fleet.coordinator import COUNT_FACTOR
+
+    run = tmp_path / "run"
+    keep = tmp_path / "mallory-replies"
+    keep.mkdir()
+    fleet.serve(run, "--rounds", len(BAD), "--min-clients", 3, "--codec", "ternary", "--round-timeout", 120)
+    fleet.join("honest-a", shares["devices"][0])
+    fleet.join("honest-b", shares["devices"][1])
+    fleet.join("mallory", shares["devices"][2], env={**_hostile_env(BAD), "EDGETRAIN_TEST_HOSTILE_DIR": str(keep)})
+    code, _, err = fleet.wait("serve")
+    assert code == 0, err
+    res = report(run)
+    assert res["rounds_completed"] == len(BAD)
+    log = (run / "coordinator-rounds.log").read_text()
+    for r, mode in zip(res["rounds"], BAD):
+        names = sorted(p["client"] for p in r["participants"])
+        assert {"honest-a", "honest-b"} <= set(names) and r["updated"], (mode, r)
+        honest = sorted(p["num_examples"] for p in r["participants"] if p["client"] != "mallory")
+        assert all(p["weight"] == p["num_examples"] for p in r["participants"] if p["client"] != "mallory")
+        if mode in ("count=1000000000", "honest"):
+            [m] = [p for p in r["participants"] if p["client"] == "mallory"]
+            assert not r["refused"], r
+            if mode == "honest":
+                assert m["weight"] == m["num_examples"] < 10**9
+                continue
+            assert m["num_examples"] == 10**9 and m["weight"] == COUNT_FACTOR * honest[0], (m, honest)
+            assert f"round {r['round']}: capped the weight of mallory: it claims 1000000000 samples" in log
+            continue
+        assert names == ["honest-a", "honest-b"], (mode, r)
+        [refused] = r["refused"]
+        why = refused["reason"]
+        assert refused["client"] == "mallory", r
+        assert f"round {r['round']}: refused the update of mallory: {why}" in log
+        want = {"replay": f"answers round {r['round'] - 1}, not round {r['round']} (a replayed message)",
+                "drop": "missing", "extra": "not_in_this_model not in this model",
+                "scale=nan": "control scale nan is not a positive finite float32"}[mode]
+        assert want in why, (mode, why)
+    arrays = final_arrays(run)
+    assert all(np.all(np.isfinite(v)) for v in arrays.values())
+    assert res["final_accuracy"] > res["initial_accuracy"] + 0.1
+    for d in ("honest-a", "honest-b", "mallory"):
+        assert fleet.wait(d, timeout=60)[0] == 0, d
+
+
+def test_a_lie_about_the_sample_count_is_capped_at_the_rounds_lower_median():
+    from edgetrain.fleet.coordinator import COUNT_FACTOR, weights
+
+    assert weights([]) == ([], None) and weights([10**9]) == ([10**9], None)
+    assert weights([90, 10**9]) == ([90, COUNT_FACTOR * 90], COUNT_FACTOR * 90)
+    assert weights([90, 120, 10**9]) == ([90, 120, COUNT_FACTOR * 120], COUNT_FACTOR * 120)
+    assert weights([90, 100, 110]) == ([90, 100, 110], COUNT_FACTOR * 100)  # honest counts pass unchanged
+
+
+def test_a_reply_for_another_round_or_other_arrays_is_a_replay():
+    from edgetrain.fleet.coordinator import answers
+
+    assert answers({"round": 3, "trained-from": "d3"}, 3, "d3") is None
+    assert "answers round 2, not round 3" in answers({"round": 2, "trained-from": "d2"}, 3, "d3")
+    assert "other global arrays" in answers({"round": 3, "trained-from": "d2"}, 3, "d3")
+    assert "answers round None" in answers({}, 3, "d3")

@@ -29,7 +29,7 @@ def test_ternary_up_int8_delta_down_and_a_late_device_gets_the_arrays_whole(flee
     # the head's 330 values at one entry in 80 (the defaults' floor of 48 entries a tensor is for larger layers)
     fleet.serve(run, "--rounds", rounds, "--min-clients", 3, "--join-timeout", 60, "--codec", "ternary",
                 "--round-timeout", 120, "--ternary-density", 0.0125,
-                "--ternary-min-keep", 1)
+                "--ternary-min-keep", 1, "--uplink-ratio", 0)
     fleet.join("a", shares["devices"][0])
     fleet.join("b", shares["devices"][1])
     log = run / "coordinator-rounds.log"

@@ -67,6 +67,9 @@ def main() -> None:
                     help="--mode scaffold with ternary: the control deltas' density (the fleet's default before the "
                          "derived control deltas; >= 1: they travel as fp32)")
     ap.add_argument("--min-keep", type=int, default=codec.MIN_KEEP, help="ternary: at least this many entries a tensor")
+    ap.add_argument("--uplink-ratio", type=float, default=codec.UPLINK_RATIO,
+                    help="ternary: each message sized to its float32 bytes / this (codec.sized; as the fleet's "
+                         "--uplink-ratio); 0: the fixed --density and --min-keep")
     ap.add_argument("--seeds", default="0", help="the devices' training seeds, comma-separated (the bench: 0)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--server-lr", type=float, default=1.0)
@@ -117,7 +120,8 @@ def main() -> None:
     cdc = a.codec if a.codec != "ternary" else "fp32" if a.density >= 1 else "ternary"
     a.mode = a.mode or ("derived" if cdc == "ternary" else "scaffold")
     smom = a.server_momentum
-    print(f"{a.train_layers}: {a.mode} density {a.density:g} ctl {a.ctl_density:g} min-keep {a.min_keep} "
+    sizing = f"uplink ratio {a.uplink_ratio:g}" if a.uplink_ratio and cdc == "ternary" else f"density {a.density:g}"
+    print(f"{a.train_layers}: {a.mode} {sizing} ctl {a.ctl_density:g} min-keep {a.min_keep} "
           f"slr {a.server_lr:g} smom {smom:g}, {a.rounds} rounds", flush=True)
     gaps, finals, ratios = [], [], []
     for seed in [int(x) for x in a.seeds.split(",")]:
@@ -225,13 +229,20 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             dr, _, dcodec = a.dense_rounds.partition(":")
             wcodec = ("fp32" if "weights" in exact else dcodec if str(r) in dr.split(",") and cdc == "ternary"
                       else cdc)
-            enc, r1 = codec.encode_update({k: v for k, v in wts.items() if k not in named},
-                                          wcodec, rw,
-                                          density=density, floor=a.min_keep)
-            enc4, _ = codec.encode_update({k: wts[k] for k in named}, "fp32")
-            enc.update(enc4)
             enc3, r3 = codec.encode_update({k: delta[k] for k in st}, "fp32" if "stats" in exact else cdc, resid[i],
                                            exact=st)
+            target = None
+            if a.uplink_ratio and wcodec == "ternary":  # as the client: the message's fp32 bytes / the ratio,
+                # less the control scale (derived mode) and the statistics' bytes
+                derived = mode in ("derived", "derived-exact")
+                msg32 = 4 * (sum(v.size for v in delta.values()) + (sum(v.size for v in control.values()) if derived else 0))
+                target = int(msg32 // a.uplink_ratio) - (4 if derived else 0) \
+                    - codec.update_bytes(enc3)
+            enc, r1 = codec.encode_update({k: v for k, v in wts.items() if k not in named},
+                                          wcodec, rw,
+                                          density=density, floor=a.min_keep, target=target)
+            enc4, _ = codec.encode_update({k: wts[k] for k in named}, "fp32")
+            enc.update(enc4)
             enc.update(enc3)
             r1.update(r3)
             ctl_codec = cdc if cdc in ("int8", "2bit") else "fp32" if cd >= 1 or "control" in exact else "ternary"

@@ -288,10 +288,15 @@ def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple
     if c_global and not derive:  # SCAFFOLD: this device's new control variate, from how far its weights moved
         c_new = {k: c_mine[k] - c_global[k] + (weights[k] - new[k]) / np.float32(result.fleet_scale) for k in c_global}
         delta.update({CONTROL + k: (c_new[k] - c_mine[k]).astype(np.float32) for k in c_global})
+    fp32_bytes = (sum(4 * int(v.size) for v in delta.values())
+                  + (sum(4 * int(v.size) for v in c_global.values()) if derive else 0))
+    ratio = float(config.get("uplink-ratio", 0.0) or 0.0) if codec == "ternary" else 0.0
+    # the message's bytes target: its float32 bytes / the ratio, less the derived control scale (one float32)
+    target = int(fp32_bytes // ratio) - (4 if derive else 0) if ratio > 0 else None
     # running statistics travel exactly (a variance must stay positive); everything else with the codec
     encoded, residual = encode_update(delta, codec, residual, exact=result.fleet_statistics,
                                       density=float(config.get("density", DENSITY)),
-                                      floor=int(config.get("min-keep", MIN_KEEP)))
+                                      floor=int(config.get("min-keep", MIN_KEEP)), target=target)
     extra = {}
     if derive:  # from the weight delta as the coordinator decodes it, and the scale that travels with it
         scale = float(np.float32(result.fleet_scale))
@@ -306,12 +311,14 @@ def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple
                "train-seconds": float(result.seconds), "peak-rss-mb": float(result.peak_rss_mb or 0.0),
                # a derived control scale is one float32; the fp32 fleet would send the control deltas too
                "bytes-up": update_bytes(encoded) + 4 * len(extra),
-               "bytes-up-fp32": sum(4 * int(v.size) for v in delta.values())
-               + (sum(4 * int(v.size) for v in c_global.values()) if derive else 0),
+               "bytes-up-fp32": fp32_bytes,
                "train-loss": float(last.get("loss") or 0.0), "train-accuracy": float(last.get("train_accuracy") or 0.0),
                "joules": float(energy.get("joules") or 0.0), "threads": int(result.threads or 0), **extra}
+    # the round this answers and the global arrays it trained from: the coordinator refuses a reply that
+    # names another (a replayed message)
     facts = {"name": join["name"], "device": join.get("device") or "this host",
-             "energy": str(energy.get("provenance") or "") if energy else ""}
+             "energy": str(energy.get("provenance") or "") if energy else "",
+             "round": round_no, "trained-from": arrays_digest(global_arrays)}
     state = {"round": round_no, "codec": codec, "name": join["name"], "trained": int(meta.get("trained", 0)) + 1}
     staged = {"round": round_no, "digest": digest, "state": state, "metrics": metrics, "facts": facts,
               "update": {k: [e.codec, list(e.shape)] for k, e in encoded.items()}}

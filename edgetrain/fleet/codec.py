@@ -56,6 +56,9 @@ CONTROL_STEP = 0.4
 # ternary: at least this many entries of a tensor (all of a smaller one): a small tensor (a head, a bias) costs
 # a few bytes more, and a few of its entries a round move nothing (measured: tools/fleet_codec_sim.py)
 MIN_KEEP = 48
+# ternary: the uplink's default bytes target, as a ratio to the message's float32 bytes (--uplink-ratio); 0:
+# the fixed --ternary-density / --ternary-min-keep instead
+UPLINK_RATIO = 100.0
 _BITS = {"int8": 8, "2bit": 2}
 _HEADER = struct.Struct("<ff")  # lo, scale
 
@@ -141,12 +144,17 @@ def decode_tensor(enc: Encoded) -> np.ndarray:
 
 
 def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str, np.ndarray] | None = None,
-                  exact=(), density: float = DENSITY,
-                  floor: int = MIN_KEEP) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
+                  exact=(), density: float = DENSITY, floor: int = MIN_KEEP,
+                  target: int | None = None) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
     """Encode a whole update (name -> delta), tensor by tensor. With ``2bit`` or ``ternary`` the residual
     from earlier rounds is added first and the new residual (what this encoding dropped) is returned; other
     codecs return none. The tensors named in ``exact`` (no gradient trains them) travel as fp32 (nothing
-    dropped), with ``ternary`` as ``int8s`` with error feedback (``stats_codec``)."""
+    dropped), with ``ternary`` as ``int8s`` with error feedback (``stats_codec``).
+
+    ``target`` (with ``ternary``): the message's bytes budget; ``density`` and ``floor`` are then ignored and the
+    codec sizes itself (``sized``): the trained tensors take what the statistics leave."""
+    if codec == "ternary" and target is not None:
+        return _encode_sized(update, residual, exact, int(target))
     out: dict[str, Encoded] = {}
     new_residual: dict[str, np.ndarray] = {}
     for name, delta in update.items():
@@ -159,6 +167,64 @@ def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str,
         if mine in FEEDBACK:
             new_residual[name] = (value - decoded).astype(np.float32)
     return out, new_residual
+
+
+def _with_residual(update, residual, name: str) -> np.ndarray:
+    value = np.asarray(update[name], np.float32)
+    if residual and name in residual and residual[name].shape == value.shape:
+        value = value + residual[name]
+    return value
+
+
+def _encode_sized(update: dict[str, np.ndarray], residual: dict[str, np.ndarray] | None, exact,
+                  target: int) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
+    out: dict[str, Encoded] = {}
+    new_residual: dict[str, np.ndarray] = {}
+    for name in update:
+        if name in exact:
+            value = _with_residual(update, residual, name)
+            out[name], decoded = encode_tensor(value, DOWN)
+            new_residual[name] = (value - decoded).astype(np.float32)
+    left = target - update_bytes(out)
+    values = {k: _with_residual(update, residual, k) for k in update if k not in exact}
+    enc = sized(values, left)
+    for k, (e, decoded) in enc.items():
+        out[k] = e
+        if e.codec in FEEDBACK:
+            new_residual[k] = (values[k] - decoded).astype(np.float32)
+    return {k: out[k] for k in update}, new_residual
+
+
+def sized(values: dict[str, np.ndarray], budget: int) -> dict[str, tuple[Encoded, np.ndarray]]:
+    """``values`` (name -> tensor, residual included) in at most ``budget`` bytes, as exactly as fits: every
+    tensor ``int8`` when that fits, else ``2bit``, else ternary with the one density shared by all tensors that
+    is the largest to fit (found by bisection on the real encodings: the positions' bytes depend on where they
+    fall); a tensor smaller than ``MIN_KEEP / DENSITY`` values gets the entries of one that size (the fixed
+    defaults' floor, scaled with the density: a 320-value head is not starved by a large layer beside it);
+    at least one entry a tensor (so a budget below one entry's bytes a tensor is exceeded by those).
+    The receiver needs nothing of this: each payload names its codec, and a ternary one its entry count."""
+    sizes = {k: int(v.size) for k, v in values.items()}
+    for dense in ("int8", "2bit"):
+        if sum(payload_size(dense, n) for n in sizes.values()) <= budget:
+            return {k: encode_tensor(v, dense) for k, v in values.items()}
+    total = sum(sizes.values())
+    if not total:
+        return {k: encode_tensor(v, "ternary", 0.0, 0) for k, v in values.items()}
+
+    def at(d: float):  # a small tensor counts as MIN_KEEP / DENSITY values: the fixed defaults' floor, scaled
+        enc = {k: _ternary(v, d, max(1, math.ceil(d * MIN_KEEP / DENSITY))) for k, v in values.items()}
+        return enc, sum(e.nbytes for e, _ in enc.values())
+
+    lo, hi = 0.0, 1.0
+    best, _ = at(lo)  # one entry a tensor: the least this codec sends
+    for _ in range(14):
+        mid = (lo + hi) / 2
+        enc, nbytes = at(mid)
+        if nbytes <= budget:
+            lo, best = mid, enc
+        else:
+            hi = mid
+    return best
 
 
 def derived_control(c_global: dict[str, np.ndarray], decoded: dict[str, np.ndarray], scale: float,

@@ -158,7 +158,7 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
             "batch_size": opts.batch_size, "lr": opts.lr, "optimizer": opts.optimizer, "seed": opts.seed,
             "train_layers": opts.train_layers, "threads": threads, "max_update_norm": opts.max_update_norm,
             "ternary_density": opts.ternary_density, "ternary_control_step": opts.ternary_control_step,
-            "ternary_min_keep": opts.ternary_min_keep,
+            "ternary_min_keep": opts.ternary_min_keep, "uplink_ratio": opts.uplink_ratio,
             "server_momentum": (opts.server_momentum if opts.server_momentum is not None
                                 else coord.SERVER_MOMENTUM)}
     if state is None:
