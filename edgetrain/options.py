@@ -905,9 +905,10 @@ class FleetServeOptions(Options):
         48, metavar="K", help="With --codec ternary and --uplink-ratio 0: at least K entries of each tensor go up "
                               "(all of a smaller one).")
     uplink_ratio: Annotated[float, Range(ge=0, le=1_000_000)] = opt(
-        100.0, metavar="R", help="With --codec ternary: each device sizes each message to its float32 bytes / R, as "
-                                 "exactly as fits (int8, else 2-bit, else ternary at the largest density that fits); "
-                                 "0: the fixed --ternary-density and --ternary-min-keep instead.")
+        0.0, metavar="R", help="With --codec ternary: each device sizes each message to its float32 bytes / R, as "
+                               "exactly as fits (int8, else 2-bit, else ternary at the largest density that fits); "
+                               "0 (default): the fixed --ternary-density and --ternary-min-keep (sized to 100x, the "
+                               "head and bias fleets lost far more accuracy: README, Sizing).")
     server_momentum: Annotated[Optional[float], Range(ge=0, lt=1)] = opt(
         None, metavar="B", help="Server momentum (FedAvgM): the global step is the averaged update plus B times the "
                                 "last step (default: 0.4; 0: plain averaging).")
