@@ -31,7 +31,10 @@ def reference_onnx(name: str, side: int = 224, classes: int = 1000, seed: int = 
     if name not in BUILT:
         raise ValueError(f"no built-in ONNX graph for {name!r} (built: {', '.join(BUILT)})")
     import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+
+    from .. import _lazy
+
+    TensorProto, helper, numpy_helper = _lazy.from_import("onnx", "TensorProto", "helper", "numpy_helper")
 
     rng = np.random.default_rng(seed)
     nodes: list = []
