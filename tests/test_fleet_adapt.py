@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("flwr")
 
 import edgetrain  # noqa: E402
-from clitools import assert_user_error, run_edgetrain  # noqa: E402
+from clitools import run_edgetrain  # noqa: E402
 from fleettools import Fleet, make_shares, report  # noqa: E402
 
 BASE = Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx"
@@ -86,9 +86,3 @@ def test_a_fleet_of_an_onnx_base_adapts_with_bias_and_lite_without_mxnet(layers,
         assert prof.code == 0, prof.err
 
 
-def test_bias_and_lite_need_an_onnx_model_said_in_one_line(shares, tmp_path):
-    for layers in ("bias", "lite"):
-        res = run_edgetrain("fleet", "serve", "edgetrain.nets:pretrained_digits", "--val", shares["val"], "-o",
-                            tmp_path / layers, "--train-layers", layers)
-        assert_user_error(res, 2, f"--train-layers {layers} trains from an ONNX file")
-        assert not (tmp_path / layers).exists()
