@@ -913,7 +913,7 @@ class FleetServeOptions(Options):
         None, metavar="B", help="Server momentum (FedAvgM): the global step is the averaged update plus B times the "
                                 "last step (default: 0.4; 0: plain averaging).")
     max_update_norm: Positive = opt(
-        None, metavar="X", le=1e12, help="Refuse a device's update whose L2 norm (all its arrays) exceeds X (default: 10x the "
+        None, metavar="X", le=1e38, help="Refuse a device's update whose L2 norm (all its arrays) exceeds X (default: 10x the "
                                 "round's median update norm, and 1000x the global arrays' norm); a non-finite update "
                                 "or sample count is always refused. The round goes on without it.")
     aggregate: Literal["scaffold", "fedavg"] = opt(
