@@ -79,3 +79,19 @@ def edited_copies(doc, skip=()):
             else:
                 node[path[-1]] = value
             yield path, json.loads(json.dumps(edited))
+
+
+def cli_commands(group=None, path: tuple = ()):
+    """(path, click command) for every command of the CLI, groups walked (``("fleet", "serve")``)."""
+    import click
+
+    from edgetrain.cli import cli
+
+    group = cli if group is None else group
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        if isinstance(cmd, click.Group):
+            yield from cli_commands(cmd, path + (name,))
+        else:
+            yield path + (name,), cmd

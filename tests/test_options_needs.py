@@ -10,22 +10,12 @@ from __future__ import annotations
 import click
 import pytest
 
-from clitools import assert_user_error, run_edgetrain
-from edgetrain.cli import cli, main
+from clitools import assert_user_error, cli_commands, run_edgetrain
+from edgetrain.cli import main
 from edgetrain.errors import UsageError
 from edgetrain.options import GIVEN
 
 NO_SENSOR = {"EDGETRAIN_SYSFS_ROOT": "/nonexistent-sysfs", "EDGETRAIN_VCGENCMD": "/nonexistent-vcgencmd"}
-
-
-def _commands(group: click.Group = cli, path: tuple = ()):
-    ctx = click.Context(group)
-    for name in group.list_commands(ctx):
-        cmd = group.get_command(ctx, name)
-        if isinstance(cmd, click.Group):
-            yield from _commands(cmd, path + (name,))
-        else:
-            yield path + (name,), cmd
 
 
 def _a_value(field) -> str:
@@ -41,7 +31,7 @@ def _a_value(field) -> str:
 
 
 def _needs_cases():
-    for path, cmd in _commands():
+    for path, cmd in cli_commands():
         model = getattr(cmd.callback, "declared_options", None)
         for name, (conditions, _) in (model.needs if model else {}).items():
             yield pytest.param(path, cmd, model, name, conditions, id=f"{' '.join(path)} {name}")

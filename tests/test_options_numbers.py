@@ -12,7 +12,8 @@ import math
 import click
 import pytest
 
-from edgetrain.cli import cli, main
+from clitools import cli_commands
+from edgetrain.cli import main
 from edgetrain.errors import UsageError
 from edgetrain.options import GIVEN, Options
 
@@ -28,17 +29,7 @@ ZERO_IN_TEXT = {
 }
 
 
-def _commands(group: click.Group = cli, path: tuple = ()):
-    ctx = click.Context(group)
-    for name in group.list_commands(ctx):
-        cmd = group.get_command(ctx, name)
-        if isinstance(cmd, click.Group):
-            yield from _commands(cmd, path + (name,))
-        else:
-            yield path + (name,), cmd
-
-
-COMMANDS = dict(_commands())
+COMMANDS = dict(cli_commands())
 
 
 def _zero_is_a_value(field) -> bool:
