@@ -211,13 +211,13 @@ def _least_mb(task, layers: str, tmp_path) -> int:
 
 @pytest.mark.slow
 def test_a_trial_that_would_not_fit_is_skipped_before_it_runs(mobilenet_task, tmp_path):
-    """Budgets from what `all` needs alone upwards, on a grid of all and head (head's frozen part in ONNX Runtime
-    needs ~30 MB more here): at every budget each trial is skipped before it runs (no folder, no epoch, the
-    table says why) or trains within the budget; at one of them head is skipped while all trains."""
+    """Budgets from below what either of all and head needs alone upwards, on a grid of both (their plans need
+    different memory here): at every budget each trial is skipped before it runs (no folder, no epoch, the table
+    says why) or trains within the budget; at one of them one is skipped while the other trains."""
     task = mobilenet_task
-    least = _least_mb(task, "all", tmp_path)
+    least = min(_least_mb(task, "all", tmp_path), _least_mb(task, "head", tmp_path))
     split = []
-    for budget in range(least + 4, least + 60, 8):
+    for budget in range(least - 40, least + 80, 8):
         out = tmp_path / f"out{budget}"
         res = run_edgetrain("tune", task["model"], "--data", task["train"], "--val", task["val"], "--grid",
                             "train_layers=all,head", "--epochs", "1", "--threads", "1", "--memory-budget",
@@ -238,12 +238,12 @@ def test_a_trial_that_would_not_fit_is_skipped_before_it_runs(mobilenet_task, tm
                 assert table[t["train_layers"]]["status"] == "skipped" and "would not fit" in table[t["train_layers"]]["why"]
             else:
                 assert t["epochs_run"] == 1 and t["peak_mb"] <= budget
-        statuses = {t["train_layers"]: t["status"] for t in doc["trials"]}
-        if statuses["head"] == "skipped" and statuses["all"] == "chosen":
+        statuses = sorted(t["status"] for t in doc["trials"])
+        if statuses[-1] == "skipped" and statuses[0] in ("chosen", "finished"):
             split.append(budget)
-        if statuses["head"] != "skipped":
+        if "skipped" not in statuses:
             break
-    assert split, f"no budget from {least + 4} MB on skipped head and trained all"
+    assert split, f"no budget from {least - 40} MB on which one of all and head was skipped and the other trained"
 
 
 def test_the_time_budget_stops_within_one_trial_epoch(task, tmp_path):

@@ -151,4 +151,6 @@ def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
         fix = (f"raise --memory-budget to at least {need:.0f} MB, or train fewer layers (--train-layers head), "
                "or use a smaller --input-shape")
     return UsageError(f"memory budget {budget_mb:.0f} MB is too small: even micro-batch 1 with the feature "
-                      f"cache on disk needs about {least:.0f} MB ({parts})", "--memory-budget", fix)
+                      f"cache on disk needs about {least:.0f} MB ({parts}), and the plan may use "
+                      f"{budget_mb * HEADROOM:.0f} MB of it ({1 - HEADROOM:.0%} is kept for the allocator's slack)",
+                      "--memory-budget", fix)

@@ -170,8 +170,9 @@ def test_bad_mean_std_is_one_line(cli, bad):
     for flag in ("--mean", "--std"):
         res = cli("inspect", "edgetrain.nets:digits_cnn", flag, bad)
         assert_user_error(res, 2)
-    res = cli("inspect", "edgetrain.nets:digits_cnn", "--std", "0")
-    assert_user_error(res, 2, "positive")
+    for zero_or_less in ("0", "-0.5", "1e-9"):  # a std divides: the smallest it may be is named
+        res = cli("inspect", "edgetrain.nets:digits_cnn", "--std", zero_or_less)
+        assert_user_error(res, 2, "--std", "from 1e-06")
 
 
 def test_parse_model_ref_never_imports(tmp_path, monkeypatch):
