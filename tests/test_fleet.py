@@ -65,7 +65,7 @@ def test_three_devices_train_the_global_model_round_by_round(fleet, tmp_path, sh
     accs = [res["initial_accuracy"]] + [r["accuracy"] for r in res["rounds"]]
     assert accs[-1] > accs[0] + 0.15, accs  # digits 5-9 were unknown to the base: the fleet taught them
     # the global weights on disk are the ones the report's accuracy is of
-    from edgetrain.fleet.coordinator import load_global
+    from edgetrain.fleet.store import load_global
     from edgetrain.fleet.local import Evaluator, LocalSpec
 
     ev = Evaluator(LocalSpec(model=MODEL, data=shares["val"], workdir=str(tmp_path / "ev"), threads=1), shares["val"])
@@ -96,7 +96,7 @@ def test_last2_the_devices_train_the_tail_and_only_the_tail_travels(fleet, tmp_p
     assert code == 0, err
     res = report(run)
     assert res["passed"] and res["rounds_completed"] == 2
-    from edgetrain.fleet.coordinator import load_global
+    from edgetrain.fleet.store import load_global
     from edgetrain.fleet.local import Evaluator, LocalSpec
 
     tail = {"digits_conv2_weight": (32, 32, 3, 3), "digits_batchnorm2_gamma": (32,), "digits_batchnorm2_beta": (32,),

@@ -109,7 +109,7 @@ def test_a_ternary_update_without_a_usable_control_scale_is_refused_by_name(flee
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -3, 0, -0.0, 1e39, 1e-46, "x", None])
 def test_a_control_scale_that_is_not_a_positive_finite_float32_is_refused(value):
-    from edgetrain.fleet.coordinator import control_scale
+    from edgetrain.fleet.strategy import control_scale
 
     scale, why = control_scale(value)
     assert scale is None and "control scale" in why

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgetrain.fleet.coordinator import average, decode_update
+from edgetrain.fleet.coordinator import decode_update
+from edgetrain.fleet.strategy import average
 from edgetrain.fleet.codec import encode_update
 from edgetrain.fleet.local import Evaluator, LocalSpec, ShapeMismatch, check_shapes, train_round
 

@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from edgetrain.fleet import codec
-from edgetrain.fleet.coordinator import SERVER_MOMENTUM, average
+from edgetrain.fleet.coordinator import SERVER_MOMENTUM
+from edgetrain.fleet.strategy import average
 from edgetrain.fleet.local import Evaluator, LocalSpec, train_round
 
 MODEL = "edgetrain.nets:pretrained_digits"

@@ -99,6 +99,7 @@ def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2,
     import time
 
     from edgetrain.fleet import coordinator as coord
+    from edgetrain.fleet import store
     from edgetrain.fleet.demo import split_digits
     from edgetrain.fleet.local import Evaluator, LocalSpec
 
@@ -108,8 +109,8 @@ def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2,
     rundir.mkdir()
     ev = Evaluator(LocalSpec(model=model, data=data["val"], workdir=str(rundir / "work"), threads=1, seed=seed),
                    data["val"])
-    coord.save_global(rundir, 0, ev.initial)
-    coord.write_state(rundir, {"format": coord.STATE_FORMAT, "completed": 0, "classes": ev.classes,
+    store.save_global(rundir, 0, ev.initial)
+    store.write_state(rundir, {"format": store.STATE_FORMAT, "completed": 0, "classes": ev.classes,
                                "initial_accuracy": ev.top1(ev.initial), "rounds": [], "model": model, "codec": codec})
     spec = {"format": "edgetrain-fleet-serve/1", "rundir": str(rundir), "model": model, "val": data["val"],
             "params": None, "rounds": rounds, "min_clients": n, "min_updates": 1, "fraction": 1.0,
@@ -132,7 +133,7 @@ def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2,
     coord.GOODBYE_SECONDS = 30.0
     t0 = time.monotonic()
     coord.run(grid, str(rundir / "serve.json"))
-    state = coord.read_state(rundir)
+    state = store.read_state(rundir)
     return {"devices": n, "rounds": state["rounds"], "initial_accuracy": state["initial_accuracy"],
             "shares": shares_for(n, seed=seed), "dropped": {r: len(v) for r, v in dropped.items()},
             "wall_seconds": time.monotonic() - t0, "rundir": str(rundir)}

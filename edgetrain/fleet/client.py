@@ -45,6 +45,7 @@ from .codec import (CONTROL_STEP, DENSITY, MIN_KEEP, Encoded, arrays_digest, dec
                     downlink_apply, encode_update, update_bytes)
 from .hooks import delay
 from .local import LocalSpec, ShapeMismatch, class_view, train_round
+from .store import CONTROL
 
 STATE = "state.npz"  # the committed round state (one file: it changes all at once or not at all)
 STAGED = "staged.npz"  # a round trained and sent, not yet proved aggregated
@@ -52,7 +53,6 @@ JOURNAL = "journal.log"
 LOCK = "lock"
 DEVICE_ID = "device-id"  # this device's identity across rejoins (node ids change; names may collide)
 LEGACY = ("client-state.json", "residual.npz", "control.npz")  # the state files before state.npz
-CONTROL = "control/"  # prefix of the SCAFFOLD control variates among the arrays that travel
 REFUSED = "refused.json"
 DONE = "done.json"
 CURRENT = "current-round.json"

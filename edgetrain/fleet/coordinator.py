@@ -19,7 +19,6 @@ started again with ``--resume`` continues after the last saved round, asking for
 """
 from __future__ import annotations
 
-import io
 import json
 import time
 from datetime import datetime, timezone
@@ -28,45 +27,17 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import EdgetrainError
-from ..fileio import atomic_write_bytes, atomic_write_text
 from ..options import DEFAULT_TRAIN_LAYERS
 from ..figures import Chance
-from .codec import CONTROL_STEP, DENSITY, MIN_KEEP, arrays_digest, decode_tensor, derived_control, downlink_delta
+from .codec import decode_tensor
 from .local import Evaluator, LocalSpec, check_shapes
+from .store import load_global, read_state, save_global, write_state
+from .strategy import downlink_for, strategy_for
 
-STATE = "fleet-state.json"
-CONTROL = "control/"  # the SCAFFOLD control variates travel beside the weights under this prefix
-CONTROL_PREFIX = "control"  # RUNDIR/control-NNNN.npz: the global control variate after round NNNN
-MOMENTUM_PREFIX = "momentum"  # RUNDIR/momentum-NNNN.npz: the server momentum's last global step (FedAvgM)
 # the default server momentum, every codec: +1.2 points for fp32 on the last:2 fleet over 48 seeds, +1.8 on the
 # head over 12, +2 to +5 on 30 devices (tools/fleet_codec_sim.py, tools/fleet_sim.py; the README's fleet section)
 SERVER_MOMENTUM = 0.4
-STATE_FORMAT = "edgetrain-fleet-state/1"
 GOODBYE_SECONDS = 15.0  # how long the last message (the run is over) waits for the devices' answers
-
-
-def global_path(rundir: Path, round_no: int, prefix: str = "global") -> Path:
-    return rundir / f"{prefix}-{round_no:04d}.npz"
-
-
-def save_global(rundir: Path, round_no: int, arrays: dict, prefix: str = "global") -> None:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    atomic_write_bytes(global_path(rundir, round_no, prefix), buf.getvalue(), "global weights")
-
-
-def load_global(rundir: Path, round_no: int, prefix: str = "global") -> dict:
-    with np.load(global_path(rundir, round_no, prefix), allow_pickle=False) as z:
-        return {k: z[k].astype(np.float32) for k in z.files}
-
-
-def read_state(rundir: Path) -> dict | None:
-    path = rundir / STATE
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def write_state(rundir: Path, state: dict) -> None:
-    atomic_write_text(rundir / STATE, json.dumps(state, indent=2) + "\n", "fleet state")
 
 
 def decode_update(update: dict, global_arrays: dict, who: str) -> dict:
@@ -111,18 +82,6 @@ def sample_count(value) -> tuple[int | None, str | None]:
     return int(v), None
 
 
-def control_scale(value) -> tuple[float | None, str | None]:
-    """A device's control scale (ternary: the displacement per unit gradient its control delta is derived with),
-    or why it is refused."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None, f"its control scale {value!r} is not a number"
-    if not (np.isfinite(v) and 0 < v <= float(np.finfo(np.float32).max) and np.float32(v) > 0):  # no overflow in the cast
-        return None, f"its control scale {value!r} is not a positive finite float32"
-    return v, None
-
-
 def update_norm(delta: dict) -> float:
     """L2 norm of a whole update (every array, SCAFFOLD's control deltas included), inf when non-finite."""
     total = 0.0
@@ -148,12 +107,6 @@ def norm_bound(norms: list[float], arrays: dict, given: float | None) -> tuple[f
     return bound, how
 
 
-def average(deltas: list[tuple[dict, int]]) -> dict:
-    total = float(sum(n for _, n in deltas))
-    keys = [k for k in deltas[0][0] if not k.startswith(CONTROL)]
-    return {k: sum(d[k] * (n / total) for d, n in deltas).astype(np.float32) for k in keys}
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -174,25 +127,8 @@ def run(grid, spec_path: str) -> None:
                                     threads=spec.get("threads"), seed=spec["seed"], params=spec.get("params"),
                                     train_layers=train_layers), spec["val"])
     arrays = load_global(rundir, state["completed"])
-    scaffold = spec.get("aggregate") == "scaffold"
-    # a control variate per array a gradient trains; BatchNorm's running statistics are only averaged
-    control = (load_global(rundir, state["completed"], CONTROL_PREFIX) if scaffold and state["completed"]
-               else {k: np.zeros_like(v) for k, v in arrays.items() if k not in evaluator.statistics})
-    # FedAvgM: the global step is the average plus `beta` times the last step (the weights a gradient trains;
-    # BatchNorm's running statistics take the average as it is: a variance must stay positive)
-    beta = float(spec.get("server_momentum") or 0.0)
-    trained = [k for k in arrays if k not in evaluator.statistics]
-    step = (load_global(rundir, state["completed"], MOMENTUM_PREFIX)
-            if beta and state["completed"] and global_path(rundir, state["completed"], MOMENTUM_PREFIX).exists()
-            else {k: np.zeros_like(arrays[k]) for k in trained} if beta else {})
-    # with ternary the downlink is an int8 delta against `held`, what the devices reconstructed from the
-    # round `version` (0: nothing, zeros); a device not known to hold it gets the arrays whole (fp32)
-    compact = spec["codec"] == "ternary"
-    # with ternary no control delta travels: this side derives each device's from its decoded update, as it did
-    derive = compact and scaffold
-    control_step = float(spec.get("ternary_control_step") or CONTROL_STEP)
-    version = int(state.get("downlink", 0)) if compact else 0
-    held = load_global(rundir, version, "down") if version else {}
+    strategy = strategy_for(spec, rundir, state["completed"], arrays, evaluator.statistics)
+    downlink = downlink_for(spec, rundir, state)
     roster = _Roster(grid, log)
     timeout = float(spec["round_timeout"])
     log(f"resuming after round {state['completed']}" if state["completed"] else
@@ -203,43 +139,24 @@ def run(grid, spec_path: str) -> None:
         record = {"round": round_no, "started": _now(), "codec": spec["codec"], "participants": [], "refused": [],
                   "failed": [], "timed_out": [], "available": len(present)}
         chosen = present[: max(spec["min_updates"], int(round(len(present) * spec["fraction"])))]
-        target = {**arrays, **({CONTROL + k: v for k, v in control.items()} if scaffold else {})}
-        down = wire.weights_record(target)
-        downs = {}  # device key -> (record, config) when the downlink is compact
-        if compact:
-            delta, sent = downlink_delta(target, held, exact=set(evaluator.statistics))
-            by_delta, whole = wire.to_record(delta), None
-            digests = {"target-digest": arrays_digest(sent)}
-            for d in chosen:
-                if int(devices.get(d.key, {}).get("held", 0)) == version:
-                    downs[d.key] = by_delta, {"down": "delta", "base": version,
-                                              "base-digest": arrays_digest(held) if version else "", **digests}
-                else:  # its base is unknown or stale (it joined late, missed a round, failed): the arrays whole
-                    whole = whole or wire.weights_record(sent)
-                    downs[d.key] = whole, {"down": "whole", **digests}
+        sent = downlink.prepare(strategy.target(arrays), evaluator.statistics, wire)
         config = {"round": round_no, "codec": spec["codec"], "model": spec["model"],
                   "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
                   "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers,
-                  **({"density": float(spec.get("ternary_density") or DENSITY),
-                      "control-step": control_step,
-                      "min-keep": int(spec.get("ternary_min_keep") or MIN_KEEP),
-                      # a run begun before the codec sized itself keeps its fixed density on --resume
-                      "uplink-ratio": float(spec.get("uplink_ratio") or 0.0)} if compact else {}),
+                  **downlink.config(),
                   "classes": list(evaluator.classes)}  # the fleet's: a device may hold any subset of them
-        # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
-        messages = [Message(content=RecordDict({"arrays": downs[d.key][0] if compact else down, "config": ConfigRecord(
-                        {**config, **(downs[d.key][1] if compact else {}),
-                         "accepted": int(devices.get(d.key, {}).get("accepted", 0))})}),
-                            message_type="train", dst_node_id=d.node, ttl=timeout) for d in chosen]
+        messages = []
+        for d in chosen:
+            content, extra = downlink.message(d.key, devices)
+            # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
+            messages.append(Message(content=RecordDict({"arrays": content, "config": ConfigRecord(
+                {**config, **extra, "accepted": int(devices.get(d.key, {}).get("accepted", 0))})}),
+                message_type="train", dst_node_id=d.node, ttl=timeout))
         log(f"round {round_no}: sent to {len(chosen)} of {len(present)} devices ({', '.join(d.name for d in chosen)})")
         replies = exchange(grid, messages, t0 + timeout)
-        trained_from = digests["target-digest"] if compact else arrays_digest(target)
         waited = time.monotonic() - t0
-        record["bytes_down"] = sum(wire.record_bytes(downs[d.key][0] if compact else down) for d in chosen)
-        record["bytes_down_fp32"] = wire.record_bytes(down) * len(chosen)
-        if compact:
-            record["downlink_whole"] = [d.name for d in chosen if downs[d.key][1]["down"] == "whole"]
-            answered = {d.key for d, reply in zip(chosen, replies) if reply is not None and not reply.has_error()}
+        downlink.account(record, chosen, wire)
+        answered = {d.key for d, reply in zip(chosen, replies) if reply is not None and not reply.has_error()}
         deltas = []
         for d, reply in zip(chosen, replies):
             who = {"client": d.name, "device_id": d.key, "node_id": d.node}
@@ -257,21 +174,16 @@ def run(grid, spec_path: str) -> None:
             metrics = dict(reply.content["metrics"])
             facts = dict(reply.content["facts"])
             try:
-                update = wire.from_record(reply.content["update"])
-                expected = {**arrays, **({CONTROL + k: arrays[k] for k in control} if scaffold and not derive else {})}
-                delta = decode_update(update, expected, d.name)
+                delta = decode_update(wire.from_record(reply.content["update"]), strategy.expected(arrays), d.name)
             except (EdgetrainError, ValueError) as exc:
                 reason = exc.line() if isinstance(exc, EdgetrainError) else str(exc)
                 record["refused"].append({**who, "reason": reason})
                 log(f"round {round_no}: refused the update of {d.name}: {reason}")
                 continue
             count, why = sample_count(metrics.get("num-examples", 1))
-            why = answers(facts, round_no, trained_from) or why
-            if derive and why is None:
-                scale, why = control_scale(metrics.get("control-scale"))
-                if why is None:
-                    c_sent = {k: sent[CONTROL + k] for k in control}
-                    delta.update({CONTROL + k: v for k, v in derived_control(c_sent, delta, scale, control_step).items()})
+            why = answers(facts, round_no, downlink.digest) or why
+            if why is None:
+                why = strategy.complete(delta, metrics, sent)
             norm = update_norm(delta)
             if why is None and not np.isfinite(norm):
                 why = "its update is not finite (NaN or inf)"
@@ -311,21 +223,7 @@ def run(grid, spec_path: str) -> None:
         if record["updated"]:
             # in a fixed order (by name, then key): the same updates give the same global arrays, bit for bit
             deltas.sort(key=lambda x: (x[0].name, x[0].key))
-            avg = average([(delta, n) for _, delta, n in deltas])
-            if beta:
-                step = {k: (np.float32(beta) * step[k] + avg[k]).astype(np.float32) for k in step}
-                avg = {**avg, **step}
-            arrays = {k: (arrays[k] + avg[k]).astype(np.float32) for k in arrays}
-            # a running variance stays >= 0 (BatchNorm adds its epsilon): with ternary the statistics travel as
-            # int8 deltas, whose rounding could take a variance near zero a hair below it
-            arrays.update({k: np.maximum(arrays[k], np.float32(0)) for k in evaluator.statistics
-                           if "var" in k.rsplit("_", 1)[-1]})
-            if not all(np.all(np.isfinite(v)) for v in arrays.values()):  # cannot happen with bounded updates
-                raise RuntimeError(f"round {round_no}: the averaged global arrays are not finite")
-            if scaffold:  # c += (|S| / N) * mean(delta c_i): a device that did not report keeps its share
-                share = len(deltas) / max(record["available"], len(deltas))
-                control = {k: (control[k] + share * np.mean([d[CONTROL + k] for _, d, _ in deltas], axis=0))
-                           .astype(np.float32) for k in control}
+            arrays = strategy.fold(arrays, [(delta, n) for _, delta, n in deltas], record["available"], round_no)
         else:
             log(f"round {round_no}: {len(deltas)} usable update(s), fewer than --min-updates {spec['min_updates']}: "
                 "no update accepted, global weights unchanged")
@@ -334,8 +232,7 @@ def run(grid, spec_path: str) -> None:
             entry = devices.setdefault(d.key, {"name": d.name, "accepted": 0, "updates": 0, "asked": 0})
             entry["name"] = d.name
             entry["asked"] += 1
-            if compact:  # what this device holds now: this round's arrays if it answered, else not known
-                entry["held"] = round_no if d.key in answered else -1
+            downlink.after(entry, d.key in answered, round_no)
             if d.key in accepted:
                 entry.update(accepted=round_no, updates=entry["updates"] + 1)
                 entry.pop("reason", None)
@@ -347,15 +244,9 @@ def run(grid, spec_path: str) -> None:
         state["chance"] = Chance.measure(100.0 * record["accuracy"], evaluator.job.train_ds.labels,
                                          len(evaluator.classes)).to_dict()
         record["seconds"] = round(time.monotonic() - t0, 3)
-        if scaffold:
-            save_global(rundir, round_no, control, CONTROL_PREFIX)
-        if beta:
-            save_global(rundir, round_no, step, MOMENTUM_PREFIX)
+        strategy.save(rundir, round_no)
         save_global(rundir, round_no, arrays)
-        if compact:
-            save_global(rundir, round_no, sent, "down")
-            held, version = sent, round_no
-            state["downlink"] = round_no
+        downlink.save(rundir, round_no, state)
         _hold(round_no, "saving", rundir)
         state["rounds"].append(record)
         state["completed"] = round_no

@@ -29,6 +29,7 @@ from ..errors import RunFailed, UsageError
 from ..fileio import atomic_write_text
 from ..fleet import client as fclient
 from ..fleet import coordinator as coord
+from ..fleet import store
 from . import fleet_models as deploy
 from ..fleet import procs
 from ..fleet.local import Evaluator, LocalSpec
@@ -107,7 +108,7 @@ def _tls(opts: FleetServeOptions) -> tuple[str, str, str] | None:
 def _prepare_rundir(rundir: Path, resume: bool) -> dict | None:
     if rundir.exists() and not rundir.is_dir():
         raise UsageError("RUNDIR is a file", str(rundir), "give a folder (it is created if missing)")
-    state = coord.read_state(rundir) if rundir.exists() else None
+    state = store.read_state(rundir) if rundir.exists() else None
     if state is not None and not resume:
         raise UsageError(f"RUNDIR holds a fleet run ({state['completed']} round(s) completed)", str(rundir),
                          "pass --resume to continue it, or choose another RUNDIR")
@@ -172,10 +173,10 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
             if created:  # a model or --val refused: nothing half-made left behind
                 shutil.rmtree(rundir, ignore_errors=True)
             raise
-        coord.save_global(rundir, 0, ev.initial)
-        state = {"format": coord.STATE_FORMAT, "completed": 0, "classes": ev.classes,
+        store.save_global(rundir, 0, ev.initial)
+        state = {"format": store.STATE_FORMAT, "completed": 0, "classes": ev.classes,
                  "initial_accuracy": ev.top1(ev.initial), "rounds": [], "model": model, "codec": opts.codec}
-        coord.write_state(rundir, state)
+        store.write_state(rundir, state)
         resumed_after = 0
     else:
         old = json.loads((rundir / SPEC).read_text()) if (rundir / SPEC).exists() else {}
@@ -185,19 +186,19 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
             raise UsageError(f"--resume with a different {', '.join(changed)} than the run in RUNDIR", str(rundir),
                              "resume with the same MODEL, --val, --codec, --aggregate, --params and --train-layers")
         state.pop("finished", None)
-        coord.write_state(rundir, state)
+        store.write_state(rundir, state)
         resumed_after = int(state["completed"])
     atomic_write_text(rundir / SPEC, json.dumps(spec, indent=2) + "\n", "fleet spec")
     address = f"{opts.listen}:{opts.port}"
     if state["completed"] < opts.rounds:
         _run_flower(rundir, opts, tls, progress)
-    final = coord.read_state(rundir)
+    final = store.read_state(rundir)
     models, failed = {}, []
     if opts.export != "none" and not any(r.get("updated") for r in final["rounds"]):
         notes.append("no deployable model written: no round accepted an update (RUNDIR/global-0000.npz is the start)")
     elif opts.export != "none":
         report(progress, "export", final=True, message=f"writing the global model to {rundir / deploy.FOLDER}")
-        models, more, failed = deploy.write_models(rundir, spec, coord.load_global(rundir, final["completed"]),
+        models, more, failed = deploy.write_models(rundir, spec, store.load_global(rundir, final["completed"]),
                                                    final["completed"], opts.export)
         notes += more
     return _result(final, rundir, address, bool(tls), opts, resumed_after, notes, models, failed)
@@ -229,9 +230,9 @@ def _result(state: dict, rundir: Path, address: str, tls: bool, opts, resumed_af
 
 def _finite(rundir: Path, round_no: int) -> bool:
     """Whether the global arrays saved after ``round_no`` are all finite (none saved: nothing to say)."""
-    if not coord.global_path(rundir, round_no).exists():
+    if not store.global_path(rundir, round_no).exists():
         return True
-    return all(bool(np.all(np.isfinite(v))) for v in coord.load_global(rundir, round_no).values())
+    return all(bool(np.all(np.isfinite(v))) for v in store.load_global(rundir, round_no).values())
 
 
 def _flwr_home(folder: Path, address: str, tls_ca: str | None) -> Path:
@@ -280,7 +281,7 @@ def _run_flower(rundir: Path, opts: FleetServeOptions, tls, progress) -> None:
         started.append(run)
         seen = -1
         while True:
-            state = coord.read_state(rundir) or {}
+            state = store.read_state(rundir) or {}
             if state.get("completed", 0) != seen:
                 seen = state.get("completed", 0)
                 if state.get("rounds"):
@@ -302,7 +303,7 @@ def _run_flower(rundir: Path, opts: FleetServeOptions, tls, progress) -> None:
                                 f"{procs.last_line(logs / 'superlink.log')}", str(logs / "superlink.log"), "see the log")
             if run.poll() is not None:
                 time.sleep(1.0)  # the state file is written before flwr run returns
-                state = coord.read_state(rundir) or {}
+                state = store.read_state(rundir) or {}
                 if state.get("finished"):
                     break
                 raise RunFailed(f"the federated run stopped after round {state.get('completed', 0)}: "
@@ -312,7 +313,7 @@ def _run_flower(rundir: Path, opts: FleetServeOptions, tls, progress) -> None:
     except KeyboardInterrupt:
         sig = stop["sig"] or signal.SIGINT
         exc = RunFailed(f"stopped by {signal.Signals(sig).name} after round "
-                        f"{(coord.read_state(rundir) or {}).get('completed', 0)}", str(rundir),
+                        f"{(store.read_state(rundir) or {}).get('completed', 0)}", str(rundir),
                         "continue with --resume")
         exc.exit_code = 128 + int(sig)
         raise exc from None

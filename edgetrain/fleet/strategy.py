@@ -1,0 +1,220 @@
+"""What the coordinator does with a round, as objects in Flower's Strategy shape: how the updates are folded
+into the global arrays (one class per averaging algorithm: ``FedAvg``, with FedAvgM's server momentum, and
+``Scaffold``) and what goes down to the devices (one class per downlink: ``WholeDownlink`` sends the float32
+arrays, ``DeltaDownlink`` an int8 delta against what each device holds). Each keeps its own state between rounds
+and saves it beside the global arrays (RUNDIR/NAME-NNNN.npz), so a resumed coordinator rebuilds it from RUNDIR.
+``coordinator.run`` holds one of each, built from the serve spec by ``strategy_for`` and ``downlink_for``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .codec import CONTROL_STEP, DENSITY, MIN_KEEP, arrays_digest, derived_control, downlink_delta
+from .store import CONTROL, CONTROL_PREFIX, MOMENTUM_PREFIX, global_path, load_global, save_global
+
+
+def average(deltas: list[tuple[dict, int]]) -> dict:
+    """The updates' mean weighted by their sample counts (SCAFFOLD's control deltas left out)."""
+    total = float(sum(n for _, n in deltas))
+    keys = [k for k in deltas[0][0] if not k.startswith(CONTROL)]
+    return {k: sum(d[k] * (n / total) for d, n in deltas).astype(np.float32) for k in keys}
+
+
+class FedAvg:
+    """The updates' weighted mean added to the global arrays. With ``beta`` > 0 (FedAvgM) the global step is
+    that mean plus ``beta`` times the last step, on the arrays a gradient trains; BatchNorm's running
+    statistics take the mean as it is (a variance must stay positive)."""
+
+    name = "fedavg"
+
+    def __init__(self, rundir: Path, completed: int, arrays: dict, statistics, beta: float):
+        self.statistics = set(statistics)
+        self.beta = beta
+        trained = [k for k in arrays if k not in self.statistics]
+        saved = beta and completed and global_path(rundir, completed, MOMENTUM_PREFIX).exists()
+        self.step = (load_global(rundir, completed, MOMENTUM_PREFIX) if saved
+                     else {k: np.zeros_like(arrays[k]) for k in trained} if beta else {})
+
+    def target(self, arrays: dict) -> dict:
+        """What the devices are sent to start the round from."""
+        return dict(arrays)
+
+    def expected(self, arrays: dict) -> dict:
+        """The arrays a device's update must match, name for name and shape for shape."""
+        return arrays
+
+    def complete(self, delta: dict, metrics: dict, sent: dict) -> str | None:
+        """Fill in what the device did not send (nothing here); why its update is refused, or None."""
+        return None
+
+    def fold(self, arrays: dict, updates: list[tuple[dict, int]], available: int, round_no: int) -> dict:
+        """The new global arrays from ``updates`` (delta, weight) in their fixed order."""
+        avg = average(updates)
+        if self.beta:
+            self.step = {k: (np.float32(self.beta) * self.step[k] + avg[k]).astype(np.float32) for k in self.step}
+            avg = {**avg, **self.step}
+        arrays = {k: (arrays[k] + avg[k]).astype(np.float32) for k in arrays}
+        # a running variance stays >= 0 (BatchNorm adds its epsilon): with ternary the statistics travel as
+        # int8 deltas, whose rounding could take a variance near zero a hair below it
+        arrays.update({k: np.maximum(arrays[k], np.float32(0)) for k in self.statistics
+                       if "var" in k.rsplit("_", 1)[-1]})
+        if not all(np.all(np.isfinite(v)) for v in arrays.values()):  # cannot happen with bounded updates
+            raise RuntimeError(f"round {round_no}: the averaged global arrays are not finite")
+        return arrays
+
+    def save(self, rundir: Path, round_no: int) -> None:
+        if self.beta:
+            save_global(rundir, round_no, self.step, MOMENTUM_PREFIX)
+
+
+class Scaffold(FedAvg):
+    """FedAvg with SCAFFOLD's drift correction: a control variate per array a gradient trains travels beside the
+    weights (under CONTROL), each device returns its control delta, and the global control moves by the
+    reporting devices' share of their mean. With ``derived`` (the ternary codec) no control delta travels up:
+    this side derives each device's from its decoded weight delta and control scale, as the device did."""
+
+    name = "scaffold"
+
+    def __init__(self, rundir: Path, completed: int, arrays: dict, statistics, beta: float,
+                 derived: bool = False, control_step: float = CONTROL_STEP):
+        super().__init__(rundir, completed, arrays, statistics, beta)
+        self.derived, self.control_step = derived, control_step
+        self.control = (load_global(rundir, completed, CONTROL_PREFIX) if completed
+                        else {k: np.zeros_like(v) for k, v in arrays.items() if k not in self.statistics})
+
+    def target(self, arrays: dict) -> dict:
+        return {**arrays, **{CONTROL + k: v for k, v in self.control.items()}}
+
+    def expected(self, arrays: dict) -> dict:
+        return arrays if self.derived else {**arrays, **{CONTROL + k: arrays[k] for k in self.control}}
+
+    def complete(self, delta: dict, metrics: dict, sent: dict) -> str | None:
+        if not self.derived:
+            return None
+        scale, why = control_scale(metrics.get("control-scale"))
+        if why is None:
+            c_sent = {k: sent[CONTROL + k] for k in self.control}
+            delta.update({CONTROL + k: v for k, v in derived_control(c_sent, delta, scale, self.control_step).items()})
+        return why
+
+    def fold(self, arrays: dict, updates: list[tuple[dict, int]], available: int, round_no: int) -> dict:
+        arrays = super().fold(arrays, updates, available, round_no)
+        # c += (|S| / N) * mean(delta c_i): a device that did not report keeps its share
+        share = len(updates) / max(available, len(updates))
+        self.control = {k: (self.control[k] + share * np.mean([d[CONTROL + k] for d, _ in updates], axis=0))
+                        .astype(np.float32) for k in self.control}
+        return arrays
+
+    def save(self, rundir: Path, round_no: int) -> None:
+        super().save(rundir, round_no)
+        save_global(rundir, round_no, self.control, CONTROL_PREFIX)
+
+
+def control_scale(value) -> tuple[float | None, str | None]:
+    """A device's control scale (ternary: the displacement per unit gradient its control delta is derived with),
+    or why it is refused."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None, f"its control scale {value!r} is not a number"
+    if not (np.isfinite(v) and 0 < v <= float(np.finfo(np.float32).max) and np.float32(v) > 0):  # no overflow in the cast
+        return None, f"its control scale {value!r} is not a positive finite float32"
+    return v, None
+
+
+def strategy_for(spec: dict, rundir: Path, completed: int, arrays: dict, statistics) -> FedAvg:
+    beta = float(spec.get("server_momentum") or 0.0)
+    if spec.get("aggregate") == "scaffold":
+        return Scaffold(rundir, completed, arrays, statistics, beta, derived=spec["codec"] == "ternary",
+                        control_step=float(spec.get("ternary_control_step") or CONTROL_STEP))
+    return FedAvg(rundir, completed, arrays, statistics, beta)
+
+
+class WholeDownlink:
+    """Every device gets the round's arrays whole, in float32 (the fp32, int8 and 2bit codecs: those compress
+    the uplink only)."""
+
+    def __init__(self, spec: dict):
+        self.codec = spec["codec"]
+
+    def config(self) -> dict:
+        """The codec's part of the round's configuration."""
+        return {}
+
+    def prepare(self, target: dict, statistics, wire) -> dict:
+        """The round's downlink of ``target``; returns what a device reconstructs (``sent``)."""
+        self.whole = wire.weights_record(target)
+        self.digest = arrays_digest(target)
+        return target
+
+    def message(self, key: str, devices: dict) -> tuple[object, dict]:
+        """The record and the config entries for device ``key``."""
+        return self.whole, {}
+
+    def account(self, record: dict, chosen: list, wire) -> None:
+        """The round's downlink bytes, in its record."""
+        record["bytes_down"] = wire.record_bytes(self.whole) * len(chosen)
+        record["bytes_down_fp32"] = record["bytes_down"]
+
+    def after(self, entry: dict, answered: bool, round_no: int) -> None:
+        """What a device asked in round ``round_no`` holds now (nothing to remember here)."""
+
+    def save(self, rundir: Path, round_no: int, state: dict) -> None:
+        """Nothing kept between rounds."""
+
+
+class DeltaDownlink(WholeDownlink):
+    """The ternary codec's downlink: an int8 delta against ``held``, what the devices reconstructed from round
+    ``version`` (0: nothing, zeros); a device not known to hold it gets the arrays whole (float32). BatchNorm's
+    statistics go as fp32 deltas."""
+
+    def __init__(self, spec: dict, rundir: Path, state: dict):
+        super().__init__(spec)
+        self.version = int(state.get("downlink", 0))
+        self.held = load_global(rundir, self.version, "down") if self.version else {}
+        self.settings = {"density": float(spec.get("ternary_density") or DENSITY),
+                         "control-step": float(spec.get("ternary_control_step") or CONTROL_STEP),
+                         "min-keep": int(spec.get("ternary_min_keep") or MIN_KEEP),
+                         # a run begun before the codec sized itself keeps its fixed density on --resume
+                         "uplink-ratio": float(spec.get("uplink_ratio") or 0.0)}
+
+    def config(self) -> dict:
+        return dict(self.settings)
+
+    def prepare(self, target: dict, statistics, wire) -> dict:
+        self.wire, self.fp32 = wire, wire.weights_record(target)
+        delta, self.sent = downlink_delta(target, self.held, exact=set(statistics))
+        self.by_delta, self.whole = wire.to_record(delta), None
+        self.digest = arrays_digest(self.sent)
+        self.given: dict[str, tuple[object, dict]] = {}
+        return self.sent
+
+    def message(self, key: str, devices: dict) -> tuple[object, dict]:
+        digests = {"target-digest": self.digest}
+        if int(devices.get(key, {}).get("held", 0)) == self.version:
+            got = self.by_delta, {"down": "delta", "base": self.version,
+                                  "base-digest": arrays_digest(self.held) if self.version else "", **digests}
+        else:  # its base is unknown or stale (it joined late, missed a round, failed): the arrays whole
+            self.whole = self.whole or self.wire.weights_record(self.sent)
+            got = self.whole, {"down": "whole", **digests}
+        self.given[key] = got
+        return got
+
+    def account(self, record: dict, chosen: list, wire) -> None:
+        record["bytes_down"] = sum(wire.record_bytes(self.given[d.key][0]) for d in chosen)
+        record["bytes_down_fp32"] = wire.record_bytes(self.fp32) * len(chosen)
+        record["downlink_whole"] = [d.name for d in chosen if self.given[d.key][1]["down"] == "whole"]
+
+    def after(self, entry: dict, answered: bool, round_no: int) -> None:
+        entry["held"] = round_no if answered else -1
+
+    def save(self, rundir: Path, round_no: int, state: dict) -> None:
+        save_global(rundir, round_no, self.sent, "down")
+        self.held, self.version = self.sent, round_no
+        state["downlink"] = round_no
+
+
+def downlink_for(spec: dict, rundir: Path, state: dict) -> WholeDownlink:
+    return DeltaDownlink(spec, rundir, state) if spec["codec"] == "ternary" else WholeDownlink(spec)
