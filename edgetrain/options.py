@@ -881,7 +881,8 @@ class FleetServeOptions(Options):
         1, metavar="N", help="Updates a round needs to change the global model (fewer: the round leaves it as it was "
                              "and is not counted as completed).")
     fraction: Annotated[float, Range(gt=0, le=1)] = opt(1.0, metavar="F",
-                                                         help="Fraction of the available devices asked each round.")
+                                                         help="Fraction of the available devices asked each round: a "
+                                                              "random sample, seeded by --seed and the round.")
     round_timeout: Annotated[float, Range(gt=0, le=86_400)] = opt(
         600.0, metavar="S", help="Seconds a round waits for updates, a hard bound (the held-out check and the save "
                                  "follow); a slower device is left out of that round and is told so.")

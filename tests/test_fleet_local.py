@@ -338,3 +338,33 @@ def test_a_layernorm_tail_trains_from_the_same_arrays(shares, tmp_path, layernor
     for k in start:
         if k not in ev.statistics:
             np.testing.assert_allclose(still[k], start[k], atol=1e-6)
+
+
+def test_a_fraction_of_the_fleet_is_a_seeded_sample_that_reaches_every_device():
+    """--fraction 0.3 of 10 devices: 3 asked a round, not the same 3 every round (the first k by name were, and
+    the others never trained); the same seed and round give the same sample (a resumed round asks the same)."""
+    from edgetrain.fleet.coordinator import sample
+
+    present = [f"device-{k:02d}" for k in range(10)]
+    rounds = [sample(present, 3, seed=0, round_no=r) for r in range(1, 11)]
+    assert all(len(x) == 3 == len(set(x)) and set(x) <= set(present) for x in rounds)
+    assert set().union(*rounds) == set(present), rounds
+    assert sample(present, 3, 0, 4) == rounds[3] and sample(present, 3, 1, 4) != rounds[3]
+    assert sample(present, 10, 0, 1) == present and sample(present, 12, 0, 1) == present
+
+
+def test_a_dirichlet_split_deals_every_sample_once_and_skews_the_classes(tmp_path):
+    """tools/bench_fleet_dirichlet.py's split: alpha 0.1 over 10 devices gives each device few classes, alpha
+    100 nearly all ten; every training sample is on exactly one device, each device holds at least 10."""
+    from edgetrain.fleet.demo import dirichlet_parts
+
+    labels = np.repeat(np.arange(10), 100)
+    for alpha, most in ((0.1, 5.0), (100.0, 10.0)):
+        parts = dirichlet_parts(labels, 10, alpha, np.random.RandomState(0))
+        flat = sorted(i for p in parts for i in p)
+        assert flat == list(range(1000)) and min(map(len, parts)) >= 10
+        classes = [len(set(labels[p])) for p in parts]
+        assert np.mean(classes) <= most, (alpha, classes)
+    assert np.mean([len(set(labels[p])) for p in dirichlet_parts(labels, 10, 100.0, np.random.RandomState(0))]) == 10
+    with pytest.raises(ValueError, match="no Dirichlet"):
+        dirichlet_parts(labels, 10, 0.1, np.random.RandomState(0), least=101)

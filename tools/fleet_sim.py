@@ -93,7 +93,8 @@ def shares_for(n: int, per_device: int = 3, seed: int = 0) -> tuple:
 
 def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2, seed: int = 0, codec: str = "int8",
         aggregate: str = "scaffold", epochs: int = 1, per_device: int | None = None,
-        server_momentum: float | None = None) -> dict:
+        server_momentum: float | None = None, alpha: float | None = None, fraction: float = 1.0,
+        train_layers: str = "head", uplink_ratio: float = 0.0) -> dict:
     """A whole simulated fleet: writes work/run (RUNDIR, as `fleet serve` writes it) and returns fleet.json's
     rounds with each round's wall time."""
     import time
@@ -104,18 +105,21 @@ def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2,
     from edgetrain.fleet.local import Evaluator, LocalSpec
 
     work.mkdir(parents=True, exist_ok=True)
-    data = split_digits(work / "data", shares=shares_for(n, seed=seed), per_device=per_device)
+    data = split_digits(work / "data", shares=shares_for(n, seed=seed), per_device=per_device,
+                        seed=seed if alpha else 0, dirichlet=(n, alpha) if alpha else None)
     rundir = work / "run"
     rundir.mkdir()
-    ev = Evaluator(LocalSpec(model=model, data=data["val"], workdir=str(rundir / "work"), threads=1, seed=seed),
+    ev = Evaluator(LocalSpec(model=model, data=data["val"], workdir=str(rundir / "work"), threads=1, seed=seed,
+                             train_layers=train_layers),
                    data["val"])
     store.save_global(rundir, 0, ev.initial)
     store.write_state(rundir, {"format": store.STATE_FORMAT, "completed": 0, "classes": ev.classes,
                                "initial_accuracy": ev.top1(ev.initial), "rounds": [], "model": model, "codec": codec})
     spec = {"format": "edgetrain-fleet-serve/1", "rundir": str(rundir), "model": model, "val": data["val"],
-            "params": None, "rounds": rounds, "min_clients": n, "min_updates": 1, "fraction": 1.0,
+            "params": None, "rounds": rounds, "min_clients": n, "min_updates": 1, "fraction": fraction,
             "aggregate": aggregate, "round_timeout": 600.0, "join_timeout": 60.0, "codec": codec, "epochs": epochs,
-            "batch_size": 32, "lr": None, "optimizer": "sgd", "seed": seed, "train_layers": "head", "threads": 1,
+            "batch_size": 32, "lr": None, "optimizer": "sgd", "seed": seed, "train_layers": train_layers, "threads": 1,
+            "uplink_ratio": uplink_ratio,
             "server_momentum": server_momentum if server_momentum is not None else coord.SERVER_MOMENTUM}
     (rundir / "serve.json").write_text(json.dumps(spec))
     devices = {}

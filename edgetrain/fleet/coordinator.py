@@ -19,19 +19,18 @@ started again with ``--resume`` continues after the last saved round, asking for
 """
 from __future__ import annotations
 
-import json
 import time
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import EdgetrainError
-from ..options import DEFAULT_TRAIN_LAYERS
 from ..figures import Chance
 from .codec import decode_tensor
 from .local import Evaluator, LocalSpec, check_shapes
-from .store import load_global, read_state, save_global, write_state
+from .store import ServeSpec, load_global, read_state, save_global, write_state
 from .strategy import downlink_for, strategy_for
 
 # the default server momentum, every codec: +1.2 points for fp32 on the last:2 fleet over 48 seeds, +1.8 on the
@@ -111,171 +110,240 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+@dataclass
+class RoundRecord:
+    """One round as fleet-state.json records it: every device asked, once by name, under participants,
+    refused, failed or timed_out; the bytes each way; the held-out top-1 of the global arrays after it."""
+
+    round: int
+    started: str
+    codec: str
+    available: int
+    participants: list = field(default_factory=list)
+    refused: list = field(default_factory=list)
+    failed: list = field(default_factory=list)
+    timed_out: list = field(default_factory=list)
+    bytes_down: int = 0
+    bytes_down_fp32: int = 0
+    downlink_whole: list | None = None  # the ternary downlink: the devices sent the arrays whole
+    max_update_norm: float = 0.0
+    updates: int = 0
+    updated: bool = False
+    bytes_up: int = 0
+    bytes_up_fp32: int = 0
+    accuracy: float = 0.0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if not (k == "downlink_whole" and v is None)}
+
+    def drop(self, kind: str, d, reason: str | None, log, line: str | None = None) -> None:
+        """Record device ``d`` under ``kind`` (refused, failed, timed_out) with its reason, and log ``line``
+        (default: its update refused, and why)."""
+        who = {"client": d.name, "device_id": d.key, "node_id": d.node}
+        getattr(self, kind).append({**who, "reason": reason} if reason is not None else who)
+        log(f"round {self.round}: " + (line or f"refused the update of {d.name}: {reason}"))
+
+    def outcome(self, key: str) -> str | None:
+        """Why device ``key`` has no update in this round, or None."""
+        for kind in ("refused", "failed", "timed_out"):
+            for x in getattr(self, kind):
+                if x["device_id"] == key:
+                    return x.get("reason") or f"no answer within the round ({kind.replace('_', ' ')})"
+        return None
+
+
+def sample(present: list, k: int, seed: int, round_no: int) -> list:
+    """The ``k`` devices asked in round ``round_no``: a random sample of ``present`` seeded by ``seed`` and the
+    round (as Flower's strategies sample: over the rounds every device is asked), the same again on --resume."""
+    if k >= len(present):
+        return list(present)
+    pick = np.random.RandomState([seed, round_no]).choice(len(present), k, replace=False)
+    return [present[i] for i in sorted(pick)]
+
+
+@dataclass
+class _Update:
+    device: object  # a _Device
+    delta: dict
+    weight: int
+    entry: dict  # its participants entry in the round's record
+
+
 def run(grid, spec_path: str) -> None:
     """The whole federated run (the ServerApp's main)."""
-    from flwr.app import ConfigRecord, Message, RecordDict
-
     from . import wire  # lazy: Flower is an optional extra; wire imports it
 
-    spec = json.loads(Path(spec_path).read_text())
-    rundir = Path(spec["rundir"])
+    spec = ServeSpec.read(spec_path)
+    rundir = Path(spec.rundir)
     log = _Log(rundir / "coordinator-rounds.log")
     state = read_state(rundir)
     devices = state.setdefault("devices", {})  # device key -> name, accepted (its last round aggregated), ...
-    train_layers = spec.get("train_layers", DEFAULT_TRAIN_LAYERS)
-    evaluator = Evaluator(LocalSpec(model=spec["model"], data=spec["val"], workdir=str(rundir / "work"),
-                                    threads=spec.get("threads"), seed=spec["seed"], params=spec.get("params"),
-                                    train_layers=train_layers), spec["val"])
+    evaluator = Evaluator(LocalSpec(model=spec.model, data=spec.val, workdir=str(rundir / "work"),
+                                    threads=spec.threads, seed=spec.seed, params=spec.params,
+                                    train_layers=spec.train_layers), spec.val)
     arrays = load_global(rundir, state["completed"])
-    strategy = strategy_for(spec, rundir, state["completed"], arrays, evaluator.statistics)
-    downlink = downlink_for(spec, rundir, state)
+    strategy = strategy_for(spec, state["completed"], arrays, evaluator.statistics)
+    downlink = downlink_for(spec, state)
     roster = _Roster(grid, log)
-    timeout = float(spec["round_timeout"])
     log(f"resuming after round {state['completed']}" if state["completed"] else
         "starting" + (" (again: no round was saved before)" if (rundir / "coordinator-rounds.log").exists() else ""))
-    for round_no in range(state["completed"] + 1, spec["rounds"] + 1):
-        present = roster.wait(spec["min_clients"], spec["join_timeout"])
+    for round_no in range(state["completed"] + 1, spec.rounds + 1):
+        present = roster.wait(spec.min_clients, spec.join_timeout)
         t0 = time.monotonic()
-        record = {"round": round_no, "started": _now(), "codec": spec["codec"], "participants": [], "refused": [],
-                  "failed": [], "timed_out": [], "available": len(present)}
-        chosen = present[: max(spec["min_updates"], int(round(len(present) * spec["fraction"])))]
+        record = RoundRecord(round_no, _now(), spec.codec, available=len(present))
+        chosen = sample(present, max(spec.min_updates, int(round(len(present) * spec.fraction))), spec.seed, round_no)
         sent = downlink.prepare(strategy.target(arrays), evaluator.statistics, wire)
-        config = {"round": round_no, "codec": spec["codec"], "model": spec["model"],
-                  "epochs": spec["epochs"], "batch_size": spec["batch_size"], "lr": spec["lr"] or 0.0,
-                  "optimizer": spec["optimizer"], "seed": spec["seed"], "train_layers": train_layers,
-                  **downlink.config(),
-                  "classes": list(evaluator.classes)}  # the fleet's: a device may hold any subset of them
-        messages = []
-        for d in chosen:
-            content, extra = downlink.message(d.key, devices)
-            # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
-            messages.append(Message(content=RecordDict({"arrays": content, "config": ConfigRecord(
-                {**config, **extra, "accepted": int(devices.get(d.key, {}).get("accepted", 0))})}),
-                message_type="train", dst_node_id=d.node, ttl=timeout))
+        messages = _messages(spec, round_no, chosen, downlink, devices, evaluator.classes)
         log(f"round {round_no}: sent to {len(chosen)} of {len(present)} devices ({', '.join(d.name for d in chosen)})")
-        replies = exchange(grid, messages, t0 + timeout)
+        replies = exchange(grid, messages, t0 + spec.round_timeout)
         waited = time.monotonic() - t0
         downlink.account(record, chosen, wire)
         answered = {d.key for d, reply in zip(chosen, replies) if reply is not None and not reply.has_error()}
-        deltas = []
-        for d, reply in zip(chosen, replies):
-            who = {"client": d.name, "device_id": d.key, "node_id": d.node}
-            if reply is None:
-                record["timed_out"].append(who)
-                log(f"round {round_no}: {d.name} timed out: no answer when the round closed after {waited:.1f}s "
-                    f"(--round-timeout {timeout:g})")
-                continue
-            if reply.has_error():
-                reason = _error_reason(reply.error)
-                kind = "refused" if "model mismatch" in reason else "failed"
-                record[kind].append({**who, "reason": reason})
-                log(f"round {round_no}: {d.name} {kind}: {reason}")
-                continue
-            metrics = dict(reply.content["metrics"])
-            facts = dict(reply.content["facts"])
-            try:
-                delta = decode_update(wire.from_record(reply.content["update"]), strategy.expected(arrays), d.name)
-            except (EdgetrainError, ValueError) as exc:
-                reason = exc.line() if isinstance(exc, EdgetrainError) else str(exc)
-                record["refused"].append({**who, "reason": reason})
-                log(f"round {round_no}: refused the update of {d.name}: {reason}")
-                continue
-            count, why = sample_count(metrics.get("num-examples", 1))
-            why = answers(facts, round_no, downlink.digest) or why
-            if why is None:
-                why = strategy.complete(delta, metrics, sent)
-            norm = update_norm(delta)
-            if why is None and not np.isfinite(norm):
-                why = "its update is not finite (NaN or inf)"
-            if why is not None:
-                record["refused"].append({**who, "reason": why})
-                log(f"round {round_no}: refused the update of {d.name}: {why}")
-                continue
-            deltas.append((d, delta, count))
-            record["participants"].append({**who, "device": facts.get("device"),
-                                           "energy_provenance": facts.get("energy"), "update_norm": norm,
-                                           **{k.replace("-", "_"): v for k, v in metrics.items()}})
-        # out of range: a norm bound from the user, else from this round's updates (see norm_bound)
-        bound, how = norm_bound([p["update_norm"] for p in record["participants"]], arrays, spec.get("max_update_norm"))
-        record["max_update_norm"] = bound
-        kept = []
-        for item, p in zip(deltas, list(record["participants"])):  # appended together, in the same order
-            d = item[0]
-            if p["update_norm"] <= bound:
-                kept.append(item)
-                continue
-            why = f"its update's norm {p['update_norm']:.3g} exceeds {bound:.3g} ({how})"
-            record["participants"].remove(p)
-            record["refused"].append({"client": d.name, "device_id": d.key, "node_id": d.node, "reason": why})
-            log(f"round {round_no}: refused the update of {d.name}: {why}")
-        deltas = kept
-        # a lie about the sample count: the weight is capped (see weights); the update still counts
-        capped, cap = weights([n for _, _, n in deltas])
-        for (d, _, n), w, p in zip(list(deltas), capped, record["participants"]):
-            p["weight"] = w
-            if w < n:
-                log(f"round {round_no}: capped the weight of {d.name}: it claims {n} samples, more than "
-                    f"{COUNT_FACTOR}x the round's median ({cap // COUNT_FACTOR})")
-        deltas = [(d, delta, w) for (d, delta, _), w in zip(deltas, capped)]
-        record["updates"] = len(deltas)
-        record["updated"] = len(deltas) >= spec["min_updates"]
+        updates = [u for d, reply in zip(chosen, replies)
+                   if (u := _screen(d, reply, record, arrays, sent, strategy, downlink.digest, waited, spec, log))]
+        updates = _weigh(_bounded(updates, record, arrays, spec.max_update_norm, log), record, log)
+        record.updates, record.updated = len(updates), len(updates) >= spec.min_updates
         _hold(round_no, "aggregating", rundir)
-        if record["updated"]:
+        if record.updated:
             # in a fixed order (by name, then key): the same updates give the same global arrays, bit for bit
-            deltas.sort(key=lambda x: (x[0].name, x[0].key))
-            arrays = strategy.fold(arrays, [(delta, n) for _, delta, n in deltas], record["available"], round_no)
+            updates.sort(key=lambda u: (u.device.name, u.device.key))
+            arrays = strategy.fold(arrays, [(u.delta, u.weight) for u in updates], record.available, round_no)
         else:
-            log(f"round {round_no}: {len(deltas)} usable update(s), fewer than --min-updates {spec['min_updates']}: "
+            log(f"round {round_no}: {len(updates)} usable update(s), fewer than --min-updates {spec.min_updates}: "
                 "no update accepted, global weights unchanged")
-        accepted = {d.key for d, _, _ in deltas} if record["updated"] else set()
-        for d in chosen:
-            entry = devices.setdefault(d.key, {"name": d.name, "accepted": 0, "updates": 0, "asked": 0})
-            entry["name"] = d.name
-            entry["asked"] += 1
-            downlink.after(entry, d.key in answered, round_no)
-            if d.key in accepted:
-                entry.update(accepted=round_no, updates=entry["updates"] + 1)
-                entry.pop("reason", None)
-            else:
-                entry["reason"] = _outcome(record, d.key) or "not enough updates this round (--min-updates)"
-        record["bytes_up"] = sum(p["bytes_up"] for p in record["participants"])
-        record["bytes_up_fp32"] = sum(p["bytes_up_fp32"] for p in record["participants"])
-        record["accuracy"] = evaluator.top1(arrays)
-        state["chance"] = Chance.measure(100.0 * record["accuracy"], evaluator.job.train_ds.labels,
+        _note_devices(devices, chosen, record, {u.device.key for u in updates} if record.updated else set(),
+                      answered, downlink, round_no)
+        record.bytes_up = sum(p["bytes_up"] for p in record.participants)
+        record.bytes_up_fp32 = sum(p["bytes_up_fp32"] for p in record.participants)
+        record.accuracy = evaluator.top1(arrays)
+        state["chance"] = Chance.measure(100.0 * record.accuracy, evaluator.job.train_ds.labels,
                                          len(evaluator.classes)).to_dict()
-        record["seconds"] = round(time.monotonic() - t0, 3)
+        record.seconds = round(time.monotonic() - t0, 3)
         strategy.save(rundir, round_no)
         save_global(rundir, round_no, arrays)
         downlink.save(rundir, round_no, state)
         _hold(round_no, "saving", rundir)
-        state["rounds"].append(record)
+        state["rounds"].append(record.to_dict())
         state["completed"] = round_no
         # after the weights: the state never names weights not on disk; and a device's `accepted` becomes
         # true here, with the weights that hold its update (never before: a device commits on its word)
         write_state(rundir, state)
-        log(f"round {round_no}: {len(deltas)} update(s) accepted, held-out top-1 {record['accuracy']:.4f}, "
-            f"{record['bytes_up']} bytes up, {record['seconds']:.1f}s"
-            + ("" if record["updated"] else " (no update accepted: not a completed round)"))
+        log(f"round {round_no}: {len(updates)} update(s) accepted, held-out top-1 {record.accuracy:.4f}, "
+            f"{record.bytes_up} bytes up, {record.seconds:.1f}s"
+            + ("" if record.updated else " (no update accepted: not a completed round)"))
     state["finished"] = _now()
     write_state(rundir, state)
     # a device still finishing the last round (it timed out) takes the goodbye after it: then wait up to a
     # round (a dead one ends that sooner: Flower answers for a node whose heartbeat stopped)
     busy = bool(state["rounds"] and state["rounds"][-1].get("timed_out"))
-    _goodbye(grid, roster, state, max(GOODBYE_SECONDS, timeout) if busy else GOODBYE_SECONDS)
+    _goodbye(grid, roster, state, max(GOODBYE_SECONDS, spec.round_timeout) if busy else GOODBYE_SECONDS)
+
+
+def _messages(spec: ServeSpec, round_no: int, chosen: list, downlink, devices: dict, classes) -> list:
+    """The round's train message to each chosen device."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    config = {"round": round_no, "codec": spec.codec, "model": spec.model, "epochs": spec.epochs,
+              "batch_size": spec.batch_size, "lr": spec.lr or 0.0, "optimizer": spec.optimizer, "seed": spec.seed,
+              "train_layers": spec.train_layers, **downlink.config(),
+              "classes": list(classes)}  # the fleet's: a device may hold any subset of them
+    messages = []
+    for d in chosen:
+        content, extra = downlink.message(d.key, devices)
+        # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
+        accepted = int(devices.get(d.key, {}).get("accepted", 0))
+        messages.append(Message(content=RecordDict({"arrays": content, "config": ConfigRecord(
+            {**config, **extra, "accepted": accepted})}), message_type="train", dst_node_id=d.node,
+            ttl=spec.round_timeout))
+    return messages
+
+
+def _screen(d, reply, record: RoundRecord, arrays: dict, sent: dict, strategy, digest: str, waited: float,
+            spec: ServeSpec, log) -> _Update | None:
+    """Device ``d``'s reply as a usable update, or None with why in the record: no reply, an error reply, arrays
+    that do not fit, a replayed message, a bad sample count or control scale, a non-finite update."""
+    from . import wire
+
+    if reply is None:
+        record.drop("timed_out", d, None, log, f"{d.name} timed out: no answer when the round closed after "
+                                               f"{waited:.1f}s (--round-timeout {spec.round_timeout:g})")
+        return None
+    if reply.has_error():
+        reason = _error_reason(reply.error)
+        kind = "refused" if "model mismatch" in reason else "failed"
+        record.drop(kind, d, reason, log, f"{d.name} {kind}: {reason}")
+        return None
+    metrics, facts = dict(reply.content["metrics"]), dict(reply.content["facts"])
+    try:
+        delta = decode_update(wire.from_record(reply.content["update"]), strategy.expected(arrays), d.name)
+    except (EdgetrainError, ValueError) as exc:
+        record.drop("refused", d, exc.line() if isinstance(exc, EdgetrainError) else str(exc), log)
+        return None
+    count, why = sample_count(metrics.get("num-examples", 1))
+    why = answers(facts, record.round, digest) or why
+    if why is None:
+        why = strategy.complete(delta, metrics, sent)
+    norm = update_norm(delta)
+    if why is None and not np.isfinite(norm):
+        why = "its update is not finite (NaN or inf)"
+    if why is not None:
+        record.drop("refused", d, why, log)
+        return None
+    entry = {"client": d.name, "device_id": d.key, "node_id": d.node, "device": facts.get("device"),
+             "energy_provenance": facts.get("energy"), "update_norm": norm,
+             **{k.replace("-", "_"): v for k, v in metrics.items()}}
+    record.participants.append(entry)
+    return _Update(d, delta, count, entry)
+
+
+def _bounded(updates: list[_Update], record: RoundRecord, arrays: dict, given: float | None, log) -> list[_Update]:
+    """The updates whose norm is within the round's bound (from the user, else from this round's updates: see
+    norm_bound); the others refused, by name."""
+    bound, how = norm_bound([u.entry["update_norm"] for u in updates], arrays, given)
+    record.max_update_norm = bound
+    kept = []
+    for u in updates:
+        if u.entry["update_norm"] <= bound:
+            kept.append(u)
+            continue
+        record.participants.remove(u.entry)
+        record.drop("refused", u.device, f"its update's norm {u.entry['update_norm']:.3g} exceeds {bound:.3g} ({how})",
+                    log)
+    return kept
+
+
+def _weigh(updates: list[_Update], record: RoundRecord, log) -> list[_Update]:
+    """Each update weighted by its sample count, capped (see weights): a lie about the count still counts."""
+    capped, cap = weights([u.weight for u in updates])
+    for u, w in zip(updates, capped):
+        u.entry["weight"] = w
+        if w < u.weight:
+            log(f"round {record.round}: capped the weight of {u.device.name}: it claims {u.weight} samples, more "
+                f"than {COUNT_FACTOR}x the round's median ({cap // COUNT_FACTOR})")
+        u.weight = w
+    return updates
+
+
+def _note_devices(devices: dict, chosen: list, record: RoundRecord, accepted: set, answered: set, downlink,
+                  round_no: int) -> None:
+    """Each device asked this round: asked once more, what it holds, and its last accepted round or why not."""
+    for d in chosen:
+        entry = devices.setdefault(d.key, {"name": d.name, "accepted": 0, "updates": 0, "asked": 0})
+        entry["name"] = d.name
+        entry["asked"] += 1
+        downlink.after(entry, d.key in answered, round_no)
+        if d.key in accepted:
+            entry.update(accepted=round_no, updates=entry["updates"] + 1)
+            entry.pop("reason", None)
+        else:
+            entry["reason"] = record.outcome(d.key) or "not enough updates this round (--min-updates)"
 
 
 def _hold(round_no: int, phase: str, rundir: Path) -> None:
     from .hooks import delay
 
     delay(round_no, phase, rundir)
-
-
-def _outcome(record: dict, key: str) -> str | None:
-    for kind in ("refused", "failed", "timed_out"):
-        for x in record[kind]:
-            if x["device_id"] == key:
-                return x.get("reason") or f"no answer within the round ({kind.replace('_', ' ')})"
-    return None
 
 
 _FLOWER_ERRORS = {3: "the instruction expired before the device took it", 4: "its reply expired on the way",

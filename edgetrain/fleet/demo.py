@@ -34,9 +34,25 @@ def _save(path: Path, data: np.ndarray, labels: np.ndarray) -> None:
                      class_names=np.array(CLASSES))
 
 
+def dirichlet_parts(labels: np.ndarray, devices: int, alpha: float, rng, least: int = 10) -> list[list[int]]:
+    """Each class's samples dealt to ``devices`` in proportions drawn from Dirichlet(alpha) (Hsu et al. 2019: the
+    smaller alpha, the fewer classes a device sees), drawn again until every device holds at least ``least``."""
+    for _ in range(1000):
+        parts: list[list[int]] = [[] for _ in range(devices)]
+        for c in np.unique(labels):
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            cuts = (np.cumsum(rng.dirichlet(np.full(devices, alpha))) * len(idx)).astype(int)[:-1]
+            for d, chunk in enumerate(np.split(idx, cuts)):
+                parts[d] += chunk.tolist()
+        if min(map(len, parts)) >= least:
+            return parts
+    raise ValueError(f"no Dirichlet({alpha}) split gives each of {devices} devices {least} samples")
+
+
 def split_digits(folder, shares=SHARES, val_fraction: float = 0.25, seed: int = 0,
-                 per_device: int | None = None) -> dict:
-    """Write the held-out set and the device shares; returns their paths ({"val", "devices", "union"})."""
+                 per_device: int | None = None, dirichlet: tuple[int, float] | None = None) -> dict:
+    """Write the held-out set and the device shares; returns their paths ({"val", "devices", "union"}).
+    ``dirichlet=(devices, alpha)`` deals the training samples by a Dirichlet split instead of ``shares``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     x, y = _digits()
@@ -49,13 +65,16 @@ def split_digits(folder, shares=SHARES, val_fraction: float = 0.25, seed: int = 
         train_idx += list(idx[k:])
     _save(folder / "val.npz", x[val_idx], y[val_idx])
     train_idx = np.array(train_idx)
-    owners: dict[int, list[int]] = {c: [d for d, s in enumerate(shares) if c in s] for c in range(10)}
-    parts: list[list[int]] = [[] for _ in shares]
-    for c in range(10):  # a digit seen by several devices is dealt out between them
-        idx = rng.permutation(train_idx[y[train_idx] == c])
-        for j, i in enumerate(idx):
-            if owners[c]:
-                parts[owners[c][j % len(owners[c])]].append(int(i))
+    if dirichlet is not None:
+        parts = [train_idx[p].tolist() for p in dirichlet_parts(y[train_idx], *dirichlet, rng)]
+    else:
+        owners: dict[int, list[int]] = {c: [d for d, s in enumerate(shares) if c in s] for c in range(10)}
+        parts = [[] for _ in shares]
+        for c in range(10):  # a digit seen by several devices is dealt out between them
+            idx = rng.permutation(train_idx[y[train_idx] == c])
+            for j, i in enumerate(idx):
+                if owners[c]:
+                    parts[owners[c][j % len(owners[c])]].append(int(i))
     paths = []
     for d, part in enumerate(parts):
         part = rng.permutation(np.array(part))[:per_device]

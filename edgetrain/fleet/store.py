@@ -1,17 +1,21 @@
-"""The coordinator's RUNDIR: the global arrays after each round (and beside them what a strategy keeps between
-rounds, under its own prefix), and the run's state file. Every write is atomic."""
+"""The coordinator's RUNDIR: what it was asked for (serve.json), the global arrays after each round (and beside
+them what a strategy keeps between rounds, under its own prefix), and the run's state file. Every write is
+atomic."""
 from __future__ import annotations
 
 import io
 import json
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from ..fileio import atomic_write_bytes, atomic_write_text
+from ..options import DEFAULT_TRAIN_LAYERS
 
 STATE = "fleet-state.json"
 STATE_FORMAT = "edgetrain-fleet-state/1"
+SPEC_FORMAT = "edgetrain-fleet-serve/1"
 CONTROL = "control/"  # the SCAFFOLD control variates travel beside the weights under this prefix
 CONTROL_PREFIX = "control"  # RUNDIR/control-NNNN.npz: the global control variate after round NNNN
 MOMENTUM_PREFIX = "momentum"  # RUNDIR/momentum-NNNN.npz: the server momentum's last global step (FedAvgM)
@@ -39,3 +43,44 @@ def read_state(rundir: Path) -> dict | None:
 
 def write_state(rundir: Path, state: dict) -> None:
     atomic_write_text(rundir / STATE, json.dumps(state, indent=2) + "\n", "fleet state")
+
+
+@dataclass
+class ServeSpec:
+    """RUNDIR/serve.json: what `fleet serve` was asked for, as the coordinator reads it. A spec written by an
+    earlier edgetrain may lack the later fields: each has the default those runs had."""
+
+    rundir: str
+    model: str
+    val: str
+    rounds: int
+    min_clients: int
+    round_timeout: float
+    join_timeout: float
+    codec: str
+    epochs: int
+    batch_size: int
+    optimizer: str
+    seed: int
+    min_updates: int = 1
+    fraction: float = 1.0
+    aggregate: str = "fedavg"
+    lr: float | None = None
+    params: str | None = None
+    train_layers: str = DEFAULT_TRAIN_LAYERS
+    threads: int | None = None
+    max_update_norm: float | None = None
+    ternary_density: float | None = None
+    ternary_control_step: float | None = None
+    ternary_min_keep: int | None = None
+    uplink_ratio: float | None = None
+    server_momentum: float | None = None
+    format: str = SPEC_FORMAT
+
+    @classmethod
+    def read(cls, path: Path | str) -> ServeSpec:
+        given = json.loads(Path(path).read_text())
+        return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
+
+    def to_dict(self) -> dict:
+        return asdict(self)

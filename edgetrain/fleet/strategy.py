@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .codec import CONTROL_STEP, DENSITY, MIN_KEEP, arrays_digest, derived_control, downlink_delta
-from .store import CONTROL, CONTROL_PREFIX, MOMENTUM_PREFIX, global_path, load_global, save_global
+from .store import CONTROL, CONTROL_PREFIX, MOMENTUM_PREFIX, ServeSpec, global_path, load_global, save_global
 
 
 def average(deltas: list[tuple[dict, int]]) -> dict:
@@ -124,11 +124,11 @@ def control_scale(value) -> tuple[float | None, str | None]:
     return v, None
 
 
-def strategy_for(spec: dict, rundir: Path, completed: int, arrays: dict, statistics) -> FedAvg:
-    beta = float(spec.get("server_momentum") or 0.0)
-    if spec.get("aggregate") == "scaffold":
-        return Scaffold(rundir, completed, arrays, statistics, beta, derived=spec["codec"] == "ternary",
-                        control_step=float(spec.get("ternary_control_step") or CONTROL_STEP))
+def strategy_for(spec: ServeSpec, completed: int, arrays: dict, statistics) -> FedAvg:
+    rundir, beta = Path(spec.rundir), float(spec.server_momentum or 0.0)
+    if spec.aggregate == "scaffold":
+        return Scaffold(rundir, completed, arrays, statistics, beta, derived=spec.codec == "ternary",
+                        control_step=float(spec.ternary_control_step or CONTROL_STEP))
     return FedAvg(rundir, completed, arrays, statistics, beta)
 
 
@@ -136,8 +136,8 @@ class WholeDownlink:
     """Every device gets the round's arrays whole, in float32 (the fp32, int8 and 2bit codecs: those compress
     the uplink only)."""
 
-    def __init__(self, spec: dict):
-        self.codec = spec["codec"]
+    def __init__(self, spec: ServeSpec):
+        self.codec = spec.codec
 
     def config(self) -> dict:
         """The codec's part of the round's configuration."""
@@ -153,10 +153,9 @@ class WholeDownlink:
         """The record and the config entries for device ``key``."""
         return self.whole, {}
 
-    def account(self, record: dict, chosen: list, wire) -> None:
-        """The round's downlink bytes, in its record."""
-        record["bytes_down"] = wire.record_bytes(self.whole) * len(chosen)
-        record["bytes_down_fp32"] = record["bytes_down"]
+    def account(self, record, chosen: list, wire) -> None:
+        """The round's downlink bytes, in its record (a coordinator.RoundRecord)."""
+        record.bytes_down = record.bytes_down_fp32 = wire.record_bytes(self.whole) * len(chosen)
 
     def after(self, entry: dict, answered: bool, round_no: int) -> None:
         """What a device asked in round ``round_no`` holds now (nothing to remember here)."""
@@ -170,15 +169,15 @@ class DeltaDownlink(WholeDownlink):
     ``version`` (0: nothing, zeros); a device not known to hold it gets the arrays whole (float32). BatchNorm's
     statistics go as fp32 deltas."""
 
-    def __init__(self, spec: dict, rundir: Path, state: dict):
+    def __init__(self, spec: ServeSpec, state: dict):
         super().__init__(spec)
         self.version = int(state.get("downlink", 0))
-        self.held = load_global(rundir, self.version, "down") if self.version else {}
-        self.settings = {"density": float(spec.get("ternary_density") or DENSITY),
-                         "control-step": float(spec.get("ternary_control_step") or CONTROL_STEP),
-                         "min-keep": int(spec.get("ternary_min_keep") or MIN_KEEP),
+        self.held = load_global(Path(spec.rundir), self.version, "down") if self.version else {}
+        self.settings = {"density": float(spec.ternary_density or DENSITY),
+                         "control-step": float(spec.ternary_control_step or CONTROL_STEP),
+                         "min-keep": int(spec.ternary_min_keep or MIN_KEEP),
                          # a run begun before the codec sized itself keeps its fixed density on --resume
-                         "uplink-ratio": float(spec.get("uplink_ratio") or 0.0)}
+                         "uplink-ratio": float(spec.uplink_ratio or 0.0)}
 
     def config(self) -> dict:
         return dict(self.settings)
@@ -202,10 +201,10 @@ class DeltaDownlink(WholeDownlink):
         self.given[key] = got
         return got
 
-    def account(self, record: dict, chosen: list, wire) -> None:
-        record["bytes_down"] = sum(wire.record_bytes(self.given[d.key][0]) for d in chosen)
-        record["bytes_down_fp32"] = wire.record_bytes(self.fp32) * len(chosen)
-        record["downlink_whole"] = [d.name for d in chosen if self.given[d.key][1]["down"] == "whole"]
+    def account(self, record, chosen: list, wire) -> None:
+        record.bytes_down = sum(wire.record_bytes(self.given[d.key][0]) for d in chosen)
+        record.bytes_down_fp32 = wire.record_bytes(self.fp32) * len(chosen)
+        record.downlink_whole = [d.name for d in chosen if self.given[d.key][1]["down"] == "whole"]
 
     def after(self, entry: dict, answered: bool, round_no: int) -> None:
         entry["held"] = round_no if answered else -1
@@ -216,5 +215,5 @@ class DeltaDownlink(WholeDownlink):
         state["downlink"] = round_no
 
 
-def downlink_for(spec: dict, rundir: Path, state: dict) -> WholeDownlink:
-    return DeltaDownlink(spec, rundir, state) if spec["codec"] == "ternary" else WholeDownlink(spec)
+def downlink_for(spec: ServeSpec, state: dict) -> WholeDownlink:
+    return DeltaDownlink(spec, state) if spec.codec == "ternary" else WholeDownlink(spec)

@@ -151,7 +151,7 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
                          "use --optimizer sgd, or --aggregate fedavg with adam")
     state = _prepare_rundir(rundir, opts.resume)
     threads = runtime.apply_threads(opts.thread_cap(), strict=False)
-    spec = {"format": "edgetrain-fleet-serve/1", "rundir": str(rundir), "model": model, "val": opts.val,
+    spec = {"format": store.SPEC_FORMAT, "rundir": str(rundir), "model": model, "val": opts.val,
             "params": opts.params, "rounds": opts.rounds, "min_clients": opts.min_clients,
             "min_updates": opts.min_updates, "fraction": opts.fraction, "aggregate": opts.aggregate,
             "round_timeout": opts.round_timeout,
