@@ -22,7 +22,8 @@ from ..figures import Calibration, Chance, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host, host_load
 from ..int8 import (DYNAMIC_OPS, Candidate, NodeError, Quantizer, SchemeRecord, calibration_reader,
-                    check_not_quantized, check_symbol_not_quantized, dynamic_applies, load_calibration,
+                    check_not_quantized, check_symbol_not_quantized, dynamic_applies, int8_weight_count,
+                    load_calibration,
                     load_validation, measure, node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names,
                     rank_nodes, scheme_for, set_metadata, static_candidates, stride_for)
 from ..models import load_onnx, parse_model_ref
@@ -185,7 +186,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     candidate = tmp / "int8_0.onnx"
     quantizer.quantize(candidate)
     quantized = quantized_node_names(candidate, node_names)
-    if not quantized:
+    if not quantized or not int8_weight_count(candidate):
         ops = ", ".join(sorted({n.op_type for n in onnx_model.proto.graph.node}))
         raise UsageError(f"nothing in this model quantizes to int8 (its operators: {ops[:150]})", model,
                          "quantize a model with convolutions or dense layers (Conv, MatMul, Gemm), or deploy it "
