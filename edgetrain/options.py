@@ -706,7 +706,7 @@ class QuantizeOptions(ModelOptions):
         None, metavar="N", help="Most nodes the accuracy search may keep in fp32 (default: half of them; 0: all int8; "
                                 "never all: the file stays int8).")
     backend: Literal["onnxruntime", "mxnet"] = opt(
-        "onnxruntime", help="onnxruntime: portable QDQ .onnx; mxnet: MXNet oneDNN int8 PREFIX (not exportable to ONNX).")
+        "onnxruntime", help="onnxruntime: portable int8 .onnx; mxnet: MXNet oneDNN int8 PREFIX (not exportable to ONNX).")
     latency: bool = opt(True, flag="--latency/--no-latency", help="Time the fp32 and int8 models after quantizing.")
     scheme: Literal["auto", "int8", "qdq", "rule"] = opt(
         "auto", help="The int8 scheme; every one writes int8, whatever -o is called. auto: where quantize runs on the "

@@ -415,11 +415,14 @@ def _measured_scheme(chosen, cands, rule, host, threads: int) -> SchemeRecord:
     runner_up = (f"; next {others[0].name} {others[0].p50_ms:.3f} ms" if others else "")
     budget = "within the accuracy budget" if chosen.top1 is not None else "(accuracy not checked: no --val)"
     p50 = f"p50 {chosen.p50_ms:.3f} ms" if chosen.p50_ms is not None else "not timed"
+    n = sum(c.writable for c in cands)
+    fp32 = next((c for c in cands if c.kind == "fp32" and c.p50_ms is not None), None)
+    reference = f"; fp32 {fp32.p50_ms:.3f} ms (the reference, never written)" if fp32 is not None else ""
     measured = dict(name=chosen.name, target=f"this host ({host.cpu}, {host.arch})", measured=True, rule=rule,
                     candidates=list(cands),
-                    reason=f"measured: the fastest of {sum(c.writable for c in cands)} int8 candidates {budget}, "
+                    reason=f"measured: the fastest of {n} int8 candidate{'s' if n != 1 else ''} {budget}, "
                            f"{p50} at batch 1, {threads} thread(s), each timed in fresh "
-                           f"processes{runner_up}; ONNX Runtime's rule would have chosen {rule.name}")
+                           f"processes{runner_up}{reference}; ONNX Runtime's rule would have chosen {rule.name}")
     if chosen.scheme is not None:
         return SchemeRecord.of(chosen.scheme, **measured)
     return SchemeRecord(format="dynamic", **measured)
