@@ -93,3 +93,17 @@ def test_no_ratio_below_one_is_ever_written():
             assert (m.group(2) == "x") == (max(new, old) / min(new, old) >= 1.1), (new, old, words)
             if m.group(2) == "x":
                 assert float(m.group(1)) >= 1.1, (new, old, words)
+
+
+@pytest.mark.parametrize("fp32,int8,words", [(61_250, 25_814, "(2.37x smaller than fp32)"),
+                                             (61_250, 65_000, "(6.1% larger than fp32)"),
+                                             (61_250, 71_000, "(1.16x larger than fp32)"),
+                                             (62_191, 62_101, "(0.1% smaller than fp32)"),
+                                             (60_000, 60_000, "(the same size as fp32)")])
+def test_the_run_summary_says_which_way_the_int8_size_went(fp32, int8, words):
+    """The run folder's summary rows (terminal, report.html and report.md all take them)."""
+    from edgetrain.run_report import summary_rows
+
+    rows = dict(summary_rows({"size_fp32_bytes": fp32, "size_int8_bytes": int8}))
+    assert rows["size int8 ONNX"].endswith(words), rows
+    assert "smaller" not in rows["size fp32 ONNX"]
