@@ -49,7 +49,7 @@ def test_budget_not_met_exits_3_and_keeps_the_best_model(cli, trained, tmp_path)
     np.savez(tmp_path / "blank.npz", data=np.zeros((8, 8, 8), np.float32), label=np.arange(8) % 2)
     res = cli("quantize", trained / "digits10", "--calib", tmp_path / "blank.npz", "--val", trained / "val.npz",
               "-o", tmp_path / "q.onnx", "--max-fp32-nodes", "0", "--threads", "1", "--json", tmp_path / "r.json",
-              "--scheme", "rule", cwd=tmp_path)  # auto would write fp32, within any budget
+              "--scheme", "rule", cwd=tmp_path)  # rule: the budget search alone, no timing
     assert_user_error(res, 3, "exceeds --max-drop 1", "best model is kept")
     assert (tmp_path / "q.onnx").is_file() and (tmp_path / "r.json").is_file()
     assert "no mix of int8 and fp32 nodes met --max-drop 1" in res.out
@@ -110,7 +110,7 @@ def test_val_labels_outside_the_model(cli, tiny_prefix, tmp_path):
 
 def test_already_quantized_model(cli, tiny_prefix, tmp_path):
     res = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "-o", tmp_path / "q.onnx", "--samples", "10",
-              "--threads", "1", "--scheme", "rule", cwd=tmp_path)  # an int8 file (auto may find fp32 fastest)
+              "--threads", "1", "--scheme", "rule", cwd=tmp_path)  # rule: no timing (every scheme writes int8)
     assert res.code == 0, res.err
     res = cli("quantize", tmp_path / "q.onnx", "--calib", "builtin:digits", "-o", tmp_path / "q2.onnx", cwd=tmp_path)
     assert_user_error(res, 2, "already quantized", "fp32 model")
