@@ -23,9 +23,8 @@ from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host, host_load
 from ..int8 import (DYNAMIC_OPS, Candidate, NodeError, Quantizer, SchemeRecord, calibration_reader,
                     check_not_quantized, check_symbol_not_quantized, dynamic_applies, int8_weight_count,
-                    load_calibration,
-                    load_validation, measure, node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names,
-                    rank_nodes, scheme_for, set_metadata, static_candidates, stride_for)
+                    load_calibration, load_validation, measure, node_errors, onnx_top1, prepare, quantize_mxnet,
+                    quantized_node_names, rank_nodes, scheme_for, set_metadata, static_candidates, stride_for)
 from ..models import load_onnx, parse_model_ref
 from ..options import QuantizeOptions
 from ..results import ProgressFn, Result, stage
