@@ -6,7 +6,6 @@ one written is the fastest int8 candidate within the budget (dynamic int8 only w
 every static one), whatever -o is called; the file says which it is, its weights are int8 and its size line
 tells the truth; where fp32 outran every int8 candidate, that is said; an interrupted search leaves the best
 so far."""
-
 from __future__ import annotations
 
 import json
