@@ -95,15 +95,37 @@ class Calibration(Figure):
     source: str
 
 
+def compared(new: float, old: float, less: str, more: str, same: str = "the same") -> str:
+    """``new`` against ``old`` in words that cannot be misread: "2.30x smaller", "1.40x larger", "0.1% smaller"
+    or ``same``. A ratio is always >= 1 and the word says which way it goes; within 10% the change is given in
+    percent ("1.00x smaller" hid 62,191 -> 62,101 B, and "0.35x smaller" a larger file: issue 37)."""
+    if new == old:
+        return same
+    if new <= 0 or old <= 0:
+        return f"{new:g} against {old:g}"
+    word = less if new < old else more
+    ratio = max(new, old) / min(new, old)
+    if ratio < 1.1:
+        pct = f"{abs(new - old) / old * 100:.1f}"
+        return f"{'<0.1' if pct == '0.0' else pct}% {word}"
+    return f"{ratio:.2f}x {word}"
+
+
 @dataclass
 class Int8Size(Figure):
+    """The fp32 model's bytes and the written model's; ``ratio`` is fp32 / int8 (above 1: the int8 file is
+    smaller), ``smaller`` says it in a word, and ``change`` as the terminal shows it."""
+
     fp32_bytes: int
     int8_bytes: int
     ratio: float
+    smaller: bool = False
+    change: str = ""
 
     @classmethod
     def of(cls, fp32_bytes: int, int8_bytes: int) -> "Int8Size":
-        return cls(fp32_bytes, int8_bytes, fp32_bytes / max(int8_bytes, 1))
+        return cls(fp32_bytes, int8_bytes, fp32_bytes / max(int8_bytes, 1), int8_bytes < fp32_bytes,
+                   compared(int8_bytes, fp32_bytes, "smaller", "larger", "the same size"))
 
 
 @dataclass
@@ -122,3 +144,8 @@ class Int8Latency(Figure):
     def of(cls, fp32_ms: float, int8_ms: float, threads: int, batch: int, runtime: str,
            measured_on: str) -> "Int8Latency":
         return cls(fp32_ms, int8_ms, fp32_ms / int8_ms, threads, batch, runtime, measured_on)
+
+    @property
+    def change(self) -> str:
+        """The int8 model against fp32 in words: "1.35x faster", "1.20x slower"."""
+        return compared(self.int8_p50_ms, self.fp32_p50_ms, "faster", "slower", "as fast")

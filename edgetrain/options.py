@@ -703,23 +703,25 @@ class QuantizeOptions(ModelOptions):
     samples: Annotated[int, Range(ge=1, le=10_000_000)] = opt(300, help="Calibration samples (fewer if --calib has fewer).")
     per_channel: bool = opt(True, flag="--per-channel/--per-tensor", help="Weight scales per output channel.")
     max_fp32_nodes: Optional[Annotated[int, Range(ge=0, le=1_000_000)]] = opt(
-        None, metavar="N", help="Most nodes the accuracy search may keep in fp32 (default: half of them; 0: all int8).")
+        None, metavar="N", help="Most nodes the accuracy search may keep in fp32 (default: half of them; 0: all int8; "
+                                "never all: the file stays int8).")
     backend: Literal["onnxruntime", "mxnet"] = opt(
-        "onnxruntime", help="onnxruntime: portable QDQ .onnx; mxnet: MXNet oneDNN int8 PREFIX (not exportable to ONNX).")
+        "onnxruntime", help="onnxruntime: portable int8 .onnx; mxnet: MXNet oneDNN int8 PREFIX (not exportable to ONNX).")
     latency: bool = opt(True, flag="--latency/--no-latency", help="Time the fp32 and int8 models after quantizing.")
     scheme: Literal["auto", "int8", "qdq", "rule"] = opt(
-        "auto", help="auto: where quantize runs on the device's CPU (or with no --device), time fp32, QDQ S8S8/U8S8 "
-                     "per-channel/per-tensor and dynamic int8 in fresh processes and write the fastest within "
-                     "--max-drop, even fp32 (never when -o names an int8 file: then the fastest int8); int8: the "
-                     "fastest int8 candidate (QDQ or dynamic), never fp32; qdq: the fastest QDQ candidate; rule: "
-                     "ONNX Runtime's per-architecture advice, not measured (always so when quantizing for another "
-                     "device).")
+        "auto", help="The int8 scheme; every one writes int8, whatever -o is called. auto: where quantize runs on the "
+                     "device's CPU (or with no --device), time QDQ S8S8/U8S8 per-channel/per-tensor, QOperator and "
+                     "dynamic int8 (only where it is smaller than every static one) in fresh processes and write the "
+                     "fastest within --max-drop; fp32 is timed beside them and said when it is faster, never written; "
+                     "int8: the same as auto; qdq: the fastest QDQ candidate; rule: ONNX Runtime's per-architecture "
+                     "advice, not measured (always so when quantizing for another device).")
     allow_chance: bool = opt(False, help="Accept a model at chance on the held-out data (else exit 3: it learned nothing "
                                          "the data can show).")
 
     NEEDS = {"max_drop": ({"val": GIVEN}, "the int8 top-1 drop is measured on the held-out data"),
              "max_fp32_nodes": ({"val": GIVEN}, "the accuracy search that keeps nodes in fp32 runs on the held-out "
-                                                "data")}
+                                                "data"),
+             "scheme": ({"backend": "onnxruntime"}, "--backend mxnet quantizes with MXNet's own oneDNN int8 scheme")}
 
 
 class ExportOptions(ModelOptions, EnergyOptions, CarbonOptions):

@@ -12,6 +12,7 @@ import html
 import json
 from pathlib import Path
 
+from .figures import compared
 from .fileio import atomic_write_text
 from .fleet.report import html_section as fleet_html_section
 from .fleet.report import markdown_section as fleet_markdown_section
@@ -77,6 +78,9 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
             text += f" [{summary[_PROVENANCE[key]]}]"
         if kind == "g" and summary.get("carbon_g_per_kwh"):
             text += f" at {summary['carbon_g_per_kwh']:g} g/kWh"
+        if key == "size_int8_bytes" and summary.get("size_fp32_bytes"):
+            words = compared(summary[key], summary["size_fp32_bytes"], "smaller", "larger", same="")
+            text += f" ({words} than fp32)" if words else " (the same size as fp32)"
         if key == "battery_life_days" and summary.get("battery_wh"):
             text += f" on {summary['battery_wh']:g} Wh at {summary.get('rate_per_h', 0):g} inferences/h"
         rows.append((label, text))

@@ -55,3 +55,55 @@ def test_calibration_reader_strides_and_picks_across_classes():
     assert len(batches) == 10 and batches[0]["data"].shape == (1, 1, 8, 8)
     assert np.array_equal(batches[0]["data"], picked.batch([10]))
     assert seen[-1] == (10, 50) and len(reader) == 50
+
+
+@pytest.mark.parametrize("new,old,words", [
+    (62_101, 62_191, "0.1% smaller"),       # dynamic int8 on the digits CNN: once "1.00x smaller" (issue 37)
+    (62_191, 62_101, "0.1% larger"),
+    (26_747, 61_250, "2.29x smaller"),
+    (61_250, 21_437, "2.86x larger"),       # once "0.35x smaller"
+    (100_000, 100_040, "<0.1% smaller"),
+    (110, 100, "1.10x larger"),
+    (100, 100, "the same size"),
+])
+def test_a_size_change_reads_the_right_way_round(new, old, words):
+    from edgetrain.figures import Int8Size, compared
+
+    assert compared(new, old, "smaller", "larger", "the same size") == words
+    size = Int8Size.of(old, new)
+    assert size.change == words and size.smaller == (new < old) and size.ratio == old / new
+
+
+def test_no_ratio_below_one_is_ever_written():
+    """Every pair of sizes (and latencies) on a grid: the figure before 'x' is at least 1.10, and the word
+    says which way; a change under 10% is in percent."""
+    import re
+
+    from edgetrain.figures import compared
+
+    values = [1, 7, 99, 100, 101, 109, 111, 1000, 25_000, 62_101, 62_191, 10**7]
+    for new in values:
+        for old in values:
+            words = compared(new, old, "faster", "slower", "as fast")
+            if new == old:
+                assert words == "as fast"
+                continue
+            m = re.fullmatch(r"(<?[\d.]+)(x|%) (faster|slower)", words)
+            assert m and m.group(3) == ("faster" if new < old else "slower"), (new, old, words)
+            assert (m.group(2) == "x") == (max(new, old) / min(new, old) >= 1.1), (new, old, words)
+            if m.group(2) == "x":
+                assert float(m.group(1)) >= 1.1, (new, old, words)
+
+
+@pytest.mark.parametrize("fp32,int8,words", [(61_250, 25_814, "(2.37x smaller than fp32)"),
+                                             (61_250, 65_000, "(6.1% larger than fp32)"),
+                                             (61_250, 71_000, "(1.16x larger than fp32)"),
+                                             (62_191, 62_101, "(0.1% smaller than fp32)"),
+                                             (60_000, 60_000, "(the same size as fp32)")])
+def test_the_run_summary_says_which_way_the_int8_size_went(fp32, int8, words):
+    """The run folder's summary rows (terminal, report.html and report.md all take them)."""
+    from edgetrain.run_report import summary_rows
+
+    rows = dict(summary_rows({"size_fp32_bytes": fp32, "size_int8_bytes": int8}))
+    assert rows["size int8 ONNX"].endswith(words), rows
+    assert "smaller" not in rows["size fp32 ONNX"]

@@ -118,7 +118,8 @@ def test_doctor_lists_each_failed_check_and_keeps_exit_1():
 
 
 def measured_cases():
-    """The measured scheme record and latency for each kind of winner, on candidates as the search leaves them."""
+    """The measured scheme record and latency for each kind of winner, on candidates as the search leaves them
+    (fp32 is timed as the reference and never wins: issue 37)."""
     from types import SimpleNamespace
 
     from edgetrain.int8.scheme import choose_scheme
@@ -128,9 +129,10 @@ def measured_cases():
     rule = choose_scheme("x86_64", {"avx2": True, "vnni": True}, "this host")
     host = SimpleNamespace(cpu="Some CPU", arch="x86_64")
     out = {}
-    for winner in ("fp32", "static", "dynamic"):
+    for winner in ("static", "dynamic"):
         cands = [Candidate("fp32", "fp32", None, size_bytes=4000, top1=90.0, drop=0.0, within_budget=True, p50_ms=2.0,
-                           p90_ms=2.5, rounds=[2.0, 2.1], pids=[1, 2], threads=1),
+                           p90_ms=2.5, rounds=[2.0, 2.1], pids=[1, 2], threads=1,
+                           excluded="the fp32 reference: quantize writes an int8 model"),
                  Candidate(rule.name, "static", rule, size_bytes=1000, top1=89.5, drop=0.5, within_budget=True,
                            p50_ms=1.0, p90_ms=1.2, rounds=[1.0, 1.1], pids=[3, 4], threads=1, rule=True),
                  Candidate("dynamic (MatMul/Gemm int8)", "dynamic", size_bytes=2000, top1=None, error="quantizing "

@@ -23,10 +23,6 @@ def quantize(model, json_path, **values):
     call(model, parse(QuantizeOptions, values), json_path)
 
 
-def _size(n: int) -> str:
-    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
-
-
 def render(json_path, res) -> None:
     s = res.scheme
     say(json_path, f"quantized  {res.model} -> {res.output} ({res.backend})")
@@ -49,12 +45,12 @@ def render(json_path, res) -> None:
     for line in node_error_table(res.node_errors):
         say(json_path, line)
     z = res.size
-    written = "the fp32 model was written: " if res.scheme.format == "fp32" else ""
-    say(json_path, f"size       {written}{_size(z.fp32_bytes)} -> {_size(z.int8_bytes)} ({z.ratio:.2f}x smaller)")
+    say(json_path, f"size       fp32 {z.fp32_bytes:,} B -> int8 {z.int8_bytes:,} B ({z.change})")
     if res.latency:
         lt = res.latency
+        fastest = ", fp32 the fastest of all candidates" if res.fp32_fastest else ""
         say(json_path, f"latency    p50 fp32 {lt.fp32_p50_ms:.3f} ms, int8 {lt.int8_p50_ms:.3f} ms "
-                       f"({lt.speedup:.2f}x) in {lt.runtime}, batch {lt.batch}, {lt.threads} thread(s)")
+                       f"(int8 {lt.change}{fastest}) in {lt.runtime}, batch {lt.batch}, {lt.threads} thread(s)")
         say(json_path, f"           measured on {lt.measured_on}")
     if not res.onnx_exportable:
         say(json_path, "onnx       this model cannot be exported to ONNX (MXNet's quantized graphs have no ONNX "
@@ -72,8 +68,9 @@ def candidate_table(candidates) -> list[str]:
     """The measured schemes: p50 latency, size, accuracy; * marks the one written."""
     if not candidates:
         return []
-    lines = ["candidates (batch 1, each timed in fresh processes; * the one written)",
-             f"             {'candidate':<38} {'p50 ms':>8} {'size':>9} {'top-1':>7} {'drop':>6}"]
+    lines = ["candidates (batch 1, each timed in fresh processes; * the one written; fp32 is the reference, "
+             "never written)",
+             f"             {'candidate':<38} {'p50 ms':>8} {'bytes':>11} {'top-1':>7} {'drop':>6}"]
     for c in candidates:
         mark = "*" if c.chosen else " "
         name = c.name + (" [rule]" if c.rule else "")
@@ -83,8 +80,11 @@ def candidate_table(candidates) -> list[str]:
         top1 = f"{c.top1:.2f}" if c.top1 is not None else "-"
         drop = f"{c.drop:+.2f}" if c.drop is not None else "-"
         over = "  over --max-drop" if c.within_budget is False else ""
+        if c.excluded and c.kind != "fp32":
+            over += f"  not written: {c.excluded}"
         p50 = f"{c.p50_ms:.3f}" if c.p50_ms is not None else "-"
-        lines.append(f"           {mark} {name:<38} {p50:>8} {_size(c.size_bytes or 0):>9} {top1:>7} {drop:>6}{over}")
+        size = f"{c.size_bytes:,}" if c.size_bytes is not None else "-"
+        lines.append(f"           {mark} {name:<38} {p50:>8} {size:>11} {top1:>7} {drop:>6}{over}")
     return lines
 
 

@@ -16,7 +16,8 @@ _FACE = {  # name -> the module of this wing that defines it
     "calibration_reader": "calibration", "check_symbol_not_quantized": "calibration",
     "load_calibration": "calibration", "load_validation": "calibration", "stride_for": "calibration",
     "quantize_mxnet": "mxnet",
-    "Quantizer": "ort", "check_not_quantized": "ort", "prepare": "ort", "quantized_node_names": "ort",
+    "Quantizer": "ort", "check_not_quantized": "ort", "int8_weight_count": "ort", "prepare": "ort",
+    "quantized_node_names": "ort",
     "quiet_ort": "ort", "set_metadata": "ort",
     "SchemeRecord": "scheme", "scheme_for": "scheme",
     "DYNAMIC_OPS": "search", "Candidate": "search", "dynamic_applies": "search", "fastest": "search",
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
     from .calibration import (calibration_reader, check_symbol_not_quantized, load_calibration, load_validation,
                               stride_for)
     from .mxnet import quantize_mxnet
-    from .ort import Quantizer, check_not_quantized, prepare, quantized_node_names, quiet_ort, set_metadata
+    from .ort import (Quantizer, check_not_quantized, int8_weight_count, prepare, quantized_node_names, quiet_ort,
+                      set_metadata)
     from .scheme import SchemeRecord, scheme_for
     from .search import DYNAMIC_OPS, Candidate, dynamic_applies, fastest, measure, static_candidates
     from .sensitivity import NodeError, node_errors, rank_nodes

@@ -114,6 +114,23 @@ def set_metadata(path: Path, metadata: dict[str, str], quantization: dict) -> No
     onnx.save(proto, str(path))
 
 
+def int8_weight_count(path: Path) -> int:
+    """Elements of the int8/uint8 weight tensors (initializers of 2 or more dimensions) in an ONNX file: 0
+    for a graph whose quantization only wrapped activations (nothing int8 is stored)."""
+    onnx = _lazy.onnx()
+
+    proto = onnx.load(str(path))
+    int8 = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8}
+    count = 0
+    for t in proto.graph.initializer:
+        if t.data_type in int8 and len(t.dims) >= 2:
+            n = 1
+            for d in t.dims:
+                n *= d
+            count += n
+    return count
+
+
 def quantized_node_names(int8_path: Path, candidates: list[str]) -> list[str]:
     """The candidate nodes that ended up in int8 (a DequantizeLinear feeds them)."""
     onnx = _lazy.onnx()

@@ -5,17 +5,21 @@ runtime report int8 models that run *slower* than fp32 on some ARM cores (Tensor
 332 ms fp32 vs 538 ms int8 on a Pi 3; onnxruntime #20052). So where quantize runs on the hardware it
 quantizes for, the candidates are built and timed:
 
-- fp32 itself (the model as exported),
+- fp32 itself (the model as exported): the reference, timed but never written (quantize writes int8;
+  where fp32 outruns every int8 candidate, the result says so beside the int8 figures, issue 37),
 - QDQ S8S8 and U8S8, each with per-channel and per-tensor weight scales (U8S8 with 7-bit weights on x86
-  without VNNI, as the rule says),
+  without VNNI, as the rule says), and QOperator (QLinearConv/QLinearMatMul) with the rule's types and
+  granularity,
 - dynamic quantization (weights int8, activations quantized at run time) where it applies: a model with
-  MatMul/Gemm nodes (on convolutions it makes ConvInteger, which ONNX Runtime runs slower than fp32).
+  MatMul/Gemm nodes (on convolutions it makes ConvInteger, which ONNX Runtime runs slower than fp32). Its
+  convolutions stay fp32, so on a conv net it is barely smaller (62,191 -> 62,101 B on the digits CNN):
+  it may be written only where it is smaller than every static candidate (and, timed, faster).
 
 Each is timed in a fresh process with the thread cap (``child.run``: nothing warm from the others), in
 interleaved rounds (A B C ... A B C ...) so that a drifting machine does not favour one; its p50 is the
-lowest of the rounds' medians. Those within the accuracy budget (fp32 always is) compete; the fastest is
-written, even when that is fp32. The best so far is written as soon as it is known, so a search that is
-stopped keeps its result.
+lowest of the rounds' medians. Those that may be written (``writable``: int8, within the accuracy budget,
+not excluded) compete; the fastest is written. The best so far is written as soon as it is known, so a
+search that is stopped keeps its result.
 
 ``python -m edgetrain.int8.search MODEL.onnx N,C,H,W`` is the child: it prints one JSON latency.
 """
@@ -56,6 +60,7 @@ class Candidate:
     rule: bool = False                 # what the per-architecture rule would have chosen
     chosen: bool = False
     error: str | None = None
+    excluded: str | None = None        # why it is timed but may not be written (fp32; dynamic not smaller)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -65,11 +70,18 @@ class Candidate:
 
     @property
     def eligible(self) -> bool:
+        """Built, timed and within the accuracy budget (or not checked)."""
         return self.error is None and self.within_budget is not False and self.p50_ms is not None
+
+    @property
+    def writable(self) -> bool:
+        """Eligible, and a model quantize may write: int8, not excluded."""
+        return self.eligible and self.excluded is None and self.kind != "fp32"
 
 
 def static_candidates(rule: Int8Scheme, arch: str, isa: dict) -> list[Int8Scheme]:
-    """S8S8 and U8S8, per-channel and per-tensor; the rule's own scheme first."""
+    """QDQ S8S8 and U8S8, per-channel and per-tensor, then QOperator with the rule's types and granularity;
+    the rule's own scheme first."""
     u8_reduce = arch == "x86_64" and not isa.get("vnni")
     out = [rule]
     for acts, reduce in (("int8", False), ("uint8", u8_reduce)):
@@ -77,6 +89,7 @@ def static_candidates(rule: Int8Scheme, arch: str, isa: dict) -> list[Int8Scheme
             s = replace(rule, activations=acts, reduce_range=reduce, per_channel=per_channel, warning=None)
             if all(s.name != o.name for o in out):
                 out.append(s)
+    out.append(replace(rule, format="QOperator", warning=None))
     return out
 
 
@@ -121,8 +134,9 @@ def measure(candidates: list[Candidate], batch_shape, threads: int, rounds: int 
 
 
 def fastest(candidates: list[Candidate]) -> Candidate | None:
-    eligible = [c for c in candidates if c.eligible]
-    return min(eligible, key=lambda c: c.p50_ms) if eligible else None
+    """The fastest candidate that may be written (int8, within budget, not excluded); None if there is none."""
+    writable = [c for c in candidates if c.writable]
+    return min(writable, key=lambda c: c.p50_ms) if writable else None
 
 
 def main(argv: list[str]) -> int:

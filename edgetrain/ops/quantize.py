@@ -5,6 +5,10 @@ inference, BatchNorm folding), calibrate once on ``--calib`` samples, quantize w
 CPU calls for, and, with ``--val``, compare top-1 against fp32. While the drop exceeds ``max_drop``, keep
 the nodes that lose the most signal in fp32 and quantize again (calibration is reused). The best model
 is always written; the result's ``failed_checks`` say whether it is within budget.
+
+What is written is int8, whatever ``-o`` is called and whichever ``--scheme``: fp32 is timed as the
+reference, never written. Where it ran faster than every int8 candidate, ``fp32_fastest`` and a note say so
+beside the int8 figures (issue 37).
 """
 from __future__ import annotations
 
@@ -18,9 +22,9 @@ from ..figures import Calibration, Chance, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host, host_load
 from ..int8 import (DYNAMIC_OPS, Candidate, NodeError, Quantizer, SchemeRecord, calibration_reader,
-                    check_not_quantized, check_symbol_not_quantized, dynamic_applies, load_calibration,
-                    load_validation, measure, node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names,
-                    rank_nodes, scheme_for, set_metadata, static_candidates, stride_for)
+                    check_not_quantized, check_symbol_not_quantized, dynamic_applies, int8_weight_count,
+                    load_calibration, load_validation, measure, node_errors, onnx_top1, prepare, quantize_mxnet,
+                    quantized_node_names, rank_nodes, scheme_for, set_metadata, static_candidates, stride_for)
 from ..models import load_onnx, parse_model_ref
 from ..options import QuantizeOptions
 from ..results import ProgressFn, Result, stage
@@ -61,6 +65,9 @@ class QuantizeResult(Result):
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     node_errors: list[NodeError] = field(default_factory=list)  # the nodes that lose most first
+    # fp32 (timed as the reference, never written) ran faster on this host than every int8 candidate; None:
+    # the scheme was not measured (--scheme rule, another device, --backend mxnet)
+    fp32_fastest: bool | None = None
 
     def checks(self) -> list[str]:
         a = self.accuracy
@@ -178,7 +185,14 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     candidate = tmp / "int8_0.onnx"
     quantizer.quantize(candidate)
     quantized = quantized_node_names(candidate, node_names)
-    cap = len(quantized) // 2 if opts.max_fp32_nodes is None else min(opts.max_fp32_nodes, len(quantized))
+    if not quantized or not int8_weight_count(candidate):
+        ops = ", ".join(sorted({n.op_type for n in onnx_model.proto.graph.node}))
+        raise UsageError(f"nothing in this model quantizes to int8 (its operators: {ops[:150]})", model,
+                         "quantize a model with convolutions or dense layers (Conv, MatMul, Gemm), or deploy it "
+                         "in fp32 as exported")
+    # at most all but one node in fp32: the file written stays int8
+    cap = (len(quantized) // 2 if opts.max_fp32_nodes is None
+           else min(opts.max_fp32_nodes, len(quantized) - 1))
 
     steps: list[BudgetStep] = []
     best, accuracy, within_budget = (candidate, []), Int8Accuracy(checked=False, max_drop=max_drop), None
@@ -213,12 +227,11 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     best_path, kept = best
     host = detect_host()
     measured = opts.scheme != "rule" and (profile is None or host.matches(profile))
-    allowed = _allowed_kinds(opts.scheme, output)
     metadata = onnx_model.metadata
 
     def write(path: Path, name: str, kept_nodes: list[str], final: bool) -> None:
-        """The model written to -o, atomically; while the search runs, the best so far (final False)."""
-        record = {"scheme": name, "precision": "fp32" if name == "fp32" else "int8", "method": method,
+        """The int8 model written to -o, atomically; while the search runs, the best so far (final False)."""
+        record = {"scheme": name, "precision": "int8", "method": method,
                   "calibration_samples": len(calib_ds), "nodes_kept_fp32": kept_nodes, "tool": "edgetrain quantize",
                   "search": "done" if final else "stopped before the end: the best candidate so far"}
         staged = tmp / "staged.onnx"
@@ -227,30 +240,29 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         with atomic_path(output, "-o") as dst:
             dst.write_bytes(staged.read_bytes())
 
-    search = None
+    search, fp32_fastest = None, None
     if measured:
         from ..int8 import fastest
 
         search = _scheme_candidates(onnx_model, prepared, quantizer_for, scheme, best_path, kept,
                                     accuracy.int8_top1, val_ds, accuracy.fp32_top1, max_drop, threads, host, tmp,
-                                    progress)
+                                    progress, qdq_only=opts.scheme == "qdq")
         loads = [host_load()]
-        _measure(search, pre.batch_shape(1), threads, write, kept, progress, allowed)
+        _measure(search, pre.batch_shape(1), threads, write, kept, progress)
         loads.append(host_load())
-        chosen = fastest([c for c in search if c.kind in allowed])
-        if chosen is None:  # every candidate allowed failed to run: the rule's model (int8) is still good
+        chosen = fastest(search)
+        if chosen is None:  # no int8 candidate ran within the budget: the rule's model, the accuracy search's best
             chosen = next(c for c in search if c.rule)
-            notes.append("no candidate could be timed; the rule's scheme was written")
+            notes.append("no int8 candidate both ran and stayed within the budget: the rule's scheme (the accuracy "
+                         "search's best) was written")
         host_quiet = _host_quiet(loads, host)
-        warnings_timed = _timing_warnings(search, chosen, host_quiet, opts.scheme, output)
+        warnings_timed = _timing_warnings(chosen, host_quiet)
         chosen.chosen = True
         kept = kept if chosen.kind == "static" else []
         best_path = chosen.path
         scheme_record = _measured_scheme(chosen, search, scheme, host, threads)
         scheme_record.host_quiet = host_quiet
-        if chosen.kind == "fp32":
-            notes.append("fp32 was the fastest candidate within the budget on this CPU: the fp32 model was written "
-                         "(no int8 scheme ran faster here)")
+        fp32_fastest = _fp32_fastest(search, chosen, notes)
         if accuracy.checked and chosen.top1 is not None:
             accuracy.int8_top1, accuracy.drop = chosen.top1, chosen.drop
             within_budget = chosen.within_budget
@@ -271,11 +283,15 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     node_errors = _node_errors(quantizer, prepared, candidate, kept, val_ds or calib_ds, pre, tmp, notes)
 
     fp32_bytes, int8_bytes = onnx_model.path.stat().st_size, written.stat().st_size
-    if search is not None:
-        latency = _measured_latency(search, threads, pre, host) if opts.latency else None
-    else:
-        latency = (_latency(onnx_model.path, written, pre.batch_shape(1), threads, profile,
-                            stage(progress, "latency")) if opts.latency else None)
+    if int8_bytes >= fp32_bytes:
+        why = (f"{len(kept)} node(s) are kept in fp32 for accuracy, and quantizing the rest adds scales, zero "
+               "points and nodes" if kept else "this model has too few weights for int8 to save more than the "
+               "scales, zero points and extra nodes quantizing adds")
+        notes.append(f"the int8 file is not smaller than the fp32 one ({int8_bytes:,} B against {fp32_bytes:,} B): "
+                     f"{why}")
+    latency = _measured_latency(search, threads, pre, host) if search is not None and opts.latency else None
+    if latency is None and opts.latency:  # not measured, or the written model's timing failed
+        latency = _latency(onnx_model.path, written, pre.batch_shape(1), threads, profile, stage(progress, "latency"))
     warnings = ([scheme.warning] if scheme.warning and search is None else []) + warnings_timed
     if within_budget is False:
         warnings.append(f"no mix of int8 and fp32 nodes met --max-drop {max_drop:g}: kept the best "
@@ -284,17 +300,23 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         model=model, output=str(output), backend="onnxruntime", scheme=scheme_record,
         calibration=Calibration(method, len(calib_ds), calib), accuracy=accuracy, steps=steps,
         nodes_kept_fp32=kept, size=Int8Size.of(fp32_bytes, int8_bytes), latency=latency, onnx_exportable=True,
-        warnings=warnings, notes=notes, node_errors=node_errors)
+        warnings=warnings, notes=notes, node_errors=node_errors, fp32_fastest=fp32_fastest)
 
 
 def _scheme_candidates(onnx_model, prepared: Path, quantizer_for, rule, rule_path: Path, kept: list[str],
-                       rule_top1, val_ds, fp32_top1, max_drop: float, threads: int, host, tmp: Path, progress):
-    """fp32, the rule's model (already searched for the budget), the other static schemes with the same
-    nodes kept in fp32, and dynamic int8 where it applies; each with its size and (with --val) top-1."""
+                       rule_top1, val_ds, fp32_top1, max_drop: float, threads: int, host, tmp: Path, progress,
+                       qdq_only: bool = False):
+    """fp32 (the reference, never written), the rule's model (already searched for the budget), the other
+    static schemes with the same nodes kept in fp32, and dynamic int8 where it applies; each with its size
+    and (with --val) top-1. Dynamic int8 not smaller than every static model is excluded from writing, as is
+    all but QDQ with ``qdq_only`` (--scheme qdq): they are still timed, for the table."""
     cands = [Candidate("fp32", "fp32", None, onnx_model.path, top1=fp32_top1,
-                       drop=0.0 if fp32_top1 is not None else None, within_budget=True)]
+                       drop=0.0 if fp32_top1 is not None else None, within_budget=True,
+                       excluded="the fp32 reference: quantize writes an int8 model")]
     for i, s in enumerate(static_candidates(rule, host.arch, dict(host.isa))):
         c = Candidate(s.name, "static", s, rule=i == 0)
+        if qdq_only and s.format != "QDQ":
+            c.excluded = "--scheme qdq writes QDQ only"
         try:
             c.path = rule_path if i == 0 else quantizer_for(s).quantize(tmp / f"scheme_{i}.onnx", kept)
         except Exception as exc:  # a scheme ORT cannot build for this graph is reported, not fatal
@@ -313,10 +335,18 @@ def _scheme_candidates(onnx_model, prepared: Path, quantizer_for, rule, rule_pat
         except Exception as exc:
             c.error = f"quantizing failed: {str(exc).splitlines()[0][:150]}"
         cands.append(c)
-    report = stage(progress, "candidates' top-1") or (lambda done, total: None)
-    for k, c in enumerate(cands):
+    for c in cands:
         if c.path is not None:
             c.size_bytes = Path(c.path).stat().st_size
+    static = [c.size_bytes for c in cands if c.kind == "static" and c.size_bytes is not None]
+    for c in cands:
+        if c.kind == "dynamic" and qdq_only:
+            c.excluded = "--scheme qdq writes QDQ only"
+        elif c.kind == "dynamic" and c.size_bytes is not None and static and c.size_bytes >= min(static):
+            c.excluded = (f"not smaller than the static int8 models ({c.size_bytes:,} B against {min(static):,} B: "
+                          "its convolutions stay fp32)")
+    report = stage(progress, "candidates' top-1") or (lambda done, total: None)
+    for k, c in enumerate(cands):
         if c.kind == "fp32" or c.error is not None:
             continue
         if c.rule:
@@ -330,21 +360,6 @@ def _scheme_candidates(onnx_model, prepared: Path, quantizer_for, rule, rule_pat
     return cands
 
 
-def _allowed_kinds(scheme: str, output: Path) -> tuple[str, ...]:
-    """The candidates ``--scheme`` may write: ``int8`` and ``qdq`` insist on int8; ``auto`` may write fp32,
-    unless -o names an int8 file (issue 26: fp32 "1.00x smaller" in a file named *_int8.onnx)."""
-    if scheme == "qdq":
-        return ("static",)
-    if scheme == "int8" or (scheme == "auto" and names_int8(output)):
-        return ("static", "dynamic")
-    return ("fp32", "static", "dynamic")
-
-
-def names_int8(path: Path) -> bool:
-    """Whether a file name says int8 (``model_int8.onnx``, ``net-INT8.onnx``): what the user will take it for."""
-    return "int8" in Path(path).name.lower()
-
-
 def _host_quiet(loads: list, host) -> dict:
     """energy.reliability of the scheme timings: the 1-minute load average before and after them."""
     from ..energy import reliability
@@ -353,31 +368,41 @@ def _host_quiet(loads: list, host) -> dict:
     return reliability(None, max(known) if known else None, host.cores_usable)
 
 
-def _timing_warnings(cands, chosen, host_quiet: dict, scheme: str, output: Path) -> list[str]:
-    """What a user must know about a choice made from timings: a busy host, and fp32 outrunning the int8
-    written because it was asked for."""
-    out = []
-    if not host_quiet["reliable"]:
-        hint = "pass --scheme int8 to insist on int8, or " if chosen.kind == "fp32" else ""
-        out.append(f"the scheme was chosen from timings on a busy host ({'; '.join(host_quiet['reasons'])}): "
-                   f"{chosen.name} may not be the fastest on a quiet one; {hint}quantize again when the host is idle")
-    fp32 = next((c for c in cands if c.kind == "fp32" and c.eligible), None)
-    if chosen.kind != "fp32" and fp32 is not None and chosen.p50_ms is not None and fp32.p50_ms < chosen.p50_ms:
-        why = ("-o names an int8 file" if scheme == "auto" else f"--scheme {scheme} asks for int8")
-        out.append(f"fp32 ran faster here ({fp32.p50_ms:.3f} ms against {chosen.p50_ms:.3f} ms for {chosen.name}); "
-                   f"the int8 model was written because {why}" +
-                   ("; name -o without 'int8' to let --scheme auto write fp32" if scheme == "auto" else ""))
-    return out
+def _timing_warnings(chosen, host_quiet: dict) -> list[str]:
+    """What a user must know about a choice made from timings: a busy host."""
+    if host_quiet["reliable"]:
+        return []
+    return [f"the scheme was chosen from timings on a busy host ({'; '.join(host_quiet['reasons'])}): "
+            f"{chosen.name} may not be the fastest on a quiet one; quantize again when the host is idle"]
 
 
-def _measure(cands, batch_shape, threads: int, write, kept: list[str], progress,
-             allowed: tuple[str, ...] = ("fp32", "static", "dynamic")) -> None:
-    """Time the candidates in fresh processes; write the best so far (of the ``allowed`` kinds) as soon as
-    it is known."""
+def _fp32_fastest(cands, chosen, notes: list[str]) -> bool | None:
+    """Whether fp32 (timed, never written) outran every int8 candidate timed; said in a note when it did,
+    or when it outran the int8 model written. None: fp32 or no int8 candidate could be timed."""
+    fp32 = next(c for c in cands if c.kind == "fp32")
+    timed = [c for c in cands if c.kind != "fp32" and c.error is None and c.p50_ms is not None]
+    if fp32.p50_ms is None or not timed:
+        return None
+    best = min(timed, key=lambda c: c.p50_ms)
+    if fp32.p50_ms < best.p50_ms:
+        notes.append(f"fp32 ran faster on this host than every int8 candidate ({fp32.p50_ms:.3f} ms against "
+                     f"{best.p50_ms:.3f} ms for {best.name}, the fastest int8): the int8 model was written, as "
+                     "quantize always does; where speed matters more than size, deploy the fp32 model instead")
+        return True
+    if chosen.p50_ms is not None and fp32.p50_ms < chosen.p50_ms:
+        notes.append(f"fp32 ran faster on this host than the int8 model written ({fp32.p50_ms:.3f} ms against "
+                     f"{chosen.p50_ms:.3f} ms); the int8 candidates that beat it were over the budget or not "
+                     "smaller")
+    return False
+
+
+def _measure(cands, batch_shape, threads: int, write, kept: list[str], progress) -> None:
+    """Time the candidates in fresh processes; write the best so far (of those that may be written) as soon
+    as it is known."""
     best = {"p50": None}
 
     def saved(c) -> None:
-        if c.kind in allowed and c.eligible and (best["p50"] is None or c.p50_ms < best["p50"]):
+        if c.writable and (best["p50"] is None or c.p50_ms < best["p50"]):
             best["p50"] = c.p50_ms
             write(c.path, c.name, kept if c.kind == "static" else [], final=False)
 
@@ -385,23 +410,28 @@ def _measure(cands, batch_shape, threads: int, write, kept: list[str], progress,
 
 
 def _measured_scheme(chosen, cands, rule, host, threads: int) -> SchemeRecord:
-    others = sorted((c for c in cands if c.eligible and c is not chosen), key=lambda c: c.p50_ms)
+    others = sorted((c for c in cands if c.writable and c is not chosen), key=lambda c: c.p50_ms)
     runner_up = (f"; next {others[0].name} {others[0].p50_ms:.3f} ms" if others else "")
-    budget = "within the accuracy budget" if chosen.top1 is not None or chosen.kind == "fp32" else \
-        "(accuracy not checked: no --val)"
+    budget = "within the accuracy budget" if chosen.top1 is not None else "(accuracy not checked: no --val)"
+    p50 = f"p50 {chosen.p50_ms:.3f} ms" if chosen.p50_ms is not None else "not timed"
+    n = sum(c.writable for c in cands)
+    fp32 = next((c for c in cands if c.kind == "fp32" and c.p50_ms is not None), None)
+    reference = f"; fp32 {fp32.p50_ms:.3f} ms (the reference, never written)" if fp32 is not None else ""
     measured = dict(name=chosen.name, target=f"this host ({host.cpu}, {host.arch})", measured=True, rule=rule,
                     candidates=list(cands),
-                    reason=f"measured: the fastest of {sum(c.eligible for c in cands)} candidates {budget}, "
-                           f"p50 {chosen.p50_ms:.3f} ms at batch 1, {threads} thread(s), each timed in fresh "
-                           f"processes{runner_up}; ONNX Runtime's rule would have chosen {rule.name}")
+                    reason=f"measured: the fastest of {n} int8 candidate{'s' if n != 1 else ''} {budget}, "
+                           f"{p50} at batch 1, {threads} thread(s), each timed in fresh "
+                           f"processes{runner_up}{reference}; ONNX Runtime's rule would have chosen {rule.name}")
     if chosen.scheme is not None:
         return SchemeRecord.of(chosen.scheme, **measured)
-    return SchemeRecord(format="fp32" if chosen.kind == "fp32" else "dynamic", **measured)
+    return SchemeRecord(format="dynamic", **measured)
 
 
-def _measured_latency(cands, threads: int, pre, host) -> Int8Latency:
+def _measured_latency(cands, threads: int, pre, host) -> Int8Latency | None:
     fp32 = next(c for c in cands if c.kind == "fp32")
     chosen = next(c for c in cands if c.chosen)
+    if fp32.p50_ms is None or chosen.p50_ms is None:
+        return None
     return Int8Latency.of(fp32.p50_ms, chosen.p50_ms, threads, 1, "onnxruntime",
                           f"this host ({host.cpu}, {host.arch}), each candidate in fresh processes "
                           f"(the written model: {chosen.name})")

@@ -49,7 +49,7 @@ def test_budget_not_met_exits_3_and_keeps_the_best_model(cli, trained, tmp_path)
     np.savez(tmp_path / "blank.npz", data=np.zeros((8, 8, 8), np.float32), label=np.arange(8) % 2)
     res = cli("quantize", trained / "digits10", "--calib", tmp_path / "blank.npz", "--val", trained / "val.npz",
               "-o", tmp_path / "q.onnx", "--max-fp32-nodes", "0", "--threads", "1", "--json", tmp_path / "r.json",
-              "--scheme", "rule", cwd=tmp_path)  # auto would write fp32, within any budget
+              "--scheme", "rule", cwd=tmp_path)  # rule: the budget search alone, no timing
     assert_user_error(res, 3, "exceeds --max-drop 1", "best model is kept")
     assert (tmp_path / "q.onnx").is_file() and (tmp_path / "r.json").is_file()
     assert "no mix of int8 and fp32 nodes met --max-drop 1" in res.out
@@ -110,7 +110,7 @@ def test_val_labels_outside_the_model(cli, tiny_prefix, tmp_path):
 
 def test_already_quantized_model(cli, tiny_prefix, tmp_path):
     res = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "-o", tmp_path / "q.onnx", "--samples", "10",
-              "--threads", "1", "--scheme", "rule", cwd=tmp_path)  # an int8 file (auto may find fp32 fastest)
+              "--threads", "1", "--scheme", "rule", cwd=tmp_path)  # rule: no timing (every scheme writes int8)
     assert res.code == 0, res.err
     res = cli("quantize", tmp_path / "q.onnx", "--calib", "builtin:digits", "-o", tmp_path / "q2.onnx", cwd=tmp_path)
     assert_user_error(res, 2, "already quantized", "fp32 model")
@@ -121,3 +121,47 @@ def test_output_folder_missing_fails_before_any_work(cli, tiny_prefix, tmp_path)
     res = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "-o", tmp_path / "nope" / "q.onnx", cwd=tmp_path)
     assert_user_error(res, 2, "folder does not exist", "nope")
     _no_outputs(tmp_path)
+
+
+def test_a_scheme_with_the_mxnet_backend_is_refused_before_any_work(cli, tiny_prefix, tmp_path):
+    """--backend mxnet quantizes with MXNet's own scheme: an ONNX Runtime --scheme cannot apply there."""
+    for scheme in ("int8", "qdq", "rule"):
+        res = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "-o", tmp_path / "mx_int8", "--backend",
+                  "mxnet", "--scheme", scheme, cwd=tmp_path)
+        assert_user_error(res, 2, "--scheme has no effect without --backend onnxruntime", "--scheme")
+    _no_outputs(tmp_path)
+
+
+@pytest.mark.parametrize("scheme", ["fp32", "dynamic", ""])
+def test_a_scheme_quantize_does_not_have(cli, tiny_prefix, tmp_path, scheme):
+    res = cli("quantize", tiny_prefix, "--calib", "builtin:digits", "-o", tmp_path / "q.onnx", "--scheme", scheme,
+              cwd=tmp_path)
+    assert_user_error(res, 2, "--scheme")
+    _no_outputs(tmp_path)
+
+
+def test_a_model_with_no_weights_to_quantize_is_refused(cli, tmp_path):
+    """Only activations would be wrapped in Quantize/DequantizeLinear: nothing int8 to store. One line, exit 2,
+    no file (fp32 under an int8 name is what issue 37 forbids)."""
+    from importlib import resources
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    with resources.as_file(resources.files("edgetrain._builtin").joinpath("digits5.onnx")) as base:
+        src = onnx.load(str(base))
+    graph = helper.make_graph([helper.make_node("GlobalAveragePool", ["data"], ["p"], name="gap"),
+                               helper.make_node("Flatten", ["p"], ["out"], name="flat")], "noweights",
+                              [src.graph.input[0]], [helper.make_tensor_value_info("out", TensorProto.FLOAT,
+                                                                                   ["batch", 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = src.ir_version
+    for p in src.metadata_props:  # edgetrain's preprocessing record: otherwise a good fp32 export
+        entry = model.metadata_props.add()
+        entry.key, entry.value = p.key, p.value
+    onnx.save(model, str(tmp_path / "noweights.onnx"))
+    for scheme in ("auto", "rule"):
+        res = cli("quantize", tmp_path / "noweights.onnx", "--calib", "builtin:digits", "-o",
+                  tmp_path / "nw_int8.onnx", "--samples", "10", "--threads", "1", "--scheme", scheme, cwd=tmp_path)
+        assert_user_error(res, 2, "nothing in this model quantizes to int8", "noweights.onnx")
+    _no_outputs(tmp_path, "noweights.onnx")
