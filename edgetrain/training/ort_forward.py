@@ -16,6 +16,8 @@ forward keeps (float32 rounding aside: a ReLU input within rounding of 0 may fal
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import _lazy
@@ -102,7 +104,7 @@ class OrtForward:
             if positions is None:
                 positions = tuple(i for i, c in enumerate(op.is_const) if not c and node.input[i])
             values = {i: out(node.input[i], None) for i in positions if node.input[i]}
-            shapes = []
+            shapes: list[str | None] = []
             for i, name in enumerate(node.input):
                 if not name or op.is_const[i]:
                     shapes.append(None)
@@ -145,8 +147,8 @@ class OrtForward:
             else:
                 consts = [self.grad.const(n) if c else None for n, c in zip(node.input, op.is_const)]
                 xs = [consts[i] if consts[i] is not None else got.get(values.get(i)) for i in range(len(node.input))]
-                dims = [tuple(consts[i].shape) if consts[i] is not None else
-                        (tuple(got[s]) if s else None) for i, s in enumerate(shapes)]
+                dims = [tuple(c.shape) if c is not None else (tuple(got[s]) if s else None)
+                        for c, s in zip(consts, shapes)]
                 saved = op.keep(xs, dims)
             tape.saved[index], tape.labels[index] = saved, (op.label, op.op)
         tape.tape_bytes = tape.nbytes
@@ -162,7 +164,7 @@ class ConvTranspose:
 
     def __init__(self, node, op, trains: bool, threads: int):
         self.node, self.op, self.trains, self.threads = node, op, trains, threads
-        self.sessions: dict[tuple, object] = {}
+        self.sessions: dict[tuple, Any] = {}
 
     def _session(self, w: np.ndarray, h: int, wd: int):
         onnx = _lazy.onnx()

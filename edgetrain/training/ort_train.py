@@ -26,6 +26,8 @@ ort_forward's 92.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import _lazy
@@ -61,7 +63,7 @@ class _Emitter:
         self.inits: list = []
         self.before: dict[str, list] = {}     # forward node (first output) -> nodes that run just before it
         self.outputs: dict[str, list] = {}    # forward node (first output) -> its added outputs
-        self.current = None
+        self.current: Any = None  # (node, op) being differentiated
         self._count = 0
         self._ints: dict[tuple, str] = {}
         self._shape: dict[str, str] = {}
@@ -270,7 +272,7 @@ class OrtTrain:
         self.fed = [t.name for t in moved]
         self.outputs = [grad.output, *self.grad_outputs.values()]
         self.proto = proto
-        self.session = None
+        self.session: Any = None
 
     @staticmethod
     def _empty(onnx):

@@ -16,6 +16,8 @@ classifier is what a class count the data changes resizes (engine_onnx).
 """
 from __future__ import annotations
 
+from typing import NoReturn
+
 from dataclasses import dataclass
 
 from ..errors import UsageError
@@ -132,7 +134,7 @@ def classifier(nodes, shapes: dict, logits: str, where: str = "model", declared:
     nodes = list(nodes)
     producer = {o: n for n in nodes for o in n.output}
 
-    def refuse(why: str):
+    def refuse(why: str) -> NoReturn:
         raise UsageError(f"the model's classifier is not recognised: {why}", where, _FIX)
 
     name, reshapes, bias = logits, [], None
