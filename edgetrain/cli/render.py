@@ -36,7 +36,7 @@ class ProgressLine:
 
     def text(self, ev: Progress) -> str:
         parts = [] if ev.stage in ev.metrics else [ev.stage]
-        if ev.total:
+        if ev.total and ev.stage not in ev.metrics:  # an epoch's line says "epoch 2" itself: no bar
             t0 = self.started.setdefault(ev.stage, time.monotonic())
             fill = int(30 * (ev.done or 0) / ev.total)
             parts.append(f"[{'#' * fill}{'.' * (30 - fill)}] {ev.done}/{ev.total}")
