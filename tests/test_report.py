@@ -87,6 +87,30 @@ def test_the_memory_plan_is_compared_as_measured_against_predicted(result):
     assert f"(measured {phrase})" in render_html(result) and f"(measured {phrase})" in render_markdown(result)
 
 
+def test_an_op_breakdown_measured_on_a_busy_host_says_so_beside_it(result):
+    """"Flatten 89%" came from a loaded host without a word (issue 37): the load around the op profile is kept
+    with it, and above the usable cores the breakdown is flagged in the text, the HTML and the Markdown."""
+    import copy
+
+    from edgetrain.host import oversubscribed
+    from edgetrain.measure.profiling import flag_busy_ops
+
+    cores = result["host"]["cores_usable"]
+    for config in result["configs"]:  # as measured here: the flag is the one busy-host test on the kept load
+        ops = config["ops"]
+        assert ops["available"] and ops["busy_host"] == oversubscribed(ops["loadavg"], cores)
+    for load, busy in ((cores + 3.0, True), (0.1, False)):
+        d = copy.deepcopy(result)
+        best = next(c for c in d["configs"] if c["threads"] == d["best"]["threads"])
+        best["ops"]["loadavg"] = load
+        best["ops"].pop("busy_note", None)
+        flag_busy_ops(best["ops"], cores)
+        line = next(line for line in text_summary(d) if line.startswith("ops"))
+        assert ("[busy host: load" in line and f"over {cores} cores, shares doubtful]" in line) == busy, line
+        note = "measured on a busy host (1-minute load"
+        assert (note in render_html(d)) == busy and (note in render_markdown(d)) == busy
+
+
 def test_write_report_is_atomic_and_picks_the_format(result, tmp_path):
     write_report(tmp_path / "r.md", result)
     write_report(tmp_path / "r.html", result)

@@ -90,7 +90,9 @@ def text_summary(d: dict) -> list[str]:
     ops = _best(d).get("ops") or {}
     if ops.get("available"):
         top = ", ".join(f"{r['op']} {r['share'] * 100:.0f}%" for r in ops["table"][:4])
-        lines.append(f"ops        {top}")
+        busy = f" [busy host: load {ops['loadavg']:.1f} over {d['host']['cores_usable']} cores, shares doubtful]" \
+            if ops.get("busy_host") else ""
+        lines.append(f"ops        {top}{busy}")
     elif ops:
         lines.append(f"ops        {ops.get('note')}")
     v = d.get("verdict") or {}
@@ -554,6 +556,8 @@ def render_html(d: dict) -> str:
                              for r in ops["table"]], {1, 2}))
         parts.append(f"<p class='src'>{e(ops['source'])}; profiled over {ops['runs']} extra runs after the timed "
                      "ones (the profiler slows the run down, so these times are for shares, not latency).</p>")
+        if ops.get("busy_note"):
+            parts.append(f"<p class='bad'>{e(ops['busy_note'])}</p>")
     else:
         parts.append(f"<p>{e(ops.get('note', 'no per-op timings'))}</p>")
 
@@ -633,6 +637,8 @@ def render_markdown(d: dict) -> str:
                              [[r["op"], _fmt(r["calls_per_run"]), _fmt(r["ms_per_run"]), f"{r['share'] * 100:.1f}%"]
                               for r in ops["table"]]))
         out.append(f"_{ops['source']}_\n")
+        if ops.get("busy_note"):
+            out.append(f"**{ops['busy_note']}**\n")
     else:
         out.append(f"{ops.get('note', 'no per-op timings')}\n")
     out.append("## Provenance of every figure\n")
