@@ -23,7 +23,7 @@ try:
 except ImportError:  # Python 3.10 (JetPack 6): typing.Self is 3.11's
     from typing_extensions import Self
 
-from .errors import UsageError
+from .errors import UsageError, clip
 from .preprocess import parse_shape
 
 OPSETS = (12, 13)  # the opsets mxnet 1.9.1's ONNX translations are written for
@@ -835,11 +835,29 @@ class PredictOptions(DeviceOptions):
     """``edgetrain predict MODEL DATA``: MODEL (an ONNX file written by edgetrain) and DATA are arguments."""
 
     top_k: Annotated[int, Range(ge=1, le=1000)] = opt(5, metavar="K", help="Labels shown per input, best first.")
-    format: Literal["table", "csv", "jsonl"] = opt("table", help="How each input's top-k labels are written.")
+    format: Optional[Literal["table", "csv", "jsonl", "json"]] = opt(
+        None, help="How each input's top-k labels are written: table (tab-separated), csv, jsonl (an object a "
+                   "line) or json (one array). Default: what -o's name says (.csv, .jsonl, .json, .tsv), else table.")
     batch: Annotated[int, Range(ge=1, le=4096)] = opt(
         16, help="Inputs per inference (a model exported with a fixed batch runs that many at a time).")
     output: Optional[str] = opt(None, metavar="FILE", short="-o", recipe=False,
                                 help="Write the predictions to FILE (atomically) instead of standard output.")
+
+    # what an -o name ending so holds; a --format that says otherwise is refused (`-o x.json` wrote a table)
+    SUFFIX_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".json": "json", ".tsv": "table"}
+
+    @classmethod
+    def _check(cls, values: dict) -> dict:
+        out = super()._check(values)
+        name = out["output"]
+        suffix = os.path.splitext(name)[1].lower() if name else ""
+        named = cls.SUFFIX_FORMATS.get(suffix)
+        if out["format"] is None:
+            out["format"] = named or "table"
+        elif named is not None and named != out["format"]:
+            raise UsageError(f"-o {clip(name, 60)} is named as {named} but --format is {out['format']}", "-o",
+                             f"leave --format out (the name decides) or give -o a name that does not end in {suffix}")
+        return out
 
 
 COMMANDS["predict"] = PredictOptions

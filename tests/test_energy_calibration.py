@@ -37,14 +37,21 @@ def test_a_fit_recovers_the_meters_line_and_is_used_afterwards_saying_so(tmp_pat
     log.write_text("timestamp,power (W)\n", encoding="utf-8")
     stop = threading.Event()
 
-    def board_and_meter():  # the draw steps every 0.5 s; the meter logs the true input power at 20 Hz
-        i = 0
+    def board_and_meter():
+        """The draw steps every 10 turns of this loop (0.5 s on a quiet host). The meter logs the true input power
+        at 20 Hz by its own clock, whatever this thread's share of a loaded host: every tick since the last turn
+        is logged with the draw in effect at that tick (one reading per turn left fewer than 30 under load)."""
+        i, tick, drawn = 0, time.time(), []  # drawn: (since when, true watts), in time order
         while not stop.is_set():
             ma = (200, 450, 700, 300)[(i // 10) % 4]
             (chip / "curr1_input").write_text(f"{ma}\n")
-            true_w = sensors.Hwmon.find(root).read().total_w
+            drawn.append((time.time(), sensors.Hwmon.find(root).read().total_w))
+            now = time.time()
             with log.open("a", encoding="utf-8") as f:
-                f.write(_meter_line(time.time(), GAIN * true_w + OFFSET))
+                while tick <= now:
+                    true_w = next((w for since, w in reversed(drawn) if since <= tick), drawn[0][1])
+                    f.write(_meter_line(tick, GAIN * true_w + OFFSET))
+                    tick += 0.05
             i += 1
             time.sleep(0.05)
 

@@ -221,3 +221,34 @@ def test_mobilenetv2_int8_file_is_at_least_3_5x_smaller(tmp_path):
     res = quantize("zoo:mobilenetv2_1.0", "builtin:digits", tmp_path / "mb.onnx", samples=4, input_shape=(3, 32, 32),
                    threads=1, latency=False, scheme="rule")
     assert res.size.fp32_bytes > 13_000_000 and res.size.ratio >= 3.5, res.size
+
+
+def test_calibration_on_other_classes_than_the_models_outputs_is_said():
+    """quantize calibrated on data whose classes are not the model's outputs without a word (issue 37). Not
+    refused (calibration reads inputs only), but said: data with classes the model does not know, and a sample
+    that covers only some of its classes; data of exactly its classes says nothing."""
+    from edgetrain.data import load_data
+    from edgetrain.int8 import calibration_notes
+    from edgetrain.preprocess import default_for_shape
+
+    ds = load_data("builtin:digits", default_for_shape((1, 8, 8)))
+    assert calibration_notes(ds, ds.sample(64), 64, 10) == []
+    beyond = calibration_notes(ds, ds.sample(64), 64, 5)
+    assert len(beyond) == 1 and beyond[0].startswith("--calib has 10 classes (labels up to 9) but the model has 5 outputs")
+    two = ds.subset(np.flatnonzero(ds.labels < 2))
+    (some,) = calibration_notes(two, two.sample(64), 64, 10)
+    assert some.startswith("the calibration sample covers 2 of the model's 10 classes")
+    few = calibration_notes(ds, ds.sample(4), 4, 10)
+    assert len(few) == 1 and "covers 4 of the model's 10 classes" in few[0] and "--samples at least 10" in few[0]
+    assert calibration_notes(two, two.sample(64), 5000, None)[0].startswith(f"--calib has {len(two)} samples")
+
+
+def test_the_note_reaches_the_result_and_the_terminal(tmp_path):
+    """The 5-class digits base calibrated on all ten digits, as a user would run it."""
+    res = run_edgetrain("quantize", "edgetrain.nets:pretrained_digits", "--calib", "builtin:digits", "-o",
+                        tmp_path / "m.onnx", "--samples", "32", "--scheme", "rule", "--no-latency", "--json",
+                        tmp_path / "r.json")
+    assert res.code == 0, res.err
+    note = "--calib has 10 classes (labels up to 9) but the model has 5 outputs"
+    assert f"note       {note}" in res.out
+    assert any(n.startswith(note) for n in json.loads((tmp_path / "r.json").read_text())["notes"])

@@ -9,7 +9,7 @@ import pytest
 
 from edgetrain.errors import UsageError
 from edgetrain.api import profile
-from edgetrain.measure.report import check_report_path, render_html, render_markdown, text_summary, write_report
+from edgetrain.measure.report import against_plan, check_report_path, render_html, render_markdown, text_summary, write_report
 from test_profile_models import conv_gemm_onnx
 
 
@@ -70,6 +70,45 @@ def test_text_summary_labels_device_figures(result):
     lines = text_summary(result)
     assert any(line.startswith("latency") and "[estimated:" in line for line in lines)
     assert any(line.startswith("budget") and "PASS" in line for line in lines)
+
+
+def test_the_memory_plan_is_compared_as_measured_against_predicted(result):
+    """"predicted 63.7 MB, measured 66.7 MB (-4.5%)" read backwards (issue 37): the words say where the measured
+    peak lies relative to the plan, in the text, the HTML and the Markdown alike."""
+    assert against_plan({"peak_rss_mb": 63.7, "measured_peak_rss_mb": 66.7}) == "4.7% above the plan"
+    assert against_plan({"peak_rss_mb": 66.7, "measured_peak_rss_mb": 63.7}) == "4.5% below the plan"
+    assert against_plan({"peak_rss_mb": 60.0, "measured_peak_rss_mb": 60.01}) == "as planned"
+    p = result["prediction"]
+    phrase = against_plan(p)
+    rel = 100 * (p["measured_peak_rss_mb"] - p["peak_rss_mb"]) / p["peak_rss_mb"]
+    assert phrase.endswith("above the plan" if rel > 0.05 else "below the plan" if rel < -0.05 else "as planned")
+    line = next(line for line in text_summary(result) if line.startswith("memory"))
+    assert line.endswith(f"({phrase})") and "%)" not in line.replace(phrase, "")
+    assert f"(measured {phrase})" in render_html(result) and f"(measured {phrase})" in render_markdown(result)
+
+
+def test_an_op_breakdown_measured_on_a_busy_host_says_so_beside_it(result):
+    """"Flatten 89%" came from a loaded host without a word (issue 37): the load around the op profile is kept
+    with it, and above the usable cores the breakdown is flagged in the text, the HTML and the Markdown."""
+    import copy
+
+    from edgetrain.host import oversubscribed
+    from edgetrain.measure.profiling import flag_busy_ops
+
+    cores = result["host"]["cores_usable"]
+    for config in result["configs"]:  # as measured here: the flag is the one busy-host test on the kept load
+        ops = config["ops"]
+        assert ops["available"] and ops["busy_host"] == oversubscribed(ops["loadavg"], cores)
+    for load, busy in ((cores + 3.0, True), (0.1, False)):
+        d = copy.deepcopy(result)
+        best = next(c for c in d["configs"] if c["threads"] == d["best"]["threads"])
+        best["ops"]["loadavg"] = load
+        best["ops"].pop("busy_note", None)
+        flag_busy_ops(best["ops"], cores)
+        line = next(line for line in text_summary(d) if line.startswith("ops"))
+        assert ("[busy host: load" in line and f"over {cores} cores, shares doubtful]" in line) == busy, line
+        note = "measured on a busy host (1-minute load"
+        assert (note in render_html(d)) == busy and (note in render_markdown(d)) == busy
 
 
 def test_write_report_is_atomic_and_picks_the_format(result, tmp_path):

@@ -25,8 +25,8 @@ def predict(model, data, json_path, **values):
     labelled; images directly in it: unlabelled), an image file, an .npz, builtin:digits, or '-' to read
     image paths from standard input, one per line.
 
-    Prints each input's top-k labels and scores (--format table, csv or jsonl), then the throughput and
-    latency; with labels, the top-1 and top-k accuracy and a confusion summary. Only ONNX Runtime, NumPy
-    and Pillow are loaded (never mxnet).
+    Prints each input's top-k labels and scores (--format table, csv, jsonl or json; by default what -o's
+    name says), then the throughput and latency; with labels, the top-1 and top-k accuracy and a confusion
+    summary. Only ONNX Runtime, NumPy and Pillow are loaded (never mxnet).
     """
     run(model, data, json_path, parse(PredictOptions, values))

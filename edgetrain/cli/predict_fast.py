@@ -72,6 +72,8 @@ def run(model: str, data: str, json_path: str | None, opts: PredictOptions) -> N
     rows = Rows(opts.format, sink=lambda lines: echo("\n".join(lines))) if to_stdout else None
     res = classify(model, data, opts, progress=ProgressLine(not quiet(json_path) and opts.output is not None),
                    on_rows=rows.add if rows is not None else None, outputs={"-o": opts.output, JSON_FLAG: json_path})
+    if rows is not None and rows.end():
+        echo("\n".join(rows.end()))
     finish(json_path, res, render(opts))
 
 

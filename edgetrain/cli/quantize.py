@@ -85,7 +85,15 @@ def candidate_table(candidates) -> list[str]:
         p50 = f"{c.p50_ms:.3f}" if c.p50_ms is not None else "-"
         size = f"{c.size_bytes:,}" if c.size_bytes is not None else "-"
         lines.append(f"           {mark} {name:<38} {p50:>8} {size:>11} {top1:>7} {drop:>6}{over}")
+    if any(c.kind == "dynamic" and c.top1 is not None for c in candidates):
+        lines.append(DYNAMIC_BATCH_NOTE)
     return lines
+
+
+# Dynamic int8 quantizes each activation with the range of the whole batch it arrives in (ORT's
+# DynamicQuantizeLinear): one input's scores, and so a top-1 over many, depend on its batch-mates.
+DYNAMIC_BATCH_NOTE = ("             dynamic int8 scales activations by each batch's own range: its top-1 (fixed batches "
+                      "in the data's order) changes with which inputs share a batch, as predict's does with --batch")
 
 
 def node_error_table(rows) -> list[str]:

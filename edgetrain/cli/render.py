@@ -21,7 +21,7 @@ class ProgressLine:
         self.enabled = enabled
         self.live = enabled and self.stream.isatty()
         self.width = 0
-        self.started: dict[str, float] = {}
+        self.started: dict[str, tuple[float, int]] = {}  # a stage's first event: when, and how much was done
 
     def __call__(self, ev: Progress) -> None:
         if not self.enabled:
@@ -36,12 +36,15 @@ class ProgressLine:
 
     def text(self, ev: Progress) -> str:
         parts = [] if ev.stage in ev.metrics else [ev.stage]
-        if ev.total:
-            t0 = self.started.setdefault(ev.stage, time.monotonic())
+        if ev.total and ev.stage not in ev.metrics:  # an epoch's line says "epoch 2" itself: no bar
+            now = time.monotonic()
+            t0, done0 = self.started.setdefault(ev.stage, (now, ev.done or 0))
             fill = int(30 * (ev.done or 0) / ev.total)
             parts.append(f"[{'#' * fill}{'.' * (30 - fill)}] {ev.done}/{ev.total}")
-            if "eta_s" not in ev.metrics and ev.done:
-                ev.metrics["eta_s"] = (time.monotonic() - t0) / ev.done * (ev.total - ev.done)
+            # the rate since the stage's first event: what came before it (a fleet's round 1, a resumed run's
+            # epochs) took a time nobody saw, so the first event has no ETA ("ETA 0s" after round 1 of 10)
+            if "eta_s" not in ev.metrics and ev.done and ev.done > done0:
+                ev.metrics["eta_s"] = (now - t0) / (ev.done - done0) * (ev.total - ev.done)
         for key, fmt in METRICS:
             value = ev.metrics.get(key)
             if value is not None:

@@ -14,7 +14,8 @@ from .. import _lazy
 _FACE = {  # name -> the module of this wing that defines it
     "onnx_top1": "accuracy",
     "calibration_reader": "calibration", "check_symbol_not_quantized": "calibration",
-    "load_calibration": "calibration", "load_validation": "calibration", "stride_for": "calibration",
+    "calibration_notes": "calibration", "load_calibration": "calibration", "load_validation": "calibration",
+    "stride_for": "calibration",
     "quantize_mxnet": "mxnet",
     "Quantizer": "ort", "check_not_quantized": "ort", "int8_weight_count": "ort", "prepare": "ort",
     "quantized_node_names": "ort",
@@ -28,8 +29,8 @@ __all__ = sorted(_FACE)
 
 if TYPE_CHECKING:
     from .accuracy import onnx_top1
-    from .calibration import (calibration_reader, check_symbol_not_quantized, load_calibration, load_validation,
-                              stride_for)
+    from .calibration import (calibration_notes, calibration_reader, check_symbol_not_quantized, load_calibration,
+                              load_validation, stride_for)
     from .mxnet import quantize_mxnet
     from .ort import (Quantizer, check_not_quantized, int8_weight_count, prepare, quantized_node_names, quiet_ort,
                       set_metadata)

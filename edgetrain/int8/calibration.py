@@ -80,6 +80,29 @@ def load_calibration(calib: str, preprocess, samples: int):
     return ds, ds.sample(samples)
 
 
+def calibration_notes(full: Dataset, sample: Dataset, samples: int, num_classes: int | None) -> list[str]:
+    """What a user must know about the data calibrated on: fewer samples than asked, and classes that are not
+    the model's outputs. The latter is not refused (calibration reads inputs only, and inputs of the same kind
+    calibrate well enough) but it was silent (issue 37): ranges fitted to other classes, or to some of the
+    model's only, may clip what it will see."""
+    notes = []
+    if samples > len(full):
+        notes.append(f"--calib has {len(full)} samples, fewer than --samples {samples}: calibrated on all")
+    if not num_classes:
+        return notes
+    top = int(full.labels.max(initial=0))
+    covered = len(set(sample.labels.tolist()) & set(range(num_classes)))
+    if full.num_classes > num_classes or top >= num_classes:
+        notes.append(f"--calib has {full.num_classes} classes (labels up to {top}) but the model has {num_classes} "
+                     "outputs: the int8 ranges were fitted partly on inputs of classes the model does not know; "
+                     "calibrate on inputs like those it will classify")
+    elif covered < num_classes:
+        notes.append(f"the calibration sample covers {covered} of the model's {num_classes} classes: ranges fitted to "
+                     f"those may clip the others' activations; give --calib data of every class (and --samples at "
+                     f"least {num_classes})")
+    return notes
+
+
 def load_validation(val: str, preprocess, num_classes: int):
     ds = load_data(val, preprocess, where="--val")
     if len(ds) == 0:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import _lazy
 from .accuracy import top1
-from .calibration import check_symbol_not_quantized, load_calibration, load_validation
+from .calibration import calibration_notes, check_symbol_not_quantized, load_calibration, load_validation
 from ..errors import UsageError
 from ..figures import Calibration, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
@@ -57,8 +57,7 @@ def quantize_mxnet(model: str, opts: QuantizeOptions, output: Path, *, scheme, t
     full, calib_ds = load_calibration(calib, pre, samples)
     val_ds = load_validation(val, pre, fp32.num_classes) if val else None
     notes = ["random weights: accuracy figures mean nothing until it is trained"] if fp32.random_weights else []
-    if samples > len(full):
-        notes.append(f"--calib has {len(full)} samples, fewer than --samples {samples}: calibrated on all")
+    notes.extend(calibration_notes(full, calib_ds, samples, fp32.num_classes))
 
     qnet = _quantize_net(fp32, calib_ds, method, per_channel, progress)
 

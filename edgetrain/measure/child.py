@@ -128,8 +128,11 @@ def run(spec: dict) -> dict:
             out["rapl"] = {"joules": joules, "seconds": wall, "runs": spec["runs"],
                            "domains": sorted(energy_start["domains"])}
     # After VmHWM is read: the profiled session's own memory must not count.
+    load0 = _loadavg()
     out["ops"] = runner.op_profile(min(OP_PROFILE_RUNS, spec["runs"])) if spec.get("op_profile", True) else \
         {"available": False, "note": "per-op profiling switched off"}
+    if out["ops"].get("available"):  # how busy the host was around the breakdown (the parent judges it)
+        out["ops"]["loadavg"] = max((x for x in (load0, _loadavg()) if x is not None), default=None)
     return out
 
 

@@ -22,7 +22,7 @@ from .. import energy, envvars, runtime
 from ..child import death, last_line, python_argv, run
 from ..errors import RunFailed, UsageError
 from ..fileio import temp_dir
-from ..host import detect_host
+from ..host import detect_host, oversubscribed
 from ..models import parse_model_ref
 from ..options import ProfileOptions
 from ..results import ProgressFn, Result, report
@@ -141,6 +141,19 @@ def latency_summary(lat: list[float]) -> dict:
             "runs": n}
 
 
+def flag_busy_ops(ops: dict | None, cores: int) -> None:
+    """An op breakdown measured on a busy host says so beside it (``busy_host``, ``busy_note``): the time other
+    processes take lands on whichever op was running ("Flatten 89%" under load), so its shares are doubtful."""
+    if not ops or not ops.get("available"):
+        return
+    load = ops.get("loadavg")
+    ops["busy_host"] = oversubscribed(load, cores)
+    if ops["busy_host"]:
+        ops["busy_note"] = (f"measured on a busy host (1-minute load {load:.1f}, above its {cores} usable cores): "
+                            "other processes' time lands on whichever op was running, so the shares are doubtful; "
+                            "profile again on a quiet host")
+
+
 def _summarise_config(raw: dict, label: str, source: str) -> dict:
     mem = raw["memory"]
     return {
@@ -249,6 +262,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
             raw = run_child({**base_spec, "threads": t, "warmup": warmup, "runs": runs, "op_profile": op_profile},
                             t, f"the {runtime_name} run with {t} thread(s)", timeout)
             configs.append(_summarise_config(raw, label, where))
+            flag_busy_ops(configs[-1]["ops"], host.cores_usable)
         # Before the model file goes with the temporary folder.
         paired_ref = _paired_reference(prof, host, label, thread_list, base_spec, warmup, timeout, say)
     input_shape_full = (configs[0].get("input") or {}).get("shape") or base_spec["input_shape"] or []

@@ -60,6 +60,18 @@ def _histogram(values: list[float], bins: int = 20) -> list[tuple[float, float, 
     return [(lo + i * width, lo + (i + 1) * width, c) for i, c in enumerate(counts)]
 
 
+def against_plan(p: dict) -> str:
+    """The measured peak RSS relative to the prediction, in words that cannot be read backwards ("(-4.5%)"
+    beside "predicted 63.7 MB, measured 66.7 MB" read as measured below). ``p`` is a result's ``prediction``."""
+    planned, measured = p["peak_rss_mb"], p["measured_peak_rss_mb"]
+    if not planned:
+        return "no plan to compare"
+    rel = 100.0 * (measured - planned) / planned
+    if round(abs(rel), 1) == 0:
+        return "as planned"
+    return f"{abs(rel):.1f}% {'above' if rel > 0 else 'below'} the plan"
+
+
 def text_summary(d: dict) -> list[str]:
     """The terminal rendering: what a user reads after the command ends."""
     lines = [f"model      {d['model']} ({d['runtime']}, input {'x'.join(map(str, d['input_shape']))}, "
@@ -74,11 +86,13 @@ def text_summary(d: dict) -> list[str]:
     lines.append(f"best       {b['threads']} thread(s): p50 {_fmt(b['p50_ms'])} ms, p99/p50 {_fmt(b['spread_p99_p50'])}")
     p = d["prediction"]
     lines.append(f"memory     predicted {_fmt(p['peak_rss_mb'])} MB before running, measured "
-                 f"{_fmt(p['measured_peak_rss_mb'])} MB ({p['error_pct']:+.1f}%)")
+                 f"{_fmt(p['measured_peak_rss_mb'])} MB ({against_plan(p)})")
     ops = _best(d).get("ops") or {}
     if ops.get("available"):
         top = ", ".join(f"{r['op']} {r['share'] * 100:.0f}%" for r in ops["table"][:4])
-        lines.append(f"ops        {top}")
+        busy = f" [busy host: load {ops['loadavg']:.1f} over {d['host']['cores_usable']} cores, shares doubtful]" \
+            if ops.get("busy_host") else ""
+        lines.append(f"ops        {top}{busy}")
     elif ops:
         lines.append(f"ops        {ops.get('note')}")
     v = d.get("verdict") or {}
@@ -384,7 +398,7 @@ def render_html(d: dict) -> str:
              _card("p99 / p50 spread", _fmt(b["spread_p99_p50"]), b["provenance"]),
              _card("peak RSS (VmHWM)", f"{_fmt(best['memory']['peak_rss_mb'])} MB", "measured"),
              _card("predicted before running", f"{_fmt(d['prediction']['peak_rss_mb'])} MB "
-                   f"({d['prediction']['error_pct']:+.0f}%)", "modelled")]
+                   f"(measured {against_plan(d['prediction'])})", "modelled")]
     if v.get("memory"):
         m = v["memory"]
         cards.append(_card(f"fits {dev['name']}?", f"{'yes' if m['fits'] else 'NO'}, {_fmt(m['headroom_mb'])} MB spare",
@@ -438,7 +452,7 @@ def render_html(d: dict) -> str:
         ["+ weights / session (load)", _fmt(best["memory"]["load_mb"]), _tag("measured")],
         ["+ inference", _fmt(best["memory"]["inference_mb"]), _tag("measured")],
         ["= peak RSS (VmHWM)", _fmt(best["memory"]["peak_rss_mb"]), _tag("measured")],
-        ["predicted before running", f"{_fmt(p['peak_rss_mb'])} ({p['error_pct']:+.1f}%)", _tag("modelled")],
+        ["predicted before running", f"{_fmt(p['peak_rss_mb'])} (measured {against_plan(p)})", _tag("modelled")],
     ], {1}))
     parts.append(f"<p class='src'>Prediction: {e(p['source'])}</p>")
     if v.get("memory"):
@@ -542,6 +556,8 @@ def render_html(d: dict) -> str:
                              for r in ops["table"]], {1, 2}))
         parts.append(f"<p class='src'>{e(ops['source'])}; profiled over {ops['runs']} extra runs after the timed "
                      "ones (the profiler slows the run down, so these times are for shares, not latency).</p>")
+        if ops.get("busy_note"):
+            parts.append(f"<p class='bad'>{e(ops['busy_note'])}</p>")
     else:
         parts.append(f"<p>{e(ops.get('note', 'no per-op timings'))}</p>")
 
@@ -602,7 +618,7 @@ def render_markdown(d: dict) -> str:
         ["+ weights / session", _fmt(best["memory"]["load_mb"]), "measured"],
         ["+ inference", _fmt(best["memory"]["inference_mb"]), "measured"],
         ["= peak RSS (VmHWM)", _fmt(best["memory"]["peak_rss_mb"]), "measured"],
-        ["predicted before running", f"{_fmt(p['peak_rss_mb'])} ({p['error_pct']:+.1f}%)", "modelled"]]))
+        ["predicted before running", f"{_fmt(p['peak_rss_mb'])} (measured {against_plan(p)})", "modelled"]]))
     en = d.get("energy") or {}
     if en.get("daily"):
         dd = en["daily"]
@@ -621,6 +637,8 @@ def render_markdown(d: dict) -> str:
                              [[r["op"], _fmt(r["calls_per_run"]), _fmt(r["ms_per_run"]), f"{r['share'] * 100:.1f}%"]
                               for r in ops["table"]]))
         out.append(f"_{ops['source']}_\n")
+        if ops.get("busy_note"):
+            out.append(f"**{ops['busy_note']}**\n")
     else:
         out.append(f"{ops.get('note', 'no per-op timings')}\n")
     out.append("## Provenance of every figure\n")

@@ -215,6 +215,7 @@ class Rows:
         self.fmt, self.sink = fmt, sink
         self.header_done = False
         self.kept: list[str] = []
+        self.rows = 0
 
     def add(self, rows: list[dict]) -> None:
         lines = []
@@ -228,7 +229,13 @@ class Rows:
             self.kept.extend(lines)
 
     def text(self) -> str:
-        return "".join(line + "\n" for line in self.kept)
+        return "".join(line + "\n" for line in self.kept + self.end())
+
+    def end(self) -> list[str]:
+        """The lines after the last row: json's closing bracket (an empty array when no row came)."""
+        if self.fmt != "json":
+            return []
+        return ["]"] if self.header_done else ["[]"]
 
     def _header(self, row: dict) -> list[str]:
         k = len(row["top"])
@@ -238,11 +245,16 @@ class Rows:
             return [_csv(cols)]
         if self.fmt == "table":
             return ["input" + ("\tlabel" if "label" in row else "") + "\t" + f"top-{k} (score)"]
+        if self.fmt == "json":
+            return ["["]
         return []
 
     def _line(self, row: dict) -> str:
         if self.fmt == "jsonl":
             return json.dumps(row)
+        if self.fmt == "json":  # one array, written as the rows come: a comma before every row but the first
+            self.rows += 1
+            return (" " if self.rows == 1 else ",") + json.dumps(row)
         if self.fmt == "csv":
             cols = [row["input"]] + ([row["label"]] if "label" in row else [])
             cols += [v for t in row["top"] for v in (t["label"], f"{t['score']:.6f}")]

@@ -21,8 +21,9 @@ from ..errors import RunFailed, UsageError
 from ..figures import Calibration, Chance, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host, host_load
-from ..int8 import (DYNAMIC_OPS, Candidate, NodeError, Quantizer, SchemeRecord, calibration_reader,
-                    check_not_quantized, check_symbol_not_quantized, dynamic_applies, int8_weight_count,
+from ..int8 import (DYNAMIC_OPS, Candidate, NodeError, Quantizer, SchemeRecord, calibration_notes,
+                    calibration_reader, check_not_quantized, check_symbol_not_quantized, dynamic_applies,
+                    int8_weight_count,
                     load_calibration, load_validation, measure, node_errors, onnx_top1, prepare, quantize_mxnet,
                     quantized_node_names, rank_nodes, scheme_for, set_metadata, static_candidates, stride_for)
 from ..models import load_onnx, parse_model_ref
@@ -168,8 +169,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     full_calib, calib_ds = load_calibration(calib, pre, samples)
     val_ds = load_validation(val, pre, num_classes) if val else None
     _check_fits(onnx_model.path, calib_ds.batch([0]), "--calib", threads)
-    if samples > len(full_calib):
-        notes.append(f"--calib has {len(full_calib)} samples, fewer than --samples {samples}: calibrated on all")
+    notes.extend(calibration_notes(full_calib, calib_ds, samples, num_classes))
 
     prepared = tmp / "fp32_prepared.onnx"
     report = stage(progress, "pre-process") or (lambda done, total: None)

@@ -165,6 +165,7 @@ def prepare(job) -> GluonBase:
     prep = json.loads((here / "prep.json").read_text())
     peak = float(prep["peak_rss_mb"])
     _check(here, prep, job.threads)
+    job.tick("prepare", force=True, done=1, total=1, message="the model's ONNX export is checked equal to Gluon")
     job.notes.append(f"model exported to ONNX and checked equal to Gluon on {prep['validated_on']} real samples "
                      f"(mxnet only in that step, peak {peak:.0f} MB)")
     if job.budget_mb and peak > job.budget_mb:

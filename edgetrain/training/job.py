@@ -395,7 +395,8 @@ class FinetuneJob:
 
     def tick(self, phase: str, **info) -> None:
         now = time.monotonic()
-        if now - self._last_tick < 0.5 and not info.get("force"):
+        last = info.get("done") is not None and info.get("done") == info.get("total")  # a phase's end always goes
+        if now - self._last_tick < 0.5 and not (info.get("force") or last):
             return
         self._last_tick = now
 
@@ -560,9 +561,10 @@ class FinetuneJob:
                 loss_sum, correct, seen = loss_sum + loss, correct + c, seen + len(idx)
                 elapsed = seconds + time.monotonic() - t0
                 rate = seen / max(elapsed, 1e-9)
+                # done/total count the samples of every epoch of the run: one bar that only goes up
                 self.tick("train", epoch=epoch + 1, epochs=self.epochs, step=step + 1, steps=steps,
-                          loss=loss_sum / seen, acc=correct / seen, done=seen, total=n,
-                          t0=time.monotonic() - elapsed, eta_s=((n - seen) + (self.epochs - epoch - 1) * n) / rate)
+                          loss=loss_sum / seen, acc=correct / seen, done=epoch * n + seen, total=self.epochs * n,
+                          samples_per_s=rate, eta_s=((n - seen) + (self.epochs - epoch - 1) * n) / rate)
                 if self.stop.signum:
                     part = {"loss_sum": loss_sum, "correct": correct, "seen": seen, "seconds": elapsed}
                     self.save_checkpoint(epoch, step + 1, order, part)
@@ -575,7 +577,8 @@ class FinetuneJob:
                       "samples_per_s": seen / max(seconds, 1e-9), "rss_mb": procmem.rss_mb(),
                       "peak_rss_mb": procmem.peak_rss_mb()}
             self.history.append(record)
-            self.tick("epoch", force=True, **record)
+            self.tick("epoch", force=True, done=epoch + 1, total=self.epochs,
+                      eta_s=(self.epochs - epoch - 1) * seconds, **record)
             self.save_checkpoint(epoch + 1, 0, order, {})
             self._write_metrics(final=False)
             ckpt.kill_point("epoch")

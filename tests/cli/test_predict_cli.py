@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from clitools import assert_user_error
+from edgetrain.options import PredictOptions
 
 from test_predict import models  # noqa: F401  (the fixture: fp32 / fixed-batch / int8 ONNX files + data)
 
@@ -78,7 +79,7 @@ def test_table_with_summary_and_confusion_on_stdout(cli, models):  # noqa: F811
 
 
 def test_output_file_holds_what_stdout_would(cli, models, tmp_path):  # noqa: F811
-    for fmt in ("table", "csv", "jsonl"):
+    for fmt in ("table", "csv", "jsonl", "json"):
         shown = cli("predict", models / "fp32.onnx", models / "digits5.npz", "--format", fmt, "--batch", "5")
         kept = cli("predict", models / "fp32.onnx", models / "digits5.npz", "--format", fmt, "-o",
                    tmp_path / f"p.{fmt}")
@@ -87,6 +88,38 @@ def test_output_file_holds_what_stdout_would(cli, models, tmp_path):  # noqa: F8
         header = 0 if fmt == "jsonl" else 1
         assert written.splitlines()[: 200 + header] == shown.out.splitlines()[: 200 + header]
         assert "input" not in kept.out.split("model")[0]  # no prediction rows on stdout
+
+
+def test_an_output_named_json_holds_json_and_a_format_that_says_otherwise_is_refused(cli, models, tmp_path):  # noqa: F811
+    """`predict -o x.json` wrote the tab-separated table (issue 37): the name decides the format when --format is
+    not given, and a --format that contradicts a name ending in .json, .jsonl, .csv or .tsv is one line, exit 2,
+    before any work (nothing written)."""
+    res = cli("predict", models / "fp32.onnx", models / "digits5.npz", "--top-k", "2", "-o", tmp_path / "p.json")
+    assert res.code == 0, res.err
+    rows = json.loads((tmp_path / "p.json").read_text())
+    assert len(rows) == 200 and all(len(r["top"]) == 2 and "label" in r for r in rows)
+    assert [r["input"] for r in rows] == [f"{models / 'digits5.npz'}[{i}]" for i in range(200)]
+    res = cli("predict", models / "fp32.onnx", models / "digits5.npz", "-o", tmp_path / "p.CSV")
+    assert res.code == 0 and (tmp_path / "p.CSV").read_text().startswith("input,label,top1_label"), res.err
+    for fmt, name in (("table", "q.json"), ("csv", "q.jsonl"), ("jsonl", "q.json"), ("json", "q.tsv")):
+        res = cli("predict", models / "fp32.onnx", models / "digits5.npz", "--format", fmt, "-o", tmp_path / name)
+        assert_user_error(res, 2, f"is named as {PredictOptions.SUFFIX_FORMATS[name[1:]]} but --format is {fmt}")
+        assert not (tmp_path / name).exists()
+    res = cli("predict", models / "fp32.onnx", models / "digits5.npz", "--format", "json", "-o", tmp_path / "p.txt")
+    assert res.code == 0 and len(json.loads((tmp_path / "p.txt").read_text())) == 200  # no format in the name
+
+
+def test_json_on_stdout_is_one_array_and_the_api_writes_it_too(cli, models, tmp_path):  # noqa: F811
+    import edgetrain
+
+    res = cli("predict", models / "fp32.onnx", models / "digits5.npz", "--format", "json", "--batch", "7")
+    assert res.code == 0, res.err
+    assert len(json.loads(res.out)) == 200 and "accuracy   top-1" in res.err  # the summary is not in the array
+    edgetrain.predict(models / "fp32.onnx", models / "digits5.npz", output=tmp_path / "api.json", batch=7,
+                      progress=None)
+    assert json.loads((tmp_path / "api.json").read_text()) == json.loads(res.out)
+    with pytest.raises(edgetrain.UsageError, match="is named as json but --format is csv"):
+        edgetrain.predict(models / "fp32.onnx", models / "digits5.npz", output=tmp_path / "x.json", format="csv")
 
 
 def test_json_on_stdout_carries_the_predictions_and_nothing_else(cli, models):  # noqa: F811
