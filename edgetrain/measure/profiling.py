@@ -206,6 +206,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
                          "run `edgetrain profile` on the device itself, or use a profile with a speed reference")
     if thread_list is None:
         thread_list = [prof.default_threads if prof is not None else runtime.current_threads()]
+    thread_list, capped_note = ran_threads(thread_list)
 
     ref = parse_model_ref(model, accept_onnx=True)
     is_onnx = ref.kind == "onnx"
@@ -216,7 +217,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
         raise UsageError("an .onnx file cannot run in MXNet", "--runtime",
                          "use --runtime onnxruntime, or give the Gluon MODEL it came from")
     chw = list(input_shape) if input_shape else None
-    notes: list[str] = []
+    notes: list[str] = [capped_note] if capped_note else []
 
     with temp_dir("profile_model") as tmp:
         base_spec = {"runtime": runtime_name, "batch": batch, "chw": chw, "params": params, "model": str(model),
@@ -324,6 +325,18 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
     result.figures = collect_figures(result)
     return result
 
+
+
+def ran_threads(asked: list[int]) -> tuple[list[int], str | None]:
+    """The thread counts that run: each asked for capped to the cores as every cap is (``runtime.cap_to_cores``,
+    which warns), repeats dropped; and a note saying so when that changed them. Every figure and label (the
+    configurations, best, the energy's busy cores) is then of the count that ran, never of the one asked for."""
+    ran = list(dict.fromkeys(runtime.cap_to_cores(int(t)) for t in asked))
+    if ran == [int(t) for t in asked]:
+        return ran, None
+    return ran, (f"threads {','.join(str(t) for t in asked)} asked for, {','.join(str(t) for t in ran)} ran: "
+                 f"capped to the {runtime.usable_cores()} core(s) this process may use "
+                 "(EDGETRAIN_ALLOW_OVERSUBSCRIBE=1 keeps the count asked for)")
 
 
 def _timing_label(host) -> tuple[str, str]:
