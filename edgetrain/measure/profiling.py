@@ -306,13 +306,13 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
     else:
         host_quiet = energy.reliability(best["latency"]["spread_p99_p50"], best.get("loadavg"), host.cores_usable)
     warnings = [f"the latency and energy figures are unreliable: {reason}" for reason in host_quiet["reasons"]]
-    host_energy = _host_energy(configs)
+    host_energy = _host_energy(configs, prof is None or host.matches(prof))
     if prof is not None and host.matches(prof) and energy_d is not None and host_energy.get("available"):
         # On the device itself RAPL measures what the model only estimates; it covers the CPU package,
         # not the board at the wall, so the modelled figure stays beside it.
         mine = next((h for h in host_energy["configs"] if h["threads"] == best["threads"]), None)
         if mine is not None:
-            energy_d["measured_per_inference"] = mine
+            energy_d["measured_per_inference"] = energy.EnergyRecord.of(dict(mine), "mJ", "device")
     result = ProfileResult(
         model=str(model), runtime=runtime_name,
         model_file=str(model) if is_onnx else None,
@@ -444,6 +444,38 @@ def _latency_verdict(best: dict, configs: list[dict], prof, host, label: str, ti
 _reference_cache: dict[tuple, dict] = {}
 
 
+def device_speed(prof, host=None, timeout: float = DEFAULT_TIMEOUT_S, say=None) -> dict:
+    """How long the device takes for what this host did in one second: ``factor``, as profile scales a latency
+    (``_latency_verdict``'s separate reference run): the device's published reference latency / this host's p50 on
+    the same network, timed now in a fresh child. ``factor`` 1 on the device itself or for a profile whose speed
+    is the host's; None where nothing says (emulation, speed.method 'unknown'), with why in ``source``."""
+    host = host or detect_host()
+    if host.matches(prof):
+        return {"factor": 1.0, "provenance": "measured", "source": f"this host is {prof.name}"}
+    if host.emulated:
+        return {"factor": None, "provenance": "emulated",
+                "source": "this host runs under emulation, which says nothing about the device's speed"}
+    method = prof.speed.method
+    if method == "host":
+        return {"factor": 1.0, "provenance": "estimated",
+                "source": f"{prof.name} speed.method is 'host': the device is taken to be as fast as this host "
+                          f"({host.cpu}); factor 1"}
+    if method != "reference_latency":
+        return {"factor": None, "provenance": "estimated",
+                "source": f"{prof.name} has no speed figure (speed.method '{method}'): no device time is modelled"}
+    refp = prof.speed.reference
+    ref = reference_latency_ms(refp, timeout, say)
+    factor = refp.latency_ms / ref["p50_ms"]
+    return {"factor": factor, "provenance": "estimated", "method": "reference_latency",
+            "reference": {"model": refp.model, "input": refp.input, "threads": refp.threads,
+                          "device_ms": refp.latency_ms, "device_runtime": refp.runtime, "host_ms": ref["p50_ms"],
+                          "host_runtime": ref["runtime"], "host_spread_p99_p50": ref.get("spread_p99_p50"),
+                          "source": refp.source},
+            "source": (f"{factor:.3g} = {prof.name}'s published {refp.model} {refp.input}x{refp.input} "
+                       f"{refp.threads}-thread latency {refp.latency_ms} ms ({refp.runtime}) / this host's "
+                       f"{ref['p50_ms']:.3g} ms p50 on the same network ({ref['runtime']}), timed after the run")}
+
+
 def paired_ratio(raw: dict) -> dict:
     """The model/reference CPU-time ratio of a paired child: the median of its per-round ratios (each round
     times the model, then the reference, back to back), their p10-p90 (the measured spread the estimate's
@@ -558,17 +590,15 @@ def _model_key(spec: dict) -> str | None:
     return f"{digest} batch {spec.get('batch')} input {spec.get('input_shape') or spec.get('chw')}"
 
 
-def _host_energy(configs: list[dict]) -> dict | None:
+def _host_energy(configs: list[dict], on_device: bool = False) -> dict | None:
+    """This machine's measurements: RAPL (always of this host's CPU package) and its board sensor or meter log
+    (of the device when this machine is it, else of the host: "host, measured", never the device's headline)."""
     per = []
     for c in configs:
         if c.get("rapl"):
             e = energy.rapl_per_inference(c["rapl"], c["rapl"]["runs"])
-            per.append({"threads": c["threads"], **e})
-    board = []
-    for c in configs:
-        m = energy.measured_per_inference(c.get("power"))
-        if m is not None:
-            board.append({"threads": c["threads"], **m})
+            per.append(energy.EnergyRecord.of({"threads": c["threads"], **e}, "mJ", "host"))
+    board = host_board(configs, on_device)
     out: dict = {"available": bool(per), "configs": per} if per else \
         {"available": False, "provenance": "measured",
          "note": "RAPL (/sys/class/powercap/intel-rapl*/energy_uj) is not readable on this host; no measured energy"}
@@ -580,6 +610,17 @@ def _host_energy(configs: list[dict]) -> dict | None:
             "no board power source on this machine (Pi 5 PMIC via vcgencmd, Jetson INA3221, hwmon power sensor) "
             "and no --power-log: energy is modelled")
     return out
+
+
+def host_board(configs: list[dict], on_device: bool) -> list:
+    """Each configuration's measurement by this machine's board sensor or meter log, as an ``EnergyRecord`` of
+    the device (this machine is it) or of the host."""
+    board = []
+    for c in configs:
+        m = energy.measured_per_inference(c.get("power"))
+        if m is not None:
+            board.append(energy.EnergyRecord.of({"threads": c["threads"], **m}, "mJ", "device" if on_device else "host"))
+    return board
 
 
 def meter_windows(configs: list[dict], on_device: bool, held: bool, board_w=None) -> dict:
