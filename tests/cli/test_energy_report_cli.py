@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
 
 import metertools
-from clitools import assert_user_error
+from clitools import CliResult, assert_user_error
 from metertools import sensor_env
 from test_profile_models import conv_gemm_onnx
 
@@ -120,10 +123,21 @@ def test_a_meter_log_on_a_host_finetune_stays_beside_the_devices_modelled_figure
     t0 = math.floor(time.time()) - 5
     log, start = otii_over(tmp_path / "Main power - Arc.csv", t0, 400.0, hz=100.0)  # covers the run (from t0)
     js = tmp_path / "ft.json"
-    res = cli("finetune", "edgetrain.nets:pretrained_digits", "--data", "builtin:digits", "-o", tmp_path / "o",
-              "--epochs", "2", "--device", "rpi4b-4gb", "--power-log", log, "--power-log-start", start,
-              "--json", js, env=no_sensor(tmp_path), cwd=tmp_path)
-    assert res.code == 0, res.err
+    # an audit hook in the real child counts the opens of the log: checked before the work and read after it, a
+    # log that has not changed since is parsed once (it was three times: two checks and the read)
+    hook = ("import runpy, sys\n"
+            "log = sys.argv.pop(1)\n"
+            "sys.addaudithook(lambda e, a: e == 'open' and str(a[0]) == log and print('OPENED', file=sys.__stderr__))\n"
+            "sys.argv[0] = 'edgetrain'\n"
+            "runpy.run_module('edgetrain', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", hook, str(log), "finetune", "edgetrain.nets:pretrained_digits",
+                           "--data", "builtin:digits", "-o", str(tmp_path / "o"), "--epochs", "2", "--device",
+                           "rpi4b-4gb", "--power-log", str(log), "--power-log-start", start, "--json", str(js)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, **no_sensor(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("OPENED") == 1, proc.stderr
+    res = CliResult(proc.returncode, proc.stdout, proc.stderr)
     e = json.loads(js.read_text())["energy"]
     assert e["provenance"] == "modelled" and e["machine"] == "device"  # the device's headline
     here = e["measured_here"]
