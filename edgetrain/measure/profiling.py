@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -464,7 +465,12 @@ def device_speed(prof, host=None, timeout: float = DEFAULT_TIMEOUT_S, say=None) 
         return {"factor": None, "provenance": "estimated",
                 "source": f"{prof.name} has no speed figure (speed.method '{method}'): no device time is modelled"}
     refp = prof.speed.reference
-    ref = reference_latency_ms(refp, timeout, say)
+    ref, age = _kept_reference(refp, host), None
+    if ref is not None:
+        age = time.time() - ref["at"]
+    else:
+        ref = {**reference_latency_ms(refp, timeout, say), "at": time.time()}
+        _keep_reference(refp, host, ref)
     factor = refp.latency_ms / ref["p50_ms"]
     return {"factor": factor, "provenance": "estimated", "method": "reference_latency",
             "reference": {"model": refp.model, "input": refp.input, "threads": refp.threads,
@@ -473,7 +479,47 @@ def device_speed(prof, host=None, timeout: float = DEFAULT_TIMEOUT_S, say=None) 
                           "source": refp.source},
             "source": (f"{factor:.3g} = {prof.name}'s published {refp.model} {refp.input}x{refp.input} "
                        f"{refp.threads}-thread latency {refp.latency_ms} ms ({refp.runtime}) / this host's "
-                       f"{ref['p50_ms']:.3g} ms p50 on the same network ({ref['runtime']}), timed after the run")}
+                       f"{ref['p50_ms']:.3g} ms p50 on the same network ({ref['runtime']}), "
+                       + ("timed after the run" if age is None else
+                          f"timed {age:.0f} s before the run ended, kept in the per-user cache for {SPEED_KEPT_S:g} s")
+                       + ")")}
+
+
+# A fine-tune (a tune's trials, a fleet device's rounds) times the speed reference once; later runs within this many
+# seconds reuse it from the per-user cache (SPEED_FILE), so that the same job gives the same factor, and a round
+# does not spend seconds on it each time.
+SPEED_KEPT_S = 600.0
+SPEED_FILE = "device-speed-reference.json"
+
+
+def _reference_key(refp, host) -> str:
+    return f"{host.cpu}|{host.cores_usable}|{refp.model}|{refp.input}|{refp.threads}|{refp.runtime}"
+
+
+def _kept_reference(refp, host) -> dict | None:
+    from ..fileio import cache_root
+
+    root = cache_root()
+    try:
+        kept = json.loads((root / SPEED_FILE).read_text(encoding="utf-8")).get(_reference_key(refp, host))
+        if 0 <= time.time() - float(kept["at"]) <= SPEED_KEPT_S and float(kept["p50_ms"]) > 0:
+            return kept
+    except (OSError, TypeError, ValueError, KeyError, AttributeError):
+        pass  # none kept, unreadable or stale: timed again
+    return None
+
+
+def _keep_reference(refp, host, ref: dict) -> None:
+    from ..fileio import atomic_write_text, cache_root
+
+    root = cache_root()
+    if root is None:
+        return
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(root / SPEED_FILE, json.dumps({_reference_key(refp, host): ref}), "speed reference")
+    except (OSError, UsageError):
+        pass  # a read-only or full cache folder: timed every time
 
 
 def paired_ratio(raw: dict) -> dict:
