@@ -76,22 +76,35 @@ def power_range(profile, threads: int | None) -> tuple[float, float, str]:
     return low, high, how
 
 
-def energy_for_duration(seconds: float, profile, threads: int | None = None, speed: dict | None = None) -> dict:
+def energy_for_duration(seconds: float, profile, threads: int | None = None, speed: dict | None = None,
+                        cpu_seconds: float | None = None) -> dict:
     """Joules spent by ``profile``'s board busy on ``threads`` cores for ``seconds``, labelled modelled.
 
-    ``speed``: the device's speed against the host that timed ``seconds`` (``measure.device_speed``: its
-    ``factor``, how profile scales a latency); the device then takes ``seconds`` x factor. Total uses the busy
-    power (``busy_power``); the idle-subtracted figure is what the work itself costs on top of the board being on.
+    ``speed``: the device's speed against the host that timed the work (``measure.device_speed``: its ``factor``,
+    how profile scales a latency). With ``cpu_seconds`` (the work's CPU time on this host, every thread's) and a
+    factor in CPU time, the device takes ``cpu_seconds`` x factor, spread over its busy threads: from that / the
+    threads (all of them busy all the time) to that (one at a time), the figure at the middle of the two; else
+    ``seconds`` x factor. Total uses the busy power (``busy_power``); the idle-subtracted figure is what the work
+    itself costs on top of the board being on.
     """
     watts, how = busy_power(profile, threads)
     idle = profile.power.idle_w.value
     low_w, high_w, range_how = power_range(profile, threads)
     factor = (speed or {}).get("factor") or 1.0
-    device_s = seconds * factor
-    timed = (f"the device's {device_s:.3g} s (this host's {seconds:.3g} s x its speed factor {factor:.3g})"
-             if speed else f"the measured {seconds:.3g} s")
+    on_cpu = speed is not None and speed.get("basis") == "cpu" and cpu_seconds is not None
+    busy = max(min(int(threads or 1), int(profile.cores)), 1)
+    if on_cpu:
+        most = cpu_seconds * factor
+        least = most / busy
+        device_s = (most + least) / 2.0
+        timed = (f"the device's {device_s:.3g} s (this host's {cpu_seconds:.3g} CPU s x its speed factor "
+                 f"{factor:.3g}, over {busy} busy thread(s): {least:.3g}-{most:.3g} s)")
+    else:
+        least = most = device_s = seconds * factor
+        timed = (f"the device's {device_s:.3g} s (this host's {seconds:.3g} s x its speed factor {factor:.3g})"
+                 if speed else f"the measured {seconds:.3g} s")
     out = {
-        "uncertainty": uncertainty.modelled(device_s * watts, device_s * low_w, device_s * high_w,
+        "uncertainty": uncertainty.modelled(device_s * watts, least * low_w, most * high_w,
                                             f"{timed} x the power {range_how}"
                                             + ("; the speed factor's own error is not in the interval" if speed
                                                else "")),
@@ -107,6 +120,8 @@ def energy_for_duration(seconds: float, profile, threads: int | None = None, spe
     }
     if speed:
         out["host_seconds"], out["speed_factor"], out["speed"] = seconds, factor, speed
+        if on_cpu:
+            out["host_cpu_seconds"], out["device_seconds_range"] = cpu_seconds, [least, most]
         out["source"] = f"{timed} x {profile.name} {how}; speed: {speed['source']}"
     return out
 
@@ -485,20 +500,22 @@ class EnergyMeter:
                 time.sleep(sensors.DEFAULT_IDLE_S)
                 self.idle_window = (t, time.time())
             self._t0 = time.time()
+        self._cpu0 = _cpu_s()
         return self
 
     def work_begins(self, what: str = "one-time host work") -> None:
         """The work proper begins now: what ran since ``start`` (``what``: loading the model, the ONNX export or
         prep child, a first run's cache) is one-time host work, left out of the figure and named beside it."""
-        self._work = (time.time(), what)
+        self._work = (time.time(), what, _cpu_s())
 
     def stop(self, epochs: int = 0, samples: int = 0) -> dict | None:
         if self.result is not None:  # stopped already (the context manager): add the per-unit figures
             return self._per_unit(self.result, epochs, samples)
-        t1 = time.time()
+        t1, cpu1 = time.time(), _cpu_s()
         t0 = self._work[0] if self._work else self._t0
         self.window = (t0, t1)
         seconds = t1 - t0
+        cpu = cpu1 - (self._work[2] if self._work else self._cpu0)
         measured = None
         if self.meter is not None:
             self.meter.window = self.window
@@ -514,10 +531,11 @@ class EnergyMeter:
                 modelled = None
                 self.note = speed.get("source")
             else:
-                modelled = energy_for_duration(seconds, self.profile, self.threads, speed)
+                modelled = energy_for_duration(seconds, self.profile, self.threads, speed, cpu)
         out = run_record(measured, modelled, on_device)
         if out is not None:
             out["wall"] = list(self.window)
+            out.fields.setdefault("host_cpu_seconds", cpu)  # this process's (and its children's) CPU time, every thread's
             if self._work:
                 out["one_time"] = {"seconds": self._work[0] - self._t0, "what": self._work[1], "in_figure": False,
                                    "source": "wall time on this host from the run's start to its work proper"}
@@ -535,6 +553,15 @@ class EnergyMeter:
     @staticmethod
     def _per_unit(out, epochs: int, samples: int):
         return per_unit_of_run(out, epochs, samples)
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for, every thread's: what a busy host does not
+    stretch, where it stretches the wall time."""
+    import os
+
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def board_watts(profile) -> list[float] | None:

@@ -446,10 +446,13 @@ _reference_cache: dict[tuple, dict] = {}
 
 
 def device_speed(prof, host=None, timeout: float = DEFAULT_TIMEOUT_S, say=None) -> dict:
-    """How long the device takes for what this host did in one second: ``factor``, as profile scales a latency
-    (``_latency_verdict``'s separate reference run): the device's published reference latency / this host's p50 on
-    the same network, timed now in a fresh child. ``factor`` 1 on the device itself or for a profile whose speed
-    is the host's; None where nothing says (emulation, speed.method 'unknown'), with why in ``source``."""
+    """How long the device takes for what this host did in one second of CPU time: ``factor``, as profile scales a
+    latency in CPU time (``_latency_verdict``): the device's published reference latency / this host's p50 CPU time
+    on the same network at the reference's thread count, timed in a fresh child (``basis`` 'cpu'; 'wall' where the
+    child gave no CPU times). CPU time leaves out the time a busy host gave to other processes: at a load of 20 on
+    2 cores a fine-tune's wall time swung 2.3-3.4 s where its CPU time stayed 0.23-0.27 s. ``factor`` 1 on the
+    device itself or for a profile whose speed is the host's; None where nothing says (emulation, speed.method
+    'unknown'), with why in ``source``."""
     host = host or detect_host()
     if host.matches(prof):
         return {"factor": 1.0, "provenance": "measured", "source": f"this host is {prof.name}"}
@@ -471,15 +474,19 @@ def device_speed(prof, host=None, timeout: float = DEFAULT_TIMEOUT_S, say=None) 
     else:
         ref = {**reference_latency_ms(refp, timeout, say), "at": time.time()}
         _keep_reference(refp, host, ref)
-    factor = refp.latency_ms / ref["p50_ms"]
-    return {"factor": factor, "provenance": "estimated", "method": "reference_latency",
+    basis = "cpu" if ref.get("cpu_p50_ms") else "wall"
+    host_ms = ref["cpu_p50_ms"] if basis == "cpu" else ref["p50_ms"]
+    factor = refp.latency_ms / host_ms
+    return {"factor": factor, "provenance": "estimated", "method": "reference_latency", "basis": basis,
             "reference": {"model": refp.model, "input": refp.input, "threads": refp.threads,
-                          "device_ms": refp.latency_ms, "device_runtime": refp.runtime, "host_ms": ref["p50_ms"],
+                          "device_ms": refp.latency_ms, "device_runtime": refp.runtime, "host_ms": host_ms,
+                          "host_wall_ms": ref["p50_ms"], "host_cpu_ms": ref.get("cpu_p50_ms"),
                           "host_runtime": ref["runtime"], "host_spread_p99_p50": ref.get("spread_p99_p50"),
                           "source": refp.source},
             "source": (f"{factor:.3g} = {prof.name}'s published {refp.model} {refp.input}x{refp.input} "
                        f"{refp.threads}-thread latency {refp.latency_ms} ms ({refp.runtime}) / this host's "
-                       f"{ref['p50_ms']:.3g} ms p50 on the same network ({ref['runtime']}), "
+                       f"{host_ms:.3g} ms p50 {'CPU time' if basis == 'cpu' else 'latency'} on the same network "
+                       f"({ref['runtime']}), "
                        + ("timed after the run" if age is None else
                           f"timed {age:.0f} s before the run ended, kept in the per-user cache for {SPEED_KEPT_S:g} s")
                        + ")")}
@@ -618,6 +625,8 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None, pai
     summary = latency_summary(raw["latencies_ms"])
     out = {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"], "spread_p99_p50": summary["spread_p99_p50"],
            "runtime": f"{rt} {raw.get('runtime_version')}"}
+    if raw.get("cpu_ms"):
+        out["cpu_p50_ms"] = percentile(raw["cpu_ms"], 50)
     _reference_cache[key] = out
     return out
 

@@ -103,8 +103,14 @@ def test_finetune_energy_on_a_device_is_host_time_x_its_speed_factor_without_the
         assert e["provenance"] == "modelled" and e["machine"] == "device"
         ref = e["speed"]["reference"]
         assert e["speed_factor"] == pytest.approx(ref["device_ms"] / ref["host_ms"])  # as profile scales latency
-        assert e["seconds"] == pytest.approx(e["host_seconds"] * e["speed_factor"])
-        assert e["joules"] == pytest.approx(e["power_w"] * e["host_seconds"] * e["speed_factor"])
+        # in CPU time, which a busy host does not stretch: over the device's busy threads (all of the time, or one
+        # at a time), the figure between the two
+        assert e["speed"]["basis"] == "cpu" and ref["host_ms"] == ref["host_cpu_ms"]
+        most, busy = e["host_cpu_seconds"] * e["speed_factor"], min(e["threads"], 4)  # a Pi 4 has 4 cores
+        assert e["device_seconds_range"] == pytest.approx([most / busy, most])
+        assert e["seconds"] == pytest.approx((most + most / busy) / 2)
+        assert e["joules"] == pytest.approx(e["power_w"] * e["seconds"])
+        assert e["uncertainty"]["low_j"] < e["joules"] < e["uncertainty"]["high_j"]
         once = e["one_time"]
         assert once["in_figure"] is False and once["seconds"] > 0
         # the figure's window is the training alone: it starts once the one-time work has ended
@@ -112,6 +118,7 @@ def test_finetune_energy_on_a_device_is_host_time_x_its_speed_factor_without_the
         assert e["host_seconds"] == pytest.approx(e["wall"][1] - e["wall"][0])
         assert "this host's time x the device's speed factor" in out and "one-time host work" in out
         assert re.search(r"energy    [\d.]+ J \+[\d.]+/\u2212[\d.]+ J \(modelled", out)
+        assert "CPU s x its speed factor" in out
     # the speed reference was timed once: the second run, minutes later at most, scales by the same factor
     assert runs[1][0]["energy"]["speed_factor"] == runs[0][0]["energy"]["speed_factor"]
     assert "kept in the per-user cache" in runs[1][0]["energy"]["speed"]["source"]
