@@ -486,7 +486,6 @@ class EnergyMeter:
         self.meter = sensors.PowerMeter(self.source) if self.source is not None else None
         self.window = self.idle_window = None
         self.result: dict | None = None
-        self.note: str | None = None
 
     def start(self) -> "EnergyMeter":
         if self.meter is not None:
@@ -527,11 +526,11 @@ class EnergyMeter:
         modelled = None
         if self.profile is not None:
             speed = self.speed() if self.speed is not None and not on_device else None
-            if speed is not None and speed.get("factor") is None:  # no speed figure: no modelled device time
-                modelled = None
-                self.note = speed.get("source")
-            else:
-                modelled = energy_for_duration(seconds, self.profile, self.threads, speed, cpu)
+            modelled = energy_for_duration(seconds, self.profile, self.threads,
+                                           speed if speed and speed.get("factor") else None, cpu)
+            if speed and not speed.get("factor"):  # nothing gives the device's speed: said, not hidden
+                modelled["source"] += (f"; this host's time taken as the device's, unscaled: {speed['source']}")
+                modelled["speed"] = speed
         out = run_record(measured, modelled, on_device)
         if out is not None:
             out["wall"] = list(self.window)
