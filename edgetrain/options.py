@@ -863,8 +863,9 @@ class PredictOptions(DeviceOptions):
 COMMANDS["predict"] = PredictOptions
 
 
-class EnergyAttributeOptions(PowerLogOptions):
-    """``edgetrain energy attribute RESULT METER_LOG``: a meter's export attributed to a finished profile's windows."""
+class EnergyAttributeOptions(PowerLogOptions, CarbonOptions):
+    """``edgetrain energy attribute RESULT METER_LOG``: a meter's export attributed to a finished profile's windows;
+    --country/--grid-intensity as profile and finetune take them (the grams of the figures written)."""
 
     output: Optional[str] = opt(None, metavar="FILE", short="-o", recipe=False,
                                 help="Where to write the result with the measured energy (atomically; default "

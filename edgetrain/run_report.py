@@ -40,6 +40,19 @@ _UNCERTAINTY = {"energy_per_inference_mj": ("energy_per_inference_uncertainty_mj
                 "finetune_energy_j": ("finetune_energy_uncertainty_j", "J")}
 
 
+def _with_interval(summary: dict, key: str, kind: str) -> str:
+    """The figure and its interval, +a/−b where the ends differ (``energy.interval_text``); a summary
+    written before the ends were kept gives its ± (the larger end)."""
+    from .energy import energy_digits, interval_text
+
+    sigma, unit = _UNCERTAINTY[key]
+    stem = sigma[: -len("uncertainty_" + unit.lower())]
+    plus, minus = summary.get(stem + "plus_" + unit.lower()), summary.get(stem + "minus_" + unit.lower())
+    if plus is None and minus is None:
+        plus = minus = summary.get(sigma)
+    return interval_text(summary[key], plus, minus, unit, lambda v: _fmt(v, kind).rsplit(" ", 1)[0], energy_digits)
+
+
 def _fmt(value, kind: str) -> str:
     if kind == "pct":
         return f"{value:.2f} %"
@@ -72,8 +85,8 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         if summary.get(key) is None:
             continue
         text = _fmt(summary[key], kind)
-        if key in _UNCERTAINTY and summary.get(_UNCERTAINTY[key][0]) is not None:
-            text += f" ± {summary[_UNCERTAINTY[key][0]]:.2g} {_UNCERTAINTY[key][1]}"
+        if key in _UNCERTAINTY:
+            text = _with_interval(summary, key, kind)
         if key in _PROVENANCE and summary.get(_PROVENANCE[key]):
             text += f" [{summary[_PROVENANCE[key]]}]"
         if kind == "g" and summary.get("carbon_g_per_kwh"):

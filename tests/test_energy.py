@@ -151,7 +151,8 @@ def test_a_measured_figure_leads_the_report_and_the_model_stays_beside_it(pi4):
     assert m["total_mj"] == pytest.approx(5.0) and m["above_idle_mj"] == pytest.approx(1.25)
     assert "11 samples at 20 Hz" in m["source"] and "200 timed + 200 untimed" in m["source"]
     rep = energy_report(1.0, pi4, rate_per_h=60, battery_wh=10, budget_mj=4, measured=m, threads=1)
-    assert rep["per_inference"] is m and rep["modelled_per_inference"]["provenance"] == "modelled"
+    assert rep["per_inference"].to_dict() == {**m, "machine": "device"}  # the record of it, key for key
+    assert rep["modelled_per_inference"]["provenance"] == "modelled"
     assert rep["budget"]["provenance"] == "measured" and not rep["budget"]["passed"]
     d = rep["daily"]
     assert d["provenance"] == "measured"

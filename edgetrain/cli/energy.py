@@ -74,6 +74,7 @@ def attribute(result, meter_log, json_path, **values):
     src = Path(result)
     out = Path(opts.output) if opts.output else src.with_name(src.stem + "-measured.json")
     check_outputs({"RESULT": result, "METER_LOG": meter_log}, {"-o": str(out), "--json": json_path})
+    grid = opts.carbon_grid()  # an unknown country, or both given: refused before anything is read
     try:
         data = parse_json(src.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -84,14 +85,29 @@ def attribute(result, meter_log, json_path, **values):
                          "give the --json file a profile wrote") from None
     # read once, whole, before the result's windows are checked (a bad log is refused first, as before)
     log, parsed = read_meter_export(meter_log, opts.power_log_voltage, opts.power_log_start, first_window(data))
-    done = attribute_log(data, log, result, parsed)
+    done = attribute_log(data, log, result, parsed, grid)
     atomic_write_text(out, json.dumps(done, indent=2) + "\n", "-o")
     write_json(json_path, done)
-    board = (done.get("host_energy") or {}).get("board") or []
-    for b in board:
-        say(json_path, f"{b['threads']} thread(s)  {b['total_mj']:.4g} mJ per inference measured ({b['instrument']}, "
-                       f"{b['samples']} samples, {b['inferences']} inferences)")
-    per = (done.get("energy") or {}).get("per_inference") or {}
-    if per.get("provenance") == "measured":
-        say(json_path, "headline  the measured figure (this run was on the device itself)")
+    for line in attributed_lines(done):
+        say(json_path, line)
     say(json_path, f"written   {out}")
+
+
+def attributed_lines(done: dict) -> list[str]:
+    """What `energy attribute` prints: the device's headline (measured when the run was on the device, else
+    modelled, with its interval and grams) and the meter's figures, each labelled as what it is."""
+    from ..energy import EnergyRecord, carbon_text
+    from ..measure import host_energy_lines
+    from .finetune import run_energy_lines
+
+    if "configs" not in done:  # a fine-tune
+        en = done.get("energy") or {}
+        return run_energy_lines(en, done.get("joules_per_epoch"), done.get("joules_per_sample"))
+    lines = []
+    en = done.get("energy") or {}
+    if en.get("per_inference"):
+        head = EnergyRecord.of(en["per_inference"], "mJ")
+        lines.append(f"device    {en.get('device')}: {head.text()} per inference")
+        if en.get("carbon"):
+            lines.append(f"carbon    {carbon_text(en['carbon'], per_inference=True)} per inference")
+    return lines + host_energy_lines({"board": (done.get("host_energy") or {}).get("board") or []})

@@ -43,18 +43,32 @@ def _summary(json_path, res) -> None:
     peak = f"{res.peak_rss_mb:.0f} MB" if res.peak_rss_mb is not None else "unknown (no /proc here)"
     say(json_path, f"memory    peak RSS {peak}{budget}")
     if res.energy:
-        e = res.energy
-        from ..energy import figure_text
-
-        say(json_path, f"energy    {figure_text(e['joules'], e, 'J')}; {res.joules_per_epoch:.2f} J/epoch, "
-                       f"{res.joules_per_sample * 1000:.2f} mJ/sample")
-        say(json_path, f"          {e['source']}")
-        if e.get("carbon"):
-            from ..energy import carbon_text
-
-            say(json_path, f"carbon    {carbon_text(e['carbon'])} for the run")
+        for line in run_energy_lines(res.energy, res.joules_per_epoch, res.joules_per_sample):
+            say(json_path, line)
     else:
         say(json_path, "energy    pass --device NAME for a modelled energy figure")
+
+
+def run_energy_lines(record, per_epoch: float | None = None, per_sample: float | None = None) -> list[str]:
+    """A fine-tune's energy record as the terminal shows it: the device's figure (measured on it, or modelled from
+    its speed and power), the one-time host work left out of it, and a measurement of this machine when it is
+    not the device ("host, measured"), beside the device's figure, never in its place."""
+    from ..energy import EnergyRecord, carbon_text
+
+    e = EnergyRecord.of(record, "J")
+    per = ""
+    if per_epoch is not None and per_sample is not None:
+        per = f"; {per_epoch:.3g} J/epoch, {per_sample * 1000:.3g} mJ/sample"
+    lines = [f"energy    {e.text()}{per}", f"          {e.source}"]
+    once = e.get("one_time")
+    if once:
+        lines.append(f"          left out: {once['seconds']:.2f} s of one-time host work ({once['what']})")
+    here = EnergyRecord.of(e.get("measured_here"), "J")
+    if here is not None:
+        lines.append(f"energy    {here.text()} for the same run on this machine, which is not the device")
+    if e.get("carbon"):
+        lines.append(f"carbon    {carbon_text(e['carbon'])} for the run")
+    return lines
 
 
 call = command(run, _summary)

@@ -21,6 +21,7 @@ _FACE = {  # name -> the module of this wing that defines it
     "grid_intensity": "carbon", "country_row": "carbon", "carbon_of_report": "carbon", "carbon_of_run": "carbon",
     "carbon_text": "carbon", "calibrate": "calibration", "budget_verdict": "model", "board_watts": "model",
     "measured_run": "model", "run_record": "model", "per_unit_of_run": "model",
+    "EnergyRecord": "record", "interval_text": "record", "energy_digits": "record",
 }
 __all__ = sorted(_FACE)
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from .model import (EnergyMeter, board_watts, budget_verdict, energy_report, figure_text, measured_per_inference,
                         measured_run, parse_rate, per_unit_of_run, rapl_delta_j, rapl_per_inference, read_rapl,
                         reliability, run_record)
+    from .record import EnergyRecord, energy_digits, interval_text
     from .meterlog import check_power_log, log_record, parse_power_log, read_meter_export, read_power_log
     from .sensors import DEFAULT_IDLE_S, MIN_WINDOW_PERIODS, POWER_LOG_MIN_WINDOW_S, PowerMeter
 

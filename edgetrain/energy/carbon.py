@@ -136,13 +136,16 @@ def carbon_of_run(energy: dict | None, grid: dict | None, inferences: int | None
 
 
 def carbon_text(c: dict, per_inference: bool = False) -> str:
-    """'0.43 g CO2e ± 0.03 g (Germany 2024 grid, 342 g/kWh [table])'."""
+    """'0.43 g ± 30 mg CO2e (Germany 2024 grid, 342 g/kWh [table])'; a modelled interval '+a/−b'."""
     pre = "per_inference_" if per_inference else ""
     g = c[pre + "g"] if per_inference else c["grams"]
     pm, low, high = c.get(pre + "plus_minus_g"), c.get(pre + "low_g"), c.get(pre + "high_g")
     grid = c["intensity"]
     where = (f"{grid['country_name']} {grid['year']} grid" if grid.get("country") else "the grid you gave")
-    val = _g(g) + (f" ± {_g(pm)}" if pm is not None else f" ({_g(low)} to {_g(high)})" if low is not None else "")
+    from .record import interval_text
+
+    plus, minus = (pm, pm) if pm is not None else (high - g, g - low) if low is not None else (None, None)
+    val = interval_text(g, plus, minus, "", _g)
     return f"{val} CO2e ({where}, {grid['g_co2e_per_kwh']:g} g/kWh [{grid['provenance']}])"
 
 

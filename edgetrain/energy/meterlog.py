@@ -535,6 +535,12 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
     """
     log = as_log(path)
     where = str(log.path)
+    key = _parse_key(log)
+    kept = _parsed.get(key) if key is not None else None
+    if kept is not None:
+        readings, info, placed_near = kept
+        if (info.get("time") != _TIME_KINDS["day"] or placed_near == near) and (partial or len(readings) >= 2):
+            return readings, info  # the same file, unchanged since it was read: not read again
     f = _open(log.path)
     lines = _Lines(f)
     blocks = lines.blocks()
@@ -542,7 +548,11 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
     try:
         with f:
             try:
-                return _read(log, lines, blocks, near, partial, got)
+                out = _read(log, lines, blocks, near, partial, got)
+                _parsed.clear()  # one log kept: the last one read
+                if key is not None and out[1].get("format") is not None:
+                    _parsed[key] = (out[0], out[1], near)
+                return out
             except UsageError:
                 # What the log was refused for when it was read whole first: a read error further on, or
                 # an Otii export cut short
@@ -552,6 +562,20 @@ def parse_power_log(path, near: float | None = None, partial: bool = False) -> t
                 raise
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read the power log: {type(exc).__name__}", where, _LOG_FIX) from None
+
+
+# The last log read, by what identifies its content (path, what was given for it, size, modification time, inode):
+# the check before the work and the read after it (profile, finetune, attribute) parse a log that has not changed
+# since once, not once each. A log still being written changes its size and time, and is read again.
+_parsed: dict = {}
+
+
+def _parse_key(log: PowerLog):
+    try:
+        st = log.path.stat()
+    except OSError:
+        return None
+    return (str(log.path.resolve()), log.voltage, log.start, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
 
 
 def _read(log: PowerLog, lines: _Lines, blocks, near, partial: bool, got: dict):

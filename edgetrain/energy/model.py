@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import calibration, meterlog, sensors, uncertainty
+from .record import DEVICE, HOST, EnergyRecord
 from ..errors import UsageError
 from ..host import detect_host
 
@@ -75,27 +76,54 @@ def power_range(profile, threads: int | None) -> tuple[float, float, str]:
     return low, high, how
 
 
-def energy_for_duration(seconds: float, profile, threads: int | None = None) -> dict:
+def energy_for_duration(seconds: float, profile, threads: int | None = None, speed: dict | None = None,
+                        cpu_seconds: float | None = None) -> dict:
     """Joules spent by ``profile``'s board busy on ``threads`` cores for ``seconds``, labelled modelled.
 
-    Total uses the busy power (``busy_power``); the idle-subtracted figure is what the work itself costs
-    on top of the board being on.
+    ``speed``: the device's speed against the host that timed the work (``measure.device_speed``: its ``factor``,
+    how profile scales a latency). With ``cpu_seconds`` (the work's CPU time on this host, every thread's) and a
+    factor in CPU time, the device takes ``cpu_seconds`` x factor, spread over its busy threads: from that / the
+    threads (all of them busy all the time) to that (one at a time), the figure at the middle of the two; else
+    ``seconds`` x factor. Total uses the busy power (``busy_power``); the idle-subtracted figure is what the work
+    itself costs on top of the board being on.
     """
     watts, how = busy_power(profile, threads)
     idle = profile.power.idle_w.value
     low_w, high_w, range_how = power_range(profile, threads)
-    return {
-        "uncertainty": uncertainty.modelled(seconds * watts, seconds * low_w, seconds * high_w,
-                                            f"the measured {seconds:.3g} s x the power {range_how}"),
-        "joules": seconds * watts,
-        "joules_above_idle": seconds * (watts - idle),
-        "seconds": seconds,
+    factor = (speed or {}).get("factor") or 1.0
+    on_cpu = speed is not None and speed.get("basis") == "cpu" and cpu_seconds is not None
+    busy = max(min(int(threads or 1), int(profile.cores)), 1)
+    if on_cpu:
+        most = cpu_seconds * factor
+        least = most / busy
+        device_s = (most + least) / 2.0
+        timed = (f"the device's {device_s:.3g} s (this host's {cpu_seconds:.3g} CPU s x its speed factor "
+                 f"{factor:.3g}, over {busy} busy thread(s): {least:.3g}-{most:.3g} s)")
+    else:
+        least = most = device_s = seconds * factor
+        timed = (f"the device's {device_s:.3g} s (this host's {seconds:.3g} s x its speed factor {factor:.3g})"
+                 if speed else f"the measured {seconds:.3g} s")
+    out = {
+        "uncertainty": uncertainty.modelled(device_s * watts, least * low_w, most * high_w,
+                                            f"{timed} x the power {range_how}"
+                                            + ("; the speed factor's own error is not in the interval" if speed
+                                               else "")),
+        "joules": device_s * watts,
+        "joules_above_idle": device_s * (watts - idle),
+        "seconds": device_s,
         "power_w": watts,
         "idle_w": idle,
         "threads": threads,
         "provenance": "modelled",
-        "source": f"time x {profile.name} {how} ({_short(profile.power.load_w.source)})",
+        "source": (f"{'device time' if speed else 'time'} x {profile.name} {how} "
+                   f"({_short(profile.power.load_w.source)})"),
     }
+    if speed:
+        out["host_seconds"], out["speed_factor"], out["speed"] = seconds, factor, speed
+        if on_cpu:
+            out["host_cpu_seconds"], out["device_seconds_range"] = cpu_seconds, [least, most]
+        out["source"] = f"{timed} x {profile.name} {how}; speed: {speed['source']}"
+    return out
 
 
 def measured_per_inference(rec: dict | None) -> dict | None:
@@ -127,14 +155,10 @@ def measured_per_inference(rec: dict | None) -> dict | None:
     return out
 
 
-def figure_text(value: float, fig: dict, unit: str) -> str:
+def figure_text(value: float, fig, unit: str) -> str:
     """One energy figure as a user reads it: '4.1 J ± 0.3 J (measured, hwmon ina3221, 120 samples)' or
-    '3.2 mJ +1.1/-0.4 mJ (modelled, rpi4b-4gb)'."""
-    if fig.get("provenance") == "measured":
-        detail = f"{fig.get('instrument') or fig.get('meter')}, {fig.get('samples')} samples"
-    else:
-        detail = "p10-p90 latency x the profile's power range" if unit == "mJ" else "time x the profile's power range"
-    return uncertainty.text(value, fig.get("uncertainty"), unit, fig.get("provenance", "?"), detail)
+    '3.2 mJ +1.1/−0.4 mJ (modelled, p10-p90 latency x the profile's power range)' (``EnergyRecord.text``)."""
+    return EnergyRecord.of(fig, unit).text(value)
 
 
 def _instrument(rec: dict) -> str:
@@ -331,6 +355,8 @@ def energy_report(latency_ms: float, profile, battery_wh: float | None = None, r
                                     p50_range_ms)
     if reliable is not None:
         modelled["reliability"] = reliable
+    modelled = EnergyRecord.of(modelled, "mJ", DEVICE)
+    measured = EnergyRecord.of(measured, "mJ", DEVICE)  # taken on the device itself (the caller's word)
     per_inf = measured if measured is not None else modelled
     report = {"device": profile.name, "latency_ms": latency_ms, "latency_statistic": "p50",
               "latency_provenance": latency_label, "per_inference": per_inf,
@@ -448,8 +474,11 @@ class EnergyMeter:
     """
 
     def __init__(self, profile=None, threads: int | None = None, power_log=None, source="auto",
-                 meter_export: bool = False):
-        self.profile, self.threads = profile, threads
+                 meter_export: bool = False, speed=None):
+        # ``speed``: called once the work has ended, where the figure is modelled for a device this machine is not:
+        # the device's speed against this host (``measure.device_speed``), which the host's seconds are scaled by
+        self.profile, self.threads, self.speed = profile, threads, speed
+        self._work = None  # when the work proper began (``work_begins``): one-time host work before it is left out
         self.power_log = meterlog.check_power_log(power_log) if power_log else None
         # a meter logs now (its log given, or exported after the run): hold an idle stretch for it
         self.held = self.power_log is not None or meter_export
@@ -470,14 +499,22 @@ class EnergyMeter:
                 time.sleep(sensors.DEFAULT_IDLE_S)
                 self.idle_window = (t, time.time())
             self._t0 = time.time()
+        self._cpu0 = _cpu_s()
         return self
+
+    def work_begins(self, what: str = "one-time host work") -> None:
+        """The work proper begins now: what ran since ``start`` (``what``: loading the model, the ONNX export or
+        prep child, a first run's cache) is one-time host work, left out of the figure and named beside it."""
+        self._work = (time.time(), what, _cpu_s())
 
     def stop(self, epochs: int = 0, samples: int = 0) -> dict | None:
         if self.result is not None:  # stopped already (the context manager): add the per-unit figures
             return self._per_unit(self.result, epochs, samples)
-        t1 = time.time()
-        self.window = (self._t0, t1)
-        seconds = t1 - self._t0
+        t1, cpu1 = time.time(), _cpu_s()
+        t0 = self._work[0] if self._work else self._t0
+        self.window = (t0, t1)
+        seconds = t1 - t0
+        cpu = cpu1 - (self._work[2] if self._work else self._cpu0)
         measured = None
         if self.meter is not None:
             self.meter.window = self.window
@@ -485,11 +522,22 @@ class EnergyMeter:
         elif self.power_log is not None:
             measured = measured_run(meterlog.log_record(self.power_log, self.window, self.idle_window,
                                                         board_w=board_watts(self.profile)))
-        modelled = energy_for_duration(seconds, self.profile, self.threads) if self.profile is not None else None
         on_device = self.profile is None or _on_device(self.profile)
+        modelled = None
+        if self.profile is not None:
+            speed = self.speed() if self.speed is not None and not on_device else None
+            modelled = energy_for_duration(seconds, self.profile, self.threads,
+                                           speed if speed and speed.get("factor") else None, cpu)
+            if speed and not speed.get("factor"):  # nothing gives the device's speed: said, not hidden
+                modelled["source"] += (f"; this host's time taken as the device's, unscaled: {speed['source']}")
+                modelled["speed"] = speed
         out = run_record(measured, modelled, on_device)
         if out is not None:
             out["wall"] = list(self.window)
+            out.fields.setdefault("host_cpu_seconds", cpu)  # this process's (and its children's) CPU time, every thread's
+            if self._work:
+                out["one_time"] = {"seconds": self._work[0] - self._t0, "what": self._work[1], "in_figure": False,
+                                   "source": "wall time on this host from the run's start to its work proper"}
             from .. import __version__
 
             # where a meter's export made after the run is read (`edgetrain energy attribute`)
@@ -506,6 +554,15 @@ class EnergyMeter:
         return per_unit_of_run(out, epochs, samples)
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for, every thread's: what a busy host does not
+    stretch, where it stretches the wall time."""
+    import os
+
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def board_watts(profile) -> list[float] | None:
     """The device's idle and busy watts (its profile's figures), what a meter's log on it must be near; None
     without a device."""
@@ -514,16 +571,21 @@ def board_watts(profile) -> list[float] | None:
     return [float(profile.power.idle_w.value), float(profile.power.load_w.value)]
 
 
-def run_record(measured: dict | None, modelled: dict | None, on_device: bool) -> dict | None:
+def run_record(measured: dict | None, modelled: dict | None, on_device: bool) -> EnergyRecord | None:
     """A stretch of work's energy record: measured leads on the device (the modelled beside it), else the modelled
-    figure leads with this machine's measurement beside it."""
+    figure leads with this machine's measurement beside it, labelled as of the host ("host, measured"): an
+    off-device measurement never takes the device's place."""
+    modelled = EnergyRecord.of(modelled, "J", DEVICE)
     if measured is not None and on_device:
-        return {**measured, "modelled": modelled}
-    if modelled is not None:
-        out = {**modelled}
-        if measured is not None:
-            out["measured_here"] = {**measured, "note": "measured on this machine, which is not the profile's device"}
+        out = EnergyRecord.of(measured, "J", DEVICE)
+        out["modelled"] = modelled
         return out
+    if modelled is not None:
+        if measured is not None:
+            here = EnergyRecord.of(measured, "J", HOST)
+            here["note"] = "measured on this machine, which is not the profile's device"
+            modelled["measured_here"] = here
+        return modelled
     return None
 
 

@@ -69,23 +69,13 @@ def modelled(value_j: float, low_j: float, high_j: float, how: str) -> dict:
 
 
 def text(value: float, u: dict | None, unit: str, provenance: str, detail: str = "") -> str:
-    """'4.1 J ± 0.3 J (measured, hwmon ina3221, 120 samples)'; a modelled interval '+a/-b'."""
-    suffix = "j" if unit == "J" else "mj"
-    detail = f", {detail}" if detail else ""
-    if not u:
-        return f"{_n(value)} {unit} ({provenance}{detail})"
-    if u.get("kind") == "interval":
-        plus, minus = u.get("plus_" + suffix), u.get("minus_" + suffix)
-        return f"{_n(value)} {unit} +{_n(plus)}/-{_n(minus)} {unit} ({provenance}{detail})"
-    return f"{_n(value)} {unit} ± {_n(u.get('plus_minus_' + suffix))} {unit} ({provenance}{detail})"
+    """'4.1 J ± 0.3 J (measured, hwmon ina3221, 120 samples)'; an interval whose ends differ '+a/−b'
+    (``record.interval_text``, the one way it is written)."""
+    from .record import EnergyRecord
 
-
-def _n(x) -> str:
-    if x is None:
-        return "?"
-    if x == 0:
-        return "0"
-    return f"{x:.2g}" if abs(x) < 1 else f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+    key = "total_mj" if unit == "mJ" else "joules"
+    rec = EnergyRecord.of({key: value, "uncertainty": u, "provenance": provenance}, unit)
+    return f"{rec.text(with_detail=False)} ({provenance}{', ' + detail if detail else ''})"
 
 
 def _w(q) -> str:

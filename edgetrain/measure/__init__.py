@@ -12,18 +12,19 @@ from typing import TYPE_CHECKING
 from .. import _lazy
 
 _FACE = {  # name -> the module of this wing that defines it
-    "ProfileResult": "profiling", "profile": "profiling", "attribute": "attribution",
+    "ProfileResult": "profiling", "profile": "profiling", "device_speed": "profiling", "attribute": "attribution",
     "first_window": "attribution",
-    "check_report_path": "report", "energy_lines": "report", "text_summary": "report", "write_report": "report",
+    "check_report_path": "report", "energy_lines": "report", "host_energy_lines": "report",
+    "text_summary": "report", "write_report": "report",
     "reference_onnx": "reference_net",
 }
 __all__ = sorted(_FACE)
 
 if TYPE_CHECKING:
     from .attribution import attribute, first_window
-    from .profiling import ProfileResult, profile
+    from .profiling import ProfileResult, device_speed, profile
     from .reference_net import reference_onnx
-    from .report import check_report_path, energy_lines, text_summary, write_report
+    from .report import check_report_path, energy_lines, host_energy_lines, text_summary, write_report
 
 
 __getattr__, __dir__ = _lazy.face(__name__, _FACE, globals())

@@ -48,15 +48,16 @@ def first_window(result) -> float | None:
     return w[0] if w else None
 
 
-def attribute(result: dict, log, where: str, parsed=None) -> dict:
+def attribute(result: dict, log, where: str, parsed=None, grid: dict | None = None) -> dict:
     """``result`` (a profile's or a fine-tune's JSON) with the meter log ``log`` (a ``PowerLog``) read over its
     windows; ``parsed``: the log as ``energy.read_meter_export`` read it (else it is read here), placed on the
-    day of ``first_window(result)``."""
-    from .profiling import ProfileResult, collect_figures, log_power
+    day of ``first_window(result)``. ``grid``: the grid intensity the grams use (--country/--grid-intensity),
+    else the one the run used, if any."""
+    from .profiling import ProfileResult, collect_figures, host_board, log_power
 
     if isinstance(result, dict) and "configs" not in result and isinstance(result.get("energy"), dict) \
             and "trained_parameters" in result:
-        return _attribute_run(result, log, where, parsed)
+        return _attribute_run(result, log, where, parsed, grid)
     if not isinstance(result, dict) or not isinstance(result.get("configs"), list):
         raise UsageError("not an edgetrain profile or finetune result (no 'configs', no fine-tune energy)", where,
                          _FIX_RUN)
@@ -74,18 +75,23 @@ def attribute(result: dict, log, where: str, parsed=None) -> dict:
         c["power"]["attributed"] = {"by": "edgetrain energy attribute", "log": str(log)}
         configs.append(c)
     out["configs"] = configs
-    board = [{"threads": c["threads"], **energy.measured_per_inference(c["power"])} for c in configs
-             if energy.measured_per_inference(c["power"]) is not None]
+    board = host_board(configs, bool(windows.get("on_device")))
     he = dict(out.get("host_energy") or {})
     he.pop("board_note", None)
     he["board"] = board
     out["host_energy"] = he
     en = out.get("energy")
+    if grid is not None and not (en and en.get("per_inference")):
+        raise UsageError("grams of CO2e need the device's energy figures, and the result has none (it was run "
+                         "without --device)", "--country/--grid-intensity",
+                         "leave --country/--grid-intensity out, or profile again with --device NAME")
     if windows.get("on_device") and en and en.get("per_inference"):
         threads = (out.get("verdict", {}).get("latency") or {}).get("threads")
         mine = next((b for b in board if b["threads"] == threads), None)
         if mine is not None:
-            out["energy"] = _measured_headline(dict(en), {k: v for k, v in mine.items() if k != "threads"})
+            en = out["energy"] = _measured_headline(dict(en), {k: v for k, v in mine.items() if k != "threads"})
+    if grid is not None:
+        out["energy"] = {**en, "carbon": energy.carbon_of_report(en, grid)}
     res = ProfileResult(**{f.name: out[f.name] for f in fields(ProfileResult) if f.name in out})
     res.figures = collect_figures(res)
     return res.to_dict()
@@ -127,11 +133,11 @@ def _check_windows(result: dict, windows, command: str, where: str) -> None:
 
 
 # What a fine-tune's energy record carries besides its figure (EnergyMeter.stop, ops.finetune).
-_RUN_EXTRAS = ("measured_here", "wall", "meter_windows", "epochs", "joules_per_epoch", "samples_trained",
+_RUN_EXTRAS = ("measured_here", "wall", "meter_windows", "one_time", "epochs", "joules_per_epoch", "samples_trained",
                "joules_per_sample", "carbon", "modelled")
 
 
-def _attribute_run(result: dict, log, where: str, parsed=None) -> dict:
+def _attribute_run(result: dict, log, where: str, parsed=None, grid: dict | None = None) -> dict:
     """A fine-tune's result with the meter's export read over its run (as EnergyMeter.stop with --power-log)."""
     en = result["energy"]
     w = en.get("meter_windows")
@@ -149,9 +155,12 @@ def _attribute_run(result: dict, log, where: str, parsed=None) -> dict:
     if sensor:
         new["board_sensor"] = sensor
     energy.per_unit_of_run(new, en.get("epochs") or 0, en.get("samples_trained") or 0)
-    if (en.get("carbon") or {}).get("intensity"):
-        new["carbon"] = energy.carbon_of_run(new, en["carbon"]["intensity"])
-    out = {**result, "energy": new}
+    grid = grid or (en.get("carbon") or {}).get("intensity")
+    if grid:
+        new["carbon"] = energy.carbon_of_run(new, grid)
+    if en.get("one_time"):
+        new["one_time"] = en["one_time"]
+    out = {**result, "energy": new.to_dict()}
     out["joules_per_epoch"], out["joules_per_sample"] = new.get("joules_per_epoch"), new.get("joules_per_sample")
     return seal_windows(out)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,6 +220,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
                          "run `edgetrain profile` on the device itself, or use a profile with a speed reference")
     if thread_list is None:
         thread_list = [prof.default_threads if prof is not None else runtime.current_threads()]
+    thread_list, capped_note = ran_threads(thread_list)
 
     ref = parse_model_ref(model, accept_onnx=True)
     is_onnx = ref.kind == "onnx"
@@ -229,7 +231,7 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
         raise UsageError("an .onnx file cannot run in MXNet", "--runtime",
                          "use --runtime onnxruntime, or give the Gluon MODEL it came from")
     chw = list(input_shape) if input_shape else None
-    notes: list[str] = []
+    notes: list[str] = [capped_note] if capped_note else []
 
     with temp_dir("profile_model") as tmp:
         base_spec = {"runtime": runtime_name, "batch": batch, "chw": chw, "params": params, "model": str(model),
@@ -319,13 +321,13 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
     else:
         host_quiet = energy.reliability(best["latency"]["spread_p99_p50"], best.get("loadavg"), host.cores_usable)
     warnings = [f"the latency and energy figures are unreliable: {reason}" for reason in host_quiet["reasons"]]
-    host_energy = _host_energy(configs)
+    host_energy = _host_energy(configs, prof is None or host.matches(prof))
     if prof is not None and host.matches(prof) and energy_d is not None and host_energy.get("available"):
         # On the device itself RAPL measures what the model only estimates; it covers the CPU package,
         # not the board at the wall, so the modelled figure stays beside it.
         mine = next((h for h in host_energy["configs"] if h["threads"] == best["threads"]), None)
         if mine is not None:
-            energy_d["measured_per_inference"] = mine
+            energy_d["measured_per_inference"] = energy.EnergyRecord.of(dict(mine), "mJ", "device")
     result = ProfileResult(
         model=str(model), runtime=runtime_name,
         model_file=str(model) if is_onnx else None,
@@ -338,6 +340,18 @@ def profile(model: str, opts: ProfileOptions, op_profile: bool = True,
     result.figures = collect_figures(result)
     return result
 
+
+
+def ran_threads(asked: list[int]) -> tuple[list[int], str | None]:
+    """The thread counts that run: each asked for capped to the cores as every cap is (``runtime.cap_to_cores``,
+    which warns), repeats dropped; and a note saying so when that changed them. Every figure and label (the
+    configurations, best, the energy's busy cores) is then of the count that ran, never of the one asked for."""
+    ran = list(dict.fromkeys(runtime.cap_to_cores(int(t)) for t in asked))
+    if ran == [int(t) for t in asked]:
+        return ran, None
+    return ran, (f"threads {','.join(str(t) for t in asked)} asked for, {','.join(str(t) for t in ran)} ran: "
+                 f"capped to the {runtime.usable_cores()} core(s) this process may use "
+                 "(EDGETRAIN_ALLOW_OVERSUBSCRIBE=1 keeps the count asked for)")
 
 
 def _timing_label(host) -> tuple[str, str]:
@@ -445,6 +459,90 @@ def _latency_verdict(best: dict, configs: list[dict], prof, host, label: str, ti
 _reference_cache: dict[tuple, dict] = {}
 
 
+def device_speed(prof, host=None, timeout: float = DEFAULT_TIMEOUT_S, say=None) -> dict:
+    """How long the device takes for what this host did in one second of CPU time: ``factor``, as profile scales a
+    latency in CPU time (``_latency_verdict``): the device's published reference latency / this host's p50 CPU time
+    on the same network at the reference's thread count, timed in a fresh child (``basis`` 'cpu'; 'wall' where the
+    child gave no CPU times). CPU time leaves out the time a busy host gave to other processes: at a load of 20 on
+    2 cores a fine-tune's wall time swung 2.3-3.4 s where its CPU time stayed 0.23-0.27 s. ``factor`` 1 on the
+    device itself or for a profile whose speed is the host's; None where nothing says (emulation, speed.method
+    'unknown'), with why in ``source``."""
+    host = host or detect_host()
+    if host.matches(prof):
+        return {"factor": 1.0, "provenance": "measured", "source": f"this host is {prof.name}"}
+    if host.emulated:
+        return {"factor": None, "provenance": "emulated",
+                "source": "this host runs under emulation, which says nothing about the device's speed"}
+    method = prof.speed.method
+    if method == "host":
+        return {"factor": 1.0, "provenance": "estimated",
+                "source": f"{prof.name} speed.method is 'host': the device is taken to be as fast as this host "
+                          f"({host.cpu}); factor 1"}
+    if method != "reference_latency":
+        return {"factor": None, "provenance": "estimated",
+                "source": f"{prof.name} has no speed figure (speed.method '{method}'): no device time is modelled"}
+    refp = prof.speed.reference
+    ref, age = _kept_reference(refp, host), None
+    if ref is not None:
+        age = time.time() - ref["at"]
+    else:
+        ref = {**reference_latency_ms(refp, timeout, say), "at": time.time()}
+        _keep_reference(refp, host, ref)
+    basis = "cpu" if ref.get("cpu_p50_ms") else "wall"
+    host_ms = ref["cpu_p50_ms"] if basis == "cpu" else ref["p50_ms"]
+    factor = refp.latency_ms / host_ms
+    return {"factor": factor, "provenance": "estimated", "method": "reference_latency", "basis": basis,
+            "reference": {"model": refp.model, "input": refp.input, "threads": refp.threads,
+                          "device_ms": refp.latency_ms, "device_runtime": refp.runtime, "host_ms": host_ms,
+                          "host_wall_ms": ref["p50_ms"], "host_cpu_ms": ref.get("cpu_p50_ms"),
+                          "host_runtime": ref["runtime"], "host_spread_p99_p50": ref.get("spread_p99_p50"),
+                          "source": refp.source},
+            "source": (f"{factor:.3g} = {prof.name}'s published {refp.model} {refp.input}x{refp.input} "
+                       f"{refp.threads}-thread latency {refp.latency_ms} ms ({refp.runtime}) / this host's "
+                       f"{host_ms:.3g} ms p50 {'CPU time' if basis == 'cpu' else 'latency'} on the same network "
+                       f"({ref['runtime']}), "
+                       + ("timed after the run" if age is None else
+                          f"timed {age:.0f} s before the run ended, kept in the per-user cache for {SPEED_KEPT_S:g} s")
+                       + ")")}
+
+
+# A fine-tune (a tune's trials, a fleet device's rounds) times the speed reference once; later runs within this many
+# seconds reuse it from the per-user cache (SPEED_FILE), so that the same job gives the same factor, and a round
+# does not spend seconds on it each time.
+SPEED_KEPT_S = 600.0
+SPEED_FILE = "device-speed-reference.json"
+
+
+def _reference_key(refp, host) -> str:
+    return f"{host.cpu}|{host.cores_usable}|{refp.model}|{refp.input}|{refp.threads}|{refp.runtime}"
+
+
+def _kept_reference(refp, host) -> dict | None:
+    from ..fileio import cache_root
+
+    root = cache_root()
+    try:
+        kept = json.loads((root / SPEED_FILE).read_text(encoding="utf-8")).get(_reference_key(refp, host))
+        if 0 <= time.time() - float(kept["at"]) <= SPEED_KEPT_S and float(kept["p50_ms"]) > 0:
+            return kept
+    except (OSError, TypeError, ValueError, KeyError, AttributeError):
+        pass  # none kept, unreadable or stale: timed again
+    return None
+
+
+def _keep_reference(refp, host, ref: dict) -> None:
+    from ..fileio import atomic_write_text, cache_root
+
+    root = cache_root()
+    if root is None:
+        return
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(root / SPEED_FILE, json.dumps({_reference_key(refp, host): ref}), "speed reference")
+    except (OSError, UsageError):
+        pass  # a read-only or full cache folder: timed every time
+
+
 def paired_ratio(raw: dict) -> dict:
     """The model/reference CPU-time ratio of a paired child: the median of its per-round ratios (each round
     times the model, then the reference, back to back), their p10-p90 (the measured spread the estimate's
@@ -541,6 +639,8 @@ def reference_latency_ms(refp, timeout: float = DEFAULT_TIMEOUT_S, say=None, pai
     summary = latency_summary(raw["latencies_ms"])
     out = {"p50_ms": summary["p50_ms"], "mean_ms": summary["mean_ms"], "spread_p99_p50": summary["spread_p99_p50"],
            "runtime": f"{rt} {raw.get('runtime_version')}"}
+    if raw.get("cpu_ms"):
+        out["cpu_p50_ms"] = percentile(raw["cpu_ms"], 50)
     _reference_cache[key] = out
     return out
 
@@ -559,17 +659,15 @@ def _model_key(spec: dict) -> str | None:
     return f"{digest} batch {spec.get('batch')} input {spec.get('input_shape') or spec.get('chw')}"
 
 
-def _host_energy(configs: list[dict]) -> dict | None:
+def _host_energy(configs: list[dict], on_device: bool = False) -> dict | None:
+    """This machine's measurements: RAPL (always of this host's CPU package) and its board sensor or meter log
+    (of the device when this machine is it, else of the host: "host, measured", never the device's headline)."""
     per = []
     for c in configs:
         if c.get("rapl"):
             e = energy.rapl_per_inference(c["rapl"], c["rapl"]["runs"])
-            per.append({"threads": c["threads"], **e})
-    board = []
-    for c in configs:
-        m = energy.measured_per_inference(c.get("power"))
-        if m is not None:
-            board.append({"threads": c["threads"], **m})
+            per.append(energy.EnergyRecord.of({"threads": c["threads"], **e}, "mJ", "host"))
+    board = host_board(configs, on_device)
     out: dict = {"available": bool(per), "configs": per} if per else \
         {"available": False, "provenance": "measured",
          "note": "RAPL (/sys/class/powercap/intel-rapl*/energy_uj) is not readable on this host; no measured energy"}
@@ -581,6 +679,17 @@ def _host_energy(configs: list[dict]) -> dict | None:
             "no board power source on this machine (Pi 5 PMIC via vcgencmd, Jetson INA3221, hwmon power sensor) "
             "and no --power-log: energy is modelled")
     return out
+
+
+def host_board(configs: list[dict], on_device: bool) -> list:
+    """Each configuration's measurement by this machine's board sensor or meter log, as an ``EnergyRecord`` of
+    the device (this machine is it) or of the host."""
+    board = []
+    for c in configs:
+        m = energy.measured_per_inference(c.get("power"))
+        if m is not None:
+            board.append(energy.EnergyRecord.of({"threads": c["threads"], **m}, "mJ", "device" if on_device else "host"))
+    return board
 
 
 def meter_windows(configs: list[dict], on_device: bool, held: bool, board_w=None) -> dict:

@@ -112,12 +112,7 @@ def text_summary(d: dict) -> list[str]:
     # The profile's warnings (the busy host) are a field of its result, printed once below, with or without
     # a device; energy_lines prints the energy's own only for results without them (export --device).
     lines.extend(energy_lines(d.get("energy") or {}, warn="warnings" not in d))
-    he = d.get("host_energy") or {}
-    for h in he.get("configs", []):
-        lines.append(f"host       RAPL {_fmt(h['total_mj'])} mJ per inference at {h['threads']} thread(s) [measured, host]")
-    for h in he.get("board", []):
-        lines.append(f"host       {h['meter']} {_fmt(h['total_mj'])} mJ per inference at {h['threads']} thread(s), "
-                     f"{h['samples']} samples [measured, this machine]")
+    lines.extend(host_energy_lines(d.get("host_energy") or {}))
     for note in d.get("notes", []):
         lines.append(f"note       {note}")
     for warning in d.get("warnings", []):
@@ -125,38 +120,58 @@ def text_summary(d: dict) -> list[str]:
     return lines
 
 
-def _per_inference_lines(pi: dict) -> list[str]:
-    above = f", {_fmt(pi['above_idle_mj'])} mJ above idle" if pi.get("above_idle_mj") is not None else ""
-    from ..energy import figure_text
+def host_energy_lines(he: dict) -> list[str]:
+    """This machine's own measurements, each labelled as what it is: of the host ("host, measured") unless this
+    machine is the device; never in the device's headline's place."""
+    from ..energy import EnergyRecord
 
-    head = figure_text(pi["total_mj"], pi, "mJ")
-    if pi["provenance"] == "measured":
-        lines = [f"energy     {head} per inference total{above} [{pi['inferences']} inferences, idle "
-                 f"{_fmt(pi.get('idle_w'))} W]"]
-        cost = pi.get("sampler") or {}
+    lines = []
+    for h in map(EnergyRecord.of, he.get("configs", [])):
+        lines.append(f"host       RAPL {h.text(with_detail=False)} per inference at {h['threads']} thread(s) "
+                     f"[{h.label}, CPU package]")
+    for h in map(EnergyRecord.of, he.get("board", [])):
+        lines.append(f"{'host' if h.machine == 'host' else 'board':<10} {h.fields.get('meter')} "
+                     f"{h.text(with_detail=False)} per inference at {h['threads']} thread(s), {h.samples} samples "
+                     f"[{h.label}{', this machine is not the device' if h.machine == 'host' else ''}]")
+    return lines
+
+
+def _per_inference_lines(pi) -> list[str]:
+    from ..energy import EnergyRecord
+
+    rec = EnergyRecord.of(pi, "mJ")
+    f = rec.fields
+    above = f", {_fmt(f['above_idle_mj'])} mJ above idle" if f.get("above_idle_mj") is not None else ""
+    head = rec.text()
+    if rec.provenance == "measured":
+        lines = [f"energy     {head} per inference total{above} [{f.get('inferences')} inferences, idle "
+                 f"{_fmt(f.get('idle_w'))} W]"]
+        cost = f.get("sampler") or {}
         if cost.get("core_percent") is not None:
             lines.append(f"sampler    {cost['core_percent']:.2f}% of one core at {cost['rate_hz']:g} Hz "
                          f"(goal under {cost['goal_core_percent']:g}%)")
         return lines
     text = (f"energy     {head} per inference total{above} [modelled: p50 latency x "
-            f"{_fmt(pi['power_w'])} W")
-    if pi.get("threads") is not None:
-        text += f" at {min(pi['threads'], pi['cores'])} of {pi['cores']} cores busy"
+            f"{_fmt(f['power_w'])} W")
+    if f.get("threads") is not None:
+        text += f" at {min(f['threads'], f['cores'])} of {f['cores']} cores busy"
     text += "]"
-    if pi.get("spread"):
-        sp = pi["spread"]
+    if f.get("spread"):
+        sp = f["spread"]
         text += f"; p10-p90 latency: {_fmt(sp['p10']['total_mj'])}-{_fmt(sp['p90']['total_mj'])} mJ"
     return [text]
 
 
 def energy_lines(e: dict, warn: bool = True) -> list[str]:
     """The energy-budget report's terminal lines (profile's, and export --device's)."""
+    from ..energy import EnergyRecord
+
     lines: list[str] = []
     if e.get("per_inference"):
         lines.extend(_per_inference_lines(e["per_inference"]))
         if e.get("modelled_per_inference"):
-            m = e["modelled_per_inference"]
-            lines.append(f"energy     modelled for comparison: {_fmt(m['total_mj'])} mJ per inference "
+            m = EnergyRecord.of(e["modelled_per_inference"], "mJ")
+            lines.append(f"energy     modelled for comparison: {m.text(with_detail=False)} per inference "
                          f"(p50 latency x {_fmt(m['power_w'])} W)")
         rel = e.get("reliability") or {}
         if rel.get("reasons") and warn:
@@ -164,8 +179,8 @@ def energy_lines(e: dict, warn: bool = True) -> list[str]:
     elif e.get("note"):
         lines.append(f"energy     {e['note']}")
     if e.get("measured_per_inference"):
-        m = e["measured_per_inference"]
-        lines.append(f"energy     {_fmt(m['total_mj'])} mJ per inference measured by RAPL on the device itself "
+        m = EnergyRecord.of(e["measured_per_inference"], "mJ")
+        lines.append(f"energy     {m.text(with_detail=False)} per inference measured by RAPL on the device itself "
                      "(CPU package only) [measured]")
     if e.get("daily"):
         dd = e["daily"]
@@ -357,7 +372,7 @@ table{display:block;max-width:100%;overflow-x:auto}
 
 
 def _tag(prov: str) -> str:
-    colour = PROVENANCE_COLOURS.get(prov, "#59636e")
+    colour = PROVENANCE_COLOURS.get(prov.rsplit(", ", 1)[-1], "#59636e")  # 'host, measured': measured's colour
     return f'<span class="tag" style="background:{colour}">{html.escape(prov)}</span>'
 
 
@@ -406,13 +421,11 @@ def render_html(d: dict) -> str:
     if v.get("latency") and v["latency"].get("mean_ms") is not None:
         cards.append(_card(f"mean latency on {dev['name']}", f"{_fmt(v['latency']['mean_ms'])} ms",
                            v["latency"]["provenance"]))
-    from ..energy import carbon_text, figure_text
+    from ..energy import EnergyRecord, carbon_text
 
     if en.get("per_inference"):
-
-        pi = en["per_inference"]
-        cards.append(_card("energy / inference", figure_text(pi["total_mj"], pi, "mJ").split(" (")[0],
-                           pi["provenance"]))
+        pi = EnergyRecord.of(en["per_inference"], "mJ")
+        cards.append(_card("energy / inference", pi.text(with_detail=False), pi.label))
         if en.get("carbon"):
             cards.append(_card("CO2e / inference", carbon_text(en["carbon"], per_inference=True).split(" CO2e")[0]
                                + " CO2e", "modelled" if en["carbon"]["energy_provenance"] != "measured" else "measured"))
@@ -477,20 +490,20 @@ def render_html(d: dict) -> str:
 
     parts.append("<h2>Energy</h2>")
     if en.get("per_inference"):
-        pi = en["per_inference"]
-        parts.append(f"<p>Per inference: <b>{e(figure_text(pi['total_mj'], pi, 'mJ'))}</b> total, "
+        pi = EnergyRecord.of(en["per_inference"], "mJ")
+        parts.append(f"<p>Per inference: <b>{e(pi.text())}</b> total, "
                      f"{_fmt(pi.get('above_idle_mj'))} mJ "
-                     f"above idle {_tag(pi['provenance'])}; {_fmt(en['inferences_per_wh_busy'])} inferences per Wh of "
-                     f"busy time.</p><p class='src'>{e(pi['source'])}</p>")
+                     f"above idle {_tag(pi.provenance)}; {_fmt(en['inferences_per_wh_busy'])} inferences per Wh of "
+                     f"busy time.</p><p class='src'>{e(pi.source)}</p>")
         for key in ("per_inference", "modelled_per_inference"):
             sp = (en.get(key) or {}).get("spread")
             if sp:
                 parts.append(f"<p>How much it may move: {_fmt(sp['p10']['total_mj'])} mJ at the p10 latency to "
                              f"{_fmt(sp['p90']['total_mj'])} mJ at the p90 latency {_tag('modelled')}.</p>")
         if en.get("modelled_per_inference"):
-            m = en["modelled_per_inference"]
-            parts.append(f"<p>Modelled for comparison: {_fmt(m['total_mj'])} mJ {_tag('modelled')}</p>"
-                         f"<p class='src'>{e(m['source'])}</p>")
+            m = EnergyRecord.of(en["modelled_per_inference"], "mJ")
+            parts.append(f"<p>Modelled for comparison: {e(m.text(with_detail=False))} {_tag('modelled')}</p>"
+                         f"<p class='src'>{e(m.source)}</p>")
         if pi.get("rails_mj"):
             parts.append(_table(["rail", "mJ / inference"], [[e(k), _fmt(v)] for k, v in pi["rails_mj"].items()], {1}))
         rel = en.get("reliability") or {}
@@ -532,16 +545,23 @@ def render_html(d: dict) -> str:
         parts.append("<p>No device profile given (--device), so no modelled energy.</p>")
     he = d.get("host_energy") or {}
     if he.get("configs"):
+        rapl = [EnergyRecord.of(h, "mJ") for h in he["configs"]]
         parts.append(_table(["threads", "host mJ / inference", "average W", "provenance"],
-                            [[h["threads"], _fmt(h["total_mj"]), _fmt(h["average_power_w"]), _tag("measured")]
-                             for h in he["configs"]], {1, 2}))
-        parts.append(f"<p class='src'>{e(he['configs'][0]['source'])}</p>")
+                            [[h["threads"], e(h.text(with_detail=False)), _fmt(h.get("average_power_w")),
+                              _tag(h.label)] for h in rapl], {1, 2}))
+        parts.append(f"<p class='src'>{e(rapl[0].source)}</p>")
     elif he.get("note"):
         parts.append(f"<p class='src'>{e(he['note'])}</p>")
     if he.get("board"):
-        parts.append(_table(["threads", "board mJ / inference", "above idle mJ", "samples", "provenance"],
-                            [[h["threads"], _fmt(h["total_mj"]), _fmt(h.get("above_idle_mj")), h["samples"],
-                              _tag("measured")] for h in he["board"]], {1, 2, 3}))
+        board = [EnergyRecord.of(h, "mJ") for h in he["board"]]
+        off = any(h.machine == "host" for h in board)
+        parts.append(_table(["threads", f"{'this host' if off else 'board'} mJ / inference", "above idle mJ",
+                             "samples", "provenance"],
+                            [[h["threads"], e(h.text(with_detail=False)), _fmt(h.get("above_idle_mj")), h.samples,
+                              _tag(h.label)] for h in board], {1, 2, 3}))
+        if off:
+            parts.append("<p class='src'>Measured on this machine, which is not the device: shown as what it is, "
+                         "beside the device's figure above, never in its place.</p>")
         parts.append(f"<p class='src'>{e(he['board'][0]['source'])}</p>")
     elif he.get("board_note"):
         parts.append(f"<p class='src'>{e(he['board_note'])}</p>")

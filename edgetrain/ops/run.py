@@ -338,8 +338,13 @@ def summarize(result: RunResult) -> dict:
         "energy_per_inference_mj": _dig(p, "energy", "per_inference", "total_mj"),
         "energy_provenance": _dig(p, "energy", "per_inference", "provenance"),
         "energy_per_inference_uncertainty_mj": _dig(p, "energy", "per_inference", "uncertainty", "plus_minus_mj"),
+        # the interval's two ends (+a/−b), what the run's report writes; the ± above is the larger of them
+        "energy_per_inference_plus_mj": _end(_dig(p, "energy", "per_inference"), "plus"),
+        "energy_per_inference_minus_mj": _end(_dig(p, "energy", "per_inference"), "minus"),
         "finetune_energy_j": _dig(f, "energy", "joules"),
         "finetune_energy_uncertainty_j": _dig(f, "energy", "uncertainty", "plus_minus_j"),
+        "finetune_energy_plus_j": _end(_dig(f, "energy"), "plus"),
+        "finetune_energy_minus_j": _end(_dig(f, "energy"), "minus"),
         "finetune_energy_provenance": _dig(f, "energy", "provenance"),
         "carbon_per_inference_g": _dig(p, "energy", "carbon", "per_inference_g"),
         "carbon_per_day_g": _dig(p, "energy", "carbon", "per_day_g"),
@@ -352,6 +357,15 @@ def summarize(result: RunResult) -> dict:
         "rate_per_h": _dig(p, "energy", "daily", "rate_per_h"),
     }
     return {k: v for k, v in figures.items() if v is not None}
+
+
+def _end(record: dict | None, which: str) -> float | None:
+    """One end of an energy record's interval (``EnergyRecord``: plus or minus), None where it has none."""
+    from ..energy import EnergyRecord
+
+    if not isinstance(record, dict) or (record.get("total_mj") is None and record.get("joules") is None):
+        return None
+    return getattr(EnergyRecord.of(record), which)
 
 
 def _dig(d: dict, *keys):

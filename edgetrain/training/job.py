@@ -470,8 +470,12 @@ class FinetuneJob:
     def _run(self, has_checkpoint: bool, t_start: float) -> FinetuneResult:
         # measured where a sensor is (or from the meter's log, with what was given for it)
         self.energy_meter = EnergyMeter(self.profile, self.threads, self.opts.power_log_spec(),
-                                        meter_export=bool(getattr(self.opts, "meter_export", False))).start()
+                                        meter_export=bool(getattr(self.opts, "meter_export", False)),
+                                        speed=self._device_speed).start()
         self.load()
+        # loading the model, its ONNX export or prep child and a first run's cache are host work done once: the
+        # energy is of the training (feature pass, epochs, writing the model), what the device does every run
+        self.energy_meter.work_begins("loading the model: its ONNX export or prep child and the first run's cache")
         if self.lr is None:
             self.lr = default_lr(self.optimizer, head_only=self.layers.head_only, every_weight=self.layers.kind == "all")
         meta: dict | None = None
@@ -600,6 +604,15 @@ class FinetuneJob:
         if bad:
             raise RunFailed(f"training diverged: non-finite weights in {', '.join(k[6:] for k in bad[:3])}",
                             str(self.outdir), "lower --lr, check the data for NaN/inf values; no model was written")
+
+    def _device_speed(self) -> dict:
+        """The device's speed against this host (``measure.device_speed``), for the modelled energy: timed after
+        the training, so that it is not in the run's window."""
+        from ..measure import device_speed
+
+        self.progress({"phase": "note", "message": f"timing the speed reference on this host, to scale the run's time "
+                                                   f"to {self.profile.name}'s"})
+        return device_speed(self.profile)
 
     def _finish(self, total: float, feature_seconds: float) -> FinetuneResult:
         last = self.history[-1] if self.history else {}

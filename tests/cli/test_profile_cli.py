@@ -103,3 +103,30 @@ def test_mxnet_int8_prefix_from_quantize_runs_in_mxnet(cli, tiny_prefix, tmp_pat
     assert res.code == 0, res.err
     ops = {r["op"] for r in res.json()["configs"][0]["ops"]["table"]}
     assert any("quantize" in op or "mkldnn" in op for op in ops), ops  # the int8 graph, not an fp32 one
+
+
+def test_the_thread_count_reported_is_the_one_that_ran_after_the_cap(cli, onnx_file, tmp_path):
+    """A device whose default thread count is above this machine's cores (issue 37: 'capped to 2', then 'threads
+    4', 'best 4 threads', 'at 4 of 4 cores busy' and threads 4 in the JSON): every figure is of the count that ran."""
+    import os
+
+    from test_profile_models import user_profile
+
+    cores = len(os.sched_getaffinity(0))
+    big = user_profile(tmp_path, name="many-cores", cores=cores + 6, default_threads=cores + 2)
+    js = tmp_path / "p.json"
+    res = cli("profile", onnx_file, "--device", big, "--input-shape", "1,3,16,16", "--json", js, *FAST)
+    assert res.code == 0, res.err
+    assert f"capped to {cores}" in res.err
+    d = __import__("json").loads(js.read_text())
+    assert [c["threads"] for c in d["configs"]] == [cores] and d["best"]["threads"] == cores
+    assert d["verdict"]["latency"]["threads"] == cores and d["energy"]["per_inference"]["threads"] == cores
+    assert any(f"{cores + 2} asked for, {cores} ran" in n for n in d["notes"])
+    assert f"threads {cores} " in res.out and f"best       {cores} thread(s)" in res.out
+    assert f"at {cores} of {cores + 6} cores busy" in res.out
+    assert not [line for line in res.out.splitlines() if line.startswith(f"threads {cores + 2}")]
+    # a sweep past the cores runs each count once
+    res = cli("profile", onnx_file, "--threads", f"1,{cores + 1},{cores + 3}", "--input-shape", "1,3,16,16",
+              "--json", "-", *FAST)
+    assert res.code == 0, res.err
+    assert [c["threads"] for c in res.json()["configs"]] == list(dict.fromkeys([1, cores]))
