@@ -23,6 +23,7 @@ from ..int8 import (DYNAMIC_OPS, Candidate, NodeError, Quantizer, SchemeRecord, 
                     rank_nodes, scheme_for, set_metadata, static_candidates, stride_for)
 from ..models import load_onnx, parse_model_ref
 from ..options import QuantizeOptions
+from ..procmem import release_freed_memory
 from ..results import ProgressFn, Result, stage
 from ..runners import OrtRunner
 from ..runtime import current_threads
@@ -149,6 +150,7 @@ def _check_fits(fp32_path: Path, sample, where: str, threads: int) -> None:
         first = str(exc).splitlines()[0][:200]
         raise UsageError(f"samples of shape {','.join(map(str, sample.shape))} do not fit the model input: {first}",
                          where, "give data of the kind the model was built for, or pass --input-shape") from None
+    release_freed_memory()  # the session is gone: its arena is not kept under the rest of the work
 
 
 def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: int, progress, tmp: Path,
@@ -189,7 +191,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         if fp32_top1 - int8_top1 > max_drop and cap > 0:
             ranking_ds = val_ds.sample(RANKING_SAMPLES)
             ranked = rank_nodes(prepared, candidate, quantized,
-                                lambda: calibration_reader(ranking_ds, pre.input_name), tmp)
+                                lambda: calibration_reader(ranking_ds, pre.input_name), tmp, threads)
 
             def trial(kept: list[str], step: int) -> tuple[Path, float]:
                 path = quantizer.quantize(tmp / f"int8_{step}.onnx", kept)
@@ -268,7 +270,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     batch = check_batch_sizes(written, pre, threads, str(output), rtol=INT8_BATCH_RTOL)
     notes.append("the model takes any batch size (checked at batch " + " and ".join(map(str, batch["checked_sizes"]))
                  + ")" if batch["dynamic"] else f"the model takes a fixed batch of {batch['batch']} (as its input)")
-    node_errors = _node_errors(quantizer, prepared, candidate, kept, val_ds or calib_ds, pre, tmp, notes)
+    node_errors = _node_errors(prepared, candidate, kept, val_ds or calib_ds, pre, tmp, notes, threads)
 
     fp32_bytes, int8_bytes = onnx_model.path.stat().st_size, written.stat().st_size
     if search is not None:
@@ -407,13 +409,13 @@ def _measured_latency(cands, threads: int, pre, host) -> Int8Latency:
                           f"(the written model: {chosen.name})")
 
 
-def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds, pre, tmp: Path,
-                 notes) -> list[NodeError]:
+def _node_errors(prepared: Path, all_int8: Path, kept: list[str], ds, pre, tmp: Path, notes,
+                 threads: int) -> list[NodeError]:
     """Per-node SQNR of the all-int8 model against fp32 (the nodes that lose most first), and which of them
     the written model keeps in fp32: why a node was kept."""
     try:
         sample = ds.sample(RANKING_SAMPLES)
-        rows = node_errors(prepared, all_int8, lambda: calibration_reader(sample, pre.input_name), tmp)
+        rows = node_errors(prepared, all_int8, lambda: calibration_reader(sample, pre.input_name), tmp, threads)
     except Exception as exc:  # a diagnostic: its failure must not cost the user the model
         notes.append(f"per-node SQNR not measured: {str(exc).splitlines()[0][:150]}")
         return []
