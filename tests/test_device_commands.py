@@ -1,6 +1,6 @@
 """Every device command runs, and none imports mxnet (issue 36, item 2): finetune from the shipped ONNX base in
 every --train-layers mode, quantize, predict, profile with and without --device, `energy attribute`, `energy
-calibrate` and `fleet join`, each a real `edgetrain` process.
+calibrate`, `fleet join` and tune, each a real `edgetrain` process.
 
 "Imports none" is recorded, not assumed: every process (and every child it starts) finds, ahead of any real
 mxnet, an ``mxnet`` package that appends the importing stack to a log and raises ImportError. A command that
@@ -105,6 +105,20 @@ def test_quantize_and_predict_import_no_mxnet(tuned, digits, device, tmp_path):
     p = device("predict", tmp_path / "int8.onnx", digits / "val.npz", "--threads", "1", "--json", "-")
     assert p.code == 0, p.err
     assert p.json()["accuracy"]["samples"] == 200
+
+
+def test_tune_imports_no_mxnet(digits, device, tmp_path):
+    """tune trains its grid's points from the ONNX base in its own children (each a real process), the best
+    model.onnx written: all of it without mxnet."""
+    out = tmp_path / "tune"
+    res = device("tune", digits / "digits5.onnx", "--data", digits / "train.npz", "--val", digits / "val.npz",
+                 "--grid", "lr=0.01,0.1", "--grid", "train_layers=head", "--epochs", "2", "--threads", "1",
+                 "-o", out, "--json", "-")
+    assert res.code == 0, res.err
+    d = res.json()
+    assert (out / "model.onnx").is_file() and (out / "trials.csv").is_file()
+    assert [t["status"] for t in d["trials"]].count("chosen") == 1, d["trials"]
+    assert not [t for t in d["trials"] if t["status"] == "failed"], d["trials"]
 
 
 @pytest.mark.parametrize("target", [None, "rpi4b-4gb", "rpi-zero2w"])
