@@ -1,6 +1,6 @@
 """Every device command runs, and none imports mxnet (issue 36, item 2): finetune from the shipped ONNX base in
 every --train-layers mode, quantize, predict, profile with and without --device, `energy attribute`, `energy
-calibrate`, `fleet join` and tune, each a real `edgetrain` process.
+calibrate`, `fleet join`, tune, and `edgetrain run`'s device loop (item 1), each a real `edgetrain` process.
 
 "Imports none" is recorded, not assumed: every process (and every child it starts) finds, ahead of any real
 mxnet, an ``mxnet`` package that appends the importing stack to a log and raises ImportError. A command that
@@ -119,6 +119,51 @@ def test_tune_imports_no_mxnet(digits, device, tmp_path):
     assert (out / "model.onnx").is_file() and (out / "trials.csv").is_file()
     assert [t["status"] for t in d["trials"]].count("chosen") == 1, d["trials"]
     assert not [t for t in d["trials"] if t["status"] == "failed"], d["trials"]
+
+
+def _the_device_loop_ran(res, rundir: Path) -> dict:
+    assert res.code == 0, res.err
+    d = json.loads((rundir / "result.json").read_text())
+    assert [(s["name"], s["status"]) for s in d["steps"]] == [
+        ("finetune", "done"), ("quantize", "done"), ("profile", "done"), ("report", "done")], d["steps"]
+    assert (rundir / "finetune" / "model.onnx").is_file() and (rundir / "model_int8.onnx").is_file()
+    assert (rundir / "report.html").is_file()
+    s = d["summary"]
+    assert s["accuracy_int8_pct"] > 50 and s["energy_per_inference_mj"] > 0 and s["battery_life_days"] > 0, s
+    return d
+
+
+def test_run_on_a_device_runs_the_quickstarts_device_loop_from_the_shipped_onnx_base(device, tmp_path):
+    """`edgetrain run quickstart-device`: fine-tune the shipped ONNX base, quantize, profile with the energy report,
+    every step a child, none importing mxnet (issue 36, item 1)."""
+    rundir = tmp_path / "run"
+    _the_device_loop_ran(device("run", "quickstart-device", "-o", rundir), rundir)
+
+
+def test_run_with_no_recipe_is_the_device_loop_where_mxnet_is_not_installed(tmp_path):
+    """The default recipe follows the install: the quickstart on the host, its device loop on a device."""
+    import importlib.util
+
+    if importlib.util.find_spec("mxnet") is not None:
+        pytest.skip("a device's check: mxnet is installed here (the host runs the Gluon quickstart)")
+    rundir = tmp_path / "run"
+    d = _the_device_loop_ran(run_edgetrain("run", "-o", rundir, env={"EDGETRAIN_CACHE_DIR": ""}), rundir)
+    assert d["recipe"] == "quickstart-device"
+
+
+def test_a_recipe_from_an_onnx_file_refuses_an_export_step_before_any_work(device, tmp_path):
+    from clitools import assert_user_error
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\ndevice: rpi4b-4gb\nmodel: builtin:digits5.onnx\ndata: builtin:digits\n"
+                      "steps:\n  - finetune:\n  - export:\n")
+    res = device("run", recipe, "-o", tmp_path / "run")
+    assert_user_error(res, 2, "the export step needs a Gluon model", "steps[1]")
+    assert not (tmp_path / "run").exists()
+    recipe.write_text("name: r\ndevice: rpi4b-4gb\nmodel: builtin:digits9.onnx\ndata: builtin:digits\n"
+                      "steps:\n  - finetune:\n")
+    assert_user_error(device("run", recipe, "-o", tmp_path / "run"), 2, "no ONNX model 'builtin:digits9.onnx'",
+                      "builtin:digits5.onnx")
 
 
 @pytest.mark.parametrize("target", [None, "rpi4b-4gb", "rpi-zero2w"])
