@@ -311,3 +311,37 @@ def test_the_zero_2_w_plans_lite_at_96_within_its_budget(mobilenet, device, tmp_
     d = res.json()
     assert d["budget_mb"] == 320 and d["plan"]["estimate_mb"] <= 320, d["plan"]
     assert d["peak_rss_mb"] <= 352, d["peak_rss_mb"]   # what the Zero 2 W leaves a run: 512 - its 160 MB OS reserve
+
+
+def test_the_zero_2_w_refuses_a_quantize_that_would_not_fit_in_one_line_before_the_work(mobilenet, device, tmp_path):
+    """MobileNetV2 at 512x512: every tensor of one sample is about 420 MB, and the per-node SQNR pass holds one
+    sample's of the fp32 and the int8 model: the Zero 2 W's 320 MB budget refuses it from the graph alone."""
+    from clitools import assert_user_error
+
+    res = device("quantize", mobilenet[512], "--calib", mobilenet["data"], "-o", tmp_path / "int8.onnx",
+                 "--device", "rpi-zero2w")
+    assert_user_error(res, 2, "quantizing needs about", "more than rpi-zero2w's memory budget of 320 MB",
+                      "quantize on the host")
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_zero_2_w_quantizes_mobilenet_at_96_within_its_budget_and_its_board(mobilenet, device, tmp_path):
+    """The plan says it fits, and it does: the process's peak RSS (imports included, read by the kernel as the
+    child's high-water mark) stays within what the Zero 2 W leaves a run (512 MB less its 160 MB OS reserve)."""
+    import subprocess
+
+    out = tmp_path / "int8.onnx"
+    argv = [sys.executable, "-m", "edgetrain", "quantize", str(mobilenet[96]), "--calib", str(mobilenet["data"]),
+            "-o", str(out), "--device", "rpi-zero2w", "--json", str(tmp_path / "q.json")]
+    peak = ("import resource, subprocess, sys\n"
+            "code = subprocess.run(sys.argv[1:]).returncode\n"
+            "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)")
+    proc = subprocess.run([sys.executable, "-c", peak, *argv], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **device.env})
+    assert not device.log.exists(), device.log.read_text()[-4000:]
+    code, peak_mb = proc.stdout.splitlines()[-1].split()  # after the command's own report
+    assert code == "0", proc.stderr
+    notes = json.loads((tmp_path / "q.json").read_text())["notes"]
+    plan = next(n for n in notes if n.startswith("memory plan: about"))
+    assert "within rpi-zero2w's memory budget of 320 MB" in plan
+    assert out.is_file() and float(peak_mb) <= 352, (peak_mb, plan)

@@ -18,8 +18,8 @@ from ..figures import Calibration, Chance, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host, host_load
 from ..int8 import (DYNAMIC_OPS, Candidate, NodeError, Quantizer, SchemeRecord, calibration_reader,
-                    check_not_quantized, check_symbol_not_quantized, dynamic_applies, load_calibration,
-                    load_validation, measure, node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names,
+                    check_memory_plan, check_not_quantized, check_symbol_not_quantized, dynamic_applies, load_calibration,
+                    load_validation, measure, memory_plan, node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names,
                     rank_nodes, scheme_for, set_metadata, static_candidates, stride_for)
 from ..models import load_onnx, parse_model_ref
 from ..options import QuantizeOptions
@@ -160,6 +160,11 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     onnx_model, num_classes, notes = _fp32_onnx(model, tmp, opts.params, opts.input_shape, progress,
                                                      mean=opts.mean, std=opts.std)
     pre = onnx_model.preprocess
+    if profile is not None:  # the device's budget: a quantize that would not fit is refused before the work
+        plan = memory_plan(onnx_model.path, pre.input_shape, float(profile.memory_budget_mb))
+        check_memory_plan(plan, profile.name, pre.input_shape)
+        notes.append(f"memory plan: about {plan.need_mb:.0f} MB at the peak ({plan.peak_phase}), within "
+                     f"{profile.name}'s memory budget of {plan.budget_mb:.0f} MB")
     full_calib, calib_ds = load_calibration(calib, pre, samples)
     val_ds = load_validation(val, pre, num_classes) if val else None
     _check_fits(onnx_model.path, calib_ds.batch([0]), "--calib", threads)
