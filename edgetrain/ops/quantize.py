@@ -161,7 +161,8 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
                                                      mean=opts.mean, std=opts.std)
     pre = onnx_model.preprocess
     if profile is not None:  # the device's budget: a quantize that would not fit is refused before the work
-        plan = memory_plan(onnx_model.path, pre.input_shape, float(profile.memory_budget_mb))
+        plan = memory_plan(onnx_model.path, pre.input_shape, float(profile.memory_budget_mb),
+                           search=_scheme_measured(opts, profile, detect_host()))
         check_memory_plan(plan, profile.name, pre.input_shape)
         notes.append(f"memory plan: about {plan.need_mb:.0f} MB at the peak ({plan.peak_phase}), within "
                      f"{profile.name}'s memory budget of {plan.budget_mb:.0f} MB")
@@ -219,7 +220,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
 
     best_path, kept = best
     host = detect_host()
-    measured = opts.scheme != "rule" and (profile is None or host.matches(profile))
+    measured = _scheme_measured(opts, profile, host)
     allowed = _allowed_kinds(opts.scheme, output)
     metadata = onnx_model.metadata
 
@@ -292,6 +293,12 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         calibration=Calibration(method, len(calib_ds), calib), accuracy=accuracy, steps=steps,
         nodes_kept_fp32=kept, size=Int8Size.of(fp32_bytes, int8_bytes), latency=latency, onnx_exportable=True,
         warnings=warnings, notes=notes, node_errors=node_errors)
+
+
+def _scheme_measured(opts: QuantizeOptions, profile, host) -> bool:
+    """Whether the scheme is chosen by timing the candidates in child processes: where quantize runs on the
+    device's CPU (or with no --device), unless --scheme rule."""
+    return opts.scheme != "rule" and (profile is None or host.matches(profile))
 
 
 def _scheme_candidates(onnx_model, prepared: Path, quantizer_for, rule, rule_path: Path, kept: list[str],
