@@ -50,7 +50,8 @@ class StepKind:
     docs read it). ``options``: the command's declaration: a recipe sets the fields it allows, ``inputs(
     artifacts, rundir, step, resume)`` -> (MODEL, {field: value}) the rest. ``files``: what it leaves in the
     run folder (sealed when it passes, checked before --resume skips it); ``makes``: (Artifacts field, path)
-    of what later steps take (``also_makes``: more such pairs); ``extra``: recipe fields beyond the command's."""
+    of what later steps take (``also_makes``: more such pairs; ``from_onnx``: those when the step's MODEL is an
+    ONNX file); ``extra``: recipe fields beyond the command's."""
 
     options: type[Options]
     inputs: Callable[[Artifacts, Path, Any, bool], tuple[str, dict]]
@@ -58,6 +59,7 @@ class StepKind:
     makes: tuple[str, str] | None = None
     extra: dict = field(default_factory=dict)
     also_makes: tuple[tuple[str, str], ...] = ()
+    from_onnx: tuple[tuple[str, str], ...] = ()
 
 
 def _profile_inputs(art: Artifacts, rundir: Path, step, resume: bool):
@@ -84,7 +86,7 @@ STEPS: dict[str, StepKind] = {
     "finetune": StepKind(FinetuneOptions, lambda art, rundir, step, resume: (art.model, {
         "data": art.train, "out": str(rundir / "finetune"), "val": art.val,
         "resume": resume and (rundir / "finetune").is_dir()}), makes=("model", "finetune/model"),
-        also_makes=(("model", "finetune/model.onnx"), ("fp32_onnx", "finetune/model.onnx")),
+        from_onnx=(("model", "finetune/model.onnx"), ("fp32_onnx", "finetune/model.onnx")),
         files=("finetune/model-symbol.json", "finetune/model-0000.params", "finetune/model-edgetrain.json",
                "finetune/model.onnx")),
     "quantize": StepKind(QuantizeOptions, lambda art, rundir, step, resume: (art.model, {

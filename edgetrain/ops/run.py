@@ -139,7 +139,8 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
         say(f"[{i}/{total}] {step.name} {run.status} in {run.seconds:.1f} s")
         if run.exit_code == 0 and not run.status.startswith("skipped"):
             _seal(step.name, kind.files, rundir)
-        for attr, rel in ((kind.makes,) if kind.makes else ()) + kind.also_makes:
+        from_onnx = kind.from_onnx if str(model).lower().endswith(".onnx") else ()
+        for attr, rel in ((kind.makes,) if kind.makes else ()) + kind.also_makes + from_onnx:
             made = rundir / rel  # found in THIS run folder, never where steps/*.json says (it may have been moved)
             if made.exists() or Path(f"{made}-symbol.json").exists():  # a file or a PREFIX
                 setattr(art, attr, str(made))
