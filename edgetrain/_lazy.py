@@ -87,6 +87,14 @@ if not any(isinstance(f, _MxnetImportHook) for f in sys.meta_path):
     sys.meta_path.insert(0, _MxnetImportHook())
 
 
+def mxnet_installed() -> bool:
+    """Whether this install has mxnet (the host side) or not (a device), found without importing it."""
+    try:
+        return importlib.util.find_spec("mxnet") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def mxnet() -> ModuleType:
     """``import mxnet``, after the thread cap, the quiet banner and the numpy/Python compatibility."""
     if "mxnet" in _opened:

@@ -1,4 +1,5 @@
-"""Resident memory of this process, read from /proc (Linux): current RSS and its peak (VmHWM)."""
+"""Resident memory of this process, read from /proc (Linux): current RSS and its peak (VmHWM), and giving
+what was freed back to the system."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,3 +32,16 @@ def peak_rss_mb(pid: int | None = None) -> float | None:
 
         kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss or None
     return kb / 1024 if kb is not None else None
+
+
+def release_freed_memory() -> None:
+    """Give the heap glibc keeps after large frees back to the system (peak RSS is what a board feels): a
+    phase's peak then does not stay resident under the next phase's."""
+    import ctypes
+    import gc
+
+    gc.collect()  # a Gluon block is a web of reference cycles: its weights go only when the cycles do
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass

@@ -30,6 +30,9 @@ from .options import ExportOptions, FinetuneOptions, Options, ProfileOptions, Qu
 # relative to the recipe file's folder.
 
 
+SHIPPED_PREFIX = "builtin:"  # builtin:NAME.onnx: a MODEL shipped inside edgetrain (edgetrain/_builtin)
+
+
 @dataclass
 class Artifacts:
     """What the steps so far have made; each step takes its input from here."""
@@ -47,7 +50,8 @@ class StepKind:
     docs read it). ``options``: the command's declaration: a recipe sets the fields it allows, ``inputs(
     artifacts, rundir, step, resume)`` -> (MODEL, {field: value}) the rest. ``files``: what it leaves in the
     run folder (sealed when it passes, checked before --resume skips it); ``makes``: (Artifacts field, path)
-    of what later steps take (``also_makes``: more such pairs); ``extra``: recipe fields beyond the command's."""
+    of what later steps take (``also_makes``: more such pairs; ``from_onnx``: those when the step's MODEL is an
+    ONNX file); ``extra``: recipe fields beyond the command's."""
 
     options: type[Options]
     inputs: Callable[[Artifacts, Path, Any, bool], tuple[str, dict]]
@@ -55,6 +59,7 @@ class StepKind:
     makes: tuple[str, str] | None = None
     extra: dict = field(default_factory=dict)
     also_makes: tuple[tuple[str, str], ...] = ()
+    from_onnx: tuple[tuple[str, str], ...] = ()
 
 
 def _profile_inputs(art: Artifacts, rundir: Path, step, resume: bool):
@@ -76,10 +81,14 @@ def _tune_inputs(art: Artifacts, rundir: Path, step, resume: bool):
 
 
 STEPS: dict[str, StepKind] = {
+    # from a Gluon model it writes a PREFIX; from an ONNX base (a device: no mxnet) model.onnx, which is then
+    # also the fp32 ONNX later steps take (there is no export step on a device)
     "finetune": StepKind(FinetuneOptions, lambda art, rundir, step, resume: (art.model, {
         "data": art.train, "out": str(rundir / "finetune"), "val": art.val,
         "resume": resume and (rundir / "finetune").is_dir()}), makes=("model", "finetune/model"),
-        files=("finetune/model-symbol.json", "finetune/model-0000.params", "finetune/model-edgetrain.json")),
+        from_onnx=(("model", "finetune/model.onnx"), ("fp32_onnx", "finetune/model.onnx")),
+        files=("finetune/model-symbol.json", "finetune/model-0000.params", "finetune/model-edgetrain.json",
+               "finetune/model.onnx")),
     "quantize": StepKind(QuantizeOptions, lambda art, rundir, step, resume: (art.model, {
         "calib": art.train, "val": art.val,
         "output": str(rundir / ("model_int8" if step.backend == "mxnet" else "model_int8.onnx"))}),
@@ -158,7 +167,9 @@ class Recipe(Strict):
                       "is edgetrain-run-NAME).")
     description: str = Field("", description="Free text.")
     device: str = Field(description="Device profile name or a profile YAML path (relative to the recipe).")
-    model: str = Field(description="MODEL: PREFIX, zoo:NAME, pkg.module:function.")
+    model: str = Field(description="MODEL: PREFIX, zoo:NAME, pkg.module:function (the host: mxnet), or an ONNX "
+                       f"file (every step without mxnet; no export step), {SHIPPED_PREFIX}NAME.onnx for one "
+                       "shipped with edgetrain (builtin:digits5.onnx, the digits CNN's ONNX base).")
     data: str = Field(description="Training and calibration DATA: image folder, .npz or builtin:digits.")
     val: Optional[str] = Field(None, description="Held-out DATA for every accuracy figure.")
     val_split: Optional[float] = Field(default=None, gt=0, lt=1,
@@ -179,6 +190,8 @@ class Recipe(Strict):
 
 BUNDLED_PACKAGE = "edgetrain._recipes"
 DEFAULT_RECIPE = "quickstart"
+# the default where mxnet is not installed (a device): the quickstart's device loop from the shipped ONNX base
+DEFAULT_DEVICE_RECIPE = "quickstart-device"
 ORIGIN_FILE = "recipe-origin.json"  # in a run folder, beside recipe.yaml: where the recipe came from
 
 
@@ -197,11 +210,30 @@ class LoadedRecipe:
         return self.resolve(device) if device.endswith((".yaml", ".yml")) else device
 
     def resolve(self, ref: str | None) -> str | None:
-        """A DATA/MODEL reference with relative paths made relative to the recipe's folder."""
+        """A DATA/MODEL reference with relative paths made relative to the recipe's folder; builtin:NAME.onnx
+        (a MODEL shipped with edgetrain) the path of that file."""
+        if ref is not None and ref.startswith(SHIPPED_PREFIX) and ref.lower().endswith(".onnx"):
+            return shipped_model(ref)
         if ref is None or ref.startswith(("builtin:", "zoo:")) or is_factory_ref(ref):
             return ref
         path = Path(ref)
         return str(path if path.is_absolute() else (self.base / path))
+
+
+def shipped_model(ref: str) -> str:
+    """The path of builtin:NAME.onnx, an ONNX model shipped inside edgetrain (edgetrain/_builtin)."""
+    name = ref[len(SHIPPED_PREFIX):]
+    entry = resources.files("edgetrain._builtin").joinpath(name)
+    if "/" in name or "\\" in name or not entry.is_file():
+        shipped = sorted(SHIPPED_PREFIX + e.name for e in resources.files("edgetrain._builtin").iterdir()
+                         if e.name.endswith(".onnx"))
+        raise UsageError(f"no ONNX model '{ref}' is shipped with edgetrain", "model", f"use one of: {', '.join(shipped)}")
+    return str(entry)
+
+
+def model_is_onnx(loaded: "LoadedRecipe") -> bool:
+    """The recipe starts from an ONNX file: every step runs without mxnet (a device)."""
+    return str(loaded.resolve(loaded.recipe.model)).lower().endswith(".onnx")
 
 
 def bundled_files() -> dict[str, object]:
@@ -213,9 +245,17 @@ def bundled_names() -> list[str]:
     return sorted(bundled_files())
 
 
+def default_recipe() -> str:
+    """The recipe ``edgetrain run`` runs with none named: the quickstart on the host, its device loop from the
+    shipped ONNX base where mxnet is not installed."""
+    from ._lazy import mxnet_installed
+
+    return DEFAULT_RECIPE if mxnet_installed() else DEFAULT_DEVICE_RECIPE
+
+
 def read_recipe(name_or_path: str | None, rundir: str | Path | None = None) -> LoadedRecipe:
     """Parse and schema-validate a recipe: a bundled name, a path, or None: the one a run folder being
-    resumed (``rundir``) was made with, else the quickstart."""
+    resumed (``rundir``) was made with, else the default (``default_recipe``)."""
     bundled = bundled_files()
     if name_or_path is None and rundir is not None and (Path(rundir) / "recipe.yaml").is_file():
         text = (Path(rundir) / "recipe.yaml").read_text(encoding="utf-8")
@@ -224,8 +264,8 @@ def read_recipe(name_or_path: str | None, rundir: str | Path | None = None) -> L
             source, base = str(origin["source"]), Path(origin["base"])
         except (OSError, ValueError, KeyError, TypeError):
             source, base = str(Path(rundir) / "recipe.yaml"), Path(rundir).resolve()
-    elif (name_or_path or DEFAULT_RECIPE) in bundled:
-        name_or_path = name_or_path or DEFAULT_RECIPE
+    elif (name_or_path or default_recipe()) in bundled:
+        name_or_path = name_or_path or default_recipe()
         entry = bundled[name_or_path]
         text, source, base = entry.read_text(encoding="utf-8"), f"bundled recipe recipes/{entry.name}", Path.cwd()
     else:
@@ -248,9 +288,15 @@ def check_recipe(loaded: LoadedRecipe, device_override: str | None = None):
         where = "--device" if device_override else f"{loaded.source}, field 'device'"
         raise UsageError(exc.what, where, exc.fix) from None
     try:
-        parse_model_ref(loaded.resolve(r.model))
+        parse_model_ref(loaded.resolve(r.model), accept_onnx=True)
     except UsageError as exc:
         raise UsageError(exc.what, f"{loaded.source}, field 'model'", exc.fix) from None
+    if model_is_onnx(loaded):
+        for i, step in enumerate(r.steps):
+            if step.name == "export" or (step.name == "quantize" and step.options.backend == "mxnet"):
+                raise UsageError(f"the {step.name} step needs a Gluon model (mxnet) and the recipe's model is an ONNX "
+                                 "file", f"{loaded.source}, field 'steps[{i}]'",
+                                 f"leave the {step.name} step out: every other step runs from the ONNX file")
     _check_data(loaded, r.data, "data")
     if r.val is not None:
         _check_data(loaded, r.val, "val")

@@ -1,6 +1,6 @@
 """Every device command runs, and none imports mxnet (issue 36, item 2): finetune from the shipped ONNX base in
 every --train-layers mode, quantize, predict, profile with and without --device, `energy attribute`, `energy
-calibrate` and `fleet join`, each a real `edgetrain` process.
+calibrate`, `fleet join`, tune, and `edgetrain run`'s device loop (item 1), each a real `edgetrain` process.
 
 "Imports none" is recorded, not assumed: every process (and every child it starts) finds, ahead of any real
 mxnet, an ``mxnet`` package that appends the importing stack to a log and raises ImportError. A command that
@@ -105,6 +105,65 @@ def test_quantize_and_predict_import_no_mxnet(tuned, digits, device, tmp_path):
     p = device("predict", tmp_path / "int8.onnx", digits / "val.npz", "--threads", "1", "--json", "-")
     assert p.code == 0, p.err
     assert p.json()["accuracy"]["samples"] == 200
+
+
+def test_tune_imports_no_mxnet(digits, device, tmp_path):
+    """tune trains its grid's points from the ONNX base in its own children (each a real process), the best
+    model.onnx written: all of it without mxnet."""
+    out = tmp_path / "tune"
+    res = device("tune", digits / "digits5.onnx", "--data", digits / "train.npz", "--val", digits / "val.npz",
+                 "--grid", "lr=0.01,0.1", "--grid", "train_layers=head", "--epochs", "2", "--threads", "1",
+                 "-o", out, "--json", "-")
+    assert res.code == 0, res.err
+    d = res.json()
+    assert (out / "model.onnx").is_file() and (out / "trials.csv").is_file()
+    assert [t["status"] for t in d["trials"]].count("chosen") == 1, d["trials"]
+    assert not [t for t in d["trials"] if t["status"] == "failed"], d["trials"]
+
+
+def _the_device_loop_ran(res, rundir: Path) -> dict:
+    assert res.code == 0, res.err
+    d = json.loads((rundir / "result.json").read_text())
+    assert [(s["name"], s["status"]) for s in d["steps"]] == [
+        ("finetune", "done"), ("quantize", "done"), ("profile", "done"), ("report", "done")], d["steps"]
+    assert (rundir / "finetune" / "model.onnx").is_file() and (rundir / "model_int8.onnx").is_file()
+    assert (rundir / "report.html").is_file()
+    s = d["summary"]
+    assert s["accuracy_int8_pct"] > 50 and s["energy_per_inference_mj"] > 0 and s["battery_life_days"] > 0, s
+    return d
+
+
+def test_run_on_a_device_runs_the_quickstarts_device_loop_from_the_shipped_onnx_base(device, tmp_path):
+    """`edgetrain run quickstart-device`: fine-tune the shipped ONNX base, quantize, profile with the energy report,
+    every step a child, none importing mxnet (issue 36, item 1)."""
+    rundir = tmp_path / "run"
+    _the_device_loop_ran(device("run", "quickstart-device", "-o", rundir), rundir)
+
+
+def test_run_with_no_recipe_is_the_device_loop_where_mxnet_is_not_installed(tmp_path):
+    """The default recipe follows the install: the quickstart on the host, its device loop on a device."""
+    import importlib.util
+
+    if importlib.util.find_spec("mxnet") is not None:
+        pytest.skip("a device's check: mxnet is installed here (the host runs the Gluon quickstart)")
+    rundir = tmp_path / "run"
+    d = _the_device_loop_ran(run_edgetrain("run", "-o", rundir, env={"EDGETRAIN_CACHE_DIR": ""}), rundir)
+    assert d["recipe"] == "quickstart-device"
+
+
+def test_a_recipe_from_an_onnx_file_refuses_an_export_step_before_any_work(device, tmp_path):
+    from clitools import assert_user_error
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\ndevice: rpi4b-4gb\nmodel: builtin:digits5.onnx\ndata: builtin:digits\n"
+                      "steps:\n  - finetune:\n  - export:\n")
+    res = device("run", recipe, "-o", tmp_path / "run")
+    assert_user_error(res, 2, "the export step needs a Gluon model", "steps[1]")
+    assert not (tmp_path / "run").exists()
+    recipe.write_text("name: r\ndevice: rpi4b-4gb\nmodel: builtin:digits9.onnx\ndata: builtin:digits\n"
+                      "steps:\n  - finetune:\n")
+    assert_user_error(device("run", recipe, "-o", tmp_path / "run"), 2, "no ONNX model 'builtin:digits9.onnx'",
+                      "builtin:digits5.onnx")
 
 
 @pytest.mark.parametrize("target", [None, "rpi4b-4gb", "rpi-zero2w"])
@@ -252,3 +311,37 @@ def test_the_zero_2_w_plans_lite_at_96_within_its_budget(mobilenet, device, tmp_
     d = res.json()
     assert d["budget_mb"] == 320 and d["plan"]["estimate_mb"] <= 320, d["plan"]
     assert d["peak_rss_mb"] <= 352, d["peak_rss_mb"]   # what the Zero 2 W leaves a run: 512 - its 160 MB OS reserve
+
+
+def test_the_zero_2_w_refuses_a_quantize_that_would_not_fit_in_one_line_before_the_work(mobilenet, device, tmp_path):
+    """MobileNetV2 at 512x512: every tensor of one sample is about 420 MB, and the per-node SQNR pass holds one
+    sample's of the fp32 and the int8 model: the Zero 2 W's 320 MB budget refuses it from the graph alone."""
+    from clitools import assert_user_error
+
+    res = device("quantize", mobilenet[512], "--calib", mobilenet["data"], "-o", tmp_path / "int8.onnx",
+                 "--device", "rpi-zero2w")
+    assert_user_error(res, 2, "quantizing needs about", "more than rpi-zero2w's memory budget of 320 MB",
+                      "quantize on the host")
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_zero_2_w_quantizes_mobilenet_at_96_within_its_budget_and_its_board(mobilenet, device, tmp_path):
+    """The plan says it fits, and it does: the process's peak RSS (imports included, read by the kernel as the
+    child's high-water mark) stays within what the Zero 2 W leaves a run (512 MB less its 160 MB OS reserve)."""
+    import subprocess
+
+    out = tmp_path / "int8.onnx"
+    argv = [sys.executable, "-m", "edgetrain", "quantize", str(mobilenet[96]), "--calib", str(mobilenet["data"]),
+            "-o", str(out), "--device", "rpi-zero2w", "--json", str(tmp_path / "q.json")]
+    peak = ("import resource, subprocess, sys\n"
+            "code = subprocess.run(sys.argv[1:]).returncode\n"
+            "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)")
+    proc = subprocess.run([sys.executable, "-c", peak, *argv], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **device.env})
+    assert not device.log.exists(), device.log.read_text()[-4000:]
+    code, peak_mb = proc.stdout.splitlines()[-1].split()  # after the command's own report
+    assert code == "0", proc.stderr
+    notes = json.loads((tmp_path / "q.json").read_text())["notes"]
+    plan = next(n for n in notes if n.startswith("memory plan: about"))
+    assert "within rpi-zero2w's memory budget of 320 MB" in plan
+    assert out.is_file() and float(peak_mb) <= 352, (peak_mb, plan)

@@ -175,7 +175,7 @@ def test_the_command_path_never_imports_pydantic():
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("recipe", ["quickstart", "pi5", "pi-zero2w", "jetson-nano-cpu"])
+@pytest.mark.parametrize("recipe", ["quickstart", "quickstart-device", "pi5", "pi-zero2w", "jetson-nano-cpu"])
 def test_a_recipe_step_runs_with_the_options_its_logged_command_line_gives(recipe, tmp_path):
     """Each step is recorded and logged as `edgetrain VERB MODEL --flag value ...`: click and the declaration
     read that command line back to exactly the typed options the step ran with, and so does the step's own

@@ -10,9 +10,16 @@ The model is the Gluon zoo's MobileNetV2-1.0 graph written without mxnet (edgetr
 3x96x96 with random weights (memory does not depend on the values), 5 classes; the data are the built-in digits
 resized to 3x96x96 by the commands' own preprocessing. Memory is read from /proc while the command runs (every
 10 ms): for each process of the command (the command and the children it starts) its VmHWM (the kernel's own
-peak RSS, imports included), and the sampled peak of the whole tree's RSS. The figure set against the board is
-the larger of the two: the biggest process's VmHWM, or the tree's sampled peak (a parent and its measuring child
-resident at once). The Zero 2 W leaves 512 - 160 MB (its profile's OS reserve) = 352 MB to a run.
+peak RSS, imports included), and the sampled peak of the whole tree's PSS (each process's share of the pages
+it shares: a child's libraries and the pages a fork shares with its parent counted once, as the board's RAM
+holds them; a sum of RSS would count them twice). The figure set against the board is the larger of the two:
+the biggest process's VmHWM, or the tree's sampled peak (a parent and its measuring child resident at once).
+The Zero 2 W leaves 512 - 160 MB (its profile's OS reserve) = 352 MB to a run.
+
+On the board itself quantize chooses its int8 scheme by timing each candidate in a child process (it does not
+where the profile is another machine's, as here). The row "quantize, timed" measures that path: a profile
+written for this host (its arch, cores and RAM, so that quantize times the candidates) with the Zero 2 W's
+memory budget.
 
     python tools/bench_device_rss.py [--keep DIR] [--epochs 1] [--json out.json]
 """
@@ -54,6 +61,17 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _pss_kb(pid: int) -> int:
+    """The process's proportional set size (Linux 4.14+), else its RSS."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return _status_kb(pid, "VmRSS")
+
+
 def run_measured(argv: list[str], env: dict) -> dict:
     """Run ``argv``; sample its process tree's memory every 10 ms until it ends."""
     t0 = time.monotonic()
@@ -70,7 +88,7 @@ def run_measured(argv: list[str], env: dict) -> dict:
         total = 0
         for pid in pids:
             hwm[pid] = max(hwm.get(pid, 0), _status_kb(pid, "VmHWM"))
-            total += _status_kb(pid, "VmRSS")
+            total += _pss_kb(pid)
         tree_peak = max(tree_peak, total)
         time.sleep(0.01)
     out_f.seek(0)
@@ -104,6 +122,8 @@ def main() -> int:
     env.pop("EDGETRAIN_DEBUG", None)
     prof = load_device(DEVICE)
     available = prof.ram_mb - prof.os_reserve_mb
+    here = folder / "zero-budget-here.yaml"
+    _profile_for_this_host(here, prof)
 
     edgetrain = [sys.executable, "-m", "edgetrain"]
     run_dir = folder / "run"
@@ -112,6 +132,8 @@ def main() -> int:
                            "--epochs", str(args.epochs), "--device", DEVICE, "--json", folder / "finetune.json"]),
         ("quantize", ["quantize", run_dir / "model.onnx", "--calib", "builtin:digits", "-o", folder / "int8.onnx",
                       "--device", DEVICE, "--json", folder / "quantize.json"]),
+        ("quantize, timed", ["quantize", run_dir / "model.onnx", "--calib", "builtin:digits", "-o",
+                             folder / "int8-timed.onnx", "--device", here, "--json", folder / "quantize-timed.json"]),
         ("predict", ["predict", folder / "int8.onnx", "builtin:digits", "--device", DEVICE, "--json",
                      folder / "predict.json"]),
         ("profile", ["profile", folder / "int8.onnx", "--device", DEVICE, "--runs", "20", "--json",
@@ -119,7 +141,7 @@ def main() -> int:
     ]
     print(f"MobileNetV2-1.0 at 3x{args.side}x{args.side}, no mxnet, --device {DEVICE}: {prof.ram_mb} MB RAM, "
           f"{available} MB after its {prof.os_reserve_mb} MB OS reserve, memory budget {prof.memory_budget_mb} MB")
-    print(f"{'command':<14} {'exit':>4} {'largest process MB':>18} {'tree peak MB':>12} {'of 512 MB':>9} "
+    print(f"{'command':<16} {'exit':>4} {'largest process MB':>18} {'tree PSS MB':>12} {'of 512 MB':>9} "
           f"{'fits ' + str(available):>9} {'seconds':>8}")
     rows = {}
     for name, argv in steps:
@@ -127,7 +149,7 @@ def main() -> int:
         peak = max(r["largest_process_mb"], r["tree_peak_mb"])
         r.update(peak_mb=peak, share_of_board=peak / BOARD_MB, fits=peak <= available)
         rows[name] = r
-        print(f"{name:<14} {r['code']:>4} {r['largest_process_mb']:>18.1f} {r['tree_peak_mb']:>12.1f} "
+        print(f"{name:<16} {r['code']:>4} {r['largest_process_mb']:>18.1f} {r['tree_peak_mb']:>12.1f} "
               f"{100 * peak / BOARD_MB:>8.0f}% {'yes' if r['fits'] else 'NO':>9} {r['seconds']:>8.1f}", flush=True)
         if r["code"] != 0:
             print("   " + (r["stderr"].strip().splitlines() or ["(no stderr)"])[-1][:300])
@@ -135,6 +157,23 @@ def main() -> int:
         args.json.write_text(json.dumps({k: {kk: vv for kk, vv in v.items() if kk not in ("stdout", "stderr")}
                                          for k, v in rows.items()}, indent=2))
     return 0 if all(r["code"] == 0 for r in rows.values()) else 1
+
+
+def _profile_for_this_host(path: Path, zero) -> None:
+    """A device profile that this host matches (quantize then times its scheme candidates, as on the board),
+    with the Zero 2 W's memory budget and what it leaves a run."""
+    import yaml
+
+    from edgetrain.devices import load_device
+    from edgetrain.host import detect_host
+
+    host = detect_host()
+    data = load_device("x86-64-generic" if host.arch == "x86_64" else "rpi4b-4gb").model_dump(mode="json",
+                                                                                             exclude_none=True)
+    data.update(name="zero-budget-here", title="this host, with the Pi Zero 2 W's memory budget", cores=host.cores_usable,
+                ram_mb=host.ram_mb, default_threads=min(zero.default_threads, host.cores_usable),
+                os_reserve_mb=host.ram_mb - (zero.ram_mb - zero.os_reserve_mb), memory_budget_mb=zero.memory_budget_mb)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 if __name__ == "__main__":

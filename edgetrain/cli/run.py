@@ -17,7 +17,8 @@ from .options import declared_options, parse
 @declared_options(RunOptions)
 @json_option
 def run(recipe, json_path, **values):
-    """Run RECIPE (a YAML path or a bundled name; default: the quickstart) step by step.
+    """Run RECIPE (a YAML path or a bundled name; default: the quickstart, or quickstart-device where mxnet is
+    not installed) step by step.
 
     Steps (finetune, quantize, export, profile, report) run in order, each as its own edgetrain
     command, each taking the previous one's artifact. Exit code: the first failing step's (1 or 2),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import _lazy
 from ..errors import UsageError
+from ..procmem import release_freed_memory
 
 # Operators that only exist in a quantized graph.
 QUANTIZED_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
@@ -52,7 +53,10 @@ def prepare(fp32_path: Path, out_path: Path) -> list[str]:
             node.name = name
             used.add(name)
     onnx.save(proto, str(out_path))
-    return [n.name for n in proto.graph.node]
+    names = [n.name for n in proto.graph.node]
+    del proto
+    release_freed_memory()  # the optimiser's session and shape inference's copies: not kept under calibration
+    return names
 
 
 class Quantizer:
@@ -89,6 +93,7 @@ class Quantizer:
                             per_channel=self.scheme.per_channel, reduce_range=self.scheme.reduce_range,
                             calibrate_method=method, nodes_to_exclude=list(exclude),
                             extra_options={"CalibStridedMinMax": self.stride} if calibrate else {}, **cache)
+        release_freed_memory()  # the calibration session and its strides' outputs
         return Path(out_path)
 
 

@@ -16,12 +16,13 @@ _FACE = {  # name -> the module of this wing that defines it
     "first_window": "attribution",
     "check_report_path": "report", "energy_lines": "report", "host_energy_lines": "report",
     "text_summary": "report", "write_report": "report",
-    "reference_onnx": "reference_net",
+    "reference_onnx": "reference_net", "onnx_stats": "memory_model",
 }
 __all__ = sorted(_FACE)
 
 if TYPE_CHECKING:
     from .attribution import attribute, first_window
+    from .memory_model import onnx_stats
     from .profiling import ProfileResult, device_speed, profile
     from .reference_net import reference_onnx
     from .report import check_report_path, energy_lines, host_energy_lines, text_summary, write_report

@@ -709,7 +709,9 @@ def _check_host_side(report: DoctorReport, fix: bool, machine: str, say) -> None
 
 
 def _mxnet_installed() -> bool:
-    return _module_installed("mxnet")
+    from .. import _lazy
+
+    return _lazy.mxnet_installed()
 
 
 def _module_installed(name: str) -> bool:

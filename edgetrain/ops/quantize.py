@@ -22,12 +22,13 @@ from ..figures import Calibration, Chance, Int8Accuracy, Int8Latency, Int8Size
 from ..fileio import atomic_path, check_output_path, temp_dir
 from ..host import detect_host, host_load
 from ..int8 import (DYNAMIC_OPS, Candidate, NodeError, Quantizer, SchemeRecord, calibration_notes,
-                    calibration_reader, check_not_quantized, check_symbol_not_quantized, dynamic_applies,
-                    int8_weight_count,
-                    load_calibration, load_validation, measure, node_errors, onnx_top1, prepare, quantize_mxnet,
-                    quantized_node_names, rank_nodes, scheme_for, set_metadata, static_candidates, stride_for)
+                    calibration_reader, check_memory_plan, check_not_quantized, check_symbol_not_quantized,
+                    dynamic_applies, int8_weight_count, load_calibration, load_validation, measure, memory_plan,
+                    node_errors, onnx_top1, prepare, quantize_mxnet, quantized_node_names, rank_nodes, scheme_for,
+                    set_metadata, static_candidates, stride_for)
 from ..models import load_onnx, parse_model_ref
 from ..options import QuantizeOptions
+from ..procmem import release_freed_memory
 from ..results import ProgressFn, Result, stage
 from ..runners import OrtRunner
 from ..runtime import current_threads
@@ -157,6 +158,7 @@ def _check_fits(fp32_path: Path, sample, where: str, threads: int) -> None:
         first = str(exc).splitlines()[0][:200]
         raise UsageError(f"samples of shape {','.join(map(str, sample.shape))} do not fit the model input: {first}",
                          where, "give data of the kind the model was built for, or pass --input-shape") from None
+    release_freed_memory()  # the session is gone: its arena is not kept under the rest of the work
 
 
 def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: int, progress, tmp: Path,
@@ -166,6 +168,12 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     onnx_model, num_classes, notes = _fp32_onnx(model, tmp, opts.params, opts.input_shape, progress,
                                                      mean=opts.mean, std=opts.std)
     pre = onnx_model.preprocess
+    if profile is not None:  # the device's budget: a quantize that would not fit is refused before the work
+        plan = memory_plan(onnx_model.path, pre.input_shape, float(profile.memory_budget_mb),
+                           search=_scheme_measured(opts, profile, detect_host()))
+        check_memory_plan(plan, profile.name, pre.input_shape)
+        notes.append(f"memory plan: about {plan.need_mb:.0f} MB at the peak ({plan.peak_phase}), within "
+                     f"{profile.name}'s memory budget of {plan.budget_mb:.0f} MB")
     full_calib, calib_ds = load_calibration(calib, pre, samples)
     val_ds = load_validation(val, pre, num_classes) if val else None
     _check_fits(onnx_model.path, calib_ds.batch([0]), "--calib", threads)
@@ -203,7 +211,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         if fp32_top1 - int8_top1 > max_drop and cap > 0:
             ranking_ds = val_ds.sample(RANKING_SAMPLES)
             ranked = rank_nodes(prepared, candidate, quantized,
-                                lambda: calibration_reader(ranking_ds, pre.input_name), tmp)
+                                lambda: calibration_reader(ranking_ds, pre.input_name), tmp, threads)
 
             def trial(kept: list[str], step: int) -> tuple[Path, float]:
                 path = quantizer.quantize(tmp / f"int8_{step}.onnx", kept)
@@ -226,7 +234,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
 
     best_path, kept = best
     host = detect_host()
-    measured = opts.scheme != "rule" and (profile is None or host.matches(profile))
+    measured = _scheme_measured(opts, profile, host)
     metadata = onnx_model.metadata
 
     def write(path: Path, name: str, kept_nodes: list[str], final: bool) -> None:
@@ -280,7 +288,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     batch = check_batch_sizes(written, pre, threads, str(output), rtol=INT8_BATCH_RTOL)
     notes.append("the model takes any batch size (checked at batch " + " and ".join(map(str, batch["checked_sizes"]))
                  + ")" if batch["dynamic"] else f"the model takes a fixed batch of {batch['batch']} (as its input)")
-    node_errors = _node_errors(quantizer, prepared, candidate, kept, val_ds or calib_ds, pre, tmp, notes)
+    node_errors = _node_errors(prepared, candidate, kept, val_ds or calib_ds, pre, tmp, notes, threads)
 
     fp32_bytes, int8_bytes = onnx_model.path.stat().st_size, written.stat().st_size
     if int8_bytes >= fp32_bytes:
@@ -301,6 +309,12 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
         calibration=Calibration(method, len(calib_ds), calib), accuracy=accuracy, steps=steps,
         nodes_kept_fp32=kept, size=Int8Size.of(fp32_bytes, int8_bytes), latency=latency, onnx_exportable=True,
         warnings=warnings, notes=notes, node_errors=node_errors, fp32_fastest=fp32_fastest)
+
+
+def _scheme_measured(opts: QuantizeOptions, profile, host) -> bool:
+    """Whether the scheme is chosen by timing the candidates in child processes: where quantize runs on the
+    device's CPU (or with no --device), unless --scheme rule."""
+    return opts.scheme != "rule" and (profile is None or host.matches(profile))
 
 
 def _scheme_candidates(onnx_model, prepared: Path, quantizer_for, rule, rule_path: Path, kept: list[str],
@@ -437,13 +451,13 @@ def _measured_latency(cands, threads: int, pre, host) -> Int8Latency | None:
                           f"(the written model: {chosen.name})")
 
 
-def _node_errors(quantizer, prepared: Path, all_int8: Path, kept: list[str], ds, pre, tmp: Path,
-                 notes) -> list[NodeError]:
+def _node_errors(prepared: Path, all_int8: Path, kept: list[str], ds, pre, tmp: Path, notes,
+                 threads: int) -> list[NodeError]:
     """Per-node SQNR of the all-int8 model against fp32 (the nodes that lose most first), and which of them
     the written model keeps in fp32: why a node was kept."""
     try:
         sample = ds.sample(RANKING_SAMPLES)
-        rows = node_errors(prepared, all_int8, lambda: calibration_reader(sample, pre.input_name), tmp)
+        rows = node_errors(prepared, all_int8, lambda: calibration_reader(sample, pre.input_name), tmp, threads)
     except Exception as exc:  # a diagnostic: its failure must not cost the user the model
         notes.append(f"per-node SQNR not measured: {str(exc).splitlines()[0][:150]}")
         return []

@@ -9,7 +9,7 @@ Run folder::
 
     recipe.yaml            the recipe as run (resume refuses a different one)
     data/train.npz, data/val.npz   the held-out split, when the recipe asks for one (same for every step)
-    finetune/              the fine-tuned PREFIX model, metrics.json, checkpoint
+    finetune/              the fine-tuned PREFIX model (model.onnx from an ONNX base), metrics.json, checkpoint
     tune/                  the tuned model.onnx, trials.csv, tune.json, report.html, the trials' checkpoints
     model.onnx, model_int8.onnx   export and quantize artifacts
     profile.html           the profile step's report
@@ -30,10 +30,10 @@ from .. import _lazy, child
 from ..data import load_data
 from ..errors import UsageError
 from ..fileio import atomic_path, atomic_write_text, file_digest, write_npz
-from ..models import load_gluon
+from ..models import load_gluon, load_onnx
 from ..fleet.report import read_report as read_fleet_report
 from ..options import Options
-from ..recipes import ORIGIN_FILE, STEPS, Artifacts, LoadedRecipe, check_recipe
+from ..recipes import ORIGIN_FILE, STEPS, Artifacts, LoadedRecipe, check_recipe, model_is_onnx
 from ..results import Result, step_passed
 from ..run_report import write_run_report
 
@@ -85,9 +85,11 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
     recipe = loaded.recipe
     profile = check_recipe(loaded, device)
     rundir = Path(rundir) if rundir else _new_rundir(recipe.name)
-    # A recipe's model is a Gluon model: a host without a loadable mxnet (before `doctor --fix`) is told so
-    # before the run folder exists, not after an empty one is left behind.
-    _lazy.mxnet()
+    # A recipe's Gluon model needs mxnet: a host without a loadable one (before `doctor --fix`) is told so before
+    # the run folder exists, not after an empty one is left behind. One that starts from an ONNX file (a
+    # device) never loads it.
+    if not model_is_onnx(loaded):
+        _lazy.mxnet()
     made = not rundir.exists()
     _prepare_rundir(rundir, loaded, resume)
     threads = threads or recipe.threads
@@ -137,7 +139,8 @@ def run_recipe(loaded: LoadedRecipe, rundir: str | Path | None = None, device: s
         say(f"[{i}/{total}] {step.name} {run.status} in {run.seconds:.1f} s")
         if run.exit_code == 0 and not run.status.startswith("skipped"):
             _seal(step.name, kind.files, rundir)
-        for attr, rel in ((kind.makes,) if kind.makes else ()) + kind.also_makes:
+        from_onnx = kind.from_onnx if str(model).lower().endswith(".onnx") else ()
+        for attr, rel in ((kind.makes,) if kind.makes else ()) + kind.also_makes + from_onnx:
             made = rundir / rel  # found in THIS run folder, never where steps/*.json says (it may have been moved)
             if made.exists() or Path(f"{made}-symbol.json").exists():  # a file or a PREFIX
                 setattr(art, attr, str(made))
@@ -191,7 +194,8 @@ def _split_data(loaded: LoadedRecipe, rundir: Path, model_ref: str, say) -> tupl
     import numpy as np
 
     recipe = loaded.recipe
-    pre = load_gluon(model_ref).preprocess  # the raw pixels are stored at the model's input size
+    # the raw pixels are stored at the model's input size
+    pre = load_onnx(model_ref).preprocess if model_ref.lower().endswith(".onnx") else load_gluon(model_ref).preprocess
     ds = load_data(loaded.resolve(recipe.data), pre)
     train, val = ds.split(recipe.val_split, seed=recipe.seed)
     train_path.parent.mkdir(parents=True, exist_ok=True)

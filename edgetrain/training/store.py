@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import _lazy
 from ..fileio import cache_root, remembered_digest
+from ..procmem import release_freed_memory  # noqa: F401  (the engines call it as store.release_freed_memory)
 
 FROZEN_ONNX = "frozen.onnx"  # the frozen part, cut from the ONNX graph once per run (a resume reuses it)
 PREP_DIR = ".finetune-prep"  # what the mxnet child of a Gluon model's run leaves for the run (gluon.py)
@@ -32,31 +33,8 @@ def xavier(shape: tuple, rng: np.random.RandomState) -> np.ndarray:
     return rng.uniform(-scale, scale, size=shape).astype(np.float32)
 
 
-
-
-
-
-
-
-
-
-
-
 def ort_session(path: Path, threads: int, arena: bool):
     """The frozen part's session for the feature pass: its workers spin within a run (its many small
     parallel sections), and stop when a run ends, so the decoding threads between runs have the cores."""
     return _lazy.ort_session(path, threads, spinning=True, stop_spinning_after_run=True, arena=arena)
 
-
-
-
-def release_freed_memory() -> None:
-    """Give the heap glibc keeps after large frees back to the system (peak RSS is what a board feels)."""
-    import ctypes
-    import gc
-
-    gc.collect()  # a Gluon block is a web of reference cycles: its weights go only when the cycles do
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass

@@ -193,7 +193,7 @@ class Tuner:
             return {"error": exc.what, "fix": exc.fix}
         finally:
             del job
-            _release()
+            procmem.release_freed_memory()
         return {}
 
     def _plan_of(self, trial: Trial, scratch: Path) -> dict:
@@ -249,13 +249,13 @@ class Tuner:
             res = job.run(has_checkpoint)
         except RunFailed as exc:
             del job
-            _release()
+            procmem.release_freed_memory()
             trial.status, trial.why = "failed", exc.what
             self.journal.append({"kind": "failed", "trial": trial.number, "why": exc.what, "clock": self.clock()})
             return
         except UsageError as exc:  # the plan refused at run time (the budget, measured)
             del job
-            _release()
+            procmem.release_freed_memory()
             trial.status, trial.why = "skipped", f"would not fit (its plan, at its start): {exc.what}"
             self.journal.append({"kind": "skipped", "trial": trial.number, "why": trial.why, "clock": self.clock()})
             return
@@ -263,7 +263,8 @@ class Tuner:
         trial.lr_used = job.lr
         del job
         if self.budget_mb is not None:
-            _release()  # the next trial plans from this process's memory: what this one freed goes back (~80 ms)
+            # the next trial plans from this process's memory: what this one freed goes back (~80 ms)
+            procmem.release_freed_memory()
         start = int((res.resumed_from or {}).get("epoch", before))  # a power cut may have left it further on
         new = res.epochs[start:]
         train_s = sum(e["seconds"] for e in new)
@@ -369,20 +370,6 @@ class Tuner:
         clocks = [r["clock"] for r in self.journal.records if isinstance(r.get("clock"), (int, float))]
         self.clock_before = max(clocks, default=0.0)
         self.clock0 = time.monotonic()
-
-
-def _release() -> None:
-    """Give what a dropped job held back to the system: its graphs are cycles (gc), and glibc keeps a freed
-    heap unless trimmed."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
 
 def _reset_peak() -> None:
     """Start the process's peak RSS (VmHWM) afresh, so that each trial's peak is its own (Linux)."""
