@@ -54,9 +54,18 @@ def test_a_grid_in_the_seeds_form_reads_as_the_flags_do(tmp_path):
     assert read_grid("lr=0.1,0.01,0.001;train_layers=head,last:2").axes == grid.axes
 
 
+def test_momentum_and_weight_decay_are_searched_in_the_seeds_form(tmp_path):
+    f = tmp_path / "grid.yaml"
+    f.write_text("param_dict:\n  learning_rate: [0.1, 0.01]\n  momentum: [0.9, 0.95]\n  wd: [0, 1e-3]\n"
+                 "  optimizer: [sgd]\n")
+    grid = read_grid(str(f))
+    assert grid.axes == {"lr": [0.1, 0.01], "momentum": [0.9, 0.95], "weight_decay": [0.0, 0.001],
+                         "optimizer": ["sgd"]}
+    assert len(grid.points()) == 8
+
+
 @pytest.mark.parametrize("text, fragment", [
     ("param_dict:\n  learning_rate: [0.1]\nmomentum: 0.9\n", "unknown key 'momentum'"),
-    ("param_dict:\n  learning_rate: [0.1]\n  momentum: [0.9, 0.95]\n", "'momentum' is not one of finetune's options"),
     ("param_dict: {}\n", "param_dict is missing or empty"),
     ("param_dict:\n  learning_rate: [-0.1]\n", "finetune refuses --lr"),
     ("param_dict:\n  learning_rate: [0.1]\nobjective: validation_loss\n", "objective 'validation_loss'"),
@@ -84,6 +93,9 @@ BAD = {
     "batch size 0": (["--grid", "batch_size=0,32"], "--batch-size"),
     "epochs 0": (["--grid", "epochs=0"], "--epochs"),
     "a name twice": (["--grid", "lr=0.1", "--grid", "learning_rate=0.2"], "names 'lr' twice"),
+    "momentum with adam": (["--grid", "momentum=0.9,0.95"], "--momentum has no effect without --optimizer sgd"),
+    "momentum of 1": (["--grid", "optimizer=sgd", "--grid", "momentum=0.9,1"], "finetune refuses --momentum '1'"),
+    "negative weight decay": (["--grid", "wd=0,-1e-4"], "finetune refuses --weight-decay '-1e-4'"),
     "no point fits the memory budget": (["--grid", "lr=0.01,0.1", "--grid", "train_layers=head,lite",
                                          "--memory-budget", "40MB"], "no point of the grid fits the memory budget"),
     "energy without a device": (["--grid", "lr=0.01", "--objective", "energy:1"], "needs the device's power"),

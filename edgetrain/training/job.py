@@ -52,7 +52,7 @@ from .engine import Engine
 from .engine_onnx import OnnxEngine
 from .featurecache import FeatureCache, FeatureStore
 from .memplan import READ_AHEAD, Costs, MemoryPlan
-from .optimizers import Corrected, default_lr
+from .optimizers import DEFAULT_MOMENTUM, DEFAULT_WEIGHT_DECAY, Corrected, default_lr
 from .gluon import GluonBase, prepare
 from .outdir import FEATURES_FILE, LOCK_FILE, METRICS, MODEL_NAME, ONNX_MODEL, take_lock
 
@@ -165,6 +165,7 @@ class FinetuneJob:
         self.budget_mb, self.threads, self.profile, self.progress = budget_mb, threads, profile, progress
         self.data, self.outdir, self.val = opts.data, Path(opts.out), opts.val
         self.epochs, self.batch_size, self.lr, self.optimizer = opts.epochs, opts.batch_size, opts.lr, opts.optimizer
+        self.momentum, self.weight_decay = opts.momentum, opts.weight_decay
         self.seed, self.params, self.input_shape = opts.seed, opts.params, opts.input_shape
         self.resume, self.initial, self.initial_where = resume, initial, initial_where
         self.correction, self.writes_model = correction, write_model
@@ -301,7 +302,10 @@ class FinetuneJob:
                 # only other than the model's own: a checkpoint written before --mean/--std existed resumes
                 "normalisation": None if self.own_norm else [list(self.pre.mean), list(self.pre.std)],
                 "train_layers": self.layers.text, "batch_size": self.batch_size, "optimizer": self.optimizer,
-                "lr": self.lr, "seed": self.seed, "data": data_fingerprint(self.train_ds), "val": val_fp()}
+                "lr": self.lr, "seed": self.seed, "data": data_fingerprint(self.train_ds), "val": val_fp(),
+                # only when given other than the defaults: a checkpoint written before the options existed resumes
+                "momentum": None if self.momentum in (None, DEFAULT_MOMENTUM) else self.momentum,
+                "weight_decay": None if self.weight_decay in (None, DEFAULT_WEIGHT_DECAY) else self.weight_decay}
 
     # --- features ----------------------------------------------------------------------------------
 
@@ -316,8 +320,9 @@ class FinetuneJob:
         self.cache_fp = fp
         shared_key = None
         if self.feature_store is not None:
-            # what the frozen part's outputs depend on: not the trained part's lr, optimizer, batch or seed
-            same = {k: v for k, v in self.fingerprint().items() if k not in ("lr", "optimizer", "batch_size", "seed")}
+            # what the frozen part's outputs depend on: not the trained part's optimizer settings, batch or seed
+            same = {k: v for k, v in self.fingerprint().items()
+                    if k not in ("lr", "optimizer", "momentum", "weight_decay", "batch_size", "seed")}
             shared_key = hashlib.sha256(json.dumps([same, self.engine.cut_name, self.plan.feature_batch, rows,
                                                     list(feature_shape)]).encode()).hexdigest()
             shared = self.feature_store.get(shared_key)
@@ -485,7 +490,8 @@ class FinetuneJob:
                                   "nothing to train, the model is written again from it")
         elif self.resume:
             self.notes.append("--resume: no checkpoint in OUTDIR, starting from the beginning")
-        self.opt = Corrected(self.engine.make_optimizer(self.optimizer, self.lr), self.correction)
+        self.opt = Corrected(self.engine.make_optimizer(self.optimizer, self.lr, self.momentum, self.weight_decay),
+                             self.correction)
         self.engine.opt = self.opt
         self.rng = np.random.RandomState(self.seed)
         start_epoch, start_step, order = 0, 0, None

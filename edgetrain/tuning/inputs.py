@@ -47,8 +47,12 @@ def _text(point: dict) -> str:
 
 
 def configs_of(points: list[dict], opts: TuneOptions) -> list[dict]:
-    return [{"lr": p.get("lr"), "optimizer": p.get("optimizer", "adam"), "batch_size": p.get("batch_size", 32),
-             "train_layers": p.get("train_layers", "head"), "epochs": p.get("epochs", opts.epochs)} for p in points]
+    """Each point with finetune's defaults filled in; momentum and weight decay only where the grid searches
+    them (a trial's label and table row say what was searched)."""
+    return [{"lr": p.get("lr"), "optimizer": p.get("optimizer", "adam"),
+             **{k: p[k] for k in ("momentum", "weight_decay") if k in p},
+             "batch_size": p.get("batch_size", 32), "train_layers": p.get("train_layers", "head"),
+             "epochs": p.get("epochs", opts.epochs)} for p in points]
 
 
 def fingerprint(model: str, opts: TuneOptions, grid: Grid, objective: str) -> dict:

@@ -217,7 +217,9 @@ class Tuner:
         c = trial.config
         values = {"data": str(self.outdir / DATA_DIR / "train.npz"), "val": str(self.outdir / DATA_DIR / "val.npz"),
                   "out": str(out), "epochs": epochs, "optimizer": c["optimizer"], "batch_size": c["batch_size"],
-                  "train_layers": c["train_layers"], "lr": c["lr"], "seed": self.opts.seed,
+                  "train_layers": c["train_layers"], "lr": c["lr"], "momentum": c.get("momentum"),
+                  "weight_decay": c.get("weight_decay", FinetuneOptions.fields["weight_decay"].default),
+                  "seed": self.opts.seed,
                   "memory_budget": self.budget_mb, "device": self.opts.device, "threads": self.opts.threads,
                   "resume": resume, "allow_chance": True}
         return values
