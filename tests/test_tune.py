@@ -34,13 +34,16 @@ def tuned(task, tmp_path_factory) -> tuple[Path, object]:
 
 # --- the schedule and the grid -------------------------------------------------------------------------------
 
-def test_halving_on_the_issue_grid_trains_a_quarter_of_the_grid_epochs():
-    assert rung_epochs(6) == [1, 2, 6]
-    assert rung_epochs(10) == [1, 3, 10]
+def test_halving_on_the_issue_grid_trains_under_a_quarter_of_the_grid_epochs():
+    assert rung_epochs(6) == [0.6667, 2, 6]   # the first rung: two thirds of an epoch's steps
+    assert rung_epochs(10) == [1, 3, 10]      # (10/27 of an epoch is under MIN_RUNG)
+    assert rung_epochs(3) == [1, 3]
     assert rung_epochs(1) == [1]
+    assert rung_epochs(6, eta=4) == [0.5, 2, 6]
     rungs = halving(15, 6)
-    assert [(r.epochs, r.keep) for r in rungs] == [(1, 15), (2, 5), (6, 1)]
-    assert planned_epochs(rungs, [6] * 15) == 24  # 15 x 1 + 5 x 1 + 1 x 4, where the grid trains 90
+    assert [(r.epochs, r.keep) for r in rungs] == [(0.6667, 15), (2, 5), (6, 1)]
+    # 15 x 2/3 + 5 x 4/3 + 1 x 4, where the grid trains 90
+    assert planned_epochs(rungs, [6] * 15) == pytest.approx(15 * 0.6667 + 5 * (2 - 0.6667) + 4)
 
 
 def test_a_grid_in_the_seeds_form_reads_as_the_flags_do(tmp_path):
@@ -127,17 +130,19 @@ def test_the_chosen_trial_is_the_best_held_out_and_its_model_is_written(tuned, t
     assert [r["trial"] for r in rows] == [1, 2, 3, 4]
     assert [(r["lr"], r["train_layers"]) for r in rows] == [(0.003, "head"), (0.003, "lite"), (0.03, "head"),
                                                              (0.03, "lite")]
-    # rung 1 (1 epoch): all four; rung 2 (3 epochs): the best one, and the best of the other trained part
+    # rung 1 (1 epoch): all four; rung 2 (3 epochs): the best one and, if it is a head trial, the best lite one
+    # (lite trains more weights: it may learn slower and end higher)
     finished = [r for r in rows if r["epochs_run"] == 3]
-    assert sorted(r["train_layers"] for r in finished) == ["head", "lite"]
-    for kind in ("head", "lite"):
-        mine = [r for r in rows if r["train_layers"] == kind]
-        best = max(mine, key=lambda r: (r["accuracy_by_rung"][0]["val_accuracy"], -r["device_seconds"]))
-        assert best["epochs_run"] == 3
+    first = lambda r: (r["accuracy_by_rung"][0]["val_accuracy"], -r["accuracy_by_rung"][0]["device_seconds"])  # noqa: E731
+    leader = max(rows, key=first)
+    want = {leader["train_layers"]} | ({"lite"} if leader["train_layers"] == "head" else set())
+    assert sorted(r["train_layers"] for r in finished) == sorted(want)
+    for kind in want:
+        assert max((r for r in rows if r["train_layers"] == kind), key=first)["epochs_run"] == 3
     chosen = max(finished, key=lambda r: (r["val_accuracy"], -r["device_seconds"]))
     assert chosen["status"] == "chosen" and res.chosen["trial"] == chosen["trial"] and res.passed
+    assert res.epochs_run == 4 + 2 * len(finished) < res.grid_epochs == 12
     finished = [chosen]
-    assert res.epochs_run == 4 + 2 * 2 < res.grid_epochs == 12
 
     # OUTDIR/model.onnx is the chosen trial's, its configuration in the metadata, and it scores what was recorded
     import onnx
@@ -171,8 +176,9 @@ def test_the_trials_table_is_in_the_csv_the_json_and_the_report(tuned):
         assert r["accuracy_by_rung"].startswith("1:")
         assert float(r["device_seconds"]) > 0 and float(r["peak_mb"]) > 0
     stopped = [t for t in res.trials if t["status"] == "stopped"]
-    assert len(stopped) == 2 and all("not among the best 1 at rung 1" in t["why"] for t in stopped)
-    assert [t["status"] for t in res.trials].count("finished") == 1
+    ran_on = [t for t in res.trials if t["epochs_run"] == 3]
+    assert len(stopped) == 4 - len(ran_on) and all("not among the best 1 at rung 1" in t["why"] for t in stopped)
+    assert [t["status"] for t in res.trials].count("finished") == len(ran_on) - 1
     doc = json.loads((out / "tune.json").read_text())
     assert doc["trials"] == json.loads(json.dumps(res.to_dict()["trials"]))
     html = (out / "report.html").read_text()
@@ -182,8 +188,9 @@ def test_the_trials_table_is_in_the_csv_the_json_and_the_report(tuned):
 
 def test_head_trials_share_one_feature_pass_and_data_is_decoded_once(tuned):
     out, res = tuned
-    assert res.features == {"computed": 1, "shared": 2}  # two head trials (one of them twice), one pass
     rows = {t["trial"]: t for t in res.trials}
+    head_runs = sum(len(t["accuracy_by_rung"]) for t in res.trials if t["train_layers"] == "head")
+    assert head_runs >= 2 and res.features == {"computed": 1, "shared": head_runs - 1}  # every head run, one pass
     assert rows[1]["feature_seconds"] > 0 and rows[3]["feature_seconds"] == 0
     data = np.load(out / "data" / "train.npz")
     assert data["data"].shape[1:3] == (16, 16)  # at the model's input size: no trial resizes again

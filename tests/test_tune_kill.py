@@ -38,9 +38,10 @@ def _tune(task, out: Path, *more, env=None):
                          *more, env=env)
 
 
-def _epochs_trained(out: Path) -> int:
-    """Whole epochs trained over every session of the run: each rung record's own, plus those a killed session
-    checkpointed before its record was written (the gap between a trial's last record and where it resumed)."""
+def _epochs_trained(out: Path) -> float:
+    """Epochs trained over every session of the run: each rung record's own, plus those a killed session
+    checkpointed before its record was written (the gap between a trial's last record and where it resumed); to
+    a thousandth (a rung of a fraction of an epoch is that share of its steps)."""
     total, last = 0, {}
     for line in (out / "journal.jsonl").read_text().splitlines():
         rec = json.loads(line)
@@ -51,7 +52,7 @@ def _epochs_trained(out: Path) -> int:
             total += rec["resumed_at"] - prev
         total += rec["trained"]
         last[rec["trial"]] = rec["epochs"]
-    return total
+    return round(total, 3)
 
 
 def _same_as_reference(out: Path, reference: Path) -> None:

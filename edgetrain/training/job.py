@@ -15,7 +15,10 @@ Extension is by constructor parameters, never by overriding: ``initial`` (the ar
 starts from, refused unless they fit), ``correction`` (added to every gradient, by array name) and
 ``write_model`` (False: the run's result is its arrays). The fleet uses them, ``trainable_arrays()``,
 ``statistics()`` and ``evaluate(arrays)``. ``feature_store`` (a FeatureStore) shares the feature cache
-with the other jobs of the process that have the same frozen part and data (a tune's trials).
+with the other jobs of the process that have the same frozen part and data (a tune's trials). ``stop_at_step``
+ends the run after that many steps in all, inside an epoch (a tune's rung of a fraction of an epoch): the
+checkpoint is written there, as a stop by a signal writes it, so a later run with more epochs resumes exactly
+there, and the held-out accuracy at that step is the result's (``partial_epoch``).
 
 Test hook (for the kill-at-phase tests, never set by users): ``EDGETRAIN_TEST_KILL_AT=PHASE:N`` makes
 the process SIGKILL itself the N-th time it reaches PHASE: ``features`` (after a feature-pass batch is
@@ -109,6 +112,7 @@ class FinetuneResult(Result):
     threads: int = 1
     notes: list[str] = field(default_factory=list)
     chance: dict | None = None   # compare.chance_check on the held-out data
+    partial_epoch: dict | None = None   # stop_at_step: where the run stopped inside an epoch (epoch, step, steps)
 
     def __post_init__(self) -> None:
         # how many of ``notes`` were known before training (and sent to ``progress`` then): a summary shown
@@ -158,7 +162,7 @@ class FinetuneJob:
                  budget_mb, threads: int, profile, progress, resume: bool = False,
                  initial: dict[str, np.ndarray] | None = None, initial_where: str = "initial arrays",
                  correction: dict[str, np.ndarray] | None = None, write_model: bool = True,
-                 feature_store: FeatureStore | None = None):
+                 feature_store: FeatureStore | None = None, stop_at_step: int | None = None):
         self.model, self.opts, self.val_split = model, opts, val_split
         # parsed once, at the declaration (options edgetrain makes itself, unchecked, may hold its text)
         self.layers = TrainLayers(opts.train_layers)
@@ -170,6 +174,8 @@ class FinetuneJob:
         self.resume, self.initial, self.initial_where = resume, initial, initial_where
         self.correction, self.writes_model = correction, write_model
         self.feature_store = feature_store  # frozen-part outputs shared with other jobs of this process (a tune)
+        self.stop_at_step = stop_at_step    # the run ends after this many steps in all (None: after --epochs)
+        self.partial: dict | None = None     # where it ended inside an epoch, with the held-out accuracy there
         self.engine: Engine = OnnxEngine(self)
         self.gluon: GluonBase | None = None   # a Gluon model's export (None: MODEL is an ONNX file)
         self.notes: list[str] = []
@@ -554,6 +560,11 @@ class FinetuneJob:
             seconds = partial.get("seconds", 0.0)
             t0 = time.monotonic()
             for step in range(start_step, steps):
+                if self.stop_at_step is not None and self.global_step >= self.stop_at_step:
+                    self._stop_inside(epoch, step, steps, order, {"loss_sum": loss_sum, "correct": correct,
+                                                                  "seen": seen,
+                                                                  "seconds": seconds + time.monotonic() - t0})
+                    return
                 self.engine.reseed(self.seed, self.global_step)
                 idx = order[step * b:(step + 1) * b]
                 loss, c = self.engine.step(train_inputs, idx, labels, self.plan.micro_batch)
@@ -588,6 +599,14 @@ class FinetuneJob:
             if self.stop.signum:
                 self._interrupted(epoch + 1, 0)
 
+    def _stop_inside(self, epoch: int, step: int, steps: int, order, part: dict) -> None:
+        """stop_at_step reached inside an epoch: checkpointed there (a later run resumes at this step) and the
+        held-out accuracy measured; the epoch's record is left to the run that finishes it."""
+        self.save_checkpoint(epoch, step, order, part)
+        val_acc, val_loss = self.evaluate_held_out()
+        self.partial = {"epoch": epoch, "step": step, "steps": steps, "val_accuracy": val_acc, "val_loss": val_loss,
+                        "seconds": round(part["seconds"], 4), "samples": part["seen"]}
+
     def _cache_shared(self) -> bool:
         return self.feature_store is not None and self.feature_store.holds(self.cache)
 
@@ -608,6 +627,8 @@ class FinetuneJob:
         last = self.history[-1] if self.history else {}
         acc_on = "held-out" if self.val_ds is not None else "training"
         final_acc = last.get("val_accuracy") if self.val_ds is not None else last.get("train_accuracy")
+        if self.partial is not None and self.val_ds is not None:
+            final_acc = self.partial["val_accuracy"]
         self._check_finite()
         model_path = self.outdir / (MODEL_NAME if self.gluon is not None and self.layers.kind != "lite" else ONNX_MODEL)
         if self.writes_model:
@@ -628,7 +649,8 @@ class FinetuneJob:
             seconds=round(total, 3), feature_seconds=round(feature_seconds, 3),
             samples_per_s=samples / max(train_seconds + feature_seconds, 1e-9), peak_rss_mb=peak,
             budget_mb=self.budget_mb,
-            plan=self.plan.to_dict(), resumed_from=self.resumed_from, threads=self.threads, notes=self.notes)
+            plan=self.plan.to_dict(), resumed_from=self.resumed_from, threads=self.threads, notes=self.notes,
+            partial_epoch=self.partial)
         result.notes_before_training = self.notes_before_training
         if self.val_ds is not None and final_acc is not None:
             # a model at chance on held-out data learned nothing: a failed check (exit 3), the model is kept;

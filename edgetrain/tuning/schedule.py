@@ -22,6 +22,7 @@ import random
 from dataclasses import dataclass
 
 ETA = 3
+MIN_RUNG = 0.5   # epochs: the smallest first rung (a fraction of an epoch is that share of its steps)
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,18 @@ class Rung:
     keep: int        # how many trials train at this rung
 
 
-def rung_epochs(max_epochs: int, eta: int = ETA) -> list[int]:
-    """The epochs of each rung, ascending, the last ``max_epochs``."""
-    out = [max_epochs]
-    while out[0] > 1:
-        smaller = max(1, round(out[0] / eta))
+def rung_epochs(max_epochs: int, eta: int = ETA) -> list[float]:
+    """The epochs of each rung, ascending, the last ``max_epochs``: each ``eta`` times fewer, whole epochs down to
+    one, then one rung of a fraction of an epoch if it is at least MIN_RUNG."""
+    out: list[float] = [max_epochs]
+    while True:
+        smaller = out[0] / eta
+        if smaller >= 1:
+            smaller = max(1, round(smaller))
+        elif smaller < MIN_RUNG or out[0] < 1:
+            break
+        else:
+            smaller = round(smaller, 4)
         if smaller >= out[0]:
             break
         out.insert(0, smaller)

@@ -78,6 +78,7 @@ class Tuner:
         self.store = None
         self.stopped_by_time = False
         self.done_runs = 0
+        self.train_rows = 0   # rows of the decoded training data (a rung of a fraction of an epoch is in steps)
 
     def clock(self) -> float:
         return self.clock_before + time.monotonic() - self.clock0
@@ -226,13 +227,38 @@ class Tuner:
 
     # --- the trials --------------------------------------------------------------------------------------
 
-    def run_rung(self, trial: Trial, rung_index: int, target: int, n_rungs: int, total_runs: int) -> None:
-        """Train ``trial`` up to ``target`` epochs (resuming its checkpoint) and journal the result."""
+    def steps_per_epoch(self, trial: Trial) -> int:
+        return max(1, math.ceil(self.train_rows / trial.config["batch_size"]))
+
+    def _job(self, trial: Trial, target: float, progress, write_model: bool):
+        """The trial's FinetuneJob to ``target`` epochs, resuming its checkpoint (a fraction of an epoch: the job
+        stops at that step)."""
         from ..training import FinetuneJob, prepare_outdir
 
         tdir = self.outdir / TRIALS_DIR / f"{trial.number:03d}"
         has_checkpoint = prepare_outdir(tdir, resume=True)
-        fopts = FinetuneOptions.unchecked(**self._finetune_values(trial, tdir, target, resume=has_checkpoint))
+        spe = self.steps_per_epoch(trial)
+        steps = max(1, round(target * spe))
+        stop_at = steps if steps % spe else None
+        fopts = FinetuneOptions.unchecked(**self._finetune_values(trial, tdir, math.ceil(steps / spe),
+                                                                  resume=has_checkpoint))
+        job = FinetuneJob(self.model, fopts, val_split=None,
+                          budget_mb=self.budget_mb, threads=self.threads, profile=self.profile, progress=progress,
+                          resume=has_checkpoint, feature_store=self.store, stop_at_step=stop_at,
+                          write_model=write_model)
+        return job, has_checkpoint
+
+    def ensure_model(self, trial: Trial) -> None:
+        """The trial's model.onnx, written from its checkpoint if its runs left the file out (nothing trained)."""
+        if (self.outdir / TRIALS_DIR / f"{trial.number:03d}" / MODEL).is_file():
+            return
+        job, has_checkpoint = self._job(trial, trial.epochs_run, lambda info: None, write_model=True)
+        job.run(has_checkpoint)
+        del job
+
+    def run_rung(self, trial: Trial, rung_index: int, target: float, n_rungs: int, total_runs: int) -> None:
+        """Train ``trial`` up to ``target`` epochs (resuming its checkpoint; a fraction of an epoch stops the job at
+        that step) and journal the result."""
         where = f"trial {trial.number}/{len(self.trials)} rung {rung_index + 1}/{n_rungs}"
 
         def relay(info: dict) -> None:
@@ -240,9 +266,14 @@ class Tuner:
                 report(self.progress, "tune", message=f"{where}: epoch {info['epoch']}/{info['epochs']} step "
                        f"{info['step']}/{info['steps']}")
 
-        job = FinetuneJob(self.model, fopts, val_split=None,
-                          budget_mb=self.budget_mb, threads=self.threads, profile=self.profile, progress=relay,
-                          resume=has_checkpoint, feature_store=self.store)
+        # the model file only where it may be read: a trial trained in full, every run under a time budget (any
+        # may be the last), every run when the objective measures the model; else the checkpoint holds the
+        # weights, and ensure_model writes the file if such a trial is chosen
+        final = target >= trial.config["epochs"] or self.opts.time_budget is not None \
+            or not self.opts.objective.startswith("accuracy")
+        spe = self.steps_per_epoch(trial)
+        job, has_checkpoint = self._job(trial, target, relay, write_model=final)
+        _settle()
         _reset_peak()
         before = trial.epochs_run
         t0, c0 = time.monotonic(), time.process_time()
@@ -266,17 +297,25 @@ class Tuner:
         del job
         if self.budget_mb is not None:
             _release()  # the next trial plans from this process's memory: what this one freed goes back (~80 ms)
-        start = int((res.resumed_from or {}).get("epoch", before))  # a power cut may have left it further on
+        # where this run started (a power cut may have left the checkpoint further on than the journal) and ended,
+        # in epochs: whole ones plus the steps of one stopped inside
+        resumed = res.resumed_from or {}
+        start = int(resumed.get("epoch", int(before)))
+        began = start + int(resumed.get("step", 0)) / spe if resumed else before
+        inside = res.partial_epoch
+        reached_epochs = len(res.epochs) + (inside["step"] / inside["steps"] if inside else 0.0)
         new = res.epochs[start:]
-        train_s = sum(e["seconds"] for e in new)
-        record = {"kind": "rung", "trial": trial.number, "rung": rung_index, "epochs": len(res.epochs),
+        # (an epoch begun in an earlier run counts its seconds there too: the epoch's record holds them all)
+        train_s = sum(e["seconds"] for e in new) + (inside["seconds"] if inside else 0.0)
+        record = {"kind": "rung", "trial": trial.number, "rung": rung_index, "epochs": _epochs(reached_epochs),
                   "val_accuracy": res.final_accuracy, "seconds": round(seconds, 4), "cpu_seconds": round(cpu, 4),
                   "train_seconds": round(train_s, 4),
                   "feature_seconds": res.feature_seconds, "peak_mb": res.peak_rss_mb, "lr_used": trial.lr_used,
                   "plan_mb": res.plan.get("estimate_mb"),
                   "joules": (res.energy or {}).get("joules"), "energy_provenance": (res.energy or {}).get("provenance"),
-                  "history": [e.get("val_accuracy") for e in res.epochs], "trained": len(new),
-                  "resumed_at": (res.resumed_from or {}).get("epoch"), "clock": None}
+                  "history": [e.get("val_accuracy") for e in res.epochs],
+                  "trained": _epochs(reached_epochs - began), "trained_parameters": res.trained_parameters,
+                  "resumed_at": _epochs(began) if resumed else None, "clock": None}
         record["clock"] = round(self.clock(), 4)
         self.journal.append(record)
         trial.rungs.append(record)
@@ -315,22 +354,24 @@ class Tuner:
             per, setup = max(sec / n for n, sec in runs), 0.0
         return setup + per * epochs
 
-    def within_time(self, trial: Trial, target: int) -> int:
-        """The epochs ``trial`` may reach within --time-budget (``target`` if no budget, or it fits)."""
+    def within_time(self, trial: Trial, target: float) -> float:
+        """The epochs ``trial`` may reach within --time-budget (``target`` if no budget, or it fits; else the most
+        whole epochs that fit)."""
         budget = self.opts.time_budget
         if budget is None:
             return target
+        have = trial.epochs_run
         left = budget - self.clock() - OUTPUT_RESERVE_S
         if left <= 0:
-            return trial.epochs_run
-        need = self.estimate_s(trial, target - trial.epochs_run)
-        if need is None:  # nothing of this kind measured yet: one epoch, to learn what one costs
-            return trial.epochs_run + 1
+            return have
+        need = self.estimate_s(trial, target - have)
+        if need is None:  # nothing of this kind measured yet: one epoch (or less, to the target), to learn its cost
+            return min(target, math.floor(have) + 1)
         if need <= left:
             return target
-        fits = max((n for n in range(1, target - trial.epochs_run + 1) if self.estimate_s(trial, n) <= left),
-                   default=0)
-        return trial.epochs_run + max(0, min(fits, target - trial.epochs_run))
+        stops = [e for e in range(math.floor(have) + 1, math.ceil(target)) if e < target]
+        fits = [e for e in stops if self.estimate_s(trial, e - have) <= left]
+        return fits[-1] if fits else have
 
     def measure_model(self, trial: Trial, objective: str) -> None:
         """The latency (and modelled energy) of one inference of the trial's model, once per kind of graph."""
@@ -371,6 +412,26 @@ class Tuner:
         clocks = [r["clock"] for r in self.journal.records if isinstance(r.get("clock"), (int, float))]
         self.clock_before = max(clocks, default=0.0)
         self.clock0 = time.monotonic()
+
+
+def _trained_weights(trial: Trial) -> int:
+    """How many weights the trial trains (a journal of an earlier edgetrain lacks it: as many as any other)."""
+    return max((int(r.get("trained_parameters") or 0) for r in trial.rungs), default=0)
+
+
+def _epochs(value: float) -> float | int:
+    """Epochs as the journal and the table say them: a whole number as an int, a fraction to 4 places."""
+    return int(round(value)) if abs(value - round(value)) < 1e-9 else round(value, 4)
+
+
+def _settle() -> None:
+    """Before a trial: what earlier trials left collected, then everything alive moved out of the collector's
+    reach (gc.freeze): the job's own collections (its memory releases) then scan only its own objects, not the
+    libraries' tens of thousands (a collection took 7-70 ms each here, dozens per trial)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def _release() -> None:
@@ -452,6 +513,8 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
             and rec.get("val") == file_digest(data / "val.npz")
     if not have:
         train, val, _ = decode_data(tuner.model, opts, data, tuner.budget_mb)
+    with np.load(data / "train.npz") as npz:
+        tuner.train_rows = int(npz["label"].shape[0])
     tuner.timers["decode"] = time.monotonic() - t0
     t1 = time.monotonic()
     tuner.precheck()
@@ -475,9 +538,11 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
             measured = [t for t in alive if reached(t, k - 1) is not None and t.status in ("stopped", "finished")]
             measured.sort(key=lambda t: rank_key(t, objective, reached(t, k - 1)))
             alive = measured[:rung.keep]
-            if k == len(rungs) - 1:  # into the last rung: the best of each trained part too (see schedule.py)
+            if k == len(rungs) - 1 and alive:  # into the last rung: the best of each trained part that trains more
+                lead = _trained_weights(alive[0])  # weights than the leader, too (see schedule.py)
                 for t in measured:
-                    if all(a.config["train_layers"] != t.config["train_layers"] for a in alive):
+                    if all(a.config["train_layers"] != t.config["train_layers"] for a in alive) \
+                            and _trained_weights(t) > lead:
                         alive.append(t)
             for t in measured:
                 if t.status == "stopped" and t not in alive:
@@ -521,6 +586,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
         raise RunFailed(f"no trial finished ({why or 'none ran'})", str(tuner.outdir),
                         "lower the learning rates searched, or raise --time-budget / --memory-budget")
     best = min(done, key=lambda t: rank_key(t, objective))
+    tuner.ensure_model(best)
     from .output import write_outputs
 
     return write_outputs(tuner, grid, points, best, objective, rungs, resumed)
