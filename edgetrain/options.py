@@ -1053,6 +1053,9 @@ class TuneOptions(DeviceOptions):
     eta: Annotated[int, Range(ge=2, le=16)] = opt(
         3, metavar="N", help="halving: the best 1/N of the points at a rung go on to the next; the rungs are --epochs "
                              "divided by N, N^2, ... down to 1 epoch.")
+    min_rung: Annotated[float, Range(gt=0, le=1)] = opt(
+        1.0, metavar="F", help="halving: the first rung may be this fraction of an epoch's steps (e.g. 0.5 when one "
+                               "epoch of every point is costly); default 1: whole epochs.")
     trials: Optional[Annotated[int, Range(ge=1, le=100_000)]] = opt(
         None, metavar="N", help="Points of the grid tried (a seeded sample; default: all of them, a quarter with "
                                 "--strategy random).")

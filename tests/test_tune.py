@@ -34,15 +34,25 @@ def tuned(task, tmp_path_factory) -> tuple[Path, object]:
 
 # --- the schedule and the grid -------------------------------------------------------------------------------
 
-def test_halving_on_the_issue_grid_trains_under_a_quarter_of_the_grid_epochs():
-    assert rung_epochs(6) == [0.6667, 2, 6]   # the first rung: two thirds of an epoch's steps
-    assert rung_epochs(10) == [1, 3, 10]      # (10/27 of an epoch is under MIN_RUNG)
+def test_halving_on_the_issue_grid_trains_a_quarter_of_the_grid_epochs():
+    assert rung_epochs(6) == [1, 2, 6]
+    assert rung_epochs(10) == [1, 3, 10]
     assert rung_epochs(3) == [1, 3]
     assert rung_epochs(1) == [1]
-    assert rung_epochs(6, eta=4) == [0.5, 2, 6]
+    assert rung_epochs(2) == [1, 2]
     rungs = halving(15, 6)
+    assert [(r.epochs, r.keep) for r in rungs] == [(1, 15), (2, 5), (6, 1)]
+    assert planned_epochs(rungs, [6] * 15) == 24  # 15 x 1 + 5 x 1 + 1 x 4, where the grid trains 90
+
+
+def test_a_first_rung_of_a_fraction_of_an_epoch_with_min_rung():
+    assert rung_epochs(6, min_rung=0.5) == [0.6667, 2, 6]   # two thirds of an epoch's steps
+    assert rung_epochs(6, eta=4, min_rung=0.5) == [0.5, 2, 6]
+    assert rung_epochs(10, min_rung=0.5) == [1, 3, 10]      # 1/3 of an epoch is under 0.5
+    assert rung_epochs(2, min_rung=0.8) == [1, 2]
+    assert rung_epochs(1, min_rung=0.2) == [0.3333, 1]
+    rungs = halving(15, 6, min_rung=0.5)
     assert [(r.epochs, r.keep) for r in rungs] == [(0.6667, 15), (2, 5), (6, 1)]
-    # 15 x 2/3 + 5 x 4/3 + 1 x 4, where the grid trains 90
     assert planned_epochs(rungs, [6] * 15) == pytest.approx(15 * 0.6667 + 5 * (2 - 0.6667) + 4)
 
 
@@ -95,6 +105,8 @@ BAD = {
     "unknown optimizer": (["--grid", "optimizer=sgd,rmsprop"], "'sgd' or 'adam'"),
     "batch size 0": (["--grid", "batch_size=0,32"], "--batch-size"),
     "epochs 0": (["--grid", "epochs=0"], "--epochs"),
+    "min-rung 0": (["--grid", "lr=0.01", "--min-rung", "0"], "--min-rung"),
+    "min-rung over an epoch": (["--grid", "lr=0.01", "--min-rung", "1.5"], "--min-rung"),
     "a name twice": (["--grid", "lr=0.1", "--grid", "learning_rate=0.2"], "names 'lr' twice"),
     "momentum with adam": (["--grid", "momentum=0.9,0.95"], "--momentum has no effect without --optimizer sgd"),
     "momentum of 1": (["--grid", "optimizer=sgd", "--grid", "momentum=0.9,1"], "finetune refuses --momentum '1'"),
@@ -281,6 +293,7 @@ def test_the_time_budget_stops_within_one_trial_epoch(task, tmp_path):
 @pytest.mark.parametrize("change, fragment", [
     (["--grid", "lr=0.003,0.01", "--grid", "train_layers=head,lite"], "different grid"),
     (["--grid", "lr=0.003,0.03", "--grid", "train_layers=head,lite", "--seed", "1"], "different --seed"),
+    (["--grid", "lr=0.003,0.03", "--grid", "train_layers=head,lite", "--min-rung", "0.5"], "different --min-rung"),
     (["--grid", "lr=0.003,0.03", "--grid", "train_layers=head,lite", "--data-is-val"], "different DATA"),
 ])
 def test_a_resume_with_a_changed_grid_data_or_seed_is_refused(tuned, task, change, fragment, tmp_path):

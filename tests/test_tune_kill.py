@@ -35,14 +35,14 @@ def reference(task, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference_2(task, tmp_path_factory) -> Path:
-    """--epochs 2: a first rung of 2/3 of an epoch (3 of its 4 steps), then 2 epochs."""
+    """--epochs 2 --min-rung 0.5: a first rung of 2/3 of an epoch (3 of its 4 steps), then 2 epochs."""
     out = tmp_path_factory.mktemp("ref2") / "out"
     res = _tune(task, out, grid=GRID_2)
     assert res.code == 0, res.err[-2000:]
     return out
 
 
-GRID_2 = [*GRID[:4], "--epochs", "2", *GRID[6:]]
+GRID_2 = [*GRID[:4], "--epochs", "2", "--min-rung", "0.5", *GRID[6:]]
 
 
 def _tune(task, out: Path, *more, env=None, grid=GRID):

@@ -162,7 +162,8 @@ class FinetuneJob:
                  budget_mb, threads: int, profile, progress, resume: bool = False,
                  initial: dict[str, np.ndarray] | None = None, initial_where: str = "initial arrays",
                  correction: dict[str, np.ndarray] | None = None, write_model: bool = True,
-                 feature_store: FeatureStore | None = None, stop_at_step: int | None = None):
+                 feature_store: FeatureStore | None = None, stop_at_step: int | None = None,
+                 data_store: dict | None = None):
         self.model, self.opts, self.val_split = model, opts, val_split
         # parsed once, at the declaration (options edgetrain makes itself, unchecked, may hold its text)
         self.layers = TrainLayers(opts.train_layers)
@@ -175,6 +176,7 @@ class FinetuneJob:
         self.correction, self.writes_model = correction, write_model
         self.feature_store = feature_store  # frozen-part outputs shared with other jobs of this process (a tune)
         self.stop_at_step = stop_at_step    # the run ends after this many steps in all (None: after --epochs)
+        self.data_store = data_store        # DATA/--val read once for the jobs of a process that share it (a tune)
         self.partial: dict | None = None     # where it ended inside an epoch, with the held-out accuracy there
         self.engine: Engine = OnnxEngine(self)
         self.gluon: GluonBase | None = None   # a Gluon model's export (None: MODEL is an ONNX file)
@@ -223,10 +225,10 @@ class FinetuneJob:
                               f"(the model's: mean {list(pre.mean)} std {list(pre.std)}); the model written "
                               "records them")
         pre = given
-        ds = load_data(self.data, pre, max_bytes=self.data_budget())  # refused from headers if over
+        ds = self._read(self.data, pre, "--data")  # refused from headers if over
         self.notes += ds.notes
         if self.val is not None:
-            val = load_data(self.val, pre, where="--val", max_bytes=self.data_budget())
+            val = self._read(self.val, pre, "--val")
             if val.class_names != ds.class_names:
                 raise UsageError(f"--val classes ({', '.join(val.class_names[:8])}) differ from the training "
                                  f"data's ({', '.join(ds.class_names[:8])})", self.val,
@@ -238,6 +240,17 @@ class FinetuneJob:
             self.train_ds, self.val_ds = ds, None
         self.classes = list(ds.class_names)
         self.pre = pre.with_classes(self.classes)
+
+    def _read(self, ref: str, pre: Preprocess, where: str) -> Dataset:
+        """DATA or --val read for ``pre``; with a data store, once for every job of the process (its arrays are
+        only read, never written)."""
+        key = (str(ref), repr(pre), where)
+        if self.data_store is not None and key in self.data_store:
+            return self.data_store[key]
+        ds = load_data(ref, pre, where=where, max_bytes=self.data_budget())
+        if self.data_store is not None:
+            self.data_store[key] = ds
+        return ds
 
     def load(self) -> None:
         """The model, its data and the trainable part, ready to train (a Gluon model exported to ONNX first).

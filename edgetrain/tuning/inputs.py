@@ -58,7 +58,8 @@ def configs_of(points: list[dict], opts: TuneOptions) -> list[dict]:
 def fingerprint(model: str, opts: TuneOptions, grid: Grid, objective: str) -> dict:
     val = _source_fp(opts.val) if opts.val is not None else f"split {opts.val_split or 0.2}"
     return {"model": file_digest(Path(model)), "data": _source_fp(opts.data), "val": val, "grid": grid.to_dict(),
-            "epochs": opts.epochs, "strategy": opts.strategy, "eta": opts.eta, "trials": opts.trials, "seed": opts.seed,
+            "epochs": opts.epochs, "strategy": opts.strategy, "eta": opts.eta, "min_rung": opts.min_rung,
+            "trials": opts.trials, "seed": opts.seed,
             "objective": objective}
 
 

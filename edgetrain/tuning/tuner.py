@@ -42,7 +42,8 @@ LATENCY_RUNS = 30
 OUTPUT_RESERVE_S = 0.25  # of --time-budget, kept for writing the outputs (the model, the table, the report)
 # what a resume must find as it was: changed, the trials would not be the same ones
 SAME_ON_RESUME = {"model": "MODEL", "data": "DATA", "val": "held-out data", "grid": "grid", "epochs": "--epochs",
-                  "strategy": "--strategy", "eta": "--eta", "trials": "--trials", "seed": "--seed", "objective": "objective"}
+                  "strategy": "--strategy", "eta": "--eta",
+                  "min_rung": "--min-rung", "trials": "--trials", "seed": "--seed", "objective": "objective"}
 
 
 # --- set-up ------------------------------------------------------------------------------------------------
@@ -71,7 +72,9 @@ class Tuner:
         self.notes: list[str] = []
         self.clock0 = time.monotonic()
         self.clock_before = 0.0   # seconds of the run before this process (a resume)
-        self.timers = {"check": 0.0, "decode": 0.0, "precheck": 0.0, "latency": 0.0}  # shared work, not overhead
+        # shared work, not overhead; "imports": loading the trainer's and the report's modules (what any run of
+        # them pays once, like the interpreter's start, which no clock here counts)
+        self.timers = {"check": 0.0, "imports": 0.0, "decode": 0.0, "precheck": 0.0, "latency": 0.0}
         self.cpu0 = time.process_time()
         self.setup_peak_mb: float | None = None
         self.trials: list[Trial] = []
@@ -79,6 +82,7 @@ class Tuner:
         self.stopped_by_time = False
         self.done_runs = 0
         self.train_rows = 0   # rows of the decoded training data (a rung of a fraction of an epoch is in steps)
+        self.datasets: dict = {}  # the decoded data as the trials read it: read once (FinetuneJob data_store)
 
     def clock(self) -> float:
         return self.clock_before + time.monotonic() - self.clock0
@@ -136,10 +140,13 @@ class Tuner:
         if head is None:
             raise UsageError("OUTDIR's journal.jsonl is not a tune journal", str(out), "choose another OUTDIR")
         old = head["fingerprint"]
-        changed = [SAME_ON_RESUME[k] for k in SAME_ON_RESUME if old.get(k) != json.loads(json.dumps(fp[k]))]
+        # (a journal written before --min-rung existed ran whole-epoch rungs: its default)
+        changed = [SAME_ON_RESUME[k] for k in SAME_ON_RESUME
+                   if old.get(k, 1.0 if k == "min_rung" else None) != json.loads(json.dumps(fp[k]))]
         if changed:
             raise UsageError(f"cannot resume: the tune run in OUTDIR was made with a different {', '.join(changed)}", str(out),
-                             "resume with the same MODEL, data, --grid, --epochs, --strategy, --eta, --trials, --seed and "
+                             "resume with the same MODEL, data, --grid, --epochs, --strategy, --eta, --min-rung, --trials, "
+                             "--seed and "
                              "--objective, or start a new OUTDIR")
         return True
 
@@ -245,7 +252,7 @@ class Tuner:
         job = FinetuneJob(self.model, fopts, val_split=None,
                           budget_mb=self.budget_mb, threads=self.threads, profile=self.profile, progress=progress,
                           resume=has_checkpoint, feature_store=self.store, stop_at_step=stop_at,
-                          write_model=write_model)
+                          write_model=write_model, data_store=self.datasets)
         return job, has_checkpoint
 
     def ensure_model(self, trial: Trial) -> None:
@@ -501,8 +508,11 @@ def tune(model: str, opts: TuneOptions, progress: ProgressFn | None = None) -> T
 
 def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objective: str, fp: dict,
          resumed: bool) -> TuneResult:
+    t0 = time.monotonic()
+    from .. import run_report  # noqa: F401  (the report's page, imported where it is written)
     from ..training import FeatureStore
 
+    tuner.timers["imports"] = time.monotonic() - t0
     opts = tuner.opts
     t0 = time.monotonic()
     data = tuner.outdir / DATA_DIR
@@ -530,7 +540,8 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
         tuner.notes.append(f"resumed: {tuner.done_runs} trial rung(s) from the journal")
     tuner.store = FeatureStore()
     runnable = [t for t in tuner.trials if t.status != "skipped"]
-    rungs = schedule.plan(opts.strategy, len(runnable), max(t.config["epochs"] for t in tuner.trials), opts.eta)
+    rungs = schedule.plan(opts.strategy, len(runnable), max(t.config["epochs"] for t in tuner.trials), opts.eta,
+                          opts.min_rung)
     total_runs = sum(min(r.keep, len(runnable)) for r in rungs)
     alive = runnable
     for k, rung in enumerate(rungs):
