@@ -344,6 +344,18 @@ def test_with_a_device_each_trial_has_its_energy_and_the_objective_weighs_latenc
     assert res.chosen["trial"] == best["trial"]
 
 
+def test_an_objective_from_the_grid_file_measures_every_trial_model(task, tmp_path):
+    """The grid file's objective (latency:W) is the run's: every trial's model is written for its latency, the
+    trials that stopped at the first rung too."""
+    f = tmp_path / "grid.yaml"
+    f.write_text("param_dict:\n  learning_rate: [0.003, 0.03]\n  train_layers: [head, lite]\nobjective: latency:1\n")
+    res = edgetrain.tune(task["model"], task["train"], tmp_path / "out", val=task["val"], grid=str(f), epochs=3,
+                         threads=1, progress=None)
+    assert res.objective == "latency:1"
+    assert any(t["status"] == "stopped" for t in res.trials)
+    assert all(t["latency_ms"] > 0 for t in res.trials)
+
+
 @pytest.mark.slow
 def test_a_recipe_tune_step_hands_its_model_to_the_next_step(tmp_path):
     """export -> tune -> quantize: quantize's MODEL is tune/model.onnx."""

@@ -81,6 +81,7 @@ class Tuner:
         self.store = None
         self.stopped_by_time = False
         self.done_runs = 0
+        self.objective = "accuracy"   # the run's (--objective, or the grid file's)
         self.train_rows = 0   # rows of the decoded training data (a rung of a fraction of an epoch is in steps)
         self.datasets: dict = {}  # the decoded data as the trials read it: read once (FinetuneJob data_store)
 
@@ -277,7 +278,7 @@ class Tuner:
         # may be the last), every run when the objective measures the model; else the checkpoint holds the
         # weights, and ensure_model writes the file if such a trial is chosen
         final = target >= trial.config["epochs"] or self.opts.time_budget is not None \
-            or not self.opts.objective.startswith("accuracy")
+            or self.objective != "accuracy"
         spe = self.steps_per_epoch(trial)
         job, has_checkpoint = self._job(trial, target, relay, write_model=final)
         _settle()
@@ -484,6 +485,7 @@ def tune(model: str, opts: TuneOptions, progress: ProgressFn | None = None) -> T
     """The whole run: check, decode, pre-check, the schedule, the outputs. See the module's docstring."""
     tuner = Tuner(model, opts, progress)
     grid, points, objective = tuner.check()
+    tuner.objective = objective
     tuner.timers["check"] = time.monotonic() - tuner.clock0
     tried = schedule.sample(points, opts.trials, opts.strategy, opts.seed)
     configs = configs_of([points[i] for i in tried], opts)
