@@ -280,8 +280,8 @@ class Tuner:
         final = target >= trial.config["epochs"] or self.opts.time_budget is not None \
             or self.objective != "accuracy"
         spe = self.steps_per_epoch(trial)
+        _settle()  # before the job exists: a frozen job (a cycle with its engine) would never be collected
         job, has_checkpoint = self._job(trial, target, relay, write_model=final)
-        _settle()
         _reset_peak()
         before = trial.epochs_run
         t0, c0 = time.monotonic(), time.process_time()
@@ -433,9 +433,10 @@ def _epochs(value: float) -> float | int:
 
 
 def _settle() -> None:
-    """Before a trial: what earlier trials left collected, then everything alive moved out of the collector's
-    reach (gc.freeze): the job's own collections (its memory releases) then scan only its own objects, not the
-    libraries' tens of thousands (a collection took 7-70 ms each here, dozens per trial)."""
+    """Before a trial's job is made: what earlier trials left collected, then everything alive moved out of the
+    collector's reach (gc.freeze): the job's own collections (its memory releases) then scan only its own objects,
+    not the libraries' tens of thousands (a collection took 7-70 ms each here, dozens per trial). Never with a
+    job alive: it is a cycle (job and engine), and frozen it, and all it holds, would never be freed."""
     import gc
 
     gc.collect()
