@@ -281,10 +281,11 @@ class Tuner:
             or self.objective != "accuracy"
         spe = self.steps_per_epoch(trial)
         _settle()  # before the job exists: a frozen job (a cycle with its engine) would never be collected
-        job, has_checkpoint = self._job(trial, target, relay, write_model=final)
         _reset_peak()
         before = trial.epochs_run
+        # the trial's time from its folder and job on (its set-up, as a lone finetune's would be)
         t0, c0 = time.monotonic(), time.process_time()
+        job, has_checkpoint = self._job(trial, target, relay, write_model=final)
         trial.status = "running"
         try:
             res = job.run(has_checkpoint)
