@@ -764,6 +764,11 @@ class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions, MeterExportO
                        help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, 0.0003 / 0.005 for all, else "
                             "0.003 / 0.05).")
     optimizer: Literal["sgd", "adam"] = opt("adam", help="Optimizer.")
+    momentum: Annotated[Optional[float], Range(ge=0, lt=1)] = opt(
+        None, metavar="M", help="sgd's momentum (default 0.9; 0: plain SGD).")
+    weight_decay: Annotated[float, Range(ge=0, le=1)] = opt(
+        1e-4, metavar="WD", help="Weight decay: WD times the weights added to the gradient (L2, as MXNet's sgd and "
+                                 "adam apply it; not AdamW's decoupled decay).")
     train_layers: TrainLayersValue = opt(DEFAULT_TRAIN_LAYERS, metavar="head|last:N|bias|lite|all",
                                     help="What trains: the output layer, the last N trainable layers/blocks, "
                                          "every bias (bias), every bias and a lite residual module per block "
@@ -779,6 +784,7 @@ class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions, MeterExportO
                                         "read before the work starts. The fine-tune's energy is measured from it.")
     allow_chance: bool = opt(False, help="Accept a fine-tuned model at chance on the held-out data (else exit 3: it "
                                          "learned nothing these samples show; the model is kept).")
+    NEEDS = {"momentum": ({"optimizer": "sgd"}, "adam's first-moment decay is fixed at 0.9")}
 
     def budget_mb(self) -> float | None:
         """--memory-budget, else the device's budget, else None (no budget)."""
@@ -1056,10 +1062,10 @@ class TuneOptions(DeviceOptions):
         None, metavar="F", recipe=False,
         help="Hold out this fraction of DATA (stratified, --seed) to rank on; default 0.2 unless --val.")
     grid: GridText = opt(None, metavar="NAME=V1,V2,...|FILE.yaml",
-                         help="Values to search, repeatable: lr, optimizer, batch_size, train_layers (head, last:N, "
-                              "bias, lite, all), epochs; each value as finetune takes it. Or a YAML file in MXNet's "
-                              "GridSearch form (param_dict: {learning_rate: [...]}, objective: "
-                              "validation_accuracy). Required.")
+                         help="Values to search, repeatable: lr, optimizer, momentum (sgd's), weight_decay, batch_size, "
+                              "train_layers (head, last:N, bias, lite, all), epochs; each value as finetune takes "
+                              "it. Or a YAML file in MXNet's GridSearch form (param_dict: {learning_rate: [...]}, "
+                              "objective: validation_accuracy). Required.")
     epochs: Annotated[int, Range(ge=1, le=10_000)] = opt(
         10, help="Epochs of a trial trained in full (the last rung); a grid's epochs values override it.")
     strategy: Literal["halving", "grid", "random"] = opt(
@@ -1069,6 +1075,9 @@ class TuneOptions(DeviceOptions):
     eta: Annotated[int, Range(ge=2, le=16)] = opt(
         3, metavar="N", help="halving: the best 1/N of the points at a rung go on to the next; the rungs are --epochs "
                              "divided by N, N^2, ... down to 1 epoch.")
+    min_rung: Annotated[float, Range(gt=0, le=1)] = opt(
+        1.0, metavar="F", help="halving: the first rung may be this fraction of an epoch's steps (e.g. 0.5 when one "
+                               "epoch of every point is costly); default 1: whole epochs.")
     trials: Optional[Annotated[int, Range(ge=1, le=100_000)]] = opt(
         None, metavar="N", help="Points of the grid tried (a seeded sample; default: all of them, a quarter with "
                                 "--strategy random).")

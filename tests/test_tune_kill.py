@@ -33,14 +33,27 @@ def reference(task, tmp_path_factory) -> Path:
     return out
 
 
-def _tune(task, out: Path, *more, env=None):
-    return run_edgetrain("tune", task["model"], "--data", task["train"], "--val", task["val"], *GRID, "-o", out,
+@pytest.fixture(scope="module")
+def reference_2(task, tmp_path_factory) -> Path:
+    """--epochs 2 --min-rung 0.5: a first rung of 2/3 of an epoch (3 of its 4 steps), then 2 epochs."""
+    out = tmp_path_factory.mktemp("ref2") / "out"
+    res = _tune(task, out, grid=GRID_2)
+    assert res.code == 0, res.err[-2000:]
+    return out
+
+
+GRID_2 = [*GRID[:4], "--epochs", "2", "--min-rung", "0.5", *GRID[6:]]
+
+
+def _tune(task, out: Path, *more, env=None, grid=GRID):
+    return run_edgetrain("tune", task["model"], "--data", task["train"], "--val", task["val"], *grid, "-o", out,
                          *more, env=env)
 
 
-def _epochs_trained(out: Path) -> int:
-    """Whole epochs trained over every session of the run: each rung record's own, plus those a killed session
-    checkpointed before its record was written (the gap between a trial's last record and where it resumed)."""
+def _epochs_trained(out: Path) -> float:
+    """Epochs trained over every session of the run: each rung record's own, plus those a killed session
+    checkpointed before its record was written (the gap between a trial's last record and where it resumed); to
+    a thousandth (a rung of a fraction of an epoch is that share of its steps)."""
     total, last = 0, {}
     for line in (out / "journal.jsonl").read_text().splitlines():
         rec = json.loads(line)
@@ -51,7 +64,7 @@ def _epochs_trained(out: Path) -> int:
             total += rec["resumed_at"] - prev
         total += rec["trained"]
         last[rec["trial"]] = rec["epochs"]
-    return total
+    return round(total, 3)
 
 
 def _same_as_reference(out: Path, reference: Path) -> None:
@@ -61,10 +74,10 @@ def _same_as_reference(out: Path, reference: Path) -> None:
     assert _epochs_trained(out) == _epochs_trained(reference)
 
 
-def _cut_and_resume(task, out: Path, reference: Path, phase: str) -> None:
-    killed = _tune(task, out, env={"EDGETRAIN_TEST_KILL_AT": phase})
+def _cut_and_resume(task, out: Path, reference: Path, phase: str, grid=GRID) -> None:
+    killed = _tune(task, out, env={"EDGETRAIN_TEST_KILL_AT": phase}, grid=grid)
     assert killed.code == -signal.SIGKILL, (phase, killed.code, killed.err[-2000:])
-    resumed = _tune(task, out, "--resume")
+    resumed = _tune(task, out, "--resume", grid=grid)
     assert resumed.code == 0, resumed.err[-2000:]
     assert "Traceback" not in resumed.err
     _same_as_reference(out, reference)
@@ -72,6 +85,19 @@ def _cut_and_resume(task, out: Path, reference: Path, phase: str) -> None:
 
 def test_a_cut_in_the_middle_of_an_epoch_resumes_to_the_same_choice(task, reference, tmp_path):
     _cut_and_resume(task, tmp_path / "out", reference, "step:9")
+
+
+def test_a_cut_in_the_checkpoint_of_a_rung_inside_an_epoch_resumes_to_the_same_choice(task, reference_2, tmp_path):
+    # save:1: the first trial's checkpoint at its third step (its rung's stop), torn before its rename
+    _cut_and_resume(task, tmp_path / "out", reference_2, "save:1", grid=GRID_2)
+    assert json.loads((reference_2 / "tune.json").read_text())["rungs"][0]["epochs"] == 0.6667
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["step:3", "step:5", "save:2", "epoch:1", "step:14"])
+def test_a_cut_at_every_phase_of_a_run_with_a_rung_inside_an_epoch_resumes_to_the_same_choice(task, reference_2,
+                                                                                                 tmp_path, phase):
+    _cut_and_resume(task, tmp_path / "out", reference_2, phase, grid=GRID_2)
 
 
 @pytest.mark.slow

@@ -101,8 +101,9 @@ def main() -> None:
     rows = {eta: [] for eta in args.eta}
     print(f"grid: lr {LRS} x train_layers {MODES}, {EPOCHS} epochs (15 points); {SPLIT[0]} train / {SPLIT[1]} "
           f"held-out / rest test; 1 thread; runs in {root}")
+    print(f"uptime: {uptime()}", flush=True)
     print("seed  eta  grid pick (test%)            default pick (test%)          d pts  device train  cpu    wall   "
-          "epochs")
+          "epochs overhead")
     short = lambda label: label.replace("optimizer=adam batch_size=32 ", "").replace(" epochs=6", "")  # noqa: E731
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         task = make_task(root / f"seed{seed}", seed)
@@ -122,7 +123,8 @@ def main() -> None:
             rows[eta].append(row)
             print(f"{seed:4d}  {eta:3d}  {short(row['grid_pick']):22s} {g_test:5.1f}  {short(row['pick']):22s} "
                   f"{s_test:5.1f}  {row['drop']:+5.1f}  {row['device']:.3f}  {row['train']:.3f}  {row['cpu']:.3f}  "
-                  f"{row['wall']:.3f}  {row['epochs']:.3f}", flush=True)
+                  f"{row['wall']:.3f}  {row['epochs']:.3f}  {row['overhead_pct']:.2f}%  load {os.getloadavg()[0]:.1f}",
+                  flush=True)
     for eta, rs in rows.items():
         print()
         print(f"--eta {eta}: {len(rs)} seeds")
@@ -137,7 +139,16 @@ def main() -> None:
         print(f"  grid's best trial on test - its pick {dist([r['oracle'] - r['grid_test'] for r in rs], '{:+.2f}')}")
         ok = [r for r in rs if r["drop"] <= 1.0 and r["device"] <= 0.25]
         print(f"  goal (within 1 point, <= 25% of the grid's device time): {len(ok)} of {len(rs)} seeds")
+    print(f"uptime: {uptime()}")
     (root / "bench_tune.json").write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def uptime() -> str:
+    """`uptime`'s line (the machine's load beside the timings), or the load averages where it is missing."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def _train_s(res: dict) -> float:

@@ -38,6 +38,8 @@ _WHAT = {
     "batch_size": "--batch-size",
     "optimizer": "--optimizer",
     "lr": "--lr",
+    "momentum": "--momentum",
+    "weight_decay": "--weight-decay",
     "seed": "--seed",
     "data": "training data",
     "val": "validation data",

@@ -514,9 +514,9 @@ class OnnxEngine:
         for name in self.weights:
             self.weights[name][...] = arrays[name]
 
-    def make_optimizer(self, name: str, lr: float):
+    def make_optimizer(self, name: str, lr: float, momentum: float | None = None, weight_decay: float | None = None):
         runtime.cap_loaded_blas(self.job.threads)
-        return make_numpy_optimizer(name, self.weights, lr)
+        return make_numpy_optimizer(name, self.weights, lr, momentum, weight_decay)
 
     # --- the frozen part ---------------------------------------------------------------------------
 

@@ -15,7 +15,10 @@ Extension is by constructor parameters, never by overriding: ``initial`` (the ar
 starts from, refused unless they fit), ``correction`` (added to every gradient, by array name) and
 ``write_model`` (False: the run's result is its arrays). The fleet uses them, ``trainable_arrays()``,
 ``statistics()`` and ``evaluate(arrays)``. ``feature_store`` (a FeatureStore) shares the feature cache
-with the other jobs of the process that have the same frozen part and data (a tune's trials).
+with the other jobs of the process that have the same frozen part and data (a tune's trials). ``stop_at_step``
+ends the run after that many steps in all, inside an epoch (a tune's rung of a fraction of an epoch): the
+checkpoint is written there, as a stop by a signal writes it, so a later run with more epochs resumes exactly
+there, and the held-out accuracy at that step is the result's (``partial_epoch``).
 
 Test hook (for the kill-at-phase tests, never set by users): ``EDGETRAIN_TEST_KILL_AT=PHASE:N`` makes
 the process SIGKILL itself the N-th time it reaches PHASE: ``features`` (after a feature-pass batch is
@@ -52,7 +55,7 @@ from .engine import Engine
 from .engine_onnx import OnnxEngine
 from .featurecache import FeatureCache, FeatureStore
 from .memplan import READ_AHEAD, Costs, MemoryPlan
-from .optimizers import Corrected, default_lr
+from .optimizers import DEFAULT_MOMENTUM, DEFAULT_WEIGHT_DECAY, Corrected, default_lr
 from .gluon import GluonBase, prepare
 from .outdir import FEATURES_FILE, LOCK_FILE, METRICS, MODEL_NAME, ONNX_MODEL, take_lock
 
@@ -109,6 +112,7 @@ class FinetuneResult(Result):
     threads: int = 1
     notes: list[str] = field(default_factory=list)
     chance: dict | None = None   # compare.chance_check on the held-out data
+    partial_epoch: dict | None = None   # stop_at_step: where the run stopped inside an epoch (epoch, step, steps)
 
     def __post_init__(self) -> None:
         # how many of ``notes`` were known before training (and sent to ``progress`` then): a summary shown
@@ -158,17 +162,22 @@ class FinetuneJob:
                  budget_mb, threads: int, profile, progress, resume: bool = False,
                  initial: dict[str, np.ndarray] | None = None, initial_where: str = "initial arrays",
                  correction: dict[str, np.ndarray] | None = None, write_model: bool = True,
-                 feature_store: FeatureStore | None = None):
+                 feature_store: FeatureStore | None = None, stop_at_step: int | None = None,
+                 data_store: dict | None = None):
         self.model, self.opts, self.val_split = model, opts, val_split
         # parsed once, at the declaration (options edgetrain makes itself, unchecked, may hold its text)
         self.layers = TrainLayers(opts.train_layers)
         self.budget_mb, self.threads, self.profile, self.progress = budget_mb, threads, profile, progress
         self.data, self.outdir, self.val = opts.data, Path(opts.out), opts.val
         self.epochs, self.batch_size, self.lr, self.optimizer = opts.epochs, opts.batch_size, opts.lr, opts.optimizer
+        self.momentum, self.weight_decay = opts.momentum, opts.weight_decay
         self.seed, self.params, self.input_shape = opts.seed, opts.params, opts.input_shape
         self.resume, self.initial, self.initial_where = resume, initial, initial_where
         self.correction, self.writes_model = correction, write_model
         self.feature_store = feature_store  # frozen-part outputs shared with other jobs of this process (a tune)
+        self.stop_at_step = stop_at_step    # the run ends after this many steps in all (None: after --epochs)
+        self.data_store = data_store        # DATA/--val read once for the jobs of a process that share it (a tune)
+        self.partial: dict | None = None     # where it ended inside an epoch, with the held-out accuracy there
         self.engine: Engine = OnnxEngine(self)
         self.gluon: GluonBase | None = None   # a Gluon model's export (None: MODEL is an ONNX file)
         self.notes: list[str] = []
@@ -216,10 +225,10 @@ class FinetuneJob:
                               f"(the model's: mean {list(pre.mean)} std {list(pre.std)}); the model written "
                               "records them")
         pre = given
-        ds = load_data(self.data, pre, max_bytes=self.data_budget())  # refused from headers if over
+        ds = self._read(self.data, pre, "--data")  # refused from headers if over
         self.notes += ds.notes
         if self.val is not None:
-            val = load_data(self.val, pre, where="--val", max_bytes=self.data_budget())
+            val = self._read(self.val, pre, "--val")
             if val.class_names != ds.class_names:
                 raise UsageError(f"--val classes ({', '.join(val.class_names[:8])}) differ from the training "
                                  f"data's ({', '.join(ds.class_names[:8])})", self.val,
@@ -231,6 +240,17 @@ class FinetuneJob:
             self.train_ds, self.val_ds = ds, None
         self.classes = list(ds.class_names)
         self.pre = pre.with_classes(self.classes)
+
+    def _read(self, ref: str, pre: Preprocess, where: str) -> Dataset:
+        """DATA or --val read for ``pre``; with a data store, once for every job of the process (its arrays are
+        only read, never written)."""
+        key = (str(ref), repr(pre), where)
+        if self.data_store is not None and key in self.data_store:
+            return self.data_store[key]
+        ds = load_data(ref, pre, where=where, max_bytes=self.data_budget())
+        if self.data_store is not None:
+            self.data_store[key] = ds
+        return ds
 
     def load(self) -> None:
         """The model, its data and the trainable part, ready to train (a Gluon model exported to ONNX first).
@@ -301,7 +321,10 @@ class FinetuneJob:
                 # only other than the model's own: a checkpoint written before --mean/--std existed resumes
                 "normalisation": None if self.own_norm else [list(self.pre.mean), list(self.pre.std)],
                 "train_layers": self.layers.text, "batch_size": self.batch_size, "optimizer": self.optimizer,
-                "lr": self.lr, "seed": self.seed, "data": data_fingerprint(self.train_ds), "val": val_fp()}
+                "lr": self.lr, "seed": self.seed, "data": data_fingerprint(self.train_ds), "val": val_fp(),
+                # only when given other than the defaults: a checkpoint written before the options existed resumes
+                "momentum": None if self.momentum in (None, DEFAULT_MOMENTUM) else self.momentum,
+                "weight_decay": None if self.weight_decay in (None, DEFAULT_WEIGHT_DECAY) else self.weight_decay}
 
     # --- features ----------------------------------------------------------------------------------
 
@@ -316,8 +339,9 @@ class FinetuneJob:
         self.cache_fp = fp
         shared_key = None
         if self.feature_store is not None:
-            # what the frozen part's outputs depend on: not the trained part's lr, optimizer, batch or seed
-            same = {k: v for k, v in self.fingerprint().items() if k not in ("lr", "optimizer", "batch_size", "seed")}
+            # what the frozen part's outputs depend on: not the trained part's optimizer settings, batch or seed
+            same = {k: v for k, v in self.fingerprint().items()
+                    if k not in ("lr", "optimizer", "momentum", "weight_decay", "batch_size", "seed")}
             shared_key = hashlib.sha256(json.dumps([same, self.engine.cut_name, self.plan.feature_batch, rows,
                                                     list(feature_shape)]).encode()).hexdigest()
             shared = self.feature_store.get(shared_key)
@@ -490,7 +514,8 @@ class FinetuneJob:
                                   "nothing to train, the model is written again from it")
         elif self.resume:
             self.notes.append("--resume: no checkpoint in OUTDIR, starting from the beginning")
-        self.opt = Corrected(self.engine.make_optimizer(self.optimizer, self.lr), self.correction)
+        self.opt = Corrected(self.engine.make_optimizer(self.optimizer, self.lr, self.momentum, self.weight_decay),
+                             self.correction)
         self.engine.opt = self.opt
         self.rng = np.random.RandomState(self.seed)
         start_epoch, start_step, order = 0, 0, None
@@ -553,6 +578,11 @@ class FinetuneJob:
             seconds = partial.get("seconds", 0.0)
             t0 = time.monotonic()
             for step in range(start_step, steps):
+                if self.stop_at_step is not None and self.global_step >= self.stop_at_step:
+                    self._stop_inside(epoch, step, steps, order, {"loss_sum": loss_sum, "correct": correct,
+                                                                  "seen": seen,
+                                                                  "seconds": seconds + time.monotonic() - t0})
+                    return
                 self.engine.reseed(self.seed, self.global_step)
                 idx = order[step * b:(step + 1) * b]
                 loss, c = self.engine.step(train_inputs, idx, labels, self.plan.micro_batch)
@@ -589,6 +619,14 @@ class FinetuneJob:
             if self.stop.signum:
                 self._interrupted(epoch + 1, 0)
 
+    def _stop_inside(self, epoch: int, step: int, steps: int, order, part: dict) -> None:
+        """stop_at_step reached inside an epoch: checkpointed there (a later run resumes at this step) and the
+        held-out accuracy measured; the epoch's record is left to the run that finishes it."""
+        self.save_checkpoint(epoch, step, order, part)
+        val_acc, val_loss = self.evaluate_held_out()
+        self.partial = {"epoch": epoch, "step": step, "steps": steps, "val_accuracy": val_acc, "val_loss": val_loss,
+                        "seconds": round(part["seconds"], 4), "samples": part["seen"]}
+
     def _cache_shared(self) -> bool:
         return self.feature_store is not None and self.feature_store.holds(self.cache)
 
@@ -618,6 +656,8 @@ class FinetuneJob:
         last = self.history[-1] if self.history else {}
         acc_on = "held-out" if self.val_ds is not None else "training"
         final_acc = last.get("val_accuracy") if self.val_ds is not None else last.get("train_accuracy")
+        if self.partial is not None and self.val_ds is not None:
+            final_acc = self.partial["val_accuracy"]
         self._check_finite()
         model_path = self.outdir / (MODEL_NAME if self.gluon is not None and self.layers.kind != "lite" else ONNX_MODEL)
         if self.writes_model:
@@ -638,7 +678,8 @@ class FinetuneJob:
             seconds=round(total, 3), feature_seconds=round(feature_seconds, 3),
             samples_per_s=samples / max(train_seconds + feature_seconds, 1e-9), peak_rss_mb=peak,
             budget_mb=self.budget_mb,
-            plan=self.plan.to_dict(), resumed_from=self.resumed_from, threads=self.threads, notes=self.notes)
+            plan=self.plan.to_dict(), resumed_from=self.resumed_from, threads=self.threads, notes=self.notes,
+            partial_epoch=self.partial)
         result.notes_before_training = self.notes_before_training
         if self.val_ds is not None and final_acc is not None:
             # a model at chance on held-out data learned nothing: a failed check (exit 3), the model is kept;

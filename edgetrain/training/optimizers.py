@@ -3,7 +3,8 @@
 Gluon's Trainer keeps its state behind a pickle; a checkpoint that must be refused when corrupt, and
 restored bit-for-bit after a power cut, wants arrays it can name, check and load without unpickling.
 The updates are MXNet's fused ops' (sgd_mom_update, adam_update), the ones Trainer runs (a test holds them
-equal).
+equal, momentum and weight decay included). Weight decay is MXNet's: an L2 term, ``wd * w`` added to the gradient
+before the update (for Adam too, so it is scaled by Adam's per-weight step; not AdamW's decoupled decay).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ DEFAULT_LR = {"sgd": 0.05, "adam": 0.003}
 # A lone output layer on fixed features is a linear model: it tolerates, and needs, a larger step
 # (digits5 -> ten digits, head only, 10 epochs: 0.84 held-out accuracy at adam 0.003, 0.93 at 0.02).
 HEAD_LR = {"sgd": 0.2, "adam": 0.02}
+DEFAULT_MOMENTUM = 0.9       # sgd's, when --momentum is not given (finetune's value before the option)
+DEFAULT_WEIGHT_DECAY = 1e-4  # both optimizers', when --weight-decay is not given
 # Every weight of MobileNetV2-1.0 at adam 0.003 collapsed to chance in the first epoch (loss 3.9, then ln 5); on the
 # held-out shift of issue 34 (tools/bench_torch_peer.py, 2 epochs) 0.001 reached 0.260 held-out top-1 (chance 0.2),
 # 0.0003 0.457. The digits CNN learns slower at 0.0003 (0.58 after 4 epochs, 0.6+ at 0.001).
@@ -35,7 +38,7 @@ class NumpyOptimizer:
 
     n_states = 0   # per weight: a subclass's state arrays
 
-    def __init__(self, params: dict, lr: float, wd: float = 1e-4):
+    def __init__(self, params: dict, lr: float, wd: float = DEFAULT_WEIGHT_DECAY):
         import numpy as np
 
         self.params = params
@@ -72,7 +75,10 @@ class NumpyOptimizer:
 
 class NumpySGD(NumpyOptimizer):
     n_states = 1
-    momentum = 0.9
+
+    def __init__(self, params: dict, lr: float, wd: float = DEFAULT_WEIGHT_DECAY, momentum: float = DEFAULT_MOMENTUM):
+        super().__init__(params, lr, wd)
+        self.momentum = float(momentum)
 
     def _update(self, w, g, state):  # sgd_mom_update: mom = m*mom - lr*(g + wd*w); w += mom
         import numpy as np
@@ -100,8 +106,16 @@ class NumpyAdam(NumpyOptimizer):
         w -= lr * mean / (np.sqrt(var) + np.float32(self.eps))
 
 
-def make_numpy_optimizer(name: str, params: dict, lr: float) -> NumpyOptimizer:
-    return {"sgd": NumpySGD, "adam": NumpyAdam}[name](params, lr)
+def make_numpy_optimizer(name: str, params: dict, lr: float, momentum: float | None = None,
+                         weight_decay: float | None = None) -> NumpyOptimizer:
+    """``name``'s optimizer over ``params``; ``momentum`` is sgd's only (None: DEFAULT_MOMENTUM), ``weight_decay``
+    None: DEFAULT_WEIGHT_DECAY."""
+    wd = DEFAULT_WEIGHT_DECAY if weight_decay is None else weight_decay
+    if name == "sgd":
+        return NumpySGD(params, lr, wd, DEFAULT_MOMENTUM if momentum is None else momentum)
+    if momentum is not None:
+        raise ValueError("momentum is sgd's (adam's first-moment decay is fixed at 0.9)")
+    return NumpyAdam(params, lr, wd)
 
 
 class Corrected:

@@ -13,11 +13,9 @@ from pathlib import Path
 from ..errors import UsageError
 
 # a name a user may give -> the FinetuneOptions field it sets (MXNet's spellings too)
-NAMES = {"lr": "lr", "learning_rate": "lr", "optimizer": "optimizer", "batch_size": "batch_size",
+NAMES = {"lr": "lr", "learning_rate": "lr", "optimizer": "optimizer", "momentum": "momentum",
+         "weight_decay": "weight_decay", "wd": "weight_decay", "batch_size": "batch_size",
          "train_layers": "train_layers", "epochs": "epochs"}
-# names of the seeds' grids that finetune does not take (yet): said as such, not as a typo
-NOT_FINETUNE = {"momentum": "finetune's sgd uses momentum 0.9", "weight_decay": "finetune uses weight decay 1e-4",
-                "wd": "finetune uses weight decay 1e-4"}
 OBJECTIVES = ("accuracy", "validation_accuracy", "val_accuracy")
 YAML_KEYS = ("param_dict", "objective")
 FIX = f"search {', '.join(sorted(set(NAMES.values())))} (as finetune's options), e.g. --grid lr=0.003,0.01,0.03"
@@ -44,8 +42,6 @@ def _field(name: str, where: str) -> str:
     key = str(name).strip().lower().replace("-", "_")
     if key in NAMES:
         return NAMES[key]
-    if key in NOT_FINETUNE:
-        raise UsageError(f"'{name}' is not one of finetune's options ({NOT_FINETUNE[key]})", where, FIX)
     raise UsageError(f"unknown name '{name}' in the grid", where, FIX)
 
 

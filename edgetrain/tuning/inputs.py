@@ -47,14 +47,19 @@ def _text(point: dict) -> str:
 
 
 def configs_of(points: list[dict], opts: TuneOptions) -> list[dict]:
-    return [{"lr": p.get("lr"), "optimizer": p.get("optimizer", "adam"), "batch_size": p.get("batch_size", 32),
-             "train_layers": p.get("train_layers", "head"), "epochs": p.get("epochs", opts.epochs)} for p in points]
+    """Each point with finetune's defaults filled in; momentum and weight decay only where the grid searches
+    them (a trial's label and table row say what was searched)."""
+    return [{"lr": p.get("lr"), "optimizer": p.get("optimizer", "adam"),
+             **{k: p[k] for k in ("momentum", "weight_decay") if k in p},
+             "batch_size": p.get("batch_size", 32), "train_layers": p.get("train_layers", "head"),
+             "epochs": p.get("epochs", opts.epochs)} for p in points]
 
 
 def fingerprint(model: str, opts: TuneOptions, grid: Grid, objective: str) -> dict:
     val = _source_fp(opts.val) if opts.val is not None else f"split {opts.val_split or 0.2}"
     return {"model": file_digest(Path(model)), "data": _source_fp(opts.data), "val": val, "grid": grid.to_dict(),
-            "epochs": opts.epochs, "strategy": opts.strategy, "eta": opts.eta, "trials": opts.trials, "seed": opts.seed,
+            "epochs": opts.epochs, "strategy": opts.strategy, "eta": opts.eta, "min_rung": opts.min_rung,
+            "trials": opts.trials, "seed": opts.seed,
             "objective": objective}
 
 

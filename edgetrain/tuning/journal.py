@@ -17,6 +17,7 @@ class Journal:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.records: list[dict] = []
+        self.tail_checked = False   # a torn last line comes only from an earlier process: looked for once
 
     def exists(self) -> bool:
         return self.path.is_file()
@@ -44,7 +45,7 @@ class Journal:
 
     def append(self, record: dict) -> None:
         line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
-        if self.path.exists() and self.path.stat().st_size:
+        if not self.tail_checked and self.path.exists() and self.path.stat().st_size:
             with open(self.path, "rb") as fh:  # a torn last line (power cut) is cut off before the next fact
                 fh.seek(-1, os.SEEK_END)
                 torn = fh.read(1) != b"\n"
@@ -53,6 +54,7 @@ class Journal:
                 keep = data[:data.rfind(b"\n") + 1]
                 with open(self.path, "r+b") as fh:
                     fh.truncate(len(keep))
+        self.tail_checked = True
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line)

@@ -18,9 +18,10 @@ from .records import TuneResult, score
 from .tuner import CSV, JSON, MODEL, REPORT, TRIALS_DIR
 
 META_KEY = "edgetrain.tune"
-CSV_COLUMNS = ("trial", "status", "lr", "lr_used", "optimizer", "batch_size", "train_layers", "epochs", "epochs_run",
-               "val_accuracy", "accuracy_by_rung", "device_seconds", "cpu_seconds", "train_seconds", "feature_seconds", "peak_mb",
-               "estimate_mb", "energy_j", "energy_provenance", "latency_ms", "energy_per_inference_mj", "score", "why")
+CSV_COLUMNS = ("trial", "status", "lr", "lr_used", "optimizer", "momentum", "weight_decay", "batch_size",
+               "train_layers", "epochs", "epochs_run", "val_accuracy", "accuracy_by_rung", "device_seconds",
+               "cpu_seconds", "train_seconds", "feature_seconds", "peak_mb", "estimate_mb", "energy_j",
+               "energy_provenance", "latency_ms", "energy_per_inference_mj", "score", "why")
 
 
 def write_model(src: Path, dst: Path, config: dict) -> None:
@@ -106,7 +107,8 @@ def html_report(result: dict) -> str:
                           if a["val_accuracy"] is not None)
         energy = f"{r['energy_j']:.3g} [{r['energy_provenance']}]" if r.get("energy_j") is not None else ""
         cells = [r["trial"], r["status"], r["train_layers"], r["lr_used"] if r["lr_used"] is not None else r["lr"],
-                 r["optimizer"], r["batch_size"], f"{r['epochs_run']}/{r['epochs']}", rungs,
+                 " ".join([r["optimizer"]] + [f"{k}={r[k]}" for k in ("momentum", "weight_decay") if k in r]),
+                 r["batch_size"], f"{r['epochs_run']}/{r['epochs']}", rungs,
                  f"{r['device_seconds']:.2f}", fmt(r["peak_mb"]), energy,
                  f"{r['score']:.2f}" if r["score"] is not None else "", r["why"]]
         style = ' style="font-weight:bold;background:#eef"' if r["status"] == "chosen" else ""

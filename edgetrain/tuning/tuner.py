@@ -42,7 +42,8 @@ LATENCY_RUNS = 30
 OUTPUT_RESERVE_S = 0.25  # of --time-budget, kept for writing the outputs (the model, the table, the report)
 # what a resume must find as it was: changed, the trials would not be the same ones
 SAME_ON_RESUME = {"model": "MODEL", "data": "DATA", "val": "held-out data", "grid": "grid", "epochs": "--epochs",
-                  "strategy": "--strategy", "eta": "--eta", "trials": "--trials", "seed": "--seed", "objective": "objective"}
+                  "strategy": "--strategy", "eta": "--eta",
+                  "min_rung": "--min-rung", "trials": "--trials", "seed": "--seed", "objective": "objective"}
 
 
 # --- set-up ------------------------------------------------------------------------------------------------
@@ -71,13 +72,18 @@ class Tuner:
         self.notes: list[str] = []
         self.clock0 = time.monotonic()
         self.clock_before = 0.0   # seconds of the run before this process (a resume)
-        self.timers = {"check": 0.0, "decode": 0.0, "precheck": 0.0, "latency": 0.0}  # shared work, not overhead
+        # shared work, not overhead; "imports": loading the trainer's and the report's modules (what any run of
+        # them pays once, like the interpreter's start, which no clock here counts)
+        self.timers = {"check": 0.0, "imports": 0.0, "decode": 0.0, "precheck": 0.0, "latency": 0.0}
         self.cpu0 = time.process_time()
         self.setup_peak_mb: float | None = None
         self.trials: list[Trial] = []
         self.store = None
         self.stopped_by_time = False
         self.done_runs = 0
+        self.objective = "accuracy"   # the run's (--objective, or the grid file's)
+        self.train_rows = 0   # rows of the decoded training data (a rung of a fraction of an epoch is in steps)
+        self.datasets: dict = {}  # the decoded data as the trials read it: read once (FinetuneJob data_store)
 
     def clock(self) -> float:
         return self.clock_before + time.monotonic() - self.clock0
@@ -135,10 +141,13 @@ class Tuner:
         if head is None:
             raise UsageError("OUTDIR's journal.jsonl is not a tune journal", str(out), "choose another OUTDIR")
         old = head["fingerprint"]
-        changed = [SAME_ON_RESUME[k] for k in SAME_ON_RESUME if old.get(k) != json.loads(json.dumps(fp[k]))]
+        # (a journal written before --min-rung existed ran whole-epoch rungs: its default)
+        changed = [SAME_ON_RESUME[k] for k in SAME_ON_RESUME
+                   if old.get(k, 1.0 if k == "min_rung" else None) != json.loads(json.dumps(fp[k]))]
         if changed:
             raise UsageError(f"cannot resume: the tune run in OUTDIR was made with a different {', '.join(changed)}", str(out),
-                             "resume with the same MODEL, data, --grid, --epochs, --strategy, --eta, --trials, --seed and "
+                             "resume with the same MODEL, data, --grid, --epochs, --strategy, --eta, --min-rung, --trials, "
+                             "--seed and "
                              "--objective, or start a new OUTDIR")
         return True
 
@@ -217,20 +226,47 @@ class Tuner:
         c = trial.config
         values = {"data": str(self.outdir / DATA_DIR / "train.npz"), "val": str(self.outdir / DATA_DIR / "val.npz"),
                   "out": str(out), "epochs": epochs, "optimizer": c["optimizer"], "batch_size": c["batch_size"],
-                  "train_layers": c["train_layers"], "lr": c["lr"], "seed": self.opts.seed,
+                  "train_layers": c["train_layers"], "lr": c["lr"], "momentum": c.get("momentum"),
+                  "weight_decay": c.get("weight_decay", FinetuneOptions.fields["weight_decay"].default),
+                  "seed": self.opts.seed,
                   "memory_budget": self.budget_mb, "device": self.opts.device, "threads": self.opts.threads,
                   "resume": resume, "allow_chance": True}
         return values
 
     # --- the trials --------------------------------------------------------------------------------------
 
-    def run_rung(self, trial: Trial, rung_index: int, target: int, n_rungs: int, total_runs: int) -> None:
-        """Train ``trial`` up to ``target`` epochs (resuming its checkpoint) and journal the result."""
+    def steps_per_epoch(self, trial: Trial) -> int:
+        return max(1, math.ceil(self.train_rows / trial.config["batch_size"]))
+
+    def _job(self, trial: Trial, target: float, progress, write_model: bool):
+        """The trial's FinetuneJob to ``target`` epochs, resuming its checkpoint (a fraction of an epoch: the job
+        stops at that step)."""
         from ..training import FinetuneJob, prepare_outdir
 
         tdir = self.outdir / TRIALS_DIR / f"{trial.number:03d}"
         has_checkpoint = prepare_outdir(tdir, resume=True)
-        fopts = FinetuneOptions.unchecked(**self._finetune_values(trial, tdir, target, resume=has_checkpoint))
+        spe = self.steps_per_epoch(trial)
+        steps = max(1, round(target * spe))
+        stop_at = steps if steps % spe else None
+        fopts = FinetuneOptions.unchecked(**self._finetune_values(trial, tdir, math.ceil(steps / spe),
+                                                                  resume=has_checkpoint))
+        job = FinetuneJob(self.model, fopts, val_split=None,
+                          budget_mb=self.budget_mb, threads=self.threads, profile=self.profile, progress=progress,
+                          resume=has_checkpoint, feature_store=self.store, stop_at_step=stop_at,
+                          write_model=write_model, data_store=self.datasets)
+        return job, has_checkpoint
+
+    def ensure_model(self, trial: Trial) -> None:
+        """The trial's model.onnx, written from its checkpoint if its runs left the file out (nothing trained)."""
+        if (self.outdir / TRIALS_DIR / f"{trial.number:03d}" / MODEL).is_file():
+            return
+        job, has_checkpoint = self._job(trial, trial.epochs_run, lambda info: None, write_model=True)
+        job.run(has_checkpoint)
+        del job
+
+    def run_rung(self, trial: Trial, rung_index: int, target: float, n_rungs: int, total_runs: int) -> None:
+        """Train ``trial`` up to ``target`` epochs (resuming its checkpoint; a fraction of an epoch stops the job at
+        that step) and journal the result."""
         where = f"trial {trial.number}/{len(self.trials)} rung {rung_index + 1}/{n_rungs}"
 
         def relay(info: dict) -> None:
@@ -238,12 +274,18 @@ class Tuner:
                 report(self.progress, "tune", message=f"{where}: epoch {info['epoch']}/{info['epochs']} step "
                        f"{info['step']}/{info['steps']}")
 
-        job = FinetuneJob(self.model, fopts, val_split=None,
-                          budget_mb=self.budget_mb, threads=self.threads, profile=self.profile, progress=relay,
-                          resume=has_checkpoint, feature_store=self.store)
+        # the model file only where it may be read: a trial trained in full, every run under a time budget (any
+        # may be the last), every run when the objective measures the model; else the checkpoint holds the
+        # weights, and ensure_model writes the file if such a trial is chosen
+        final = target >= trial.config["epochs"] or self.opts.time_budget is not None \
+            or self.objective != "accuracy"
+        spe = self.steps_per_epoch(trial)
+        _settle()  # before the job exists: a frozen job (a cycle with its engine) would never be collected
         _reset_peak()
         before = trial.epochs_run
+        # the trial's time from its folder and job on (its set-up, as a lone finetune's would be)
         t0, c0 = time.monotonic(), time.process_time()
+        job, has_checkpoint = self._job(trial, target, relay, write_model=final)
         trial.status = "running"
         try:
             res = job.run(has_checkpoint)
@@ -265,17 +307,25 @@ class Tuner:
         if self.budget_mb is not None:
             # the next trial plans from this process's memory: what this one freed goes back (~80 ms)
             procmem.release_freed_memory()
-        start = int((res.resumed_from or {}).get("epoch", before))  # a power cut may have left it further on
+        # where this run started (a power cut may have left the checkpoint further on than the journal) and ended,
+        # in epochs: whole ones plus the steps of one stopped inside
+        resumed = res.resumed_from or {}
+        start = int(resumed.get("epoch", int(before)))
+        began = start + int(resumed.get("step", 0)) / spe if resumed else before
+        inside = res.partial_epoch
+        reached_epochs = len(res.epochs) + (inside["step"] / inside["steps"] if inside else 0.0)
         new = res.epochs[start:]
-        train_s = sum(e["seconds"] for e in new)
-        record = {"kind": "rung", "trial": trial.number, "rung": rung_index, "epochs": len(res.epochs),
+        # (an epoch begun in an earlier run counts its seconds there too: the epoch's record holds them all)
+        train_s = sum(e["seconds"] for e in new) + (inside["seconds"] if inside else 0.0)
+        record = {"kind": "rung", "trial": trial.number, "rung": rung_index, "epochs": _epochs(reached_epochs),
                   "val_accuracy": res.final_accuracy, "seconds": round(seconds, 4), "cpu_seconds": round(cpu, 4),
                   "train_seconds": round(train_s, 4),
                   "feature_seconds": res.feature_seconds, "peak_mb": res.peak_rss_mb, "lr_used": trial.lr_used,
                   "plan_mb": res.plan.get("estimate_mb"),
                   "joules": (res.energy or {}).get("joules"), "energy_provenance": (res.energy or {}).get("provenance"),
-                  "history": [e.get("val_accuracy") for e in res.epochs], "trained": len(new),
-                  "resumed_at": (res.resumed_from or {}).get("epoch"), "clock": None}
+                  "history": [e.get("val_accuracy") for e in res.epochs],
+                  "trained": _epochs(reached_epochs - began), "trained_parameters": res.trained_parameters,
+                  "resumed_at": _epochs(began) if resumed else None, "clock": None}
         record["clock"] = round(self.clock(), 4)
         self.journal.append(record)
         trial.rungs.append(record)
@@ -314,22 +364,24 @@ class Tuner:
             per, setup = max(sec / n for n, sec in runs), 0.0
         return setup + per * epochs
 
-    def within_time(self, trial: Trial, target: int) -> int:
-        """The epochs ``trial`` may reach within --time-budget (``target`` if no budget, or it fits)."""
+    def within_time(self, trial: Trial, target: float) -> float:
+        """The epochs ``trial`` may reach within --time-budget (``target`` if no budget, or it fits; else the most
+        whole epochs that fit)."""
         budget = self.opts.time_budget
         if budget is None:
             return target
+        have = trial.epochs_run
         left = budget - self.clock() - OUTPUT_RESERVE_S
         if left <= 0:
-            return trial.epochs_run
-        need = self.estimate_s(trial, target - trial.epochs_run)
-        if need is None:  # nothing of this kind measured yet: one epoch, to learn what one costs
-            return trial.epochs_run + 1
+            return have
+        need = self.estimate_s(trial, target - have)
+        if need is None:  # nothing of this kind measured yet: one epoch (or less, to the target), to learn its cost
+            return min(target, math.floor(have) + 1)
         if need <= left:
             return target
-        fits = max((n for n in range(1, target - trial.epochs_run + 1) if self.estimate_s(trial, n) <= left),
-                   default=0)
-        return trial.epochs_run + max(0, min(fits, target - trial.epochs_run))
+        stops = [e for e in range(math.floor(have) + 1, math.ceil(target)) if e < target]
+        fits = [e for e in stops if self.estimate_s(trial, e - have) <= left]
+        return fits[-1] if fits else have
 
     def measure_model(self, trial: Trial, objective: str) -> None:
         """The latency (and modelled energy) of one inference of the trial's model, once per kind of graph."""
@@ -371,6 +423,28 @@ class Tuner:
         self.clock_before = max(clocks, default=0.0)
         self.clock0 = time.monotonic()
 
+
+def _trained_weights(trial: Trial) -> int:
+    """How many weights the trial trains (a journal of an earlier edgetrain lacks it: as many as any other)."""
+    return max((int(r.get("trained_parameters") or 0) for r in trial.rungs), default=0)
+
+
+def _epochs(value: float) -> float | int:
+    """Epochs as the journal and the table say them: a whole number as an int, a fraction to 4 places."""
+    return int(round(value)) if abs(value - round(value)) < 1e-9 else round(value, 4)
+
+
+def _settle() -> None:
+    """Before a trial's job is made: what earlier trials left collected, then everything alive moved out of the
+    collector's reach (gc.freeze): the job's own collections (its memory releases) then scan only its own objects,
+    not the libraries' tens of thousands (a collection took 7-70 ms each here, dozens per trial). Never with a
+    job alive: it is a cycle (job and engine), and frozen it, and all it holds, would never be freed."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def _reset_peak() -> None:
     """Start the process's peak RSS (VmHWM) afresh, so that each trial's peak is its own (Linux)."""
     try:
@@ -401,6 +475,7 @@ def tune(model: str, opts: TuneOptions, progress: ProgressFn | None = None) -> T
     """The whole run: check, decode, pre-check, the schedule, the outputs. See the module's docstring."""
     tuner = Tuner(model, opts, progress)
     grid, points, objective = tuner.check()
+    tuner.objective = objective
     tuner.timers["check"] = time.monotonic() - tuner.clock0
     tried = schedule.sample(points, opts.trials, opts.strategy, opts.seed)
     configs = configs_of([points[i] for i in tried], opts)
@@ -425,8 +500,11 @@ def tune(model: str, opts: TuneOptions, progress: ProgressFn | None = None) -> T
 
 def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objective: str, fp: dict,
          resumed: bool) -> TuneResult:
+    t0 = time.monotonic()
+    from .. import run_report  # noqa: F401  (the report's page, imported where it is written)
     from ..training import FeatureStore
 
+    tuner.timers["imports"] = time.monotonic() - t0
     opts = tuner.opts
     t0 = time.monotonic()
     data = tuner.outdir / DATA_DIR
@@ -437,6 +515,8 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
             and rec.get("val") == file_digest(data / "val.npz")
     if not have:
         train, val, _ = decode_data(tuner.model, opts, data, tuner.budget_mb)
+    with np.load(data / "train.npz") as npz:
+        tuner.train_rows = int(npz["label"].shape[0])
     tuner.timers["decode"] = time.monotonic() - t0
     t1 = time.monotonic()
     tuner.precheck()
@@ -452,7 +532,8 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
         tuner.notes.append(f"resumed: {tuner.done_runs} trial rung(s) from the journal")
     tuner.store = FeatureStore()
     runnable = [t for t in tuner.trials if t.status != "skipped"]
-    rungs = schedule.plan(opts.strategy, len(runnable), max(t.config["epochs"] for t in tuner.trials), opts.eta)
+    rungs = schedule.plan(opts.strategy, len(runnable), max(t.config["epochs"] for t in tuner.trials), opts.eta,
+                          opts.min_rung)
     total_runs = sum(min(r.keep, len(runnable)) for r in rungs)
     alive = runnable
     for k, rung in enumerate(rungs):
@@ -460,9 +541,11 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
             measured = [t for t in alive if reached(t, k - 1) is not None and t.status in ("stopped", "finished")]
             measured.sort(key=lambda t: rank_key(t, objective, reached(t, k - 1)))
             alive = measured[:rung.keep]
-            if k == len(rungs) - 1:  # into the last rung: the best of each trained part too (see schedule.py)
+            if k == len(rungs) - 1 and alive:  # into the last rung: the best of each trained part that trains more
+                lead = _trained_weights(alive[0])  # weights than the leader, too (see schedule.py)
                 for t in measured:
-                    if all(a.config["train_layers"] != t.config["train_layers"] for a in alive):
+                    if all(a.config["train_layers"] != t.config["train_layers"] for a in alive) \
+                            and _trained_weights(t) > lead:
                         alive.append(t)
             for t in measured:
                 if t.status == "stopped" and t not in alive:
@@ -506,6 +589,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
         raise RunFailed(f"no trial finished ({why or 'none ran'})", str(tuner.outdir),
                         "lower the learning rates searched, or raise --time-budget / --memory-budget")
     best = min(done, key=lambda t: rank_key(t, objective))
+    tuner.ensure_model(best)
     from .output import write_outputs
 
     return write_outputs(tuner, grid, points, best, objective, rungs, resumed)
