@@ -19,8 +19,8 @@ NO_SENSOR = {"EDGETRAIN_SYSFS_ROOT": "/nonexistent-sysfs", "EDGETRAIN_VCGENCMD":
 
 
 def _a_value(field) -> str:
-    """A value the option takes that is not its default (the text a user would type)."""
-    for text in ("2", "0.5", "3", "0.25", "10", "1", "x"):
+    """A value the option takes that is not its default (the text a user would type; a choice's other value)."""
+    for text in (*map(str, field.choices or ()), "2", "0.5", "3", "0.25", "10", "1", "x"):
         try:
             value = field.read(text)
         except ValueError:
@@ -59,6 +59,11 @@ def test_an_option_without_what_it_needs_is_refused_at_the_declaration(path, cmd
     field = model.fields[name]
     flag = field.on_flag
     given = [flag] if field.kind == "bool" else [flag, _a_value(field)]
+    # a condition its default meets (quantize --scheme needs --backend onnxruntime, the default) is given otherwise
+    against = {other: next(c for c in model.fields[other].choices if c != want) for other, want in conditions.items()
+               if want is not GIVEN and model.fields[other].default == want}
+    for other, value in against.items():
+        given += [model.fields[other].on_flag, str(value)]
     capsys.readouterr()
     with pytest.raises(SystemExit) as done:
         main(argv + given)
@@ -70,9 +75,9 @@ def test_an_option_without_what_it_needs_is_refused_at_the_declaration(path, cmd
     # with what it needs, the declaration takes it (the same line through the Python API: the same answer)
     needed = {other: ("x" if want is GIVEN else want) for other, want in conditions.items()}
     values = {n: "x" for n, f in model.fields.items() if f.required}
-    model.parse({**values, **needed, name: field.read(given[-1]) if field.kind != "bool" else True})
+    model.parse({**values, **needed, name: field.read(given[1]) if field.kind != "bool" else True})
     with pytest.raises(UsageError, match=f"{flag} has no effect without"):
-        model.parse({**values, name: field.read(given[-1]) if field.kind != "bool" else True})
+        model.parse({**values, **against, name: field.read(given[1]) if field.kind != "bool" else True})
 
 
 def _finetune(*more):
