@@ -55,7 +55,7 @@ from .outdir import ONNX_MODEL
 # The modes whose training steps run BatchNorm in training mode (onnx_grad's batch_stats): normalised by each
 # micro-batch's own statistics, the running ones following them (written into model.onnx, checkpointed, averaged
 # by a fleet); the other modes keep the file's running statistics as constants.
-BATCH_STATS = ("all", "tail")
+BATCH_STATS = ("all", "tail", "lite")
 
 
 def _weights_of(graph) -> list[str]:
