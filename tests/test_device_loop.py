@@ -67,7 +67,7 @@ def test_finetune_quantize_predict_profile_on_the_device(layers, host_export, de
     out = tmp_path / "run"
     ft = run_edgetrain("finetune", host_export / "digits5.onnx", "--data", host_export / "train.npz",
                        "--val", host_export / "val.npz", "-o", out, "--train-layers", layers,
-                       # every weight at its default rate (0.0003, chosen on MobileNetV2) learns slower here
+                       # every weight at its default rate (0.001, chosen on MobileNetV2) learns slower here
                        "--epochs", "6" if layers == "all" else "4", "--json", "-", env=device_env)
     assert ft.code == 0, ft.err
     result = ft.json()
