@@ -595,8 +595,8 @@ class _BatchNorm(_Op):
                 grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]), rank)
             if self.need[0]:
                 g = e.node("Mul", [dy, e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))])])
-                centred = e.node("Sub", [g, e.node("ReduceMean", [g], axes=axes)])
-                along = e.node("Mul", [xhat, e.node("ReduceMean", [e.node("Mul", [g, xhat])], axes=axes)])
+                centred = e.node("Sub", [g, e.reduce_mean(g, axes)])
+                along = e.node("Mul", [xhat, e.reduce_mean(e.node("Mul", [g, xhat]), axes)])
                 grads[0] = e.node("Mul", [inv, e.node("Sub", [centred, along])])
             return grads
         var_c = e.const_value(var)

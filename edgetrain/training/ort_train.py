@@ -63,6 +63,7 @@ class _Emitter:
         self.outputs: dict[str, list] = {}    # forward node (first output) -> its added outputs
         self.current = None
         self.batch_norm: dict[str, tuple] = {}   # training-mode BatchNorm (output) -> (normalised input, 1/deviation)
+        self.opset = 13
         self._count = 0
         self._ints: dict[tuple, str] = {}
         self._shape: dict[str, str] = {}
@@ -147,6 +148,17 @@ class _Emitter:
             parts = [out]
         return parts[0]
 
+    def reduce_mean(self, t: str, axes: list, out: str | None = None, into: list | None = None) -> str:
+        """ReduceMean of ``t`` over ``axes``, dims kept, in the model's opset's form (axes an attribute before 18,
+        an input from 18), into ``out`` (else a new name) appended to ``into`` (else the backward's nodes)."""
+        out = out or self._name()
+        if self.opset >= 18:
+            node = self.helper.make_node("ReduceMean", [t, self.ints(axes)], [out], name=out, keepdims=1)
+        else:
+            node = self.helper.make_node("ReduceMean", [t], [out], name=out, axes=list(axes), keepdims=1)
+        (self.nodes if into is None else into).append(node)
+        return out
+
     def channel_sum(self, t: str, rank: int) -> str:
         """``t`` (N, C, ...) of ``rank`` summed over every axis but the channels: (C,). As (N, C, rest) summed
         over its last axis, then over N: ORT's ReduceSum over axes (0, 2, 3) at once, off its fast paths, took
@@ -198,6 +210,7 @@ class OrtTrain:
         self.grad = grad
         trainable = set(grad.trainable)
         e = _Emitter(grad, shapes_of(proto))
+        e.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
         out_dims = e.dims(grad.output) if grad.output in e.shapes else None
         if out_dims is None:
             raise NotEmitted("model", grad.output, "the output's shape cannot be inferred")
@@ -304,9 +317,9 @@ class OrtTrain:
                 made.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
                 return out
             batch_mean, batch_var = f"{PREFIX}_bnmean{len(stats)}", f"{PREFIX}_bnvar{len(stats)}"
-            add("ReduceMean", [x], batch_mean, axes=axes, keepdims=1)
+            e.reduce_mean(x, axes, batch_mean, made)
             d = add("Sub", [x, add("Where", [TRAIN, batch_mean, add("Reshape", [mean, per_channel])])])
-            add("ReduceMean", [add("Mul", [d, d])], batch_var, axes=axes, keepdims=1)
+            e.reduce_mean(add("Mul", [d, d]), axes, batch_var, made)
             used_var = add("Where", [TRAIN, batch_var, add("Reshape", [var, per_channel])])
             eps = e.const(np.float32(op.a.get("epsilon", 1e-5)))
             inv = add("Reciprocal", [add("Sqrt", [add("Add", [used_var, eps])])])
