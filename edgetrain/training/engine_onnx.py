@@ -416,6 +416,9 @@ class OnnxEngine:
         else:
             use_step = step is not None
             use_fwd = partial and not use_step and not self.stats and self._fits(with_ort)
+            if partial and not use_step and self.stats:
+                job.notes.append("the forward runs in NumPy too: BatchNorm in training mode has no ONNX Runtime "
+                                 "forward beside NumPy's backward (ort_forward)")
         costs = fused if use_step else with_ort if use_fwd else costs
         refused = None
         try:
