@@ -761,7 +761,7 @@ class FinetuneOptions(ModelOptions, CarbonOptions, PowerLogOptions, MeterExportO
     batch_size: Annotated[int, Range(ge=1, le=1_000_000)] = opt(
         32, help="Effective batch size (micro-batches accumulate up to it).")
     lr: Positive = opt(None, metavar="LR", le=MAX_LR,
-                       help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, 0.0003 / 0.005 for all, else "
+                       help="Learning rate (default: adam 0.02 / sgd 0.2 for the head alone, 0.001 / 0.005 for all, else "
                             "0.003 / 0.05).")
     optimizer: Literal["sgd", "adam"] = opt("adam", help="Optimizer.")
     momentum: Annotated[Optional[float], Range(ge=0, lt=1)] = opt(

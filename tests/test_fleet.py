@@ -100,8 +100,10 @@ def test_last2_the_devices_train_the_tail_and_only_the_tail_travels(fleet, tmp_p
     from edgetrain.fleet.local import Evaluator, LocalSpec
 
     tail = {"digits_conv2_weight": (32, 32, 3, 3), "digits_batchnorm2_gamma": (32,), "digits_batchnorm2_beta": (32,),
+            "digits_batchnorm2_running_mean": (32,), "digits_batchnorm2_running_var": (32,),
             "digits_dense0_weight": (10, 32), "digits_dense0_bias": (10,)}
-    stats: set[str] = set()   # BatchNorm's running statistics are the ONNX graph's constants: none travel
+    # BatchNorm trains in training mode (last:N): its running statistics follow the data and travel, averaged
+    stats = {"digits_batchnorm2_running_mean", "digits_batchnorm2_running_var"}
     for r in range(3):
         assert {k: v.shape for k, v in load_global(run, r).items()} == tail
     assert set(load_global(run, 2, "control")) == set(tail) - stats

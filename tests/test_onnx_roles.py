@@ -48,6 +48,15 @@ def _expected(built: H.Built, mode: str) -> set:
             "last:1": set(built.classifier), "last:2": set(built.last2), "all": set(built.weights)}[mode]
 
 
+def _statistics(built: H.Built, mode: str) -> set:
+    """The running statistics training mode moves (engine_onnx.BATCH_STATS: all, last:N, lite): of every BatchNorm
+    the trained part holds (lite: every one); head and bias keep the file's."""
+    if mode not in ("all", "lite", "last:2"):
+        return set()
+    gammas = [n for n in (built.weights if mode != "last:2" else built.last2) if "_gamma" in n]   # (tf2onnx's names)
+    return {n.replace("_gamma", s) for n in gammas for s in ("_mean", "_var")}
+
+
 # ---------------------------------------------------------------------------------------- the roles, in-process
 @pytest.mark.parametrize("head", H.HEADS)
 def test_the_classifier_is_found_whatever_ops_make_it(head):
@@ -86,7 +95,7 @@ def test_what_each_mode_trains_is_what_the_roles_say(head, mode, digits, tmp_pat
     assert res.code == 0, res.err
     after = H.initializers(tmp_path / "run" / "model.onnx")
     expected = _expected(built, mode)
-    assert _changed(H.initializers(src), after) == expected
+    assert _changed(H.initializers(src), after) == expected | _statistics(built, mode)
     assert built.classifier[0] in expected
     added = sum(v.size for n, v in after.items() if n.startswith("lite") and n.endswith(("_weight", "_bias")))
     assert res.json()["trained_parameters"] == sum(after[n].size for n in expected) + added
@@ -105,7 +114,8 @@ def test_a_new_class_count_resizes_the_classifier_and_leaves_frozen_layers(head,
     assert res.json()["replaced_head"]
     model = tmp_path / "run" / "model.onnx"
     after = H.initializers(model)
-    assert _changed(H.initializers(src), after) == _expected(built, mode) | set(built.class_targets)
+    assert _changed(H.initializers(src), after) == _expected(built, mode) | set(built.class_targets) | \
+        _statistics(built, mode)
     assert 10 in after[built.classifier[0]].shape and 5 not in after[built.classifier[0]].shape
     pred = run_edgetrain("predict", model, digits / "ten.npz", "--json", "-")
     assert pred.code == 0, pred.err
@@ -173,7 +183,7 @@ def test_every_graph_predict_runs_is_trained_or_refused_in_one_line(quirk, head,
     assert pred.code == 0, pred.err
     before, after = H.initializers(src), H.initializers(model)
     # what the roles leave frozen is the file's: a shared tensor's other use too
-    frozen = set(before) - _expected(built, mode) - set(built.class_targets)
+    frozen = set(before) - _expected(built, mode) - set(built.class_targets) - _statistics(built, mode)
     assert not _changed({n: before[n] for n in frozen}, after), sorted(_changed({n: before[n] for n in frozen}, after))
     out = onnx.load(str(model)).graph
     assert [i.name for i in out.input] == ["data"]   # weights are not inputs of the model written

@@ -8,9 +8,10 @@ gradients (``correction``) and no model written (``write_model=False``): a round
 - The job trains the model's ONNX graph as ``edgetrain finetune`` does (a Gluon base exported once, in an
   mxnet child, then cached: no mxnet in a round).
 - What travels is every array of the trained part: its trainable parameters (weights, biases, BatchNorm
-  scale/shift), named as in the model's graph. BatchNorm's running statistics are the graph's constants
-  (statistics() is empty); a job that had any would send them as float32 whatever the codec, averaged
-  weighted by samples, with no SCAFFOLD control variate.
+  scale/shift), named as in the model's graph. With ``all``, ``last:N`` and ``lite`` BatchNorm trains in
+  training mode, so its running statistics (of the trained part) change on the device too: they are in
+  ``statistics()`` and travel as float32 whatever the codec, averaged weighted by samples, with no SCAFFOLD
+  control variate; with ``head`` and ``bias`` they stay the graph's constants and do not travel.
 - A global array whose name or shape does not match the device's model is refused (``ShapeMismatch``),
   never silently reshaped.
 """

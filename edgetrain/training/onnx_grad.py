@@ -100,6 +100,7 @@ class Tape:
         self.largest_bytes = 0      # the largest single value the forward produced
         self.peak_bytes = 0         # the most held at once (live values + the tape), forward or backward
         self.labels: dict[int, tuple] = {}
+        self.stats: dict[int, tuple] = {}   # batch_stats: per BatchNorm node, the batch's (mean, var, values)
 
     @property
     def nbytes(self) -> int:
@@ -521,6 +522,7 @@ class _BatchNorm(_Op):
         super().__init__(node, label, consts)
         if len([o for o in node.output if o]) > 1:
             self.refuse("running-statistics outputs are the training form (only inference)")
+        self.batch_stats = False   # GradGraph's batch_stats: training steps normalise by the batch's statistics
 
     def kept_inputs(self):
         return (0,) if self.need[1] else ()
@@ -538,10 +540,39 @@ class _BatchNorm(_Op):
         y += _per_channel(b - mean * a, x.ndim)
         return y, ({"input": x} if self.need[1] else {})
 
+    def momentum(self) -> float:
+        """ONNX's: running = running * momentum + batch * (1 - momentum)."""
+        return float(self.a.get("momentum", 0.9))
+
+    def forward_batch(self, xs) -> tuple:
+        """Training mode (``batch_stats``): normalised by the batch's own mean and (biased) variance per channel.
+        Returns the output, what backward keeps (the normalised input and the inverse deviation) and the
+        batch's (mean, variance, values per channel per sample) for the running statistics."""
+        x, scale, b = xs[:3]
+        axes = (0,) + tuple(range(2, x.ndim))
+        mean = x.mean(axis=axes)
+        d = x - _per_channel(mean, x.ndim)
+        var = (d * d).mean(axis=axes)
+        inv = 1 / np.sqrt(var + var.dtype.type(self.a.get("epsilon", 1e-5)))
+        d *= _per_channel(inv, x.ndim)
+        y = d * _per_channel(scale, x.ndim) + _per_channel(b, x.ndim)
+        return y, {"xhat": d, "inv": inv}, (mean, var, int(np.prod(x.shape[2:])))
+
     def backward(self, dy, saved, consts):
         scale, _, mean, var = consts[1:]
         axes = (0,) + tuple(range(2, dy.ndim))
         grads = [None] * 5
+        if "xhat" in saved:   # training mode: the batch's statistics depend on the input too
+            xhat, inv = saved["xhat"], saved["inv"]
+            if self.need[2]:
+                grads[2] = dy.sum(axis=axes)
+            if self.need[1]:
+                grads[1] = (dy * xhat).sum(axis=axes)
+            if self.need[0]:
+                g = dy * _per_channel(scale, dy.ndim)
+                grads[0] = _per_channel(inv, dy.ndim) * (g - g.mean(axis=axes, keepdims=True)
+                                                         - xhat * (g * xhat).mean(axis=axes, keepdims=True))
+            return grads
         if self.need[2]:
             grads[2] = dy.sum(axis=axes)
         if self.need[1]:
@@ -554,6 +585,20 @@ class _BatchNorm(_Op):
     def emit(self, e, node, dy):
         x, scale, _, mean, var = node.input
         rank = len(e.dims(x))
+        if self.batch_stats:   # training mode: ort_train wrote the forward (the normalised input, 1/deviation)
+            xhat, inv = e.batch_norm[node.output[0]]
+            axes = [0] + list(range(2, rank))
+            grads = [None] * 5
+            if self.need[2]:
+                grads[2] = e.channel_sum(dy, rank)
+            if self.need[1]:
+                grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]), rank)
+            if self.need[0]:
+                g = e.node("Mul", [dy, e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))])])
+                centred = e.node("Sub", [g, e.reduce_mean(g, axes)])
+                along = e.node("Mul", [xhat, e.reduce_mean(e.node("Mul", [g, xhat]), axes)])
+                grads[0] = e.node("Mul", [inv, e.node("Sub", [centred, along])])
+            return grads
         var_c = e.const_value(var)
         inv = _per_channel(1 / np.sqrt(var_c + var_c.dtype.type(self.a.get("epsilon", 1e-5))), rank)
         grads = [None] * 5
@@ -1683,9 +1728,14 @@ class GradGraph:
     every initializer (cast to ``dtype`` if float); update the trainable ones there, forward reads them.
     ``output`` defaults to the graph's output (see :func:`logits_name` for the logits before a Softmax).
     ``extra`` names initializers that train on top of a mode (the lite residual modules' weights).
+    ``batch_stats``: BatchNorm in training mode where a gradient passes (each BatchNorm whose input, scale or
+    shift needs one): a training forward normalises by the batch's own mean and variance (and backward
+    differentiates through them), its tape's ``stats`` holds them for :meth:`update_statistics`; a forward with
+    ``train=False`` (evaluation) uses the running statistics in ``params``, as the written model does.
     """
 
-    def __init__(self, model, trainable="bias", *, output: str | None = None, dtype=np.float32, extra=()):
+    def __init__(self, model, trainable="bias", *, output: str | None = None, dtype=np.float32, extra=(),
+                 batch_stats: bool = False):
         model = load_model(model)
         self.dtype = np.dtype(dtype)
         self._check_opset(model)
@@ -1703,6 +1753,33 @@ class GradGraph:
         if extra:
             self.trainable = tuple(dict.fromkeys(self.trainable + self._select(list(extra))))
         self._plan()
+        for _, op in self.nodes:
+            if batch_stats and isinstance(op, _BatchNorm) and any(op.need):
+                op.batch_stats = True
+
+    def statistics(self) -> list[str]:
+        """The running means and variances training mode updates (batch_stats), in graph order."""
+        return [n for node, op in self.nodes if getattr(op, "batch_stats", False) for n in node.input[3:5]]
+
+    def update_statistics(self, parts: list[tuple]) -> None:
+        """The running statistics (in ``params``, in place) moved toward one training step's batch, as ONNX's
+        BatchNormalization says (running * momentum + batch * (1 - momentum), the variance unbiased). ``parts``:
+        one (samples, {BatchNorm node index: (mean, variance, values per channel per sample)}) per micro-batch;
+        their statistics are combined into the whole batch's (the variance: within plus between micro-batches)."""
+        total = sum(n for n, _ in parts)
+        for index, (node, op) in enumerate(self.nodes):
+            if not getattr(op, "batch_stats", False):
+                continue
+            means = [(n, np.asarray(st[index][0], np.float64).reshape(-1)) for n, st in parts]
+            mean = sum(n * m for n, m in means) / total
+            var = sum(n * (np.asarray(st[index][1], np.float64).reshape(-1) + (m - mean) ** 2)
+                      for (n, st), (_, m) in zip(parts, means)) / total
+            count = total * parts[0][1][index][2]
+            var *= count / max(count - 1, 1)
+            k = op.momentum()
+            for name, batch in ((node.input[3], mean), (node.input[4], var)):
+                running = self.params[name]
+                running[...] = (running * k + batch * (1 - k)).astype(running.dtype)
 
     # -- loading
     def _check_opset(self, model):
@@ -1788,16 +1865,20 @@ class GradGraph:
                              "trainable")
 
     # -- running
-    def forward(self, x: np.ndarray) -> tuple:
+    def forward(self, x: np.ndarray, train: bool = True) -> tuple:
         """The output for batch ``x`` and the :class:`Tape` its backward needs; intermediates are freed as
-        soon as their last consumer ran, as inference would."""
+        soon as their last consumer ran, as inference would. ``train=False``: BatchNorm on its running
+        statistics whatever ``batch_stats`` says (evaluation)."""
         x = np.asarray(x, self.dtype)
         tape = Tape(x.shape[0])
         env, left = {self.input: x}, dict(self._uses)
         live = kept = 0   # bytes of the values alive in env and of the tape (the memory planner's figures)
         for index, (node, op) in enumerate(self.nodes):
             ins = [None if not n else env[n] if n in env else self.const(n) for n in node.input]
-            y, saved = op.forward(ins)
+            if train and getattr(op, "batch_stats", False):
+                y, saved, tape.stats[index] = op.forward_batch(ins)
+            else:
+                y, saved = op.forward(ins)
             tape.activation_bytes += y.nbytes
             tape.largest_bytes = max(tape.largest_bytes, y.nbytes)
             if any(op.need):

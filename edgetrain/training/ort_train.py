@@ -64,6 +64,8 @@ class _Emitter:
         self.before: dict[str, list] = {}     # forward node (first output) -> nodes that run just before it
         self.outputs: dict[str, list] = {}    # forward node (first output) -> its added outputs
         self.current: Any = None  # (node, op) being differentiated
+        self.batch_norm: dict[str, tuple] = {}   # training-mode BatchNorm (output) -> (normalised input, 1/deviation)
+        self.opset = 13
         self._count = 0
         self._ints: dict[tuple, str] = {}
         self._shape: dict[str, str] = {}
@@ -148,6 +150,17 @@ class _Emitter:
             parts = [out]
         return parts[0]
 
+    def reduce_mean(self, t: str, axes: list, out: str | None = None, into: list | None = None) -> str:
+        """ReduceMean of ``t`` over ``axes``, dims kept, in the model's opset's form (axes an attribute before 18,
+        an input from 18), into ``out`` (else a new name) appended to ``into`` (else the backward's nodes)."""
+        out = out or self._name()
+        if self.opset >= 18:
+            node = self.helper.make_node("ReduceMean", [t, self.ints(axes)], [out], name=out, keepdims=1)
+        else:
+            node = self.helper.make_node("ReduceMean", [t], [out], name=out, axes=list(axes), keepdims=1)
+        (self.nodes if into is None else into).append(node)
+        return out
+
     def channel_sum(self, t: str, rank: int) -> str:
         """``t`` (N, C, ...) of ``rank`` summed over every axis but the channels: (C,). As (N, C, rest) summed
         over its last axis, then over N: ORT's ReduceSum over axes (0, 2, 3) at once, off its fast paths, took
@@ -199,10 +212,12 @@ class OrtTrain:
         self.grad = grad
         trainable = set(grad.trainable)
         e = _Emitter(grad, shapes_of(proto))
+        e.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
         out_dims = e.dims(grad.output) if grad.output in e.shapes else None
         if out_dims is None:
             raise NotEmitted("model", grad.output, "the output's shape cannot be inferred")
         self.classes = int(np.prod(out_dims[1:]))
+        swap, self.stat_outputs = self._batch_norms(e, grad)
 
         # the loss: dL/dlogits = (softmax(logits) - onehot) * scale, shaped as the logits
         flat = e.node("Flatten", [grad.output], axis=1)
@@ -238,7 +253,7 @@ class OrtTrain:
                 e.nodes.append(helper.make_node("Identity", [g], [inner[-1]], name=inner[-1]))
 
         graph = proto.graph
-        fed = trainable | set(shared)
+        fed = trainable | set(shared) | set(grad.statistics())   # the running statistics change: always fed
         moved = [t for t in graph.initializer if t.name in fed]
         kept = [t for t in graph.initializer if t.name not in fed]
         del graph.initializer[:]
@@ -251,6 +266,9 @@ class OrtTrain:
         del graph.node[:]
         for node in nodes:   # in place: a mask computed last would keep every ReLU input alive to the end
             graph.node.extend(e.before.get(node.output[0], []))
+            if node.output[0] in swap:   # training-mode BatchNorm, written out
+                graph.node.extend(swap[node.output[0]])
+                continue
             node.output.extend(e.outputs.get(node.output[0], []))
             graph.node.append(node)
         # the loss and the backward run only when TRAIN is true (evaluation: the forward alone, in the same
@@ -269,10 +287,51 @@ class OrtTrain:
                             helper.make_tensor_value_info(SCALE, onnx.TensorProto.FLOAT, []),
                             helper.make_tensor_value_info(TRAIN, onnx.TensorProto.BOOL, [])])
         graph.output.extend(helper.make_empty_tensor_value_info(n) for n in self.grad_outputs.values())
+        graph.output.extend(helper.make_empty_tensor_value_info(n) for _, mean, var, _ in self.stat_outputs
+                            for n in (mean, var))
         self.fed = [t.name for t in moved]
-        self.outputs = [grad.output, *self.grad_outputs.values()]
+        self.outputs = [grad.output, *self.grad_outputs.values(),
+                        *(n for _, mean, var, _ in self.stat_outputs for n in (mean, var))]
+        self.last_stats: dict[int, tuple] = {}
         self.proto = proto
         self.session: Any = None
+
+    @staticmethod
+    def _batch_norms(e: _Emitter, grad: GradGraph) -> tuple:
+        """Each training-mode BatchNorm (GradGraph's batch_stats) as ONNX nodes: normalised by the batch's mean and
+        variance when TRAIN is true (each an output, for the running statistics), by the running ones (fed) when
+        false. Returns {BatchNorm output: its nodes} and [(node index, mean output, variance output, values per
+        channel per sample)]; the backward (onnx_grad's emit) reads the normalised input and 1/deviation."""
+        helper = e.helper
+        swap, stats = {}, []
+        for index, (node, op) in enumerate(grad.nodes):
+            if not getattr(op, "batch_stats", False):
+                continue
+            x, scale, b, mean, var = node.input
+            e.current = (node, op)
+            dims = e.dims(x)
+            rank = len(dims)
+            axes, per_channel = [0] + list(range(2, rank)), e.ints([1, -1] + [1] * (rank - 2))
+            made: list = []
+
+            def add(op_type, inputs, out=None, made=made, **attrs):
+                out = out or e._name()
+                made.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
+                return out
+            batch_mean, batch_var = f"{PREFIX}_bnmean{len(stats)}", f"{PREFIX}_bnvar{len(stats)}"
+            e.reduce_mean(x, axes, batch_mean, made)
+            d = add("Sub", [x, add("Where", [TRAIN, batch_mean, add("Reshape", [mean, per_channel])])])
+            e.reduce_mean(add("Mul", [d, d]), axes, batch_var, made)
+            used_var = add("Where", [TRAIN, batch_var, add("Reshape", [var, per_channel])])
+            eps = e.const(np.float32(op.a.get("epsilon", 1e-5)))
+            inv = add("Reciprocal", [add("Sqrt", [add("Add", [used_var, eps])])])
+            xhat = add("Mul", [d, inv])
+            add("Add", [add("Mul", [xhat, add("Reshape", [scale, per_channel])]), add("Reshape", [b, per_channel])],
+                node.output[0])
+            swap[node.output[0]] = made
+            e.batch_norm[node.output[0]] = (xhat, inv)
+            stats.append((index, batch_mean, batch_var, int(np.prod(dims[2:]))))
+        return swap, stats
 
     @staticmethod
     def _empty(onnx):
@@ -292,8 +351,13 @@ class OrtTrain:
         self.proto = None
 
     def step(self, x: np.ndarray, labels: np.ndarray, scale: float) -> tuple:
+        """(logits, {trainable: gradient}); a training-mode BatchNorm's batch statistics in ``last_stats``
+        ({node index: (mean, variance, values per channel per sample)}: GradGraph.update_statistics)."""
         logits, grads = self._run(x, labels, scale, True)
-        return logits, {n: g.reshape(self.grad.params[n].shape) for n, g in zip(self.grad_outputs, grads)}
+        k = len(self.grad_outputs)
+        got = grads[k:]
+        self.last_stats = {index: (got[2 * i], got[2 * i + 1], n) for i, (index, _, _, n) in enumerate(self.stat_outputs)}
+        return logits, {n: g.reshape(self.grad.params[n].shape) for n, g in zip(self.grad_outputs, grads[:k])}
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self._run(x, np.zeros(len(x), np.int64), 0.0, False)[0]
