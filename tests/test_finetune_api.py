@@ -60,8 +60,11 @@ def test_micro_batches_accumulate_to_the_full_batch_update(digits_npz, reference
     monkeypatch.setattr(memplan, "UNBUDGETED_TRAIN_MB", 0.0)  # forces micro-batch 1: 32 backward passes per step
     res, params = _run(digits_npz, tmp_path / "o", layers)
     assert res.plan["micro_batch"] == 1
+    # Adam divides by sqrt(v): 32 micro-batches summed in another order than one batch move a weight whose gradient
+    # is near zero by a few 1e-5 over the run (measured 4.5e-5 on one of LayerNorm's tail's 1,152 weights); a
+    # micro-batch missing from the sum takes 1/32 of every step's gradient away
     for k in params:
-        np.testing.assert_allclose(params[k], ref_params[k], rtol=1e-4, atol=1e-5, err_msg=k)
+        np.testing.assert_allclose(params[k], ref_params[k], rtol=1e-4, atol=1e-4, err_msg=k)
 
 
 def test_disk_feature_cache_trains_the_same_model(digits_npz, reference, tmp_path, monkeypatch, layers):

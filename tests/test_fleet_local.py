@@ -198,9 +198,9 @@ def test_without_flower_the_fleet_commands_say_what_to_install(tmp_path):
 # --- --train-layers last:2: the tail trains (in NumPy), every array of the tail travels ---------------------
 
 TAIL = {"digits_conv2_weight": (32, 32, 3, 3), "digits_batchnorm2_gamma": (32,), "digits_batchnorm2_beta": (32,),
+        "digits_batchnorm2_running_mean": (32,), "digits_batchnorm2_running_var": (32,),
         "digits_dense0_weight": (10, 32), "digits_dense0_bias": (10,)}
-# BatchNorm's running statistics are the base model's constants in its ONNX graph: none travel
-STATS: set[str] = set()
+STATS = {"digits_batchnorm2_running_mean", "digits_batchnorm2_running_var"}
 
 
 @pytest.fixture(scope="module")
@@ -215,14 +215,15 @@ def _tail(shares, tmp_path, data=None, **kw):
 
 
 def test_last2_the_arrays_that_travel_are_the_tails(tail_evaluator):
-    """The last conv layer, its BatchNorm's scale and shift and the output layer: by name and shape, nothing of
-    the frozen part and no running statistics (the base model's, frozen)."""
+    """The last conv layer, its BatchNorm (gamma, beta and running statistics) and the output layer: by
+    name and shape, nothing of the frozen part; the running statistics are named as such."""
     assert {k: v.shape for k, v in tail_evaluator.initial.items()} == TAIL
     assert tail_evaluator.statistics == STATS
 
 
 def test_last2_the_round_starts_from_the_global_arrays(shares, tail_evaluator, tmp_path):
-    """A learning rate too small to move anything returns the given trainable arrays, for any given arrays."""
+    """A learning rate too small to move anything returns the given trainable arrays, for any given arrays
+    (the running statistics move with the device's data, as BatchNorm does in training)."""
     rng = np.random.RandomState(5)
     start = {k: (np.abs(rng.normal(size=v.shape)) + 0.5 if k in STATS else rng.normal(size=v.shape)).astype(np.float32)
              for k, v in tail_evaluator.initial.items()}
@@ -231,6 +232,7 @@ def test_last2_the_round_starts_from_the_global_arrays(shares, tail_evaluator, t
     for k in start:
         if k not in STATS:
             np.testing.assert_allclose(still[k], start[k], atol=1e-6)
+    assert not np.allclose(still["digits_batchnorm2_running_mean"], start["digits_batchnorm2_running_mean"])
 
 
 def test_last2_the_global_arrays_decide_the_devices_accuracy(shares, tail_evaluator, tmp_path):
@@ -265,8 +267,8 @@ def test_last2_a_device_refuses_arrays_that_are_not_its_tails(shares, evaluator,
 
 
 def test_last2_the_coordinator_averages_every_array_and_refuses_a_misfit(tail_evaluator):
-    """Every array of the tail is averaged weighted by samples; an update without the tail's arrays is
-    refused."""
+    """Every array of the tail is averaged weighted by samples (running statistics too); an update
+    without the tail's arrays is refused."""
     a = {k: np.zeros(v.shape, np.float32) for k, v in tail_evaluator.initial.items()}
     b = {k: np.ones(v.shape, np.float32) for k, v in tail_evaluator.initial.items()}
     avg = average([(a, 1), (b, 3)])
@@ -279,11 +281,11 @@ def test_last2_the_coordinator_averages_every_array_and_refuses_a_misfit(tail_ev
 
 
 def test_all_every_array_of_the_model_travels(shares, tmp_path, monkeypatch_module):
-    """--train-layers all: every weight of the model is the trainable part (not BatchNorm's running statistics)."""
+    """--train-layers all: the whole model is the trainable part (three BatchNorms' statistics among it)."""
     ev = Evaluator(LocalSpec(model=MODEL, data=shares["val"], workdir=str(tmp_path / "ev"), threads=1,
                              train_layers="all"), shares["val"])
-    assert set(TAIL) < set(ev.initial) and "digits_conv0_weight" in ev.initial and len(ev.initial) == 11
-    assert ev.statistics == set() and not any("running" in k for k in ev.initial)
+    assert set(TAIL) < set(ev.initial) and "digits_conv0_weight" in ev.initial and len(ev.initial) == 17
+    assert ev.statistics == {f"digits_batchnorm{i}_running_{s}" for i in range(3) for s in ("mean", "var")}
     still, res = train_round(LocalSpec(model=MODEL, data=shares["devices"][0], workdir=str(tmp_path), threads=1,
                                        train_layers="all", lr=1e-12), ev.initial, 1)
     assert set(still) == set(ev.initial) and res.fleet_statistics == ev.statistics
