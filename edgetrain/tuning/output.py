@@ -144,6 +144,11 @@ def write_outputs(tuner, grid, points: list[dict], best, objective: str, rungs, 
     if features["shared"]:
         tuner.notes.append(f"frozen features computed {features['computed']} time(s), reused by {features['shared']} "
                            "trial rung(s)")
+    builds = tuner.builds
+    features["builds"] = {"made": builds.made if builds else 0, "reused": builds.reused if builds else 0}
+    if features["builds"]["reused"]:
+        tuner.notes.append(f"the model's build (its graphs, step session and memory plan) made {builds.made} time(s), "
+                           f"taken by {builds.reused} later trial rung(s) of the same trained part")
     skipped = [t for t in tuner.trials if t.status == "skipped"]
     if skipped:
         tuner.notes.append(f"{len(skipped)} trial(s) skipped before running: {skipped[0].why}")

@@ -79,6 +79,7 @@ class Tuner:
         self.setup_peak_mb: float | None = None
         self.trials: list[Trial] = []
         self.store = None
+        self.builds = None   # the BuildStore: a trial of the kind just run takes its build (model, graphs, plan)
         self.stopped_by_time = False
         self.done_runs = 0
         self.objective = "accuracy"   # the run's (--objective, or the grid file's)
@@ -253,7 +254,7 @@ class Tuner:
         job = FinetuneJob(self.model, fopts, val_split=None,
                           budget_mb=self.budget_mb, threads=self.threads, profile=self.profile, progress=progress,
                           resume=has_checkpoint, feature_store=self.store, stop_at_step=stop_at,
-                          write_model=write_model, data_store=self.datasets)
+                          write_model=write_model, data_store=self.datasets, build_store=self.builds)
         return job, has_checkpoint
 
     def ensure_model(self, trial: Trial) -> None:
@@ -424,6 +425,15 @@ class Tuner:
         self.clock0 = time.monotonic()
 
 
+def _by_kind(trials: list[Trial]) -> list[Trial]:
+    """A rung's trials in the order they run: those of one trained part (train_layers, batch size) together, the
+    parts in the order they first come, so that each takes the build the one before it made (BuildStore)."""
+    kinds: dict[tuple, list[Trial]] = {}
+    for t in trials:
+        kinds.setdefault((t.config["train_layers"], t.config["batch_size"]), []).append(t)
+    return [t for group in kinds.values() for t in group]
+
+
 def _trained_weights(trial: Trial) -> int:
     """How many weights the trial trains (a journal of an earlier edgetrain lacks it: as many as any other)."""
     return max((int(r.get("trained_parameters") or 0) for r in trial.rungs), default=0)
@@ -494,6 +504,8 @@ def tune(model: str, opts: TuneOptions, progress: ProgressFn | None = None) -> T
     finally:
         if tuner.store is not None:
             tuner.store.close()
+        if tuner.builds is not None:
+            tuner.builds.release()
         (tuner.outdir / LOCK).unlink(missing_ok=True)
         os.close(lock)
 
@@ -502,7 +514,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
          resumed: bool) -> TuneResult:
     t0 = time.monotonic()
     from .. import run_report  # noqa: F401  (the report's page, imported where it is written)
-    from ..training import FeatureStore
+    from ..training import BuildStore, FeatureStore
 
     tuner.timers["imports"] = time.monotonic() - t0
     opts = tuner.opts
@@ -530,7 +542,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
     if resumed:
         tuner.replay()
         tuner.notes.append(f"resumed: {tuner.done_runs} trial rung(s) from the journal")
-    tuner.store = FeatureStore()
+    tuner.store, tuner.builds = FeatureStore(), BuildStore()
     runnable = [t for t in tuner.trials if t.status != "skipped"]
     rungs = schedule.plan(opts.strategy, len(runnable), max(t.config["epochs"] for t in tuner.trials), opts.eta,
                           opts.min_rung)
@@ -551,7 +563,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
                 if t.status == "stopped" and t not in alive:
                     e = reached(t, k - 1)["epochs"]
                     t.why = f"not among the best {rung.keep} at rung {k} ({e} epoch{'s' if e != 1 else ''})"
-        for trial in alive:
+        for trial in _by_kind(alive):
             if trial.status in ("failed", "skipped"):
                 continue
             target = min(rung.epochs, trial.config["epochs"])
