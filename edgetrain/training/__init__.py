@@ -6,7 +6,8 @@ from .job import (DEFAULT_VAL_SPLIT, FinetuneJob, FinetuneResult, Interrupted, S
                   progress_events)
 from .buildstore import BuildStore
 from .featurecache import FeatureStore
+from .onnx_layers import with_metadata_streamed
 from .outdir import prepare_outdir
 
 __all__ = ["BuildStore", "DEFAULT_VAL_SPLIT", "FeatureStore", "FinetuneJob", "FinetuneResult", "Interrupted", "ShapeMismatch",
-           "check_shapes", "prepare_outdir", "progress_events"]
+           "check_shapes", "prepare_outdir", "progress_events", "with_metadata_streamed"]

@@ -80,6 +80,7 @@ class Tuner:
         self.trials: list[Trial] = []
         self.store = None
         self.builds = None   # the BuildStore: a trial of the kind just run takes its build (model, graphs, plan)
+        self.built_kind: tuple | None = None   # (train_layers, batch_size) of the trial run last
         self.stopped_by_time = False
         self.done_runs = 0
         self.objective = "accuracy"   # the run's (--objective, or the grid file's)
@@ -281,6 +282,10 @@ class Tuner:
         final = target >= trial.config["epochs"] or self.opts.time_budget is not None \
             or self.objective != "accuracy"
         spe = self.steps_per_epoch(trial)
+        kind = (trial.config["train_layers"], trial.config["batch_size"])
+        if kind != self.built_kind:
+            self.release_build()   # another part's build goes before this trial's memory is measured
+        self.built_kind = kind
         _settle()  # before the job exists: a frozen job (a cycle with its engine) would never be collected
         _reset_peak()
         before = trial.epochs_run
@@ -337,6 +342,15 @@ class Tuner:
                        f"epoch{'s' if record['epochs'] != 1 else ''}, {seconds:.1f}s",
                eta_s=self.eta(total_runs))
 
+    def release_build(self) -> None:
+        """The build held for the trials of one part let go (under a budget, its memory given back to the system):
+        before a trial of another part, a latency measurement and the outputs, whose peaks it is no part of."""
+        if self.builds is not None and self.builds.build is not None:
+            self.builds.release()
+            if self.budget_mb is not None:
+                procmem.release_freed_memory()
+        self.built_kind = None
+
     def eta(self, total_runs: int) -> float | None:
         done = [r["seconds"] for t in self.trials for r in t.rungs]
         if not done:
@@ -391,6 +405,7 @@ class Tuner:
         kind = trial.config["train_layers"]
         got = self.journal.find("latency", train_layers=kind)
         if got is None:
+            self.release_build()
             t0 = time.monotonic()
             ms = _latency_ms(self.outdir / TRIALS_DIR / f"{trial.number:03d}" / MODEL, self.threads)
             mj = None
@@ -602,6 +617,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
                         "lower the learning rates searched, or raise --time-budget / --memory-budget")
     best = min(done, key=lambda t: rank_key(t, objective))
     tuner.ensure_model(best)
+    tuner.release_build()
     from .output import write_outputs
 
     return write_outputs(tuner, grid, points, best, objective, rungs, resumed)
