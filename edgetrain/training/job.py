@@ -550,7 +550,7 @@ class FinetuneJob:
                 shutil.rmtree(self.outdir / store.PREP_DIR, ignore_errors=True)  # small...) leaves OUTDIR as it was
             raise
         finally:
-            if self.build is not None:
+            if self.build is not None and self.build_store is not None and self.build_store.build is self.build:
                 self.engine.detach()   # a kept build holds nothing of this job (its optimizer, a probe session)
             (self.outdir / LOCK_FILE).unlink(missing_ok=True)
             os.close(lock)
