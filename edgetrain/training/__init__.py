@@ -4,8 +4,10 @@ What other code may use is named here; the modules inside are the wing's own bus
 """
 from .job import (DEFAULT_VAL_SPLIT, FinetuneJob, FinetuneResult, Interrupted, ShapeMismatch, check_shapes,
                   progress_events)
+from .buildstore import BuildStore
 from .featurecache import FeatureStore
+from .onnx_layers import with_metadata_streamed
 from .outdir import prepare_outdir
 
-__all__ = ["DEFAULT_VAL_SPLIT", "FeatureStore", "FinetuneJob", "FinetuneResult", "Interrupted", "ShapeMismatch",
-           "check_shapes", "prepare_outdir", "progress_events"]
+__all__ = ["BuildStore", "DEFAULT_VAL_SPLIT", "FeatureStore", "FinetuneJob", "FinetuneResult", "Interrupted", "ShapeMismatch",
+           "check_shapes", "prepare_outdir", "progress_events", "with_metadata_streamed"]

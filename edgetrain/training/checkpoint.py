@@ -113,6 +113,15 @@ def load(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, arrays
 
 
+def peek(path: Path) -> dict:
+    """A checkpoint's record, unverified (``load`` verifies it), without its arrays; {} where it cannot be read."""
+    try:
+        with np.load(Path(path), allow_pickle=False) as npz:
+            return dict(json.loads(npz["meta"].tobytes().decode("utf-8")))
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError, UnicodeDecodeError, TypeError):
+        return {}
+
+
 def check_matches(meta: dict, fingerprint: dict, path: Path) -> None:
     """Refuse a checkpoint from another run, saying what differs."""
     saved = meta.get("fingerprint", {})

@@ -543,6 +543,53 @@ class OnnxEngine:
             return False
         return True
 
+    # --- a build another job of the process takes (buildstore) -------------------------------------
+
+    def loaded_state(self) -> dict[str, np.ndarray]:
+        """Right after load: copies of the loaded arrays the graph may not keep (BatchNorm's running statistics,
+        whose data leaves the graph at the plan as a frozen weight's does); ``reset`` reads the weights back from
+        the graph."""
+        return {k: v.copy() for k, v in self.stats.items()}
+
+    def shareable(self) -> bool:
+        """Another job may take this build: its whole step is the ONNX Runtime step graph (fed every array at
+        each run, so the session holds nothing of a run; NumPy's and ort_forward's steps keep state of their own)
+        and the graph still holds every trained weight's loaded value."""
+        if self.step_graph is None or self.fwd is not None or self.proto is None:
+            return False
+        external = _lazy.onnx().TensorProto.EXTERNAL
+        held = {t.name for t in self.proto.graph.initializer if t.data_location != external}
+        return all(name in held for name in self.weights)
+
+    def reset(self, initial: dict[str, np.ndarray]) -> None:
+        """The trained arrays back to what load made (in place: the step graph is fed these very arrays): the
+        weights from the graph, the rest from ``initial`` (loaded_state's)."""
+        to_array = _lazy.from_import("onnx", "numpy_helper").to_array
+        graph = {t.name: t for t in self.proto.graph.initializer if t.name in self.weights}
+        for name, value in self.weights.items():
+            value[...] = to_array(graph[name])
+        for name, value in self.stats.items():
+            value[...] = initial[name]
+
+    def attach(self, job) -> None:
+        """Bound to ``job``, the one that runs it now."""
+        self.job, self.opt = job, None
+
+    def detach(self) -> None:
+        """Between jobs: nothing of the last one held (its optimizer, the frozen part's probe session)."""
+        self.job, self.opt, self.eval_session = None, None, None
+
+    def release(self) -> None:
+        """Let go of what the build holds (sessions, graphs, arrays), by reference: the tuner may have frozen the
+        engine out of the collector's reach (gc.freeze)."""
+        if self.grad is not None:
+            self.grad.params.clear()
+        if self.step_graph is not None:
+            self.step_graph.session = None
+        self.detach()
+        self.fwd = self.step_graph = self.grad = self.proto = self.step_model = None
+        self.weights, self.stats = {}, {}
+
     def start_from(self, arrays: dict[str, np.ndarray]) -> None:
         for name in self.weights:
             self.weights[name][...] = arrays[name]

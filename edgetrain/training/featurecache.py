@@ -97,6 +97,9 @@ class FeatureStore:
             self.shared += 1
         return cache
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._caches
+
     def put(self, key: str, cache: FeatureCache) -> None:
         self._caches[key] = cache
         self.computed += 1

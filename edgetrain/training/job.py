@@ -15,7 +15,9 @@ Extension is by constructor parameters, never by overriding: ``initial`` (the ar
 starts from, refused unless they fit), ``correction`` (added to every gradient, by array name) and
 ``write_model`` (False: the run's result is its arrays). The fleet uses them, ``trainable_arrays()``,
 ``statistics()`` and ``evaluate(arrays)``. ``feature_store`` (a FeatureStore) shares the feature cache
-with the other jobs of the process that have the same frozen part and data (a tune's trials). ``stop_at_step``
+with the other jobs of the process that have the same frozen part and data (a tune's trials); ``build_store`` (a
+BuildStore) likewise the model loaded, its graphs, step session and memory plan with those that train the same part
+the same way (buildstore.py: a job that takes one trains as it would have alone). ``stop_at_step``
 ends the run after that many steps in all, inside an epoch (a tune's rung of a fraction of an epoch): the
 checkpoint is written there, as a stop by a signal writes it, so a later run with more epochs resumes exactly
 there, and the held-out accuracy at that step is the result's (``partial_epoch``).
@@ -27,6 +29,7 @@ written), ``step`` (after a training step), ``epoch`` (after an epoch's checkpoi
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -53,8 +56,9 @@ from . import checkpoint as ckpt
 from . import store
 from .engine import Engine
 from .engine_onnx import OnnxEngine
+from .buildstore import Build, BuildStore
 from .featurecache import FeatureCache, FeatureStore
-from .memplan import READ_AHEAD, Costs, MemoryPlan
+from .memplan import READ_AHEAD, Costs, MemoryPlan, same_run
 from .optimizers import DEFAULT_MOMENTUM, DEFAULT_WEIGHT_DECAY, Corrected, default_lr
 from .gluon import GluonBase, prepare
 from .outdir import FEATURES_FILE, LOCK_FILE, METRICS, MODEL_NAME, ONNX_MODEL, take_lock
@@ -163,7 +167,7 @@ class FinetuneJob:
                  initial: dict[str, np.ndarray] | None = None, initial_where: str = "initial arrays",
                  correction: dict[str, np.ndarray] | None = None, write_model: bool = True,
                  feature_store: FeatureStore | None = None, stop_at_step: int | None = None,
-                 data_store: dict | None = None):
+                 data_store: dict | None = None, build_store: BuildStore | None = None):
         self.model, self.opts, self.val_split = model, opts, val_split
         # parsed once, at the declaration (options edgetrain makes itself, unchecked, may hold its text)
         self.layers = TrainLayers(opts.train_layers)
@@ -177,6 +181,9 @@ class FinetuneJob:
         self.feature_store = feature_store  # frozen-part outputs shared with other jobs of this process (a tune)
         self.stop_at_step = stop_at_step    # the run ends after this many steps in all (None: after --epochs)
         self.data_store = data_store        # DATA/--val read once for the jobs of a process that share it (a tune)
+        self.build_store = build_store      # the model's build shared with the jobs that train the same part (a tune)
+        self.build: Build | None = None     # the build this job took from the store, or made and may keep there
+        self.build_taken = False
         self.partial: dict | None = None     # where it ended inside an epoch, with the held-out accuracy there
         self.engine: Engine = OnnxEngine(self)
         self.gluon: GluonBase | None = None   # a Gluon model's export (None: MODEL is an ONNX file)
@@ -187,6 +194,8 @@ class FinetuneJob:
         self.pre: Preprocess
         self.train_ds: Dataset
         self.own_norm = True
+        self.model_pre: Preprocess   # the model's own preprocessing (before --mean/--std and the data's classes)
+        self.data_notes_end = 0      # where the notes of the data end (a build's own notes follow)
         self.val_ds: Dataset | None = None
         self.classes: list[str] = []
         # the run's state (plan, costs, opt, rng and energy_meter exist once run() has made them)
@@ -218,6 +227,7 @@ class FinetuneJob:
         """DATA (and --val, or the split of DATA) read for ``pre`` (the model's preprocessing, with --mean/--std
         when given: the data is normalised with them and the written model records them); the classes come
         from the data."""
+        model_pre = pre
         given = with_norm(pre, self.opts.mean, self.opts.std)
         self.own_norm = (given.mean, given.std) == (pre.mean, pre.std)
         if not self.own_norm:
@@ -240,6 +250,7 @@ class FinetuneJob:
             self.train_ds, self.val_ds = ds, None
         self.classes = list(ds.class_names)
         self.pre = pre.with_classes(self.classes)
+        self.model_pre, self.data_notes_end = model_pre, len(self.notes)
 
     def _read(self, ref: str, pre: Preprocess, where: str) -> Dataset:
         """DATA or --val read for ``pre``; with a data store, once for every job of the process (its arrays are
@@ -252,20 +263,67 @@ class FinetuneJob:
             self.data_store[key] = ds
         return ds
 
-    def load(self) -> None:
-        """The model, its data and the trainable part, ready to train (a Gluon model exported to ONNX first).
-        ``initial`` is applied here."""
-        source, within = Path(self.model), None
-        if not str(self.model).lower().endswith(".onnx"):
-            self.gluon = prepare(self)
-            source, within = self.gluon.onnx, self.gluon.weight_names()
-            self.notes += self.gluon.record["notes"]
-        self.engine.load(source, within)
+    def build_key(self) -> str | None:
+        """What a build depends on (buildstore): None where none is shared (no store; a Gluon model, whose export
+        the build does not hold)."""
+        model = Path(self.model)
+        if self.build_store is None or model.suffix.lower() != ".onnx" or not model.is_file():
+            return None
+        st, o = model.stat(), self.opts
+        return json.dumps([str(model.resolve()), st.st_size, st.st_mtime_ns, self.layers.text, self.batch_size,
+                           self.seed, str(self.data), str(self.val), self.val_split, o.mean, o.std, o.params,
+                           o.input_shape, self.budget_mb, self.threads], default=str)
+
+    def load(self, saved_plan: dict | None = None) -> None:
+        """The model, its data and the trainable part, ready to train (a Gluon model exported to ONNX first), or
+        the build store's build of them when it has one for this job (and ``saved_plan``, a checkpoint's, is its
+        plan). ``initial`` is applied here."""
+        key = self.build_key()
+        build = self.build_store.get(key) if self.build_store is not None and key is not None else None
+        if build is not None and (saved_plan is None or same_run(saved_plan, build.plan.to_dict())) and \
+                (not build.engine.has_frozen or (self.feature_store is not None and build.features in self.feature_store)):
+            self._take(build)
+        else:
+            if self.build_store is not None:
+                self.build_store.release()   # the process holds one build: the last one goes before this one is made
+            source, within = Path(self.model), None
+            if not str(self.model).lower().endswith(".onnx"):
+                self.gluon = prepare(self)
+                source, within = self.gluon.onnx, self.gluon.weight_names()
+                self.notes += self.gluon.record["notes"]
+            self.engine.load(source, within)
+            if key is not None:
+                self.build = Build(self.engine, None, None, self.model_pre, self.notes[self.data_notes_end:],
+                                   self.engine.loaded_state())
         if self.initial is not None:
             check_shapes(self.engine.trainable_arrays(), {k: v.shape for k, v in self.initial.items()},
                          self.initial_where, "every device must fine-tune the same model for the same classes "
                          "(same class_names) with the same --train-layers")
             self.engine.start_from(self.initial)
+
+    def _take(self, build: Build) -> None:
+        """The store's build as this job's: bound to it, its data read, its trained arrays as loaded."""
+        assert self.build_store is not None, "a build is taken from a store"
+        self.engine = build.engine
+        self.engine.attach(self)
+        self.load_data(build.preprocess)
+        self.notes += build.notes
+        self.engine.reset(build.initial)
+        self.build, self.build_taken = build, True
+        self.build_store.reused += 1
+
+    def _keep_build(self) -> None:
+        """This job's build kept for the next job with its key, once another job can take it: its step is the ONNX
+        Runtime step graph and, with a frozen part, the part's features are in the feature store (the part's file
+        goes with this job's OUTDIR, so a job taking the build never runs it)."""
+        build = self.build
+        if build is None or self.build_taken or not self.engine.shareable():
+            return
+        if self.engine.has_frozen and not self._cache_shared():
+            return
+        assert self.build_store is not None and (key := self.build_key()) is not None, "made for a store"
+        build.plan, build.costs, build.features = self.plan, self.costs, self.features_key()
+        self.build_store.put(key, build)
 
     def write_model(self, folder: Path, extra: dict) -> Path:
         """The fine-tuned model in ``folder``: model.onnx, and for a Gluon model its PREFIX files too (what the
@@ -328,6 +386,14 @@ class FinetuneJob:
 
     # --- features ----------------------------------------------------------------------------------
 
+    def features_key(self) -> str:
+        """What the frozen part's outputs depend on (a FeatureStore's key): not the trained part's optimizer
+        settings, batch or seed."""
+        same = {k: v for k, v in self.fingerprint().items()
+                if k not in ("lr", "optimizer", "momentum", "weight_decay", "batch_size", "seed")}
+        return hashlib.sha256(json.dumps([same, self.engine.cut_name, self.plan.feature_batch, self.costs.cache_rows,
+                                          list(self.engine.feature_shape)]).encode()).hexdigest()
+
     def features(self, meta_cache: dict | None) -> float:
         """Fill the feature cache (train rows, then validation rows); returns the seconds it took."""
         if not self.engine.has_frozen:
@@ -339,11 +405,7 @@ class FinetuneJob:
         self.cache_fp = fp
         shared_key = None
         if self.feature_store is not None:
-            # what the frozen part's outputs depend on: not the trained part's optimizer settings, batch or seed
-            same = {k: v for k, v in self.fingerprint().items()
-                    if k not in ("lr", "optimizer", "momentum", "weight_decay", "batch_size", "seed")}
-            shared_key = hashlib.sha256(json.dumps([same, self.engine.cut_name, self.plan.feature_batch, rows,
-                                                    list(feature_shape)]).encode()).hexdigest()
+            shared_key = self.features_key()
             shared = self.feature_store.get(shared_key)
             if shared is not None:
                 self.cache, self.cache_complete = shared, True
@@ -488,6 +550,8 @@ class FinetuneJob:
                 shutil.rmtree(self.outdir / store.PREP_DIR, ignore_errors=True)  # small...) leaves OUTDIR as it was
             raise
         finally:
+            if self.build is not None and self.build_store is not None and self.build_store.build is self.build:
+                self.engine.detach()   # a kept build holds nothing of this job (its optimizer, a probe session)
             (self.outdir / LOCK_FILE).unlink(missing_ok=True)
             os.close(lock)
 
@@ -496,7 +560,9 @@ class FinetuneJob:
         self.energy_meter = EnergyMeter(self.profile, self.threads, self.opts.power_log_spec(),
                                         meter_export=bool(getattr(self.opts, "meter_export", False)),
                                         speed=self._device_speed).start()
-        self.load()
+        ckpt_path = self.outdir / ckpt.FILENAME
+        # (a build store's build is taken only with the plan the checkpoint holds: its record read, unverified)
+        self.load((ckpt.peek(ckpt_path).get("plan") or {}) if has_checkpoint and self.build_store is not None else None)
         # loading the model, its ONNX export or prep child and a first run's cache are host work done once: the
         # energy is of the training (feature pass, epochs, writing the model), what the device does every run
         self.energy_meter.work_begins("loading the model: its ONNX export or prep child and the first run's cache")
@@ -504,7 +570,6 @@ class FinetuneJob:
             self.lr = default_lr(self.optimizer, head_only=self.layers.head_only, every_weight=self.layers.kind == "all")
         meta: dict | None = None
         arrays: dict[str, np.ndarray] = {}
-        ckpt_path = self.outdir / ckpt.FILENAME
         if has_checkpoint:
             meta, arrays = ckpt.load(ckpt_path)
             refuse_old_engine(meta, ckpt_path)
@@ -528,7 +593,12 @@ class FinetuneJob:
             self.resumed_from = {"epoch": start_epoch, "step": start_step}
             self.notes.append(f"resumed from the checkpoint at epoch {start_epoch}, step {start_step}")
         rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
-        self.plan, self.costs = self.engine.plan(rows, meta["plan"] if meta is not None else None)
+        if self.build_taken:
+            assert self.build is not None and self.build.plan is not None, "a kept build is planned"
+            self.plan, self.costs = dataclasses.replace(self.build.plan, notes=list(self.build.plan.notes)), \
+                self.build.costs
+        else:
+            self.plan, self.costs = self.engine.plan(rows, meta["plan"] if meta is not None else None)
         self.frozen_record = (meta or {}).get("frozen_onnx")
         self.advise()
         for note in self.notes:  # what is known before training is said before it (BatchNorm on micro-batches...)
@@ -541,6 +611,7 @@ class FinetuneJob:
         try:
             done = start_epoch >= self.epochs
             feature_seconds = 0.0 if done else self.features(meta.get("feature_cache") if meta else None)
+            self._keep_build()
             if self.stop.signum:
                 self.save_checkpoint(start_epoch, start_step, order if order is not None else np.zeros(0), partial)
                 self._interrupted(start_epoch, start_step)

@@ -136,6 +136,16 @@ def plan_for(c: Costs, budget_mb: float | None, saved: dict | None) -> MemoryPla
     return plan
 
 
+RUN_FIELDS = ("feature_batch", "micro_batch", "cache", "arena", "ort_forward", "ort_step")
+
+
+def same_run(saved: dict, plan: dict) -> bool:
+    """A checkpoint's plan (``to_dict``'s) trains as ``plan`` does: the same batches, cache and runtimes (the
+    estimates may differ); its feature batch as plan_for reads it."""
+    saved = {**saved, "feature_batch": min(saved.get("feature_batch", 0), max(FEATURE_BATCHES))}
+    return all(k in saved and saved[k] == plan[k] for k in RUN_FIELDS)
+
+
 def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
     least = estimate(c, 1, 1, "disk" if c.has_frozen else "none", scale)
     # in whole MB, above what the plan may use of it (never the budget given), with room for what another run

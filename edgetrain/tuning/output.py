@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from .. import procmem
-from ..fileio import atomic_path, atomic_write_text
+from ..fileio import atomic_write_text
 from ..svgchart import H, PAD_B, PAD_R, PAD_T, W, axes, fmt, nice_max, pad_left, svg, text
 from .records import TuneResult, score
 from .tuner import CSV, JSON, MODEL, REPORT, TRIALS_DIR
@@ -25,18 +25,10 @@ CSV_COLUMNS = ("trial", "status", "lr", "lr_used", "optimizer", "momentum", "wei
 
 
 def write_model(src: Path, dst: Path, config: dict) -> None:
-    """The chosen trial's model with its configuration in the metadata (written atomically)."""
-    from .. import _lazy
+    """The chosen trial's model with its configuration in the metadata (written atomically, streamed)."""
+    from ..training import with_metadata_streamed
 
-    onnx = _lazy.onnx()
-    proto = onnx.load(str(src))
-    kept = [p for p in proto.metadata_props if p.key != META_KEY]
-    del proto.metadata_props[:]
-    for p in kept:
-        proto.metadata_props.add(key=p.key, value=p.value)
-    proto.metadata_props.add(key=META_KEY, value=json.dumps(config, sort_keys=True))
-    with atomic_path(dst, "model") as tmp:
-        onnx.save(proto, str(tmp))
+    with_metadata_streamed(src, dst, META_KEY, json.dumps(config, sort_keys=True), "model")
 
 
 def csv_text(rows: list[dict]) -> str:
@@ -144,6 +136,11 @@ def write_outputs(tuner, grid, points: list[dict], best, objective: str, rungs, 
     if features["shared"]:
         tuner.notes.append(f"frozen features computed {features['computed']} time(s), reused by {features['shared']} "
                            "trial rung(s)")
+    builds = tuner.builds
+    features["builds"] = {"made": builds.made if builds else 0, "reused": builds.reused if builds else 0}
+    if features["builds"]["reused"]:
+        tuner.notes.append(f"the model's build (its graphs, step session and memory plan) made {builds.made} time(s), "
+                           f"taken by {builds.reused} later trial rung(s) of the same trained part")
     skipped = [t for t in tuner.trials if t.status == "skipped"]
     if skipped:
         tuner.notes.append(f"{len(skipped)} trial(s) skipped before running: {skipped[0].why}")

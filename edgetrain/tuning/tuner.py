@@ -79,6 +79,8 @@ class Tuner:
         self.setup_peak_mb: float | None = None
         self.trials: list[Trial] = []
         self.store = None
+        self.builds = None   # the BuildStore: a trial of the kind just run takes its build (model, graphs, plan)
+        self.built_kind: tuple | None = None   # (train_layers, batch_size) of the trial run last
         self.stopped_by_time = False
         self.done_runs = 0
         self.objective = "accuracy"   # the run's (--objective, or the grid file's)
@@ -253,7 +255,7 @@ class Tuner:
         job = FinetuneJob(self.model, fopts, val_split=None,
                           budget_mb=self.budget_mb, threads=self.threads, profile=self.profile, progress=progress,
                           resume=has_checkpoint, feature_store=self.store, stop_at_step=stop_at,
-                          write_model=write_model, data_store=self.datasets)
+                          write_model=write_model, data_store=self.datasets, build_store=self.builds)
         return job, has_checkpoint
 
     def ensure_model(self, trial: Trial) -> None:
@@ -280,6 +282,10 @@ class Tuner:
         final = target >= trial.config["epochs"] or self.opts.time_budget is not None \
             or self.objective != "accuracy"
         spe = self.steps_per_epoch(trial)
+        kind = (trial.config["train_layers"], trial.config["batch_size"])
+        if kind != self.built_kind:
+            self.release_build()   # another part's build goes before this trial's memory is measured
+        self.built_kind = kind
         _settle()  # before the job exists: a frozen job (a cycle with its engine) would never be collected
         _reset_peak()
         before = trial.epochs_run
@@ -336,6 +342,15 @@ class Tuner:
                        f"epoch{'s' if record['epochs'] != 1 else ''}, {seconds:.1f}s",
                eta_s=self.eta(total_runs))
 
+    def release_build(self) -> None:
+        """The build held for the trials of one part let go (under a budget, its memory given back to the system):
+        before a trial of another part, a latency measurement and the outputs, whose peaks it is no part of."""
+        if self.builds is not None and self.builds.build is not None:
+            self.builds.release()
+            if self.budget_mb is not None:
+                procmem.release_freed_memory()
+        self.built_kind = None
+
     def eta(self, total_runs: int) -> float | None:
         done = [r["seconds"] for t in self.trials for r in t.rungs]
         if not done:
@@ -390,6 +405,7 @@ class Tuner:
         kind = trial.config["train_layers"]
         got = self.journal.find("latency", train_layers=kind)
         if got is None:
+            self.release_build()
             t0 = time.monotonic()
             ms = _latency_ms(self.outdir / TRIALS_DIR / f"{trial.number:03d}" / MODEL, self.threads)
             mj = None
@@ -422,6 +438,15 @@ class Tuner:
         clocks = [r["clock"] for r in self.journal.records if isinstance(r.get("clock"), (int, float))]
         self.clock_before = max(clocks, default=0.0)
         self.clock0 = time.monotonic()
+
+
+def _by_kind(trials: list[Trial]) -> list[Trial]:
+    """A rung's trials in the order they run: those of one trained part (train_layers, batch size) together, the
+    parts in the order they first come, so that each takes the build the one before it made (BuildStore)."""
+    kinds: dict[tuple, list[Trial]] = {}
+    for t in trials:
+        kinds.setdefault((t.config["train_layers"], t.config["batch_size"]), []).append(t)
+    return [t for group in kinds.values() for t in group]
 
 
 def _trained_weights(trial: Trial) -> int:
@@ -494,6 +519,8 @@ def tune(model: str, opts: TuneOptions, progress: ProgressFn | None = None) -> T
     finally:
         if tuner.store is not None:
             tuner.store.close()
+        if tuner.builds is not None:
+            tuner.builds.release()
         (tuner.outdir / LOCK).unlink(missing_ok=True)
         os.close(lock)
 
@@ -502,7 +529,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
          resumed: bool) -> TuneResult:
     t0 = time.monotonic()
     from .. import run_report  # noqa: F401  (the report's page, imported where it is written)
-    from ..training import FeatureStore
+    from ..training import BuildStore, FeatureStore
 
     tuner.timers["imports"] = time.monotonic() - t0
     opts = tuner.opts
@@ -530,7 +557,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
     if resumed:
         tuner.replay()
         tuner.notes.append(f"resumed: {tuner.done_runs} trial rung(s) from the journal")
-    tuner.store = FeatureStore()
+    tuner.store, tuner.builds = FeatureStore(), BuildStore()
     runnable = [t for t in tuner.trials if t.status != "skipped"]
     rungs = schedule.plan(opts.strategy, len(runnable), max(t.config["epochs"] for t in tuner.trials), opts.eta,
                           opts.min_rung)
@@ -551,7 +578,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
                 if t.status == "stopped" and t not in alive:
                     e = reached(t, k - 1)["epochs"]
                     t.why = f"not among the best {rung.keep} at rung {k} ({e} epoch{'s' if e != 1 else ''})"
-        for trial in alive:
+        for trial in _by_kind(alive):
             if trial.status in ("failed", "skipped"):
                 continue
             target = min(rung.epochs, trial.config["epochs"])
@@ -590,6 +617,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
                         "lower the learning rates searched, or raise --time-budget / --memory-budget")
     best = min(done, key=lambda t: rank_key(t, objective))
     tuner.ensure_model(best)
+    tuner.release_build()
     from .output import write_outputs
 
     return write_outputs(tuner, grid, points, best, objective, rungs, resumed)
