@@ -1051,6 +1051,9 @@ ObjectiveText = Annotated[str, Parse(_objective)]
 class TuneOptions(DeviceOptions):
     """``edgetrain tune MODEL``: a search over finetune's options, within the device's budgets."""
 
+    NEEDS = {"eta": ({"strategy": "halving"}, "grid and random train every point they try in full"),
+             "min_rung": ({"strategy": "halving"}, "grid and random train every point they try in full")}
+
     data: str = opt(metavar="DATA", recipe=False, help="Training data (classes come from it); decoded once for "
                                                       "every trial.")
     out: str = opt(metavar="OUTDIR", short="-o", recipe=False,
