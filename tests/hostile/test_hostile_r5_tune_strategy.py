@@ -38,3 +38,20 @@ def test_with_halving_they_run(tmp_path):
                         "--threads", "1", "--strategy", "grid", "--min-rung", "1", "--eta", "3", "-o",
                         tmp_path / "out2")
     assert res.code == 0, res.err[-2000:]
+
+
+# --objective's weight: finite was not enough. latency:1e308 made every score about -1.8e306, the accuracy lost
+# in its rounding; two trials of the same graph (the same latency) tied and the less accurate one was chosen,
+# exit 0. The weight is now at most a million points per ms or mJ.
+@pytest.mark.parametrize("objective", ["latency:1e308", "energy:1e7", "latency:1e300"])
+def test_an_objective_weight_beyond_a_million_is_refused(objective, tmp_path):
+    res = run_edgetrain("tune", ONNX, "--data", "builtin:digits", "--grid", "lr=0.01,0.003", "--epochs", "1",
+                        "--objective", objective, "-o", tmp_path / "out")
+    assert_user_error(res, 2, "--objective", "at most 1e+06")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_weight_of_a_million_is_taken():
+    from edgetrain.options import TuneOptions
+
+    assert TuneOptions.fields["objective"].read("latency:1e6") == "latency:1e+06"
