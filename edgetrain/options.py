@@ -855,8 +855,11 @@ class PredictOptions(DeviceOptions):
     @classmethod
     def _check(cls, values: dict) -> dict:
         out = super()._check(values)
+        if out["output"] == "-":  # standard output, as --json - is (it wrote a file named '-')
+            out["output"] = None
         name = out["output"]
-        suffix = os.path.splitext(name)[1].lower() if name else ""
+        # by the name's ending, a file named only '.json' too (splitext gives a dotfile no suffix: it wrote a table)
+        suffix = next((s for s in cls.SUFFIX_FORMATS if name and name.lower().endswith(s)), "")
         named = cls.SUFFIX_FORMATS.get(suffix)
         if out["format"] is None:
             out["format"] = named or "table"
