@@ -362,7 +362,7 @@ def cases(base: Path):
     # -- predict -o - and a small batch with BatchNorm training
     C.append(Case("predict-o-dash", [*p, "-o", "-"], (0,), cwd=R / "adir",
                   check=lambda o, e, c: "wrote a file named '-'" if (R / "adir" / "-").exists() else ""))
-    C.append(Case("ft-batch-1-all-said", [*ft, "--train-layers", "all", "--batch-size", "2", "-o", R / "fb1"], (0,),
+    C.append(Case("ft-batch-2-all-said", [*ft, "--train-layers", "all", "--batch-size", "2", "-o", R / "fb1"], (0,),
                   keep=keep, check=lambda o, e, c: "" if "batches of 2 (--batch-size)" in e else
                   "BatchNorm on batches of 2 unsaid"))
     return C
