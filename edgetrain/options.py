@@ -855,8 +855,11 @@ class PredictOptions(DeviceOptions):
     @classmethod
     def _check(cls, values: dict) -> dict:
         out = super()._check(values)
+        if out["output"] == "-":  # standard output, as --json - is (it wrote a file named '-')
+            out["output"] = None
         name = out["output"]
-        suffix = os.path.splitext(name)[1].lower() if name else ""
+        # by the name's ending, a file named only '.json' too (splitext gives a dotfile no suffix: it wrote a table)
+        suffix = next((s for s in cls.SUFFIX_FORMATS if name and name.lower().endswith(s)), "")
         named = cls.SUFFIX_FORMATS.get(suffix)
         if out["format"] is None:
             out["format"] = named or "table"
@@ -1050,6 +1053,9 @@ ObjectiveText = Annotated[str, Parse(_objective)]
 
 class TuneOptions(DeviceOptions):
     """``edgetrain tune MODEL``: a search over finetune's options, within the device's budgets."""
+
+    NEEDS = {"eta": ({"strategy": "halving"}, "grid and random train every point they try in full"),
+             "min_rung": ({"strategy": "halving"}, "grid and random train every point they try in full")}
 
     data: str = opt(metavar="DATA", recipe=False, help="Training data (classes come from it); decoded once for "
                                                       "every trial.")

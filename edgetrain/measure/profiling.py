@@ -523,11 +523,18 @@ def _kept_reference(refp, host) -> dict | None:
     root = cache_root()
     try:
         kept = json.loads((root / SPEED_FILE).read_text(encoding="utf-8")).get(_reference_key(refp, host))
-        if 0 <= time.time() - float(kept["at"]) <= SPEED_KEPT_S and float(kept["p50_ms"]) > 0:
+        # every figure the factor is made of a finite positive number (a cache another edgetrain wrote, or an
+        # edited one, gave a negative or NaN energy with exit 0, or a traceback), else timed again
+        if (0 <= time.time() - float(kept["at"]) <= SPEED_KEPT_S and isinstance(kept["runtime"], str)
+                and _positive(kept["p50_ms"]) and (kept.get("cpu_p50_ms") is None or _positive(kept["cpu_p50_ms"]))):
             return kept
     except (OSError, TypeError, ValueError, KeyError, AttributeError):
         pass  # none kept, unreadable or stale: timed again
     return None
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _keep_reference(refp, host, ref: dict) -> None:

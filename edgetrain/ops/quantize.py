@@ -399,9 +399,13 @@ def _fp32_fastest(cands, chosen, notes: list[str]) -> bool | None:
         return None
     best = min(timed, key=lambda c: c.p50_ms)
     if fp32.p50_ms < best.p50_ms:
+        # the fastest int8 may be one that was not written (not smaller, over the budget): the one written said too
+        written = ("" if best is chosen or chosen.p50_ms is None else
+                   f"; {best.name} was not written ({best.excluded or 'over the budget'}), "
+                   f"the int8 model written, {chosen.name}, took {chosen.p50_ms:.3f} ms")
         notes.append(f"fp32 ran faster on this host than every int8 candidate ({fp32.p50_ms:.3f} ms against "
-                     f"{best.p50_ms:.3f} ms for {best.name}, the fastest int8): the int8 model was written, as "
-                     "quantize always does; where speed matters more than size, deploy the fp32 model instead")
+                     f"{best.p50_ms:.3f} ms for {best.name}, the fastest int8{written}): the int8 model was written, "
+                     "as quantize always does; where speed matters more than size, deploy the fp32 model instead")
         return True
     if chosen.p50_ms is not None and fp32.p50_ms < chosen.p50_ms:
         notes.append(f"fp32 ran faster on this host than the int8 model written ({fp32.p50_ms:.3f} ms against "

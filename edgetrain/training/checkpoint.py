@@ -132,7 +132,10 @@ def check_matches(meta: dict, fingerprint: dict, path: Path) -> None:
             was, now = saved.get(key) or [], fingerprint.get(key) or []
             detail = f"checkpoint has {len(was)} ({_short(was)}), data has {len(now)} ({_short(now)})"
         else:
-            detail = f"checkpoint: {_short(saved.get(key))}, now: {_short(fingerprint.get(key))}"
+            # a fingerprint keeps an optimizer option only when it is not the default (None): said so, not 'None'
+            shown = [("the default" if v is None and key in ("momentum", "weight_decay") else _short(v))
+                     for v in (saved.get(key), fingerprint.get(key))]
+            detail = f"checkpoint: {shown[0]}, now: {shown[1]}"
         raise UsageError(f"{what} differ from the checkpoint's: {detail}", str(path),
                          "resume with the same model, data and settings, or use another OUTDIR to start a new run")
 

@@ -103,6 +103,9 @@ def grid_text(value) -> str | None:
     return ";".join(parts) or None
 
 
+MAX_OBJECTIVE_WEIGHT = 1e6
+
+
 def objective_text(value) -> str:
     """``accuracy``, ``latency:W`` or ``energy:W`` (W > 0: accuracy points per ms / mJ of one inference)."""
     text = str(value).strip().lower()
@@ -114,10 +117,12 @@ def objective_text(value) -> str:
             w = float(weight)
         except ValueError:
             w = float("nan")
-        if w > 0 and w < float("inf"):
+        # at most a million points per ms or mJ: far beyond it (latency:1e308) the accuracy vanished in the
+        # score's rounding and a tie on the same graph chose the less accurate trial, exit 0
+        if 0 < w <= MAX_OBJECTIVE_WEIGHT:
             return f"{kind}:{w:g}"
     raise ValueError("not an objective; give accuracy, latency:W or energy:W (W: accuracy points given up per ms "
-                     "or mJ of one inference, e.g. latency:0.5)")
+                     f"or mJ of one inference, more than 0 and at most {MAX_OBJECTIVE_WEIGHT:g}, e.g. latency:0.5)")
 
 
 def read_grid(text: str | None) -> Grid:

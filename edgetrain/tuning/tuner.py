@@ -240,6 +240,16 @@ class Tuner:
     def steps_per_epoch(self, trial: Trial) -> int:
         return max(1, math.ceil(self.train_rows / trial.config["batch_size"]))
 
+    def target_steps(self, trial: Trial, target: float) -> int:
+        """The steps a run to ``target`` epochs stops at (a fraction of an epoch: the nearest step, at least one)."""
+        return max(1, round(target * self.steps_per_epoch(trial)))
+
+    def reached(self, trial: Trial, target: float) -> bool:
+        """Whether ``trial`` has trained to ``target`` epochs, counted in the steps a run to it stops at: a rung of
+        half an epoch of 45 steps stops at step 22 (0.4889 epochs), which is that rung reached (compared in
+        epochs, 0.4889 < 0.5 ran the same stop again and again, forever)."""
+        return round(trial.epochs_run * self.steps_per_epoch(trial)) >= self.target_steps(trial, target)
+
     def _job(self, trial: Trial, target: float, progress, write_model: bool):
         """The trial's FinetuneJob to ``target`` epochs, resuming its checkpoint (a fraction of an epoch: the job
         stops at that step)."""
@@ -248,7 +258,7 @@ class Tuner:
         tdir = self.outdir / TRIALS_DIR / f"{trial.number:03d}"
         has_checkpoint = prepare_outdir(tdir, resume=True)
         spe = self.steps_per_epoch(trial)
-        steps = max(1, round(target * spe))
+        steps = self.target_steps(trial, target)
         stop_at = steps if steps % spe else None
         fopts = FinetuneOptions.unchecked(**self._finetune_values(trial, tdir, math.ceil(steps / spe),
                                                                   resume=has_checkpoint))
@@ -582,20 +592,24 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
             if trial.status in ("failed", "skipped"):
                 continue
             target = min(rung.epochs, trial.config["epochs"])
-            if trial.epochs_run >= target:
+            if tuner.reached(trial, target):
                 if reached(trial, k) is None:  # its own maximum came at an earlier rung: that record stands here
                     trial.rungs.append({**trial.rungs[-1], "rung": k, "seconds": 0.0, "cpu_seconds": 0.0,
                                         "train_seconds": 0.0, "feature_seconds": 0.0, "joules": None, "trained": 0})
                 continue
-            while trial.epochs_run < target and trial.status not in ("failed", "skipped"):
+            while not tuner.reached(trial, target) and trial.status not in ("failed", "skipped"):
                 reach = tuner.within_time(trial, target)
                 if reach <= trial.epochs_run:
                     tuner.stopped_by_time = True
                     break
+                before = trial.epochs_run
                 tuner.run_rung(trial, k, reach, len(rungs), total_runs)
                 tuner.measure_model(trial, objective)
+                if trial.epochs_run <= before and trial.status not in ("failed", "skipped"):  # a bug, not a loop
+                    raise RuntimeError(f"tune: trial {trial.number} trained no further than {before} epochs "
+                                       f"towards {target}")
             if tuner.stopped_by_time:
-                if trial.rungs and trial.epochs_run < target:
+                if trial.rungs and not tuner.reached(trial, target):
                     trial.why = f"time budget: stopped at {trial.epochs_run} of {target} epochs"
                 break
         if tuner.stopped_by_time:
