@@ -215,12 +215,12 @@ class _Op:
     """
 
     attrs: dict = {}           # attribute name -> accepted values (None: any)
-    differentiable = (0,)      # input positions a gradient can flow to
-    constant_inputs = ()       # input positions that must be initializers or Constant outputs
+    differentiable: tuple[int, ...] = (0,)   # input positions a gradient can flow to
+    constant_inputs: tuple[int, ...] = ()    # input positions that must be initializers or Constant outputs
 
     def __init__(self, node, label: str, consts: dict):
         self.op, self.label = node.op_type, label
-        self.a = {}
+        self.a: dict = {}
         for attr in node.attribute:
             value = _lazy.from_import("onnx", "helper").get_attribute_value(attr)
             if attr.name not in self.attrs:
@@ -1427,8 +1427,8 @@ class _InstanceNorm(_Op):
         if self.need[2]:
             grads[2] = e.channel_sum(dy, rank)
         if self.need[0] or self.need[1]:
-            d = e.node("Sub", [x, e.node("ReduceMean", [x], axes=spatial)])
-            var = e.node("ReduceMean", [e.node("Mul", [d, d])], axes=spatial)
+            d = e.node("Sub", [x, e.reduce_mean(x, spatial)])
+            var = e.reduce_mean(e.node("Mul", [d, d]), spatial)
             eps = e.const(np.float32(self.a.get("epsilon", 1e-5)))
             inv = e.node("Reciprocal", [e.node("Sqrt", [e.node("Add", [var, eps])])])
             xhat = e.node("Mul", [d, inv])
@@ -1436,8 +1436,8 @@ class _InstanceNorm(_Op):
                 grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]), rank)
             if self.need[0]:
                 g = e.node("Mul", [dy, e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))])])
-                centred = e.node("Sub", [g, e.node("ReduceMean", [g], axes=spatial)])
-                along = e.node("Mul", [xhat, e.node("ReduceMean", [e.node("Mul", [g, xhat])], axes=spatial)])
+                centred = e.node("Sub", [g, e.reduce_mean(g, spatial)])
+                along = e.node("Mul", [xhat, e.reduce_mean(e.node("Mul", [g, xhat]), spatial)])
                 grads[0] = e.node("Mul", [inv, e.node("Sub", [centred, along])])
         return grads
 
@@ -1902,7 +1902,7 @@ class GradGraph:
         """dL/d(initializer) for every trainable initializer, from dL/d(output). Uses the tape up (each
         node's record is dropped once its backward ran, so memory falls as the pass proceeds)."""
         trainable = set(self.trainable)
-        grads, found = {self.output: np.asarray(dout, self.dtype)}, {}
+        grads, found = {self.output: np.asarray(dout, self.dtype)}, dict[str, np.ndarray]()
         kept = tape.nbytes
         for index in sorted(tape.saved, reverse=True):
             node, op = self.nodes[index]
