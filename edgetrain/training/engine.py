@@ -44,6 +44,8 @@ class Engine(Protocol):
     model_fp: str              # identifies the graph trained (a checkpoint's fingerprint)
     random_weights: bool
     replaced_head: bool
+    feature_shape: tuple       # one sample's input to the trained part at the cut (with a frozen part)
+    cut_name: str | None       # where the frozen part ends (None: nothing is frozen whole)
 
     def open(self, source: Path) -> Preprocess: ...   # reads the ONNX file; returns its preprocessing
 
@@ -51,12 +53,6 @@ class Engine(Protocol):
 
     @property
     def has_frozen(self) -> bool: ...
-
-    @property
-    def feature_shape(self) -> tuple: ...
-
-    @property
-    def cut_name(self) -> str | None: ...
 
     def plan(self, rows: int, saved: dict | None) -> tuple[MemoryPlan, Costs]: ...
 
@@ -74,8 +70,6 @@ class Engine(Protocol):
     def evaluate(self, inputs: Inputs, labels: np.ndarray, micro: int) -> tuple[float, float]: ...
 
     def predict(self, arrays: dict[str, np.ndarray], features: np.ndarray) -> np.ndarray: ...
-
-    def reseed(self, seed: int, global_step: int) -> None: ...
 
     def trainable_arrays(self) -> dict[str, np.ndarray]: ...
 

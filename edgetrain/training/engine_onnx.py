@@ -62,7 +62,6 @@ from .ort_forward import OrtForward
 from .memplan import HEADROOM, MB, MEASURED_SPREAD_MB, READ_AHEAD, Costs, MemoryPlan, choose, plan_for
 from .onnx_layers import cut_before_layer, extract, shapes_of, without_weights, write_streamed
 from .optimizers import Corrected, make_numpy_optimizer
-from .outdir import ONNX_MODEL
 
 # The modes whose training steps run BatchNorm in training mode (onnx_grad's batch_stats): normalised by each
 # micro-batch's own statistics, the running ones following them (written into model.onnx, checkpointed, averaged
@@ -92,9 +91,9 @@ def _within(names: list[str], within: set[str] | None) -> list[str]:
     return names if within is None else [n for n in names if n in within]
 
 
-def _as_trained(proto, input_shape: tuple, where: str) -> tuple:
+def _as_trained(proto, input_shape: tuple, where: str, note: Callable[[str], None]) -> Any:
     """The graph as the engine trains it, computing what it did: exporters' quirks undone (in place, but for an
-    opset conversion). Returns the model and what to say about it.
+    opset conversion). Returns the model; what was changed is said through ``note``.
 
     - A model of an opset before 13 is converted to 13 (onnx's version converter), the semantics the gradient
       code reads; one it cannot convert is refused in one line.
@@ -108,7 +107,6 @@ def _as_trained(proto, input_shape: tuple, where: str) -> tuple:
     - A data input with symbolic H/W takes the preprocessing's: the shapes the cut, the lite modules and the
       step graph need are then known (the model is trained, and written, at that size)."""
     numpy_helper = _lazy.from_import("onnx", "numpy_helper")
-    said = []
     version = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
     if version < 13:
         try:
@@ -117,7 +115,7 @@ def _as_trained(proto, input_shape: tuple, where: str) -> tuple:
             raise UsageError(f"the model's opset {version} cannot be converted to 13 (what the gradient code reads): "
                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", where,
                              "export the model with opset 13 or later") from None
-        said.append(f"the model's opset {version} was converted to 13 (the model written is opset 13)")
+        note(f"the model's opset {version} was converted to 13 (the model written is opset 13)")
     graph = proto.graph
     _topological(graph)
     inits = {t.name: t for t in graph.initializer}
@@ -140,7 +138,7 @@ def _as_trained(proto, input_shape: tuple, where: str) -> tuple:
             node.input[k] = fresh
             copies += 1
     if copies:
-        said.append(f"{copies} initializer use(s) shared with another node got a copy of their own (each layer "
+        note(f"{copies} initializer use(s) shared with another node got a copy of their own (each layer "
                     "trains its own)")
     dims = graph.input[0].type.tensor_type.shape.dim if graph.input else []
     batch = dims[0].dim_value if dims else 0
@@ -160,10 +158,10 @@ def _as_trained(proto, input_shape: tuple, where: str) -> tuple:
         for d, size in zip(dims[1:], input_shape):
             if not d.dim_value:
                 d.dim_value = int(size)
-        said.append(f"the model's input has symbolic sides: trained (and written) at the preprocessing's "
+        note(f"the model's input has symbolic sides: trained (and written) at the preprocessing's "
                     f"{'x'.join(map(str, input_shape))}")
         del graph.value_info[:]   # shapes inferred for the symbolic sizes
-    return proto, said
+    return proto
 
 
 def _topological(graph) -> None:
@@ -200,11 +198,9 @@ def _topological(graph) -> None:
 class OnnxEngine:
     def __init__(self, ctx: EngineContext):
         self.ctx = ctx
-        layers = ctx.layers
-        self.kind = layers.kind if layers.kind != "last" else ("head" if layers.n == 1 else "tail")
+        self.kind = ctx.layers.kind if ctx.layers.kind != "last" else ("head" if ctx.layers.head_only else "tail")
         self.name = f"onnx-{self.kind}"  # a checkpoint resumes on the same engine
-        self.random_weights = False
-        self.replaced_head = False
+        self.random_weights = self.replaced_head = False
         self.model_fp = ""
         self.proto: Any = None       # the model (onnx.ModelProto), its output layer resized when the classes differ
         self.grad: onnx_grad.GradGraph   # the gradient graph (load makes it)
@@ -215,13 +211,13 @@ class OnnxEngine:
         self.stripped: list[str] = []   # frozen initializers whose values only self.grad.params holds
         self.weights: dict[str, np.ndarray] = {}
         self.stats: dict[str, np.ndarray] = {}   # BatchNorm's running statistics training mode updates
-        self.cut: str | None = None
+        self.cut_name: str | None = None   # the value the frozen part ends at (head/last:N)
         self.frozen_bytes: bytes | None = None
         self.frozen_path: Path | None = None   # where the frozen part was written (then frozen_bytes goes)
         self.source = Path()               # the ONNX file loaded (MODEL, or a Gluon model's export)
         self.source_names: set[str] = set()
         self.from_model: list[str] = []   # frozen initializers the model held: read back from the source to write it
-        self.frozen_shape: tuple = ()
+        self.feature_shape: tuple = ()   # one sample's at the cut
         self.frozen_per_sample_mb = 0.0
         self.opt: Corrected | None = None   # make_optimizer makes it (the job's, for its run)
         self.eval_session: Any = None   # an onnxruntime.InferenceSession of the frozen part
@@ -249,24 +245,22 @@ class OnnxEngine:
         ctx = self.ctx
         self.input_shape = tuple(pre.input_shape)
         self.model_fp = hashlib.sha256(self.proto.SerializeToString()).hexdigest()[:16]
-        self.proto, said = _as_trained(self.proto, self.input_shape, ctx.model)
-        for line in said:
-            ctx.note(line)
+        self.proto = _as_trained(self.proto, self.input_shape, ctx.model, ctx.note)
         logits = onnx_grad.logits_name(self.proto)
         self._fit_head(logits, len(pre.class_names or []))
         initializers = {t.name for t in self.proto.graph.initializer}
         if self.kind in ("head", "tail"):
-            self.cut = cut_before_layer(self.proto.graph, initializers, ctx.layers.n)
+            self.cut_name = cut = cut_before_layer(self.proto.graph, initializers, ctx.layers.n)
             shapes = shapes_of(self.proto)   # inferred once, without the weights
-            if self.cut not in shapes:
-                raise UsageError(f"the shape of {self.cut} cannot be inferred", ctx.model,
+            if cut not in shapes:
+                raise UsageError(f"the shape of {cut} cannot be inferred", ctx.model,
                                  "export the model with a fixed input shape")
-            tail = extract(self.proto, [self.cut], [logits], shapes)
+            tail = extract(self.proto, [cut], [logits], shapes)
             self.grad = onnx_grad.GradGraph(tail, _within(_weights_of(tail.graph), within), output=logits,
                                             batch_stats=self.kind in BATCH_STATS)
             self.step_model = tail   # the step graph's (plan): the trained part on the cached features
-            frozen = extract(self.proto, [self.proto.graph.input[0].name], [self.cut], shapes)
-            self._frozen_figures(frozen, shapes)
+            frozen = extract(self.proto, [self.proto.graph.input[0].name], [cut], shapes)
+            self._frozen_figures(frozen, shapes, cut)
             self.frozen_bytes = frozen.SerializeToString()
         elif self.kind == "lite":
             self.proto, extra, blocks = lite.insert(self.proto, ctx.seed)
@@ -326,12 +320,12 @@ class OnnxEngine:
         self.ctx.note(f"output layer replaced: the model has {head.outputs} outputs, the data {classes} "
                               "classes; the new layer starts from random weights")
 
-    def _frozen_figures(self, frozen, shapes: dict) -> None:
+    def _frozen_figures(self, frozen, shapes: dict, cut: str) -> None:
         """The feature shape (one sample) and a bound of one sample's activations in the frozen part: twice
         the most that is alive at once when each value lives from its node to its last reader (ONNX Runtime's
         memory pattern frees the same way; its arena may round a growth up to twice what it needs). The sum
         of every value, the bound used before, is 38 MB for MobileNetV2 at 160x160; this, 12 MB."""
-        self.frozen_shape = tuple(shapes[self.cut])
+        self.feature_shape = tuple(shapes[cut])
         size = {name: int(np.prod(dims)) * 4 for name, dims in shapes.items()}
         last = {name: j for j, node in enumerate(frozen.graph.node) for name in node.input}
         inputs = [i.name for i in frozen.graph.input]
@@ -347,15 +341,7 @@ class OnnxEngine:
 
     @property
     def has_frozen(self) -> bool:
-        return self.cut is not None
-
-    @property
-    def feature_shape(self) -> tuple:
-        return self.frozen_shape
-
-    @property
-    def cut_name(self) -> str | None:
-        return self.cut
+        return self.cut_name is not None
 
     def plan(self, rows: int, saved: dict | None) -> tuple[MemoryPlan, Costs]:
         x = np.zeros((1, *self.input_shape), np.float32)
@@ -385,7 +371,7 @@ class OnnxEngine:
             spread_mb = MEASURED_SPREAD_MB if measured < session_mb else 0.0
             session_mb = min(session_mb, measured)
         params_mb = sum(int(v.nbytes) for v in self.grad.params.values()) / MB
-        feat = int(np.prod(self.frozen_shape)) if self.has_frozen else 0
+        feat = int(np.prod(self.feature_shape)) if self.has_frozen else 0
         costs = Costs(base_mb + session_mb, self.frozen_per_sample_mb, train_mb,
                       params_mb + 3 * n_weights * 4 / MB, int(np.prod(self.input_shape)) * 4 / MB, rows,
                       feat * 4, self.ctx.batch_size, self.has_frozen, spread_mb=spread_mb)
@@ -484,7 +470,7 @@ class OnnxEngine:
         what later steps reuse). A peak over the budget shrinks the micro-batch by the measured ratio and makes the
         session again (a new arena); a resumed run keeps its saved plan."""
         threads, budget = self.ctx.threads, self.ctx.budget_mb
-        shape = self.frozen_shape if self.has_frozen else self.input_shape
+        shape = self.feature_shape if self.has_frozen else self.input_shape
         before = procmem.rss_mb() or 0.0
         # what the run adds after the probe: the optimizer's state and the summed gradients (at the first real
         # step), and the cache (filled after the plan)
@@ -698,9 +684,6 @@ class OnnxEngine:
         return np.concatenate([self._output(features[s:s + 64]).reshape(len(features[s:s + 64]), -1)
                                .argmax(axis=1) for s in range(0, len(features), 64)])
 
-    def reseed(self, seed: int, global_step: int) -> None:
-        pass  # an exported graph's Dropout is an identity: nothing random in a step
-
     # --- arrays ------------------------------------------------------------------------------------
 
     def trainable_arrays(self) -> dict[str, np.ndarray]:
@@ -718,9 +701,6 @@ class OnnxEngine:
         trained = sum(int(v.size) for v in self.weights.values())
         total = sum(int(np.prod(t.dims)) for t in self.proto.graph.initializer if t.data_type == 1)
         return trained, total - trained
-
-    def model_path(self, outdir: Path) -> Path:
-        return outdir / ONNX_MODEL
 
     def write_model(self, path: Path, pre: Preprocess, extra: dict) -> None:
         """OUTDIR/model.onnx: the graph with the trained initializers, its metadata the run's (set in the engine's

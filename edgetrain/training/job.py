@@ -654,7 +654,6 @@ class FinetuneJob:
                                                                   "seen": seen,
                                                                   "seconds": seconds + time.monotonic() - t0})
                     return
-                self.engine.reseed(self.seed, self.global_step)
                 idx = order[step * b:(step + 1) * b]
                 loss, c = self.engine.step(train_inputs, idx, labels, self.plan.micro_batch)
                 if not math.isfinite(loss):
