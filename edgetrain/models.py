@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -500,7 +501,7 @@ def save_prefix(model: GluonModel, prefix: str | Path, extra: dict | None = None
 @dataclass
 class OnnxModel:
     path: Path
-    proto: object  # onnx.ModelProto
+    proto: Any  # onnx.ModelProto (onnx is imported lazily: no type to name here)
     preprocess: Preprocess | None
     metadata: dict
 

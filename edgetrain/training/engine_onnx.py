@@ -42,7 +42,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,14 +53,15 @@ from ..convert import META_PREFIX
 from ..errors import UsageError
 from ..fileio import atomic_write_bytes
 from ..models import load_onnx
+from ..preprocess import Preprocess
 from . import checkpoint as ckpt
 from . import lite, onnx_grad, roles, store
 from . import ort_forward, ort_train
+from .engine import EngineContext, Inputs
 from .ort_forward import OrtForward
 from .memplan import HEADROOM, MB, MEASURED_SPREAD_MB, READ_AHEAD, Costs, MemoryPlan, choose, plan_for
 from .onnx_layers import cut_before_layer, extract, shapes_of, without_weights, write_streamed
-from .optimizers import make_numpy_optimizer
-from .outdir import ONNX_MODEL
+from .optimizers import Corrected, make_numpy_optimizer
 
 # The modes whose training steps run BatchNorm in training mode (onnx_grad's batch_stats): normalised by each
 # micro-batch's own statistics, the running ones following them (written into model.onnx, checkpointed, averaged
@@ -88,9 +91,9 @@ def _within(names: list[str], within: set[str] | None) -> list[str]:
     return names if within is None else [n for n in names if n in within]
 
 
-def _as_trained(proto, input_shape: tuple, where: str) -> tuple:
+def _as_trained(proto, input_shape: tuple, where: str, note: Callable[[str], None]) -> Any:
     """The graph as the engine trains it, computing what it did: exporters' quirks undone (in place, but for an
-    opset conversion). Returns the model and what to say about it.
+    opset conversion). Returns the model; what was changed is said through ``note``.
 
     - A model of an opset before 13 is converted to 13 (onnx's version converter), the semantics the gradient
       code reads; one it cannot convert is refused in one line.
@@ -104,7 +107,6 @@ def _as_trained(proto, input_shape: tuple, where: str) -> tuple:
     - A data input with symbolic H/W takes the preprocessing's: the shapes the cut, the lite modules and the
       step graph need are then known (the model is trained, and written, at that size)."""
     numpy_helper = _lazy.from_import("onnx", "numpy_helper")
-    said = []
     version = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 13)
     if version < 13:
         try:
@@ -113,7 +115,7 @@ def _as_trained(proto, input_shape: tuple, where: str) -> tuple:
             raise UsageError(f"the model's opset {version} cannot be converted to 13 (what the gradient code reads): "
                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", where,
                              "export the model with opset 13 or later") from None
-        said.append(f"the model's opset {version} was converted to 13 (the model written is opset 13)")
+        note(f"the model's opset {version} was converted to 13 (the model written is opset 13)")
     graph = proto.graph
     _topological(graph)
     inits = {t.name: t for t in graph.initializer}
@@ -136,7 +138,7 @@ def _as_trained(proto, input_shape: tuple, where: str) -> tuple:
             node.input[k] = fresh
             copies += 1
     if copies:
-        said.append(f"{copies} initializer use(s) shared with another node got a copy of their own (each layer "
+        note(f"{copies} initializer use(s) shared with another node got a copy of their own (each layer "
                     "trains its own)")
     dims = graph.input[0].type.tensor_type.shape.dim if graph.input else []
     batch = dims[0].dim_value if dims else 0
@@ -156,10 +158,10 @@ def _as_trained(proto, input_shape: tuple, where: str) -> tuple:
         for d, size in zip(dims[1:], input_shape):
             if not d.dim_value:
                 d.dim_value = int(size)
-        said.append(f"the model's input has symbolic sides: trained (and written) at the preprocessing's "
+        note(f"the model's input has symbolic sides: trained (and written) at the preprocessing's "
                     f"{'x'.join(map(str, input_shape))}")
         del graph.value_info[:]   # shapes inferred for the symbolic sizes
-    return proto, said
+    return proto
 
 
 def _topological(graph) -> None:
@@ -194,78 +196,82 @@ def _topological(graph) -> None:
 
 
 class OnnxEngine:
-    def __init__(self, job):
-        self.job = job
-        self.kind = job.layers.kind if job.layers.kind != "last" else ("head" if job.layers.n == 1 else "tail")
+    def __init__(self, ctx: EngineContext):
+        self.ctx = ctx
+        self.kind = ctx.layers.kind if ctx.layers.kind != "last" else ("head" if ctx.layers.head_only else "tail")
         self.name = f"onnx-{self.kind}"  # a checkpoint resumes on the same engine
-        self.random_weights = False
-        self.replaced_head = False
+        self.random_weights = self.replaced_head = False
         self.model_fp = ""
-        self.proto = None            # the model, its output layer resized when the classes differ
-        self.grad: onnx_grad.GradGraph | None = None
+        self.proto: Any = None       # the model (onnx.ModelProto), its output layer resized when the classes differ
+        self.grad: onnx_grad.GradGraph   # the gradient graph (load makes it)
+        self.input_shape: tuple = ()     # one sample's, the preprocessing's (load)
         self.fwd: OrtForward | None = None   # bias/lite: the forward in ONNX Runtime (the backward: self.grad)
         self.step_graph: ort_train.OrtTrain | None = None   # the whole step in ONNX Runtime
-        self.step_model = None      # head/last:N: the trained part's graph, until the step graph is made of it
+        self.step_model: Any = None   # head/last:N: the trained part's graph, until the step graph is made of it
         self.stripped: list[str] = []   # frozen initializers whose values only self.grad.params holds
         self.weights: dict[str, np.ndarray] = {}
         self.stats: dict[str, np.ndarray] = {}   # BatchNorm's running statistics training mode updates
-        self.cut: str | None = None
+        self.cut_name: str | None = None   # the value the frozen part ends at (head/last:N)
         self.frozen_bytes: bytes | None = None
         self.frozen_path: Path | None = None   # where the frozen part was written (then frozen_bytes goes)
         self.source = Path()               # the ONNX file loaded (MODEL, or a Gluon model's export)
         self.source_names: set[str] = set()
         self.from_model: list[str] = []   # frozen initializers the model held: read back from the source to write it
-        self.frozen_shape: tuple = ()
+        self.feature_shape: tuple = ()   # one sample's at the cut
         self.frozen_per_sample_mb = 0.0
-        self.opt = None
-        self.eval_session = None
+        self.opt: Corrected | None = None   # make_optimizer makes it (the job's, for its run)
+        self.eval_session: Any = None   # an onnxruntime.InferenceSession of the frozen part
         self.meta: dict = {}
 
     # --- set-up ------------------------------------------------------------------------------------
 
-    def load(self, source: Path, within: set[str] | None = None) -> None:
-        """Load the ONNX graph ``source`` and make its trainable part; ``within``: the only initializers that may
-        train (a Gluon model's weights: the PREFIX written at the end holds nothing else)."""
-        job = self.job
+    def open(self, source: Path) -> Preprocess:
+        """Read the ONNX graph ``source``; returns its preprocessing (the data is read for it, then ``load``)."""
         model = load_onnx(source)
         self.source = Path(source)
         self.source_names = {t.name for t in model.proto.graph.initializer}   # before any exporter quirk is undone
         if model.preprocess is None:
-            raise UsageError("the ONNX file has no edgetrain preprocessing record", job.model,
+            raise UsageError("the ONNX file has no edgetrain preprocessing record", self.ctx.model,
                              "export it with `edgetrain export` (its metadata says the input shape and mean/std)")
         self.meta = dict(model.metadata)
         self.random_weights = self.meta.get(f"{META_PREFIX}random_weights") == "true"
-        job.load_data(model.preprocess)
         self.proto = model.proto
+        return model.preprocess
+
+    def load(self, pre: Preprocess, within: set[str] | None = None) -> None:
+        """Make the trainable part of the graph ``open`` read, for the data's preprocessing ``pre`` (its input shape
+        and classes); ``within``: the only initializers that may train (a Gluon model's weights: the PREFIX written
+        at the end holds nothing else)."""
+        ctx = self.ctx
+        self.input_shape = tuple(pre.input_shape)
         self.model_fp = hashlib.sha256(self.proto.SerializeToString()).hexdigest()[:16]
-        self.proto, said = _as_trained(self.proto, job.pre.input_shape, job.model)
-        job.notes.extend(said)
+        self.proto = _as_trained(self.proto, self.input_shape, ctx.model, ctx.note)
         logits = onnx_grad.logits_name(self.proto)
-        self._fit_head(logits, len(job.classes))
+        self._fit_head(logits, len(pre.class_names or []))
         initializers = {t.name for t in self.proto.graph.initializer}
         if self.kind in ("head", "tail"):
-            self.cut = cut_before_layer(self.proto.graph, initializers, job.layers.n)
+            self.cut_name = cut = cut_before_layer(self.proto.graph, initializers, ctx.layers.n)
             shapes = shapes_of(self.proto)   # inferred once, without the weights
-            if self.cut not in shapes:
-                raise UsageError(f"the shape of {self.cut} cannot be inferred", self.job.model,
+            if cut not in shapes:
+                raise UsageError(f"the shape of {cut} cannot be inferred", ctx.model,
                                  "export the model with a fixed input shape")
-            tail = extract(self.proto, [self.cut], [logits], shapes)
+            tail = extract(self.proto, [cut], [logits], shapes)
             self.grad = onnx_grad.GradGraph(tail, _within(_weights_of(tail.graph), within), output=logits,
                                             batch_stats=self.kind in BATCH_STATS)
             self.step_model = tail   # the step graph's (plan): the trained part on the cached features
-            frozen = extract(self.proto, [self.proto.graph.input[0].name], [self.cut], shapes)
-            self._frozen_figures(frozen, shapes)
+            frozen = extract(self.proto, [self.proto.graph.input[0].name], [cut], shapes)
+            self._frozen_figures(frozen, shapes, cut)
             self.frozen_bytes = frozen.SerializeToString()
         elif self.kind == "lite":
-            self.proto, extra, blocks = lite.insert(self.proto, job.seed)
+            self.proto, extra, blocks = lite.insert(self.proto, ctx.seed)
             if not blocks:
                 raise UsageError("--train-layers lite: the model has no block a lite residual module fits "
-                                 "(a 4-D block input of at least 2x2 before the classifier)", job.model,
+                                 "(a 4-D block input of at least 2x2 before the classifier)", ctx.model,
                                  "use --train-layers bias")
             self.grad = onnx_grad.GradGraph(self.proto, "bias+head", output=logits, extra=extra,
                                             batch_stats=self.kind in BATCH_STATS)
             added = sum(int(self.grad.params[n].size) for n in extra)
-            job.notes.append(f"lite: {len(blocks)} residual modules added ({added} weights, starting at zero output)")
+            ctx.note(f"lite: {len(blocks)} residual modules added ({added} weights, starting at zero output)")
         else:
             mode = "bias+head" if self.kind == "bias" else _within(_weights_of(self.proto.graph), within)
             self.grad = onnx_grad.GradGraph(self.proto, mode, output=logits, batch_stats=self.kind in BATCH_STATS)
@@ -280,11 +286,11 @@ class OnnxEngine:
         resize must not land on another layer. Shared tensors were split at load (_as_trained)."""
         numpy_helper = _lazy.from_import("onnx", "numpy_helper")
         graph = self.proto.graph
-        head = roles.graph_classifier(graph, logits, self.job.model)
+        head = roles.graph_classifier(graph, logits, self.ctx.model)
         if head.outputs == classes:
             return
         inits = {t.name: t for t in graph.initializer}
-        rng = np.random.RandomState(self.job.seed)
+        rng = np.random.RandomState(self.ctx.seed)
         w = numpy_helper.to_array(inits[head.weight])
         shape = list(w.shape)
         shape[head.class_axis] = classes
@@ -303,23 +309,23 @@ class OnnxEngine:
             target = numpy_helper.to_array(tensor) if tensor is not None else None
             if target is not None and target.ndim == 1 and len(target) == 2 and target[1] == head.outputs:
                 replace[name] = np.asarray([target[0], classes], target.dtype)
-        for name, value in replace.items():
-            inits.get(name, constants.get(name)).CopyFrom(numpy_helper.from_array(value, name))
+        for name, value in replace.items():   # (each is an initializer or a Constant's value: read above)
+            (inits[name] if name in inits else constants[name]).CopyFrom(numpy_helper.from_array(value, name))
         for out in graph.output:  # the class axis of the output is the new count
             dims = out.type.tensor_type.shape.dim
             if len(dims) >= 2:
                 dims[1].dim_value = classes
         del graph.value_info[:]  # shapes inferred for the old head
         self.replaced_head = True
-        self.job.notes.append(f"output layer replaced: the model has {head.outputs} outputs, the data {classes} "
+        self.ctx.note(f"output layer replaced: the model has {head.outputs} outputs, the data {classes} "
                               "classes; the new layer starts from random weights")
 
-    def _frozen_figures(self, frozen, shapes: dict) -> None:
+    def _frozen_figures(self, frozen, shapes: dict, cut: str) -> None:
         """The feature shape (one sample) and a bound of one sample's activations in the frozen part: twice
         the most that is alive at once when each value lives from its node to its last reader (ONNX Runtime's
         memory pattern frees the same way; its arena may round a growth up to twice what it needs). The sum
         of every value, the bound used before, is 38 MB for MobileNetV2 at 160x160; this, 12 MB."""
-        self.frozen_shape = tuple(shapes[self.cut])
+        self.feature_shape = tuple(shapes[cut])
         size = {name: int(np.prod(dims)) * 4 for name, dims in shapes.items()}
         last = {name: j for j, node in enumerate(frozen.graph.node) for name in node.input}
         inputs = [i.name for i in frozen.graph.input]
@@ -335,21 +341,12 @@ class OnnxEngine:
 
     @property
     def has_frozen(self) -> bool:
-        return self.cut is not None
+        return self.cut_name is not None
 
-    @property
-    def feature_shape(self) -> tuple:
-        return self.frozen_shape
-
-    @property
-    def cut_name(self) -> str | None:
-        return self.cut
-
-    def plan(self, rows: int, saved: dict | None):
-        job = self.job
-        x = np.zeros((1, *job.pre.input_shape), np.float32)
+    def plan(self, rows: int, saved: dict | None) -> tuple[MemoryPlan, Costs]:
+        x = np.zeros((1, *self.input_shape), np.float32)
         if self.has_frozen and self.frozen_bytes is not None:
-            self._frozen_to_file()
+            self._frozen_to_file(self.frozen_bytes)
         base_mb = procmem.rss_mb() or 0.0   # before the probe: what one sample's pass takes is train_mb's
         probe = self.features(x) if self.has_frozen else x
         # (the frozen part's session stays for the probe of a feature pass at the plan's batch: _probe)
@@ -374,18 +371,18 @@ class OnnxEngine:
             spread_mb = MEASURED_SPREAD_MB if measured < session_mb else 0.0
             session_mb = min(session_mb, measured)
         params_mb = sum(int(v.nbytes) for v in self.grad.params.values()) / MB
-        feat = int(np.prod(self.frozen_shape)) if self.has_frozen else 0
+        feat = int(np.prod(self.feature_shape)) if self.has_frozen else 0
         costs = Costs(base_mb + session_mb, self.frozen_per_sample_mb, train_mb,
-                      params_mb + 3 * n_weights * 4 / MB, int(np.prod(job.pre.input_shape)) * 4 / MB, rows,
-                      feat * 4, job.batch_size, self.has_frozen, spread_mb=spread_mb)
+                      params_mb + 3 * n_weights * 4 / MB, int(np.prod(self.input_shape)) * 4 / MB, rows,
+                      feat * 4, self.ctx.batch_size, self.has_frozen, spread_mb=spread_mb)
         return self._plan_runtime(costs, train_mb, masks_mb, saved)
 
-    def _frozen_to_file(self) -> None:
+    def _frozen_to_file(self, frozen: bytes) -> None:
         """head/last:N: the frozen part goes to OUTDIR (its sessions read the file) and its weights leave the model
         this engine holds (MODEL has them; write_model reads them back): 26 MB less during the run's passes
         (MobileNetV2-1.0 at 160x160: the serialized frozen part and its weights in the model)."""
-        path = self.job.outdir / store.FROZEN_ONNX
-        atomic_write_bytes(path, self.frozen_bytes, "frozen part")
+        path = self.ctx.outdir / store.FROZEN_ONNX
+        atomic_write_bytes(path, frozen, "frozen part")
         self.frozen_bytes, self.frozen_path = None, path
         # (an initializer this run made, a shared one's copy, stays in the model: the file does not hold it)
         self.from_model = [t.name for t in self.proto.graph.initializer
@@ -393,7 +390,8 @@ class OnnxEngine:
         self.proto = without_weights(self.proto, self.from_model)
         store.release_freed_memory()
 
-    def _plan_runtime(self, costs: Costs, train_mb: float, masks_mb: float, saved: dict | None):
+    def _plan_runtime(self, costs: Costs, train_mb: float, masks_mb: float,
+                      saved: dict | None) -> tuple[MemoryPlan, Costs]:
         """Where the step runs, the fastest that fits the budget (always the first without one), as a resumed run's
         plan says (the three round differently):
         - ``ort_step``: the whole step as one ONNX Runtime graph (ort_train), when the graph's backward can be
@@ -405,7 +403,7 @@ class OnnxEngine:
         larger kernels). The first step at that micro-batch is the probe: a measured peak over the budget shrinks
         it, and the plan's estimate becomes what was measured plus what the run still adds (its optimizer's state,
         the cache)."""
-        job = self.job
+        ctx = self.ctx
         model = self.step_model if self.has_frozen else self.proto
         size = model.ByteSize()
         fused = dataclasses.replace(costs, base_mb=costs.base_mb + ort_train.sessions_mb(size),
@@ -418,7 +416,7 @@ class OnnxEngine:
             try:   # written only when it may run: the graph's making alone takes memory (a NumPy plan's margin)
                 step = ort_train.OrtTrain(model, self.grad)
             except onnx_grad.NotEmitted as e:
-                job.notes.append(f"the backward runs in NumPy: {e}")
+                ctx.note(f"the backward runs in NumPy: {e}")
         partial = self.kind in ("bias", "lite")   # a forward alone in ORT serves a graph with frozen weights
         if saved is not None:
             # (a step graph the saved plan used and this one cannot write: NumPy's backward, said in the notes)
@@ -428,18 +426,18 @@ class OnnxEngine:
             use_step = step is not None
             use_fwd = partial and not use_step and not self.stats and self._fits(with_ort)
             if partial and not use_step and self.stats:
-                job.notes.append("the forward runs in NumPy too: BatchNorm in training mode has no ONNX Runtime "
+                ctx.note("the forward runs in NumPy too: BatchNorm in training mode has no ONNX Runtime "
                                  "forward beside NumPy's backward (ort_forward)")
         costs = fused if use_step else with_ort if use_fwd else costs
         refused = None
         try:
-            plan = plan_for(costs, job.budget_mb, saved)
+            plan = plan_for(costs, ctx.budget_mb, saved)
         except UsageError as e:
             if not (use_step and self.has_frozen):
                 raise
             # the analytic bound (its headroom on top) refused: head/last:N's figures are nearly all measured, so the
             # smallest plan is probed and refused only if what it measures breaks the budget
-            refused, plan = e, MemoryPlan(1, 1, "disk", 0.0, job.budget_mb, costs.cache_mb)
+            refused, plan = e, MemoryPlan(1, 1, "disk", 0.0, ctx.budget_mb, costs.cache_mb)
         plan.ort_step, plan.ort_forward = use_step, use_fwd
         if not use_fwd and not self.has_frozen:
             # the graph's copy of the frozen weights is GradGraph's: hold one (OrtForward reads the graph's)
@@ -448,30 +446,31 @@ class OnnxEngine:
             store.release_freed_memory()
         model = None
         self.step_model = None
-        if use_step:
+        if use_step and step is not None:   # (use_step says step was made)
             self.step_graph, plan = self._probe(step, plan, costs, saved)
-            if refused is not None and plan.estimate_mb > job.budget_mb:
+            if refused is not None and ctx.budget_mb is not None and plan.estimate_mb > ctx.budget_mb:
                 raise refused
             return plan, costs
         if plan.arena is False:   # a saved plan's: the feature pass makes its own session without the arena
             self.eval_session = None
-        x = np.zeros((1, *job.pre.input_shape), np.float32)
+        x = np.zeros((1, *self.input_shape), np.float32)
         if use_fwd:
-            self.fwd = OrtForward(self.proto, self.grad, job.threads)
+            self.fwd = OrtForward(self.proto, self.grad, ctx.threads)
             out, tape = self.fwd.forward(x)   # its ConvTranspose sessions are made at first use
             self.grad.backward(tape, np.zeros_like(out))
         elif saved is None and partial:
             least = min(ort_train.sessions_mb(size), ort_forward.sessions_mb(size))
-            job.notes.append(f"the step runs in NumPy: ONNX Runtime's sessions (about {least:.0f} MB) do not fit "
+            ctx.note(f"the step runs in NumPy: ONNX Runtime's sessions (about {least:.0f} MB) do not fit "
                              "the memory budget")
         return plan, costs
 
-    def _probe(self, step: ort_train.OrtTrain, plan, costs: Costs, saved: dict | None):
+    def _probe(self, step: ort_train.OrtTrain, plan: MemoryPlan, costs: Costs,
+               saved: dict | None) -> tuple[ort_train.OrtTrain, MemoryPlan]:
         """The step graph's session and the plan, probed by a first step at the planned micro-batch (it allocates
         what later steps reuse). A peak over the budget shrinks the micro-batch by the measured ratio and makes the
         session again (a new arena); a resumed run keeps its saved plan."""
-        job = self.job
-        shape = self.frozen_shape if self.has_frozen else job.pre.input_shape
+        threads, budget = self.ctx.threads, self.ctx.budget_mb
+        shape = self.feature_shape if self.has_frozen else self.input_shape
         before = procmem.rss_mb() or 0.0
         # what the run adds after the probe: the optimizer's state and the summed gradients (at the first real
         # step), and the cache (filled after the plan)
@@ -480,65 +479,66 @@ class OnnxEngine:
         if self.has_frozen:
             # the feature pass comes after the plan, beside the step graph's session: one pass at the plan's feature
             # batch through the frozen part's session (the pass makes its own, alike) is measured here with it
-            self.features(np.zeros((plan.feature_batch, *job.pre.input_shape), np.float32))
+            self.features(np.zeros((plan.feature_batch, *self.input_shape), np.float32))
             # decoded inputs the pass holds beyond the probe's (ParallelReader: READ_AHEAD at a time, and a copy)
             later += costs.input_per_sample * max(plan.feature_batch, READ_AHEAD) * 2
         for _ in range(4):
-            step.start(job.threads)
+            step.start(threads)
             m = plan.micro_batch
             _probe_steps(step, m, shape)
             peak = procmem.peak_rss_mb() or 0.0
             plan.method, plan.probe_peak_mb = "probe", round(peak, 1)
             plan.estimate_mb = round(max(peak, (procmem.rss_mb() or 0.0) + later
                                          + (costs.cache_mb if plan.cache == "memory" else 0.0)), 1)
-            if job.budget_mb is None or saved is not None or m == 1 or plan.estimate_mb <= job.budget_mb * HEADROOM:
+            if budget is None or saved is not None or m == 1 or plan.estimate_mb <= budget * HEADROOM:
                 break
             scale *= max(1.0, (plan.estimate_mb - before) / max(costs.train_per_sample * m, 1.0)) * 1.1
             try:
-                smaller = choose(costs, job.budget_mb, scale=scale)
+                smaller = choose(costs, budget, scale=scale)
             except UsageError:
                 smaller = dataclasses.replace(plan, micro_batch=1)
             plan = dataclasses.replace(plan, micro_batch=min(smaller.micro_batch, m // 2 or 1), notes=list(plan.notes))
             step.stop()
             store.release_freed_memory()
-        if job.budget_mb is not None and saved is None and plan.estimate_mb <= job.budget_mb * HEADROOM:
-            plan = self._grow(step, plan, shape, before, later, costs)
+        if budget is not None and saved is None and plan.estimate_mb <= budget * HEADROOM:
+            plan = self._grow(step, plan, shape, before, later, costs, budget)
         step.done()
         return step, plan
 
-    def _grow(self, step: ort_train.OrtTrain, plan, shape: tuple, before: float, later: float, costs: Costs):
+    def _grow(self, step: ort_train.OrtTrain, plan: MemoryPlan, shape: tuple, before: float, later: float,
+              costs: Costs, budget: float) -> MemoryPlan:
         """The analytic figure per sample is an upper bound (MobileNetV2-1.0 lite at 96x96 under 200 MB: micro-batch
         4 measured 162 MB): once, the largest micro-batch the probe's own figure per sample says fits is probed, and
         kept if its measured peak fits too (else the probed one is made again)."""
-        job, m = self.job, plan.micro_batch
-        per_sample = max(plan.probe_peak_mb - before, 0.0) / m   # the session's fixed part too: an upper bound
-        room = job.budget_mb * HEADROOM - plan.estimate_mb
-        bigger = [d for d in range(m + 1, job.batch_size + 1) if job.batch_size % d == 0 and per_sample * (d - m) <= room]
+        m, batch, threads = plan.micro_batch, self.ctx.batch_size, self.ctx.threads
+        per_sample = max((plan.probe_peak_mb or before) - before, 0.0) / m   # the session's fixed part too: an upper bound
+        room = budget * HEADROOM - plan.estimate_mb
+        bigger = [d for d in range(m + 1, batch + 1) if batch % d == 0 and per_sample * (d - m) <= room]
         if not bigger:
             return plan
         tried = dataclasses.replace(plan, micro_batch=bigger[-1], notes=list(plan.notes))
         step.stop()
         store.release_freed_memory()
-        step.start(job.threads)
+        step.start(threads)
         _probe_steps(step, tried.micro_batch, shape)
         peak = procmem.peak_rss_mb() or 0.0
         tried.probe_peak_mb = round(peak, 1)
         tried.estimate_mb = round(max(peak, (procmem.rss_mb() or 0.0) + later
                                       + (costs.cache_mb if plan.cache == "memory" else 0.0)), 1)
-        if tried.estimate_mb <= job.budget_mb * HEADROOM:
+        if tried.estimate_mb <= budget * HEADROOM:
             return tried
         step.stop()
         store.release_freed_memory()
-        step.start(job.threads)
+        step.start(threads)
         step.step(np.zeros((m, *shape), np.float32), np.zeros(m, np.int64), 0.0)
         plan.estimate_mb = max(plan.estimate_mb, round(peak, 1))   # the process touched the larger probe's peak
         return plan
 
     def _fits(self, costs: Costs) -> bool:
-        if self.job.budget_mb is None:
+        if self.ctx.budget_mb is None:
             return True
         try:
-            choose(costs, self.job.budget_mb)
+            choose(costs, self.ctx.budget_mb)
         except UsageError:
             return False
         return True
@@ -571,23 +571,24 @@ class OnnxEngine:
         for name, value in self.stats.items():
             value[...] = initial[name]
 
-    def attach(self, job) -> None:
-        """Bound to ``job``, the one that runs it now."""
-        self.job, self.opt = job, None
+    def attach(self, ctx: EngineContext) -> None:
+        """Bound to the context of the job that runs it now."""
+        self.ctx, self.opt = ctx, None
 
     def detach(self) -> None:
-        """Between jobs: nothing of the last one held (its optimizer, the frozen part's probe session)."""
-        self.job, self.opt, self.eval_session = None, None, None
+        """Between jobs: nothing of the last one held (its optimizer, the frozen part's probe session; its context
+        holds only its notes list)."""
+        self.opt, self.eval_session = None, None
 
     def release(self) -> None:
         """Let go of what the build holds (sessions, graphs, arrays), by reference: the tuner may have frozen the
         engine out of the collector's reach (gc.freeze)."""
-        if self.grad is not None:
-            self.grad.params.clear()
+        self.grad.params.clear()   # (a build is of a loaded engine: load made the graph)
         if self.step_graph is not None:
             self.step_graph.session = None
         self.detach()
-        self.fwd = self.step_graph = self.grad = self.proto = self.step_model = None
+        self.fwd = self.step_graph = self.proto = self.step_model = None
+        del self.grad
         self.weights, self.stats = {}, {}
 
     def start_from(self, arrays: dict[str, np.ndarray]) -> None:
@@ -597,38 +598,37 @@ class OnnxEngine:
             if name in arrays:
                 self.stats[name][...] = arrays[name]
 
-    def make_optimizer(self, name: str, lr: float, momentum: float | None = None, weight_decay: float | None = None):
-        runtime.cap_loaded_blas(self.job.threads)
-        return make_numpy_optimizer(name, self.weights, lr, momentum, weight_decay)
+    def make_optimizer(self, name: str, lr: float, momentum: float | None, weight_decay: float | None,
+                       correction: dict | None) -> Corrected:
+        runtime.cap_loaded_blas(self.ctx.threads)
+        self.opt = Corrected(make_numpy_optimizer(name, self.weights, lr, momentum, weight_decay), correction)
+        return self.opt
 
     # --- the frozen part ---------------------------------------------------------------------------
 
-    def frozen_fn(self):
-        job = self.job
-        path = job.outdir / store.FROZEN_ONNX
-        if self.frozen_bytes is not None:
-            atomic_write_bytes(path, self.frozen_bytes, "frozen part")
-            self.frozen_bytes, self.frozen_path = None, path
+    def frozen_fn(self, arena: bool) -> tuple[Callable[[np.ndarray], np.ndarray], str]:
+        """The frozen part's pass for the feature cache (``plan`` wrote its file), with the arena or not (the plan's),
+        and the file's sha256."""
+        path = self.ctx.outdir / store.FROZEN_ONNX
         # the plan's probe session (the same file, with the arena) serves the pass: a second one made here took
         # 23 MB more at MobileNetV2-1.0 160x160 head, where the run peaked
-        session = self.eval_session if self.eval_session is not None and job.plan.arena else \
-            store.ort_session(path, job.threads, job.plan.arena)
+        session = self.eval_session if self.eval_session is not None and arena else \
+            store.ort_session(path, self.ctx.threads, arena)
         self.eval_session = None
         name = session.get_inputs()[0].name
-        record = {"fingerprint": job.cache_fp, "sha256": store.file_sha(path)}
-        return (lambda x: session.run(None, {name: x})[0]), record
+        return (lambda x: session.run(None, {name: x})[0]), store.file_sha(path)
 
     def features(self, x: np.ndarray) -> np.ndarray:
         if not self.has_frozen:
             return x
         if self.eval_session is None:
             frozen = self.frozen_bytes if self.frozen_bytes is not None else self.frozen_path
-            self.eval_session = _lazy.ort_session(frozen, self.job.threads, spinning=True, stop_spinning_after_run=True)
+            self.eval_session = _lazy.ort_session(frozen, self.ctx.threads, spinning=True, stop_spinning_after_run=True)
         return self.eval_session.run(None, {self.eval_session.get_inputs()[0].name: x})[0]
 
     # --- training ----------------------------------------------------------------------------------
 
-    def step(self, inputs, idx: np.ndarray, labels: np.ndarray, micro: int) -> tuple[float, int]:
+    def step(self, inputs: Inputs, idx: np.ndarray, labels: np.ndarray, micro: int) -> tuple[float, int]:
         real = len(idx)
         grads: dict[str, np.ndarray] = {}
         loss_sum, correct = 0.0, 0
@@ -656,6 +656,7 @@ class OnnxEngine:
                 loss_sum, correct = loss_sum + loss, correct + right
                 stats.append((len(part), tape.stats))
                 add(self.grad.backward(tape, (dlogits / np.float32(real)).reshape(out.shape)))
+        assert self.opt is not None, "make_optimizer before a step"
         self.opt.step(grads)
         if self.stats:
             self.grad.update_statistics(stats)
@@ -669,7 +670,7 @@ class OnnxEngine:
             return self.step_graph.predict(x)
         return self.fwd.predict(x) if self.fwd is not None else self.grad.forward(x, train=False)[0]
 
-    def evaluate(self, inputs, labels: np.ndarray, micro: int) -> tuple[float, float]:
+    def evaluate(self, inputs: Inputs, labels: np.ndarray, micro: int) -> tuple[float, float]:
         correct, loss_sum = 0, 0.0
         for start in range(0, len(labels), micro):
             idx = np.arange(start, min(start + micro, len(labels)))
@@ -682,9 +683,6 @@ class OnnxEngine:
         self.start_from(arrays)
         return np.concatenate([self._output(features[s:s + 64]).reshape(len(features[s:s + 64]), -1)
                                .argmax(axis=1) for s in range(0, len(features), 64)])
-
-    def reseed(self, seed: int, global_step: int) -> None:
-        pass  # an exported graph's Dropout is an identity: nothing random in a step
 
     # --- arrays ------------------------------------------------------------------------------------
 
@@ -704,10 +702,7 @@ class OnnxEngine:
         total = sum(int(np.prod(t.dims)) for t in self.proto.graph.initializer if t.data_type == 1)
         return trained, total - trained
 
-    def model_path(self, outdir: Path) -> Path:
-        return outdir / ONNX_MODEL
-
-    def write_model(self, path: Path, pre, extra: dict) -> None:
+    def write_model(self, path: Path, pre: Preprocess, extra: dict) -> None:
         """OUTDIR/model.onnx: the graph with the trained initializers, its metadata the run's (set in the engine's
         own graph: a copy of it took 20 MB more at the end of a run, MobileNetV2 at 160x160, where a bias/lite
         run peaked), written a weight at a time, the frozen ones the graph no longer holds from GradGraph's."""

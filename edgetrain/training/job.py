@@ -54,7 +54,7 @@ from ..options import FinetuneOptions, TrainLayers
 from ..results import ProgressFn, Result, report
 from . import checkpoint as ckpt
 from . import store
-from .engine import Engine
+from .engine import Engine, EngineContext
 from .engine_onnx import OnnxEngine
 from .buildstore import Build, BuildStore
 from .featurecache import FeatureCache, FeatureStore
@@ -185,9 +185,12 @@ class FinetuneJob:
         self.build: Build | None = None     # the build this job took from the store, or made and may keep there
         self.build_taken = False
         self.partial: dict | None = None     # where it ended inside an epoch, with the held-out accuracy there
-        self.engine: Engine = OnnxEngine(self)
-        self.gluon: GluonBase | None = None   # a Gluon model's export (None: MODEL is an ONNX file)
         self.notes: list[str] = []
+        # what the engine reads of the run (a build taken from the store is attached to it)
+        self.context = EngineContext(model, self.layers, self.outdir, self.seed, threads, budget_mb, self.batch_size,
+                                     self.notes.append)
+        self.engine: Engine = OnnxEngine(self.context)
+        self.gluon: GluonBase | None = None   # a Gluon model's export (None: MODEL is an ONNX file)
         self.notes_before_training = 0
         self.stop = Stop()
         # the data, read by load_data (pre and train_ds exist from then on)
@@ -208,7 +211,6 @@ class FinetuneJob:
         self.cache_fp = ""
         self.cache_complete = False
         self.frozen_record: dict | None = None
-        self.frozen_in_ort = False
         self.global_step = 0
         self.history: list[dict] = []
         self.resumed_from: dict | None = None
@@ -291,7 +293,8 @@ class FinetuneJob:
                 self.gluon = prepare(self)
                 source, within = self.gluon.onnx, self.gluon.weight_names()
                 self.notes += self.gluon.record["notes"]
-            self.engine.load(source, within)
+            self.load_data(self.engine.open(source))
+            self.engine.load(self.pre, within)
             if key is not None:
                 self.build = Build(self.engine, None, None, self.model_pre, self.notes[self.data_notes_end:],
                                    self.engine.loaded_state())
@@ -305,7 +308,7 @@ class FinetuneJob:
         """The store's build as this job's: bound to it, its data read, its trained arrays as loaded."""
         assert self.build_store is not None, "a build is taken from a store"
         self.engine = build.engine
-        self.engine.attach(self)
+        self.engine.attach(self.context)
         self.load_data(build.preprocess)
         self.notes += build.notes
         self.engine.reset(build.initial)
@@ -431,9 +434,8 @@ class FinetuneJob:
             self.cache = FeatureCache(rows, feature_shape, self.plan.cache, path)
         t0 = time.monotonic()
         fb = self.plan.feature_batch
-        run_frozen, record = self.engine.frozen_fn()
-        if record is not None:
-            self.frozen_record, self.frozen_in_ort = record, True
+        run_frozen, sha = self.engine.frozen_fn(self.plan.arena)
+        self.frozen_record = {"fingerprint": fp, "sha256": sha}
         decode_s = frozen_s = 0.0
         sources = [(self.train_ds, 0)] + ([(self.val_ds, len(self.train_ds))] if self.val_ds is not None else [])
         done = 0
@@ -586,9 +588,7 @@ class FinetuneJob:
                                   "nothing to train, the model is written again from it")
         elif self.resume:
             self.notes.append("--resume: no checkpoint in OUTDIR, starting from the beginning")
-        self.opt = Corrected(self.engine.make_optimizer(self.optimizer, self.lr, self.momentum, self.weight_decay),
-                             self.correction)
-        self.engine.opt = self.opt
+        self.opt = self.engine.make_optimizer(self.optimizer, self.lr, self.momentum, self.weight_decay, self.correction)
         self.rng = np.random.RandomState(self.seed)
         start_epoch, start_step, order = 0, 0, None
         partial: dict = {}
@@ -661,7 +661,6 @@ class FinetuneJob:
                                                                   "seen": seen,
                                                                   "seconds": seconds + time.monotonic() - t0})
                     return
-                self.engine.reseed(self.seed, self.global_step)
                 idx = order[step * b:(step + 1) * b]
                 loss, c = self.engine.step(train_inputs, idx, labels, self.plan.micro_batch)
                 if not math.isfinite(loss):

@@ -142,6 +142,36 @@ def _per_channel(v: np.ndarray, ndim: int) -> np.ndarray:
     return v.reshape((-1,) + (1,) * (ndim - 2))
 
 
+def _normalised_backward(dy, scale, xhat, inv, over: tuple, need: tuple) -> list:
+    """The gradients of x, the scale and the shift of y = xhat scale + shift, xhat = (x - mean) inv by x's own
+    statistics over the axes ``over`` (BatchNorm in training mode: the batch and space; InstanceNorm: space)."""
+    sums, grads = (0,) + tuple(range(2, dy.ndim)), [None, None, None]
+    if need[2]:
+        grads[2] = dy.sum(axis=sums)
+    if need[1]:
+        grads[1] = (dy * xhat).sum(axis=sums)
+    if need[0]:
+        g = dy * _per_channel(scale, dy.ndim)
+        grads[0] = inv * (g - g.mean(axis=over, keepdims=True) - xhat * (g * xhat).mean(axis=over, keepdims=True))
+    return grads
+
+
+def _emit_normalised(e, dy: str, scale: str, xhat: str | None, inv: str | None, over: list, rank: int,
+                     need: tuple) -> list:
+    """:func:`_normalised_backward` as ONNX nodes (ort_train's emitter ``e``)."""
+    grads: list = [None, None, None]
+    if need[2]:
+        grads[2] = e.channel_sum(dy, rank)
+    if need[1]:
+        grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]), rank)
+    if need[0]:
+        g = e.node("Mul", [dy, e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))])])
+        centred = e.node("Sub", [g, e.reduce_mean(g, over)])
+        along = e.node("Mul", [xhat, e.reduce_mean(e.node("Mul", [g, xhat]), over)])
+        grads[0] = e.node("Mul", [inv, e.node("Sub", [centred, along])])
+    return grads
+
+
 @dataclass(frozen=True)
 class _Window:
     """The sliding window of a 2-D Conv or pool: kernel taps, strides, pads (top, left, bottom, right)."""
@@ -215,12 +245,12 @@ class _Op:
     """
 
     attrs: dict = {}           # attribute name -> accepted values (None: any)
-    differentiable = (0,)      # input positions a gradient can flow to
-    constant_inputs = ()       # input positions that must be initializers or Constant outputs
+    differentiable: tuple[int, ...] = (0,)   # input positions a gradient can flow to
+    constant_inputs: tuple[int, ...] = ()    # input positions that must be initializers or Constant outputs
 
     def __init__(self, node, label: str, consts: dict):
         self.op, self.label = node.op_type, label
-        self.a = {}
+        self.a: dict = {}
         for attr in node.attribute:
             value = _lazy.from_import("onnx", "helper").get_attribute_value(attr)
             if attr.name not in self.attrs:
@@ -565,18 +595,10 @@ class _BatchNorm(_Op):
     def backward(self, dy, saved, consts):
         scale, _, mean, var = consts[1:]
         axes = (0,) + tuple(range(2, dy.ndim))
-        grads = [None] * 5
         if "xhat" in saved:   # training mode: the batch's statistics depend on the input too
-            xhat, inv = saved["xhat"], saved["inv"]
-            if self.need[2]:
-                grads[2] = dy.sum(axis=axes)
-            if self.need[1]:
-                grads[1] = (dy * xhat).sum(axis=axes)
-            if self.need[0]:
-                g = dy * _per_channel(scale, dy.ndim)
-                grads[0] = _per_channel(inv, dy.ndim) * (g - g.mean(axis=axes, keepdims=True)
-                                                         - xhat * (g * xhat).mean(axis=axes, keepdims=True))
-            return grads
+            return _normalised_backward(dy, scale, saved["xhat"], _per_channel(saved["inv"], dy.ndim), axes,
+                                        self.need) + [None, None]
+        grads = [None] * 5
         if self.need[2]:
             grads[2] = dy.sum(axis=axes)
         if self.need[1]:
@@ -591,18 +613,7 @@ class _BatchNorm(_Op):
         rank = len(e.dims(x))
         if self.batch_stats:   # training mode: ort_train wrote the forward (the normalised input, 1/deviation)
             xhat, inv = e.batch_norm[node.output[0]]
-            axes = [0] + list(range(2, rank))
-            grads = [None] * 5
-            if self.need[2]:
-                grads[2] = e.channel_sum(dy, rank)
-            if self.need[1]:
-                grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]), rank)
-            if self.need[0]:
-                g = e.node("Mul", [dy, e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))])])
-                centred = e.node("Sub", [g, e.reduce_mean(g, axes)])
-                along = e.node("Mul", [xhat, e.reduce_mean(e.node("Mul", [g, xhat]), axes)])
-                grads[0] = e.node("Mul", [inv, e.node("Sub", [centred, along])])
-            return grads
+            return _emit_normalised(e, dy, scale, xhat, inv, [0] + list(range(2, rank)), rank, self.need) + [None] * 2
         var_c = e.const_value(var)
         inv = _per_channel(1 / np.sqrt(var_c + var_c.dtype.type(self.a.get("epsilon", 1e-5))), rank)
         grads = [None] * 5
@@ -1404,42 +1415,20 @@ class _InstanceNorm(_Op):
         return xhat * _per_channel(scale, x.ndim) + _per_channel(b, x.ndim), self.keep(xs, [x.shape])
 
     def backward(self, dy, saved, consts):
-        axes = (0,) + tuple(range(2, dy.ndim))
-        grads = [None, None, None]
-        if self.need[2]:
-            grads[2] = dy.sum(axis=axes)
-        if self.need[0] or self.need[1]:
-            xhat, inv = self._normalised(saved["input"])
-            if self.need[1]:
-                grads[1] = (dy * xhat).sum(axis=axes)
-            if self.need[0]:
-                g = dy * _per_channel(consts[1], dy.ndim)
-                spatial = axes[1:]
-                grads[0] = inv * (g - g.mean(axis=spatial, keepdims=True)
-                                  - xhat * (g * xhat).mean(axis=spatial, keepdims=True))
-        return grads
+        xhat, inv = self._normalised(saved["input"]) if self.need[0] or self.need[1] else (None, None)
+        return _normalised_backward(dy, consts[1], xhat, inv, tuple(range(2, dy.ndim)), self.need)
 
     def emit(self, e, node, dy):
         x, scale, _ = node.input
         rank = len(e.dims(x))
-        spatial = list(range(2, rank))
-        grads = [None, None, None]
-        if self.need[2]:
-            grads[2] = e.channel_sum(dy, rank)
+        spatial, xhat, inv = list(range(2, rank)), None, None
         if self.need[0] or self.need[1]:
-            d = e.node("Sub", [x, e.node("ReduceMean", [x], axes=spatial)])
-            var = e.node("ReduceMean", [e.node("Mul", [d, d])], axes=spatial)
+            d = e.node("Sub", [x, e.reduce_mean(x, spatial)])
+            var = e.reduce_mean(e.node("Mul", [d, d]), spatial)
             eps = e.const(np.float32(self.a.get("epsilon", 1e-5)))
             inv = e.node("Reciprocal", [e.node("Sqrt", [e.node("Add", [var, eps])])])
             xhat = e.node("Mul", [d, inv])
-            if self.need[1]:
-                grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]), rank)
-            if self.need[0]:
-                g = e.node("Mul", [dy, e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))])])
-                centred = e.node("Sub", [g, e.node("ReduceMean", [g], axes=spatial)])
-                along = e.node("Mul", [xhat, e.node("ReduceMean", [e.node("Mul", [g, xhat])], axes=spatial)])
-                grads[0] = e.node("Mul", [inv, e.node("Sub", [centred, along])])
-        return grads
+        return _emit_normalised(e, dy, scale, xhat, inv, spatial, rank, self.need)
 
 
 class _Erf(_Pointwise):
@@ -1902,7 +1891,7 @@ class GradGraph:
         """dL/d(initializer) for every trainable initializer, from dL/d(output). Uses the tape up (each
         node's record is dropped once its backward ran, so memory falls as the pass proceeds)."""
         trainable = set(self.trainable)
-        grads, found = {self.output: np.asarray(dout, self.dtype)}, {}
+        grads, found = {self.output: np.asarray(dout, self.dtype)}, dict[str, np.ndarray]()
         kept = tape.nbytes
         for index in sorted(tape.saved, reverse=True):
             node, op = self.nodes[index]

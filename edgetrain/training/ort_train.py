@@ -303,7 +303,7 @@ class OrtTrain:
         false. Returns {BatchNorm output: its nodes} and [(node index, mean output, variance output, values per
         channel per sample)]; the backward (onnx_grad's emit) reads the normalised input and 1/deviation."""
         helper = e.helper
-        swap, stats = {}, []
+        swap, stats = {}, list[tuple]()
         for index, (node, op) in enumerate(grad.nodes):
             if not getattr(op, "batch_stats", False):
                 continue
