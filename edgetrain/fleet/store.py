@@ -18,6 +18,7 @@ STATE_FORMAT = "edgetrain-fleet-state/1"
 SPEC_FORMAT = "edgetrain-fleet-serve/1"
 CONTROL = "control/"  # the SCAFFOLD control variates travel beside the weights under this prefix
 CONTROL_PREFIX = "control"  # RUNDIR/control-NNNN.npz: the global control variate after round NNNN
+HELD_PREFIX = "held"  # RUNDIR/held-NNNN.npz: what each device sent round NNNN reconstructed (DEVICE-KEY|NAME)
 MOMENTUM_PREFIX = "momentum"  # RUNDIR/momentum-NNNN.npz: the server momentum's last global step (FedAvgM)
 
 
