@@ -13,6 +13,7 @@ import numpy as np
 from ..fileio import atomic_write_bytes, atomic_write_text
 from ..options import DEFAULT_TRAIN_LAYERS
 
+SPEC = "serve.json"
 STATE = "fleet-state.json"
 STATE_FORMAT = "edgetrain-fleet-state/1"
 SPEC_FORMAT = "edgetrain-fleet-serve/1"
@@ -85,3 +86,9 @@ class ServeSpec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def write(self) -> Path:
+        """RUNDIR/serve.json, atomically; returns its path."""
+        path = Path(self.rundir) / SPEC
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n", "fleet spec")
+        return path
