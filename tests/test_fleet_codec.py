@@ -335,13 +335,15 @@ def _rounds(seed=0, n_rounds=30):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_a_device_that_skips_rounds_rebuilds_the_coordinators_record_and_error_feedback_closes_the_gap(seed):
+@pytest.mark.parametrize("ratio", [0, 16])
+def test_a_device_that_skips_rounds_rebuilds_the_coordinators_record_and_error_feedback_closes_the_gap(seed, ratio):
     """The per-device downlink: a device asked in a few rounds only (as with --fraction 0.3) gets each time a
-    delta against what it rebuilt last, in <= 1/16 of the float32 bytes; it rebuilds exactly what the coordinator
-    recorded for it (bit for bit, from the bytes on the wire), its running variance stays >= 0, and once the
-    model stops moving the messages close what earlier ones dropped (error feedback: nothing is lost; ternary at
-    16x closes a heavy-tailed gap slowly: to under a quarter in 80 messages)."""
-    from edgetrain.fleet.codec import DOWNLINK_RATIO, arrays_digest, downlink_apply, downlink_delta
+    delta against what it rebuilt last (--downlink-ratio 16: in <= 1/16 of the float32 bytes; 0: int8 codes, the
+    statistics float32); it rebuilds exactly what the coordinator recorded for it (bit for bit, from the bytes on
+    the wire), its running variance stays >= 0, and once the model stops moving the messages close what earlier
+    ones dropped (error feedback: nothing is lost; ternary at 16x closes a heavy-tailed gap slowly: to under a
+    quarter in 80 messages; int8 at once, to within its rounding)."""
+    from edgetrain.fleet.codec import arrays_digest, downlink_apply, downlink_delta
 
     targets = _rounds(seed, 30)
     initial = {k: v - 0.3 for k, v in targets[0].items()}  # round 0: what both sides start from
@@ -350,11 +352,15 @@ def test_a_device_that_skips_rounds_rebuilds_the_coordinators_record_and_error_f
 
     def send(target):
         nonlocal held_coord, held_device
-        enc, held_coord = downlink_delta(target, held_coord, exact={"running_var"})
+        enc, held_coord = downlink_delta(target, held_coord, exact={"running_var"}, ratio=ratio)
         wire = {k: Encoded(e.codec, e.shape, bytes(e.data)) for k, e in enc.items()}
         held_device = downlink_apply(held_device, {k: decode_tensor(e) for k, e in wire.items()})
         assert arrays_digest(held_device) == arrays_digest(held_coord)  # exactly what the coordinator recorded
-        assert update_bytes(enc) * DOWNLINK_RATIO <= sum(4 * v.size for v in target.values())
+        if ratio:
+            assert update_bytes(enc) * ratio <= sum(4 * v.size for v in target.values())
+        else:
+            assert enc["running_var"].codec == "fp32" and enc["w"].codec == "int8s"
+            np.testing.assert_allclose(held_coord["running_var"], target["running_var"], rtol=1e-6)
         assert held_device["running_var"].min() >= 0
         gaps.append(max(float(np.abs(held_device[k] - target[k]).max()) for k in target))
 
@@ -365,7 +371,10 @@ def test_a_device_that_skips_rounds_rebuilds_the_coordinators_record_and_error_f
     for _ in range(80):  # the model no longer moves: what the earlier messages dropped arrives
         send(final)
     closing = gaps[len(asked) - 1::20]
-    assert all(b < a for a, b in zip(closing, closing[1:])) and closing[-1] < 0.25 * closing[0], closing
+    if ratio:
+        assert all(b < a for a, b in zip(closing, closing[1:])) and closing[-1] < 0.25 * closing[0], closing
+    else:  # one int8 step of what is left: each message leaves at most half a step of the one before
+        assert gaps[len(asked)] <= gaps[len(asked) - 1] / 127 + 1e-6 and gaps[-1] < 1e-6, gaps
 
 
 def test_the_downlink_sends_a_variance_as_float32_where_int8_would_take_it_below_zero():
@@ -376,12 +385,12 @@ def test_the_downlink_sends_a_variance_as_float32_where_int8_would_take_it_below
     target["running_var"][1] = 10.0  # sets the int8 step: 7 / 127
     held["running_var"][0] = 54.6 * 7 / 127  # ... of which the delta to a variance near zero is -54.6 steps: -55
     target["running_var"][0] = 1e-9
-    enc, new = downlink_delta(target, held, exact={"running_var"})
+    enc, new = downlink_delta(target, held, exact={"running_var"}, ratio=16)
     assert enc["running_var"].codec == "fp32" and new["running_var"].min() >= 0
     np.testing.assert_array_equal(new["running_var"], downlink_apply(held, {"running_var": target["running_var"]
                                                                              - held["running_var"]})["running_var"])
     target["running_var"][0] = 2.0
-    enc, new = downlink_delta(target, held, exact={"running_var"})
+    enc, new = downlink_delta(target, held, exact={"running_var"}, ratio=16)
     assert enc["running_var"].codec == "int8s"  # int8 keeps it >= 0 here: the cheaper codec
 
 
@@ -439,8 +448,9 @@ def test_the_fleet_serve_defaults_are_the_codecs():
     from edgetrain.options import FleetServeOptions
 
     opts = FleetServeOptions.unchecked()
-    assert (opts.ternary_density, opts.ternary_control_step, opts.ternary_min_keep, opts.uplink_ratio) == (
-        codec.DENSITY, codec.CONTROL_STEP, codec.MIN_KEEP, codec.UPLINK_RATIO)
+    assert (opts.ternary_density, opts.ternary_control_step, opts.ternary_min_keep, opts.uplink_ratio,
+            opts.downlink_ratio) == (codec.DENSITY, codec.CONTROL_STEP, codec.MIN_KEEP, codec.UPLINK_RATIO,
+                                     codec.DOWNLINK_RATIO)
 
 
 @pytest.mark.parametrize("sizes", [{"w": (10, 32), "b": (10,)}, {"conv": (32, 16, 3, 3), "fc": (10, 32), "b": (10,)}])
@@ -480,9 +490,9 @@ def test_a_generous_bytes_target_buys_levels_not_only_entries():
 def test_a_bad_ternary_density_or_update_norm_is_refused_in_one_line(bad, tmp_path):
     from clitools import assert_user_error, run_edgetrain
 
-    for flag in ("--ternary-density", "--ternary-control-step", "--max-update-norm"):
-        if flag == "--max-update-norm" and bad == "1.5":
-            continue  # a norm bound of 1.5 is fine
+    for flag in ("--ternary-density", "--ternary-control-step", "--max-update-norm", "--downlink-ratio"):
+        if flag in ("--max-update-norm", "--downlink-ratio") and bad in ("1.5", "0"):
+            continue  # a norm bound of 1.5 is fine, and a downlink ratio of 1.5 or 0
         res = run_edgetrain("fleet", "serve", "edgetrain.nets:pretrained_digits", "--val", tmp_path / "v.npz",
                             "-o", tmp_path / "r", "--codec", "ternary", flag, bad)
         assert_user_error(res, 2, flag)

@@ -94,7 +94,7 @@ def shares_for(n: int, per_device: int = 3, seed: int = 0) -> tuple:
 def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2, seed: int = 0, codec: str = "int8",
         aggregate: str = "scaffold", epochs: int = 1, per_device: int | None = None,
         server_momentum: float | None = None, alpha: float | None = None, fraction: float = 1.0,
-        train_layers: str = "head", uplink_ratio: float = 0.0) -> dict:
+        train_layers: str = "head", uplink_ratio: float = 0.0, downlink_ratio: float = 0.0) -> dict:
     """A whole simulated fleet: writes work/run (RUNDIR, as `fleet serve` writes it) and returns fleet.json's
     rounds with each round's wall time."""
     import time
@@ -119,6 +119,7 @@ def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2,
         rundir=str(rundir), model=model, val=data["val"], rounds=rounds, min_clients=n, min_updates=1,
         fraction=fraction, aggregate=aggregate, round_timeout=600.0, join_timeout=60.0, codec=codec, epochs=epochs,
         batch_size=32, optimizer="sgd", seed=seed, train_layers=train_layers, threads=1, uplink_ratio=uplink_ratio,
+        downlink_ratio=downlink_ratio,
         server_momentum=server_momentum if server_momentum is not None else coord.SERVER_MOMENTUM)
     spec_path = spec.write()
     devices = {}

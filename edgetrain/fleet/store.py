@@ -76,6 +76,7 @@ class ServeSpec:
     ternary_control_step: float | None = None
     ternary_min_keep: int | None = None
     uplink_ratio: float | None = None
+    downlink_ratio: float | None = None
     server_momentum: float | None = None
     format: str = SPEC_FORMAT
 

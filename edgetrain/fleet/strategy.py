@@ -171,18 +171,18 @@ class WholeDownlink:
 
 
 class DeltaDownlink(WholeDownlink):
-    """The ternary codec's downlink, per device: the round's arrays as a delta against what that device
-    reconstructed last, sized to ``DOWNLINK_RATIO`` times fewer bytes than float32 (codec.downlink_delta), with
-    error feedback per device (what a message drops is in that device's next delta). A device's base is the
-    round named by ``held`` in its entry of the state (0, or no entry: the model's initial arrays, which the device
+    """The ternary codec's downlink, per device: the round's arrays as a delta against what that device reconstructed last,
+    as int8 deltas or sized to ``--downlink-ratio`` times fewer bytes than float32 (codec.downlink_delta), with
+    error feedback per device (what a message drops is in that device's next delta). A device's base is the round
+    named by ``held`` in its entry of the state (0, or no entry: the model's initial arrays, which the device
     computes itself; -1: unknown); what each device asked reconstructs is saved by device key (RUNDIR/held-NNNN.npz)
-    as its next base. A device whose base is unknown (it could not rebuild the arrays it was last sent, or a run begun
-    before the per-device downlink) gets the arrays whole (float32). One that did not answer otherwise holds its
-    base still, as the last arrays it rebuilt or as the base of those (client.received keeps both)."""
+    as its next base. A device whose base is unknown (it could not rebuild the arrays it was last sent, or a run
+    begun before the per-device downlink) gets the arrays whole (float32). One that did not answer otherwise holds
+    its base still, as the last arrays it rebuilt or as the base of those (client.received keeps both)."""
 
     def __init__(self, spec: ServeSpec, state: dict):
         super().__init__(spec)
-        self.rundir = Path(spec.rundir)
+        self.rundir, self.ratio = Path(spec.rundir), float(spec.downlink_ratio or 0.0)
         self.settings = {"density": float(spec.ternary_density or DENSITY),
                          "control-step": float(spec.ternary_control_step or CONTROL_STEP),
                          "min-keep": int(spec.ternary_min_keep or MIN_KEEP),
@@ -215,7 +215,7 @@ class DeltaDownlink(WholeDownlink):
         if held is None:  # its base is unknown: the arrays whole
             sent, got = self.target, (self.fp32, {"down": "whole"})
         else:
-            enc, sent = downlink_delta(self.target, held, self.statistics)
+            enc, sent = downlink_delta(self.target, held, self.statistics, self.ratio)
             got = self.wire.to_record(enc), {"down": "delta", "base": version, "base-digest": arrays_digest(held)}
         self.sent[key] = sent, arrays_digest(sent)
         got[1]["target-digest"] = self.sent[key][1]

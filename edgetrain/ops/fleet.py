@@ -158,6 +158,7 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
         train_layers=opts.train_layers, threads=threads, max_update_norm=opts.max_update_norm,
         ternary_density=opts.ternary_density, ternary_control_step=opts.ternary_control_step,
         ternary_min_keep=opts.ternary_min_keep, uplink_ratio=opts.uplink_ratio,
+        downlink_ratio=opts.downlink_ratio,
         server_momentum=opts.server_momentum if opts.server_momentum is not None else coord.SERVER_MOMENTUM)
     if state is None:
         report(progress, "prepare", message="loading the model and the held-out data")
