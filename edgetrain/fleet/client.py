@@ -194,7 +194,7 @@ def received(folder: Path, arrays: dict, config: dict, initial=None) -> dict:
         return arrays
     round_no, want = int(config["round"]), str(config["target-digest"])
     meta, groups = _unpack(folder / DOWNLINK) if (folder / DOWNLINK).exists() else ({}, {})
-    mine, kept = groups.get("arrays", {}), {}
+    mine, kept = groups.get("arrays", {}), None  # kept: the arrays the delta was applied to
     if mode == "delta":
         if meta.get("round") == round_no and meta.get("digest") == want:  # this round asked again
             return mine
@@ -203,8 +203,8 @@ def received(folder: Path, arrays: dict, config: dict, initial=None) -> dict:
                 (meta.get("base"), meta.get("base-digest")): groups.get("base", {})}
         kept = held.get((base, base_digest))
         if kept is None and base == 0 and initial is not None:
-            kept = initial()
-            kept = kept if arrays_digest(kept) == base_digest else None
+            computed = initial()
+            kept = computed if arrays_digest(computed) == base_digest else None
         if kept is None:
             raise RunFailed(f"the coordinator sent round {round_no}'s global arrays as a change to round {base}'s, "
                             f"and this device holds round {meta.get('round', 'none')}'s",
@@ -214,7 +214,7 @@ def received(folder: Path, arrays: dict, config: dict, initial=None) -> dict:
         raise RunFailed(f"round {round_no}'s global arrays rebuilt here differ from what the coordinator sent",
                         DOWNLINK_WHERE, "the coordinator sends them whole next round")
     atomic_write_bytes(folder / DOWNLINK, _pack({"round": round_no, "digest": want, **(
-        {"base": int(config["base"]), "base-digest": config.get("base-digest")} if kept else {})},
+        {"base": int(config["base"]), "base-digest": config.get("base-digest")} if kept is not None else {})},
         {"arrays": arrays, "base": kept or {}}), "fleet downlink")
     return arrays
 

@@ -212,6 +212,7 @@ class DeltaDownlink(WholeDownlink):
     def message(self, key: str, devices: dict) -> tuple[object, dict]:
         version = int(devices.get(key, {}).get("held", 0))
         held = self.base(key, version)
+        got: tuple[object, dict]
         if held is None:  # its base is unknown: the arrays whole
             sent, got = self.target, (self.fp32, {"down": "whole"})
         else:
