@@ -923,7 +923,7 @@ class FleetServeOptions(Options):
                      "feedback: what is dropped stays on the device and is sent with the next round), ternary "
                      "(the largest 9 in 100 of each tensor, at least 48, as +-one scale, positions Rice-coded, with "
                      "error feedback; BatchNorm statistics as int8 deltas; "
-                     "the global model then goes down as an int8 delta).")
+                     "the global model then goes down as a delta against what each device holds: --downlink-ratio).")
     ternary_density: Annotated[float, Range(gt=0, le=1)] = opt(
         0.09, metavar="F", help="With --codec ternary and --uplink-ratio 0: the fraction of each weight tensor's "
                                 "entries a device sends per round (at least --ternary-min-keep; the rest waits in "
@@ -940,6 +940,11 @@ class FleetServeOptions(Options):
                                "exactly as fits (int8, else 2-bit, else ternary at the largest density that fits); "
                                "0 (default): the fixed --ternary-density and --ternary-min-keep (sized to 100x, the "
                                "head and bias fleets lost far more accuracy: README, Sizing).")
+    downlink_ratio: Annotated[float, Range(ge=0, le=1_000_000)] = opt(
+        0.0, metavar="R", help="With --codec ternary: the global model goes down to each device as a delta against "
+                               "what that device holds, sized to its float32 bytes / R (as --uplink-ratio sizes "
+                               "the uplink); 0 (default): int8 deltas (sized to 16x, the head fleet lost 7 points "
+                               "more: README, Sizing).")
     server_momentum: Annotated[Optional[float], Range(ge=0, lt=1)] = opt(
         None, metavar="B", help="Server momentum (FedAvgM): the global step is the averaged update plus B times the "
                                 "last step (default: 0.4; 0: plain averaging).")
@@ -980,6 +985,7 @@ class FleetServeOptions(Options):
     NEEDS = {"ternary_density": ({"codec": "ternary"}, "the other codecs send every entry"),
              "ternary_min_keep": ({"codec": "ternary"}, "the other codecs send every entry"),
              "uplink_ratio": ({"codec": "ternary"}, "only ternary sizes itself to a bytes target"),
+             "downlink_ratio": ({"codec": "ternary"}, "only ternary compresses the downlink"),
              "ternary_control_step": ({"codec": "ternary", "aggregate": "scaffold"},
                                       "only SCAFFOLD's control variates over the ternary codec are derived this way")}
 

@@ -357,7 +357,7 @@ TERNARY = ("--codec", "ternary")
 
 @pytest.fixture(scope="module")
 def ternary_run(tmp_path_factory, shares, fleet_cache):
-    """The fault-free ternary run (server momentum on, the downlink as int8 deltas): its final arrays, its
+    """The fault-free ternary run (server momentum on, the downlink as compact per-device deltas): its final arrays, its
     report and its folder (the devices' state folders are FOLDER/NAME)."""
     folder = tmp_path_factory.mktemp("reference-ternary")
     arrays, res = _fault_free(tmp_path_factory, shares, fleet_cache, "", extra=TERNARY, folder=folder)

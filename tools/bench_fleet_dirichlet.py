@@ -6,7 +6,7 @@ fleet sized to ``--uplink-ratio`` (SCAFFOLD, the defaults otherwise), and a cent
 the devices' data for the same epochs. Prints each run, then the distribution over seeds of ternary - fp32 and
 ternary - centralised (points of held-out top-1) and the uplink and downlink ratios (fp32 bytes / bytes sent).
 
-    python tools/bench_fleet_dirichlet.py --seeds 4 --modes head --rounds 10 [--out FILE.json]
+    python tools/bench_fleet_dirichlet.py --seeds 4 --modes head --rounds 10 [--downlink-ratio 16] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def one(work: Path, seed: int, mode: str, codec: str, args) -> dict:
 
     r = fleet_sim.run(work, MODEL, args.devices, args.rounds, drop_fraction=0.0, seed=seed, codec=codec,
                       aggregate="scaffold", alpha=args.alpha, fraction=args.fraction, train_layers=mode,
-                      uplink_ratio=args.uplink_ratio if codec == "ternary" else 0.0)
+                      uplink_ratio=args.uplink_ratio if codec == "ternary" else 0.0,
+                      downlink_ratio=args.downlink_ratio if codec == "ternary" else 0.0)
     rounds = r["rounds"]
     up, up32 = sum(x["bytes_up"] for x in rounds), sum(x["bytes_up_fp32"] for x in rounds)
     down, down32 = sum(x["bytes_down"] for x in rounds), sum(x["bytes_down_fp32"] for x in rounds)
@@ -56,11 +57,12 @@ def main() -> None:
     ap.add_argument("--fraction", type=float, default=0.3, help="of the devices asked each round")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--uplink-ratio", type=float, default=100.0)
+    ap.add_argument("--downlink-ratio", type=float, default=16.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     print(f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; Dirichlet({args.alpha}) over {args.devices} "
           f"devices, {args.fraction:.0%} asked per round, {args.rounds} rounds, ternary --uplink-ratio "
-          f"{args.uplink_ratio:g}", flush=True)
+          f"{args.uplink_ratio:g}, --downlink-ratio {args.downlink_ratio:g}", flush=True)
     rows = []
     t0 = time.monotonic()
     for mode in args.modes.split(","):

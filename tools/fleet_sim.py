@@ -94,7 +94,7 @@ def shares_for(n: int, per_device: int = 3, seed: int = 0) -> tuple:
 def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2, seed: int = 0, codec: str = "int8",
         aggregate: str = "scaffold", epochs: int = 1, per_device: int | None = None,
         server_momentum: float | None = None, alpha: float | None = None, fraction: float = 1.0,
-        train_layers: str = "head", uplink_ratio: float = 0.0) -> dict:
+        train_layers: str = "head", uplink_ratio: float = 0.0, downlink_ratio: float = 0.0) -> dict:
     """A whole simulated fleet: writes work/run (RUNDIR, as `fleet serve` writes it) and returns fleet.json's
     rounds with each round's wall time."""
     import time
@@ -115,13 +115,13 @@ def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2,
     store.save_global(rundir, 0, ev.initial)
     store.write_state(rundir, {"format": store.STATE_FORMAT, "completed": 0, "classes": ev.classes,
                                "initial_accuracy": ev.top1(ev.initial), "rounds": [], "model": model, "codec": codec})
-    spec = {"format": "edgetrain-fleet-serve/1", "rundir": str(rundir), "model": model, "val": data["val"],
-            "params": None, "rounds": rounds, "min_clients": n, "min_updates": 1, "fraction": fraction,
-            "aggregate": aggregate, "round_timeout": 600.0, "join_timeout": 60.0, "codec": codec, "epochs": epochs,
-            "batch_size": 32, "lr": None, "optimizer": "sgd", "seed": seed, "train_layers": train_layers, "threads": 1,
-            "uplink_ratio": uplink_ratio,
-            "server_momentum": server_momentum if server_momentum is not None else coord.SERVER_MOMENTUM}
-    (rundir / "serve.json").write_text(json.dumps(spec))
+    spec = store.ServeSpec(
+        rundir=str(rundir), model=model, val=data["val"], rounds=rounds, min_clients=n, min_updates=1,
+        fraction=fraction, aggregate=aggregate, round_timeout=600.0, join_timeout=60.0, codec=codec, epochs=epochs,
+        batch_size=32, optimizer="sgd", seed=seed, train_layers=train_layers, threads=1, uplink_ratio=uplink_ratio,
+        downlink_ratio=downlink_ratio,
+        server_momentum=server_momentum if server_momentum is not None else coord.SERVER_MOMENTUM)
+    spec_path = spec.write()
     devices = {}
     for k, path in enumerate(data["devices"]):
         state = work / f"device-{k:02d}"
@@ -136,7 +136,7 @@ def run(work: Path, model: str, n: int, rounds: int, drop_fraction: float = 0.2,
     grid = LocalGrid(devices, lambda r: dropped.get(r, set()))
     coord.GOODBYE_SECONDS = 30.0
     t0 = time.monotonic()
-    coord.run(grid, str(rundir / "serve.json"))
+    coord.run(grid, str(spec_path))
     state = store.read_state(rundir)
     return {"devices": n, "rounds": state["rounds"], "initial_accuracy": state["initial_accuracy"],
             "shares": shares_for(n, seed=seed), "dropped": {r: len(v) for r, v in dropped.items()},

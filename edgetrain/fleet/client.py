@@ -41,10 +41,10 @@ from ..devices import load_device
 from ..errors import EdgetrainError, RunFailed, UsageError
 from ..options import DEFAULT_TRAIN_LAYERS
 from ..fileio import atomic_write_bytes, atomic_write_text
-from .codec import (CONTROL_STEP, DENSITY, MIN_KEEP, Encoded, arrays_digest, decode_tensor, derived_control,
-                    downlink_apply, encode_update, update_bytes)
+from .codec import (CONTROL_STEP, DENSITY, DOWNLINK_WHERE, MIN_KEEP, Encoded, arrays_digest, decode_tensor,
+                    derived_control, downlink_apply, encode_update, update_bytes)
 from .hooks import delay
-from .local import LocalSpec, ShapeMismatch, class_view, train_round
+from .local import LocalSpec, ShapeMismatch, class_view, initial_arrays, train_round
 from .store import CONTROL
 
 STATE = "state.npz"  # the committed round state (one file: it changes all at once or not at all)
@@ -56,7 +56,7 @@ LEGACY = ("client-state.json", "residual.npz", "control.npz")  # the state files
 REFUSED = "refused.json"
 DONE = "done.json"
 CURRENT = "current-round.json"
-DOWNLINK = "downlink.npz"  # the global arrays this device last reconstructed (compact downlink), by round
+DOWNLINK = "downlink.npz"  # the global arrays this device last reconstructed (compact downlink) and their base
 BUILTIN_MODELS = ("zoo:", "edgetrain.nets:")  # what a device loads by the coordinator's say-so alone
 _SEP = "|"  # group|name inside the npz files (array names contain '/')
 
@@ -182,31 +182,40 @@ def inputs_digest(global_arrays: dict, config: dict) -> str:
     return h.hexdigest()
 
 
-def received(folder: Path, arrays: dict, config: dict) -> dict:
+def received(folder: Path, arrays: dict, config: dict, initial=None) -> dict:
     """The global arrays of this round. With a compact downlink (``down`` in the config) ``arrays`` are a
-    delta against the arrays of round ``base`` (0: zeros), which this device must hold (else it fails the
-    round, and the coordinator sends the arrays whole next time), or the arrays whole; either way the result
-    must match the coordinator's record (``target-digest``) bit for bit, and is kept for the next delta."""
+    delta against what this device reconstructed in round ``base`` (0: the model's initial arrays, ``initial()``),
+    which it must hold (the last arrays it reconstructed, or the base of those: the coordinator may not have
+    saved that this device took them), else it fails the round and the coordinator sends the arrays whole next
+    time; or the arrays whole. Either way the result must match the coordinator's record (``target-digest``) bit
+    for bit, and is kept, with the base it came from, for the next delta."""
     mode = config.get("down")
     if not mode:
         return arrays
     round_no, want = int(config["round"]), str(config["target-digest"])
+    meta, groups = _unpack(folder / DOWNLINK) if (folder / DOWNLINK).exists() else ({}, {})
+    mine, kept = groups.get("arrays", {}), None  # kept: the arrays the delta was applied to
     if mode == "delta":
-        meta, groups = _unpack(folder / DOWNLINK) if (folder / DOWNLINK).exists() else ({}, {})
-        mine = groups.get("arrays", {})
         if meta.get("round") == round_no and meta.get("digest") == want:  # this round asked again
             return mine
-        base = int(config["base"])
-        if base and (meta.get("round") != base or meta.get("digest") != config.get("base-digest")):
+        base, base_digest = int(config["base"]), config.get("base-digest")
+        held = {(meta.get("round"), meta.get("digest")): mine,
+                (meta.get("base"), meta.get("base-digest")): groups.get("base", {})}
+        kept = held.get((base, base_digest))
+        if kept is None and base == 0 and initial is not None:
+            computed = initial()
+            kept = computed if arrays_digest(computed) == base_digest else None
+        if kept is None:
             raise RunFailed(f"the coordinator sent round {round_no}'s global arrays as a change to round {base}'s, "
                             f"and this device holds round {meta.get('round', 'none')}'s",
-                            "fleet downlink", "the coordinator sends them whole next round")
-        arrays = downlink_apply(mine if base else {}, arrays)
+                            DOWNLINK_WHERE, "the coordinator sends them whole next round")
+        arrays = downlink_apply(kept, arrays)
     if arrays_digest(arrays) != want:
         raise RunFailed(f"round {round_no}'s global arrays rebuilt here differ from what the coordinator sent",
-                        "fleet downlink", "the coordinator sends them whole next round")
-    atomic_write_bytes(folder / DOWNLINK, _pack({"round": round_no, "digest": want}, {"arrays": arrays}),
-                       "fleet downlink")
+                        DOWNLINK_WHERE, "the coordinator sends them whole next round")
+    atomic_write_bytes(folder / DOWNLINK, _pack({"round": round_no, "digest": want, **(
+        {"base": int(config["base"]), "base-digest": config.get("base-digest")} if kept is not None else {})},
+        {"arrays": arrays, "base": kept or {}}), "fleet downlink")
     return arrays
 
 
@@ -232,9 +241,37 @@ def train(join_path: str, global_arrays: dict, config: dict) -> tuple[dict, dict
     folder = Path(join["state"])
     with _locked(folder):
         try:
-            return _train(join, folder, received(folder, global_arrays, config), config)
+            with _refusals(folder, config):
+                arrays = received(folder, global_arrays, config, lambda: initial_arrays(_spec(join, folder, config)))
+            return _train(join, folder, arrays, config)
         finally:
             (folder / CURRENT).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _refusals(folder: Path, config: dict):
+    """A UsageError inside: this device cannot take part (another model, no model); it stops, one line."""
+    try:
+        yield
+    except UsageError as exc:
+        atomic_write_text(folder / REFUSED, json.dumps({"round": int(config["round"]), "error": exc.line(),
+                                                        "what": exc.what, "where": exc.where, "fix": exc.fix}),
+                          "fleet state")
+        raise exc from None
+
+
+def _spec(join: dict, folder: Path, config: dict) -> LocalSpec:
+    """This device's round settings: the coordinator's (``config``) and its own (``join``)."""
+    threads = runtime.apply_threads(join.get("threads"), strict=False)
+    device = load_device(join["device"]) if join.get("device") else None
+    classes = [str(c) for c in config.get("classes") or []]
+    data = class_view(join["data"], classes, folder / "work")
+    return LocalSpec(model=model_for(join, str(config["model"])), data=data, workdir=str(folder / "work"),
+                     epochs=int(config["epochs"]), batch_size=int(config["batch_size"]),
+                     lr=float(config["lr"]) if float(config["lr"]) > 0 else None, optimizer=str(config["optimizer"]),
+                     seed=int(config["seed"]), threads=threads, budget_mb=join.get("memory_budget"),
+                     device=device, params=join.get("params"),
+                     train_layers=str(config.get("train_layers", DEFAULT_TRAIN_LAYERS)))
 
 
 def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple[dict, dict, dict]:
@@ -256,17 +293,8 @@ def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple
     weights = {k: v for k, v in global_arrays.items() if not k.startswith(CONTROL)}
     # SCAFFOLD: a control variate for each array a gradient trains (none for BatchNorm's running statistics)
     c_global = {k[len(CONTROL):]: v for k, v in global_arrays.items() if k.startswith(CONTROL)}
-    try:
-        threads = runtime.apply_threads(join.get("threads"), strict=False)
-        device = load_device(join["device"]) if join.get("device") else None
-        classes = [str(c) for c in config.get("classes") or []]
-        data = class_view(join["data"], classes, folder / "work")
-        spec = LocalSpec(model=model_for(join, str(config["model"])), data=data, workdir=str(folder / "work"),
-                         epochs=int(config["epochs"]), batch_size=int(config["batch_size"]),
-                         lr=float(config["lr"]) if float(config["lr"]) > 0 else None, optimizer=str(config["optimizer"]),
-                         seed=int(config["seed"]), threads=threads, budget_mb=join.get("memory_budget"),
-                         device=device, params=join.get("params"),
-                         train_layers=str(config.get("train_layers", DEFAULT_TRAIN_LAYERS)))
+    with _refusals(folder, config):
+        spec = _spec(join, folder, config)
         stray = sorted(set(c_global) - set(weights))
         if stray:
             raise ShapeMismatch(f"model mismatch: control variate for '{stray[0]}', which is not among the weights",
@@ -278,10 +306,6 @@ def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple
             c_mine = {k: (c_saved[k] if fits else np.zeros_like(v)) for k, v in c_global.items()}
         correction = {k: c_global[k] - c_mine[k] for k in c_global} if c_global else None
         new, result = train_round(spec, weights, round_no, correction)
-    except UsageError as exc:  # this device cannot take part (another model, no model): it stops, one line
-        atomic_write_text(folder / REFUSED, json.dumps({"round": round_no, "error": exc.line(), "what": exc.what,
-                                                        "where": exc.where, "fix": exc.fix}), "fleet state")
-        raise exc from None
     delta = {k: new[k] - weights[k] for k in new}
     c_new = c_saved
     derive = bool(c_global) and codec == "ternary"  # the control deltas are derived on both sides, not sent

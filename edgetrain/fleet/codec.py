@@ -26,9 +26,9 @@ With ``ternary`` the tensors no gradient trains (BatchNorm's running statistics,
 float32 (as float32 those two numbers a channel were 256 of a 647-byte message on the digits model's last
 two layers); what rounding drops arrives next round.
 
-The downlink (with ``ternary``) is the global arrays as a delta against what the devices last received,
-``int8s`` per tensor (symmetric int8, deflated when that is smaller), with server-side error feedback:
-see ``downlink_delta``.
+The downlink (with ``ternary``) is the global arrays as a delta against what each device last received,
+``int8s`` per tensor or sized as the uplink is to ``--downlink-ratio`` times fewer bytes than float32, with
+error feedback per device: see ``downlink_delta``.
 
 The codec is pure NumPy; the wire object (Flower's ``Array``) is built from ``Encoded`` in ``apps``.
 """
@@ -45,7 +45,7 @@ import numpy as np
 from ..errors import UsageError
 
 CODECS = ("fp32", "int8", "2bit", "ternary")
-DOWN = "int8s"  # the downlink's delta codec (see downlink_delta), and ternary's for BatchNorm's statistics
+DOWN = "int8s"  # symmetric int8: ternary's codec for BatchNorm's statistics, both ways
 WIRE = CODECS + (DOWN,)
 FEEDBACK = ("2bit", "ternary", DOWN)  # the codecs that keep what they dropped on the device (a residual)
 # ternary: the default fraction of each weight tensor's entries sent each round, and how far a control
@@ -60,6 +60,11 @@ MIN_KEEP = 48
 # the fixed --ternary-density / --ternary-min-keep. 0 by default: sized to 100x, the head ended 14.7 points and
 # bias 40.5 points below the fp32 fleet over 16 seeds, against 5.8 and 2.7 at the fixed density (README, "Sizing")
 UPLINK_RATIO = 0.0
+# ternary: the downlink's default bytes target, as a ratio to the message's float32 bytes (--downlink-ratio); 0:
+# int8 deltas. 0 by default: sized to 16x (issue 38's goal), the head fleet on a uniform split ended 10.1 points
+# below fp32 over 4 seeds, against 3.2 with int8 deltas (README, "Sizing")
+DOWNLINK_RATIO = 0.0
+DOWNLINK_WHERE = "fleet downlink"  # where a device's error says it could not rebuild the arrays it was sent
 _BITS = {"int8": 8, "2bit": 2}
 _HEADER = struct.Struct("<ff")  # lo, scale
 
@@ -365,7 +370,7 @@ def _unternary(data: bytes, n: int) -> np.ndarray:
     return out
 
 
-# --- the downlink: an int8 delta against what the devices hold, with server-side error feedback ------------
+# --- the downlink: a delta against what each device holds, with error feedback per device ------------------
 
 _SCALE = struct.Struct("<f")
 
@@ -423,20 +428,30 @@ def _base(base: dict[str, np.ndarray], k: str, like: np.ndarray) -> np.ndarray:
     return b.astype(np.float32) if b is not None and b.shape == like.shape else np.zeros(like.shape, np.float32)
 
 
-def downlink_delta(target: dict[str, np.ndarray], held: dict[str, np.ndarray],
-                   exact=()) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
-    """The global arrays ``target`` as a delta against ``held`` (what the devices reconstructed last; empty:
-    zeros), and what a device reconstructs from it (``downlink_apply``): the coordinator keeps that as the
-    next base, so what rounding dropped this round is in the next round's delta (server-side error
-    feedback). Tensors named in ``exact`` (BatchNorm statistics) go as fp32 deltas."""
-    out, new = {}, {}
-    for k, v in target.items():
-        v = np.asarray(v, np.float32)
-        b = _base(held, k, v)
-        enc, dec = (encode_tensor(v - b, "fp32") if k in exact else _sym8(v - b))
-        out[k] = enc
-        new[k] = (b + dec).astype(np.float32)
-    return out, new
+def downlink_delta(target: dict[str, np.ndarray], held: dict[str, np.ndarray], exact=(),
+                   ratio: float = DOWNLINK_RATIO) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
+    """The global arrays ``target`` as a delta against ``held`` (what this device reconstructed last; empty:
+    zeros), and what the device reconstructs from it (``downlink_apply``). The coordinator keeps that as this
+    device's next base, so what this message dropped is in its next delta (error feedback per device: over the
+    messages nothing is lost).
+
+    ``ratio`` 0: ``int8s`` per tensor (symmetric int8, deflated when smaller), the tensors named in ``exact``
+    (BatchNorm statistics) as float32 deltas. ``ratio`` R > 0: at most 1/R of the float32 bytes (the uplink's
+    ``sized`` codec), the ``exact`` tensors ``int8s`` first, or float32 where ``int8s`` would take a tensor the
+    target holds >= 0 below zero (a variance)."""
+    values = {k: (np.asarray(v, np.float32) - _base(held, k, np.asarray(v))).astype(np.float32)
+              for k, v in target.items()}
+    exact = set(exact) & set(values)
+    if ratio > 0:
+        enc, _ = _encode_sized(values, None, exact, int(sum(4 * v.size for v in values.values()) // ratio))
+    else:
+        enc = {k: encode_tensor(v, "fp32" if k in exact else DOWN)[0] for k, v in values.items()}
+    new = downlink_apply(held, {k: decode_tensor(e) for k, e in enc.items()})
+    for k in exact:
+        if values[k].size and np.min(target[k]) >= 0 > np.min(new[k]):
+            enc[k] = encode_tensor(values[k], "fp32")[0]
+            new[k] = downlink_apply(held, {k: values[k]})[k]
+    return enc, new
 
 
 def downlink_apply(held: dict[str, np.ndarray], deltas: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

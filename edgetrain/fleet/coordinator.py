@@ -193,7 +193,7 @@ def run(grid, spec_path: str) -> None:
         t0 = time.monotonic()
         record = RoundRecord(round_no, _now(), spec.codec, available=len(present))
         chosen = sample(present, max(spec.min_updates, int(round(len(present) * spec.fraction))), spec.seed, round_no)
-        sent = downlink.prepare(strategy.target(arrays), evaluator.statistics, wire)
+        downlink.prepare(strategy.target(arrays), evaluator.statistics, wire)
         messages = _messages(spec, round_no, chosen, downlink, devices, evaluator.classes)
         log(f"round {round_no}: sent to {len(chosen)} of {len(present)} devices ({', '.join(d.name for d in chosen)})")
         replies = exchange(grid, messages, t0 + spec.round_timeout)
@@ -201,7 +201,7 @@ def run(grid, spec_path: str) -> None:
         downlink.account(record, chosen, wire)
         answered = {d.key for d, reply in zip(chosen, replies) if reply is not None and not reply.has_error()}
         updates = [u for d, reply in zip(chosen, replies)
-                   if (u := _screen(d, reply, record, arrays, sent, strategy, downlink.digest, waited, spec, log))]
+                   if (u := _screen(d, reply, record, arrays, downlink.received(d.key), strategy, waited, spec, log))]
         updates = _weigh(_bounded(updates, record, arrays, spec.max_update_norm, log), record, log)
         record.updates, record.updated = len(updates), len(updates) >= spec.min_updates
         _hold(round_no, "aggregating", rundir)
@@ -259,10 +259,11 @@ def _messages(spec: ServeSpec, round_no: int, chosen: list, downlink, devices: d
     return messages
 
 
-def _screen(d, reply, record: RoundRecord, arrays: dict, sent: dict, strategy, digest: str, waited: float,
+def _screen(d, reply, record: RoundRecord, arrays: dict, received: tuple[dict, str], strategy, waited: float,
             spec: ServeSpec, log) -> _Update | None:
     """Device ``d``'s reply as a usable update, or None with why in the record: no reply, an error reply, arrays
-    that do not fit, a replayed message, a bad sample count or control scale, a non-finite update."""
+    that do not fit, a replayed message, a bad sample count or control scale, a non-finite update. ``received``:
+    what the device was sent to train from, as it reconstructs it, and its digest."""
     from . import wire
 
     if reply is None:
@@ -280,6 +281,7 @@ def _screen(d, reply, record: RoundRecord, arrays: dict, sent: dict, strategy, d
     except (EdgetrainError, ValueError) as exc:
         record.drop("refused", d, exc.line() if isinstance(exc, EdgetrainError) else str(exc), log)
         return None
+    sent, digest = received
     count, why = sample_count(metrics.get("num-examples", 1))
     why = answers(facts, record.round, digest) or why
     if why is None:
@@ -332,7 +334,7 @@ def _note_devices(devices: dict, chosen: list, record: RoundRecord, accepted: se
         entry = devices.setdefault(d.key, {"name": d.name, "accepted": 0, "updates": 0, "asked": 0})
         entry["name"] = d.name
         entry["asked"] += 1
-        downlink.after(entry, d.key in answered, round_no)
+        downlink.after(entry, d.key in answered, round_no, record.outcome(d.key))
         if d.key in accepted:
             entry.update(accepted=round_no, updates=entry["updates"] + 1)
             entry.pop("reason", None)

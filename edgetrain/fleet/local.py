@@ -28,7 +28,7 @@ from ..options import DEFAULT_TRAIN_LAYERS, FinetuneOptions, TrainLayers
 from ..training import FinetuneJob, ShapeMismatch, check_shapes
 
 __all__ = ["Evaluator", "LocalSpec", "ShapeMismatch", "check_shapes", "class_view", "displacement_per_gradient",
-           "train_round"]
+           "initial_arrays", "train_round"]
 
 
 def displacement_per_gradient(steps: int, lr: float, momentum: float) -> float:
@@ -85,6 +85,20 @@ def train_round(spec: LocalSpec, global_arrays: dict[str, np.ndarray], round_no:
         result.fleet_scale = displacement_per_gradient(job.opt.steps, float(job.lr), job.opt.momentum)
         result.fleet_statistics = job.statistics()
         return job.trainable_arrays(), result
+    finally:
+        shutil.rmtree(outdir, ignore_errors=True)
+
+
+def initial_arrays(spec: LocalSpec) -> dict[str, np.ndarray]:
+    """The trainable part as the engine initialises it for ``spec``: what the coordinator's round 0 holds (its
+    ``Evaluator.initial``) when the device fine-tunes the same model for the same classes."""
+    outdir = Path(spec.workdir) / "initial"
+    shutil.rmtree(outdir, ignore_errors=True)
+    job = _job(spec, spec.data, outdir, 0)
+    outdir.mkdir(parents=True, exist_ok=True)
+    try:
+        job.load()
+        return job.trainable_arrays()
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
 

@@ -13,11 +13,13 @@ import numpy as np
 from ..fileio import atomic_write_bytes, atomic_write_text
 from ..options import DEFAULT_TRAIN_LAYERS
 
+SPEC = "serve.json"
 STATE = "fleet-state.json"
 STATE_FORMAT = "edgetrain-fleet-state/1"
 SPEC_FORMAT = "edgetrain-fleet-serve/1"
 CONTROL = "control/"  # the SCAFFOLD control variates travel beside the weights under this prefix
 CONTROL_PREFIX = "control"  # RUNDIR/control-NNNN.npz: the global control variate after round NNNN
+HELD_PREFIX = "held"  # RUNDIR/held-NNNN.npz: what each device sent round NNNN reconstructed (DEVICE-KEY|NAME)
 MOMENTUM_PREFIX = "momentum"  # RUNDIR/momentum-NNNN.npz: the server momentum's last global step (FedAvgM)
 
 
@@ -74,6 +76,7 @@ class ServeSpec:
     ternary_control_step: float | None = None
     ternary_min_keep: int | None = None
     uplink_ratio: float | None = None
+    downlink_ratio: float | None = None
     server_momentum: float | None = None
     format: str = SPEC_FORMAT
 
@@ -84,3 +87,9 @@ class ServeSpec:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def write(self) -> Path:
+        """RUNDIR/serve.json, atomically; returns its path."""
+        path = Path(self.rundir) / SPEC
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n", "fleet spec")
+        return path

@@ -1,7 +1,7 @@
 """What the coordinator does with a round, as objects in Flower's Strategy shape: how the updates are folded
 into the global arrays (one class per averaging algorithm: ``FedAvg``, with FedAvgM's server momentum, and
 ``Scaffold``) and what goes down to the devices (one class per downlink: ``WholeDownlink`` sends the float32
-arrays, ``DeltaDownlink`` an int8 delta against what each device holds). Each keeps its own state between rounds
+arrays, ``DeltaDownlink`` a compact delta against what each device holds). Each keeps its own state between rounds
 and saves it beside the global arrays (RUNDIR/NAME-NNNN.npz), so a resumed coordinator rebuilds it from RUNDIR.
 ``coordinator.run`` holds one of each, built from the serve spec by ``strategy_for`` and ``downlink_for``.
 """
@@ -11,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .codec import CONTROL_STEP, DENSITY, MIN_KEEP, arrays_digest, derived_control, downlink_delta
-from .store import CONTROL, CONTROL_PREFIX, MOMENTUM_PREFIX, ServeSpec, global_path, load_global, save_global
+from .codec import (CONTROL_STEP, DENSITY, DOWNLINK_WHERE, MIN_KEEP, arrays_digest, derived_control,
+                    downlink_delta)
+from .store import (CONTROL, CONTROL_PREFIX, HELD_PREFIX, MOMENTUM_PREFIX, ServeSpec, global_path, load_global,
+                    save_global)
 
 
 def average(deltas: list[tuple[dict, int]]) -> dict:
@@ -143,36 +145,44 @@ class WholeDownlink:
         """The codec's part of the round's configuration."""
         return {}
 
-    def prepare(self, target: dict, statistics, wire) -> dict:
-        """The round's downlink of ``target``; returns what a device reconstructs (``sent``)."""
-        self.whole = wire.weights_record(target)
+    def prepare(self, target: dict, statistics, wire) -> None:
+        """The round's downlink of ``target``."""
+        self.target, self.whole = target, wire.weights_record(target)
         self.digest = arrays_digest(target)
-        return target
 
     def message(self, key: str, devices: dict) -> tuple[object, dict]:
         """The record and the config entries for device ``key``."""
         return self.whole, {}
 
+    def received(self, key: str) -> tuple[dict, str]:
+        """What device ``key`` was sent to train from (as it reconstructs it) and its digest."""
+        return self.target, self.digest
+
     def account(self, record, chosen: list, wire) -> None:
         """The round's downlink bytes, in its record (a coordinator.RoundRecord)."""
         record.bytes_down = record.bytes_down_fp32 = wire.record_bytes(self.whole) * len(chosen)
 
-    def after(self, entry: dict, answered: bool, round_no: int) -> None:
-        """What a device asked in round ``round_no`` holds now (nothing to remember here)."""
+    def after(self, entry: dict, answered: bool, round_no: int, why: str | None) -> None:
+        """What a device asked in round ``round_no`` holds now (nothing to remember here); ``why``: why it has no
+        update this round, or None."""
 
     def save(self, rundir: Path, round_no: int, state: dict) -> None:
         """Nothing kept between rounds."""
 
 
 class DeltaDownlink(WholeDownlink):
-    """The ternary codec's downlink: an int8 delta against ``held``, what the devices reconstructed from round
-    ``version`` (0: nothing, zeros); a device not known to hold it gets the arrays whole (float32). BatchNorm's
-    statistics go as fp32 deltas."""
+    """The ternary codec's downlink, per device: the round's arrays as a delta against what that device reconstructed last,
+    as int8 deltas or sized to ``--downlink-ratio`` times fewer bytes than float32 (codec.downlink_delta), with
+    error feedback per device (what a message drops is in that device's next delta). A device's base is the round
+    named by ``held`` in its entry of the state (0, or no entry: the model's initial arrays, which the device
+    computes itself; -1: unknown); what each device asked reconstructs is saved by device key (RUNDIR/held-NNNN.npz)
+    as its next base. A device whose base is unknown (it could not rebuild the arrays it was last sent, or a run
+    begun before the per-device downlink) gets the arrays whole (float32). One that did not answer otherwise holds
+    its base still, as the last arrays it rebuilt or as the base of those (client.received keeps both)."""
 
     def __init__(self, spec: ServeSpec, state: dict):
         super().__init__(spec)
-        self.version = int(state.get("downlink", 0))
-        self.held = load_global(Path(spec.rundir), self.version, "down") if self.version else {}
+        self.rundir, self.ratio = Path(spec.rundir), float(spec.downlink_ratio or 0.0)
         self.settings = {"density": float(spec.ternary_density or DENSITY),
                          "control-step": float(spec.ternary_control_step or CONTROL_STEP),
                          "min-keep": int(spec.ternary_min_keep or MIN_KEEP),
@@ -182,37 +192,55 @@ class DeltaDownlink(WholeDownlink):
     def config(self) -> dict:
         return dict(self.settings)
 
-    def prepare(self, target: dict, statistics, wire) -> dict:
-        self.wire, self.fp32 = wire, wire.weights_record(target)
-        delta, self.sent = downlink_delta(target, self.held, exact=set(statistics))
-        self.by_delta, self.whole = wire.to_record(delta), None
-        self.digest = arrays_digest(self.sent)
+    def prepare(self, target: dict, statistics, wire) -> None:
+        self.wire, self.target, self.statistics = wire, target, set(statistics)
+        self.fp32 = wire.weights_record(target)
         self.given: dict[str, tuple[object, dict]] = {}
-        return self.sent
+        self.sent: dict[str, tuple[dict, str]] = {}
+
+    def base(self, key: str, version: int) -> dict | None:
+        """What device ``key`` reconstructed in round ``version`` (0: the initial arrays), or None: unknown."""
+        if version == 0:
+            return load_global(self.rundir, 0)
+        path = global_path(self.rundir, version, HELD_PREFIX)
+        if version < 0 or not path.exists():
+            return None
+        mine = {k.partition("|")[2]: v for k, v in load_global(self.rundir, version, HELD_PREFIX).items()
+                if k.partition("|")[0] == key}
+        return mine or None
 
     def message(self, key: str, devices: dict) -> tuple[object, dict]:
-        digests = {"target-digest": self.digest}
-        if int(devices.get(key, {}).get("held", 0)) == self.version:
-            got = self.by_delta, {"down": "delta", "base": self.version,
-                                  "base-digest": arrays_digest(self.held) if self.version else "", **digests}
-        else:  # its base is unknown or stale (it joined late, missed a round, failed): the arrays whole
-            self.whole = self.whole or self.wire.weights_record(self.sent)
-            got = self.whole, {"down": "whole", **digests}
+        version = int(devices.get(key, {}).get("held", 0))
+        held = self.base(key, version)
+        got: tuple[object, dict]
+        if held is None:  # its base is unknown: the arrays whole
+            sent, got = self.target, (self.fp32, {"down": "whole"})
+        else:
+            enc, sent = downlink_delta(self.target, held, self.statistics, self.ratio)
+            got = self.wire.to_record(enc), {"down": "delta", "base": version, "base-digest": arrays_digest(held)}
+        self.sent[key] = sent, arrays_digest(sent)
+        got[1]["target-digest"] = self.sent[key][1]
         self.given[key] = got
         return got
+
+    def received(self, key: str) -> tuple[dict, str]:
+        return self.sent[key]
 
     def account(self, record, chosen: list, wire) -> None:
         record.bytes_down = sum(wire.record_bytes(self.given[d.key][0]) for d in chosen)
         record.bytes_down_fp32 = wire.record_bytes(self.fp32) * len(chosen)
         record.downlink_whole = [d.name for d in chosen if self.given[d.key][1]["down"] == "whole"]
 
-    def after(self, entry: dict, answered: bool, round_no: int) -> None:
-        entry["held"] = round_no if answered else -1
+    def after(self, entry: dict, answered: bool, round_no: int, why: str | None) -> None:
+        if answered:
+            entry["held"] = round_no
+        elif DOWNLINK_WHERE in (why or ""):  # it could not rebuild the arrays: whole next time
+            entry["held"] = -1
+        # else (no answer, another failure) it holds its base still: as the last arrays it rebuilt, or as theirs
 
     def save(self, rundir: Path, round_no: int, state: dict) -> None:
-        save_global(rundir, round_no, self.sent, "down")
-        self.held, self.version = self.sent, round_no
-        state["downlink"] = round_no
+        save_global(rundir, round_no, {f"{key}|{k}": v for key, (sent, _) in self.sent.items()
+                                       for k, v in sent.items()}, HELD_PREFIX)
 
 
 def downlink_for(spec: ServeSpec, state: dict) -> WholeDownlink:

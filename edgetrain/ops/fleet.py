@@ -39,7 +39,6 @@ from ..results import ProgressFn, report
 from ..run_report import page
 
 APP_DIR = "flower-app"
-SPEC = "serve.json"
 DONE_GRACE = 3.0
 REFUSE_GRACE = 6.0
 
@@ -151,17 +150,16 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
                          "use --optimizer sgd, or --aggregate fedavg with adam")
     state = _prepare_rundir(rundir, opts.resume)
     threads = runtime.apply_threads(opts.thread_cap(), strict=False)
-    spec = {"format": store.SPEC_FORMAT, "rundir": str(rundir), "model": model, "val": opts.val,
-            "params": opts.params, "rounds": opts.rounds, "min_clients": opts.min_clients,
-            "min_updates": opts.min_updates, "fraction": opts.fraction, "aggregate": opts.aggregate,
-            "round_timeout": opts.round_timeout,
-            "join_timeout": opts.join_timeout, "codec": opts.codec, "epochs": opts.epochs,
-            "batch_size": opts.batch_size, "lr": opts.lr, "optimizer": opts.optimizer, "seed": opts.seed,
-            "train_layers": opts.train_layers, "threads": threads, "max_update_norm": opts.max_update_norm,
-            "ternary_density": opts.ternary_density, "ternary_control_step": opts.ternary_control_step,
-            "ternary_min_keep": opts.ternary_min_keep, "uplink_ratio": opts.uplink_ratio,
-            "server_momentum": (opts.server_momentum if opts.server_momentum is not None
-                                else coord.SERVER_MOMENTUM)}
+    spec = store.ServeSpec(
+        rundir=str(rundir), model=model, val=opts.val, params=opts.params, rounds=opts.rounds,
+        min_clients=opts.min_clients, min_updates=opts.min_updates, fraction=opts.fraction, aggregate=opts.aggregate,
+        round_timeout=opts.round_timeout, join_timeout=opts.join_timeout, codec=opts.codec, epochs=opts.epochs,
+        batch_size=opts.batch_size, lr=opts.lr, optimizer=opts.optimizer, seed=opts.seed,
+        train_layers=opts.train_layers, threads=threads, max_update_norm=opts.max_update_norm,
+        ternary_density=opts.ternary_density, ternary_control_step=opts.ternary_control_step,
+        ternary_min_keep=opts.ternary_min_keep, uplink_ratio=opts.uplink_ratio,
+        downlink_ratio=opts.downlink_ratio,
+        server_momentum=opts.server_momentum if opts.server_momentum is not None else coord.SERVER_MOMENTUM)
     if state is None:
         report(progress, "prepare", message="loading the model and the held-out data")
         created = not rundir.exists()
@@ -179,16 +177,17 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
         store.write_state(rundir, state)
         resumed_after = 0
     else:
-        old = json.loads((rundir / SPEC).read_text()) if (rundir / SPEC).exists() else {}
+        old = json.loads((rundir / store.SPEC).read_text()) if (rundir / store.SPEC).exists() else {}
         old.setdefault("train_layers", DEFAULT_TRAIN_LAYERS)  # a run made before --train-layers trained the head
-        changed = [k for k in ("model", "val", "codec", "params", "aggregate", "train_layers") if old.get(k) != spec[k]]
+        changed = [k for k in ("model", "val", "codec", "params", "aggregate", "train_layers")
+                   if old.get(k) != getattr(spec, k)]
         if changed:
             raise UsageError(f"--resume with a different {', '.join(changed)} than the run in RUNDIR", str(rundir),
                              "resume with the same MODEL, --val, --codec, --aggregate, --params and --train-layers")
         state.pop("finished", None)
         store.write_state(rundir, state)
         resumed_after = int(state["completed"])
-    atomic_write_text(rundir / SPEC, json.dumps(spec, indent=2) + "\n", "fleet spec")
+    spec.write()
     address = f"{opts.listen}:{opts.port}"
     if state["completed"] < opts.rounds:
         _run_flower(rundir, opts, tls, progress)
@@ -277,7 +276,7 @@ def _run_flower(rundir: Path, opts: FleetServeOptions, tls, progress) -> None:
         report(progress, "serve", final=True, message=f"coordinator listening on {opts.listen}:{opts.port}"
                + (" (TLS)" if tls else " (no TLS" + (", loopback only)" if _is_loopback(opts.listen) else ")")))
         run = procs.spawn([procs.flower_bin("flwr"), "run", str(app), "--stream", "--run-config",
-                           f'edgetrain="{rundir / SPEC}"'], env, logs / "flwr-run.log")
+                           f'edgetrain="{rundir / store.SPEC}"'], env, logs / "flwr-run.log")
         started.append(run)
         seen = -1
         while True:

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import fsync_dir
-from ..options import DEFAULT_TRAIN_LAYERS
 from ..fleet.local import Evaluator, LocalSpec
+from ..fleet.store import ServeSpec
 
 FOLDER = "model"
 PREFIX = "model"  # RUNDIR/model/model-symbol.json, model-0000.params
@@ -31,7 +31,7 @@ ONNX = "model.onnx"
 INT8 = "model-int8.onnx"
 
 
-def write_models(rundir: Path, spec: dict, arrays: dict[str, np.ndarray], round_no: int,
+def write_models(rundir: Path, spec: ServeSpec, arrays: dict[str, np.ndarray], round_no: int,
                  export: str) -> tuple[dict, list[str], list[str]]:
     """Write RUNDIR/model/ for ``arrays`` (the global arrays after ``round_no``). Returns (the files by kind:
     prefix, onnx, int8; notes; failed checks: an int8 model over quantize's accuracy budget is kept, and said)."""
@@ -44,17 +44,16 @@ def write_models(rundir: Path, spec: dict, arrays: dict[str, np.ndarray], round_
     notes: list[str] = []
     failed: list[str] = []
     try:
-        ev = Evaluator(LocalSpec(model=spec["model"], data=spec["val"], workdir=str(rundir / "work"),
-                                 threads=spec.get("threads"), seed=spec["seed"], params=spec.get("params"),
-                                 train_layers=spec.get("train_layers", DEFAULT_TRAIN_LAYERS)), spec["val"])
-        engine_file = ev.write_model(arrays, tmp, {"finetuned_from": spec["model"], "fleet_rundir": str(rundir),
-                                                   "fleet_round": round_no, "train_layers": spec.get("train_layers")})
+        ev = Evaluator(LocalSpec(model=spec.model, data=spec.val, workdir=str(rundir / "work"), threads=spec.threads,
+                                 seed=spec.seed, params=spec.params, train_layers=spec.train_layers), spec.val)
+        engine_file = ev.write_model(arrays, tmp, {"finetuned_from": spec.model, "fleet_rundir": str(rundir),
+                                                   "fleet_round": round_no, "train_layers": spec.train_layers})
         files: dict[str, str] = {}
         if engine_file.suffix == ".onnx":  # a fleet of an .onnx base: the engine wrote the ONNX file itself
             engine_file.rename(tmp / ONNX)
         else:
             files["prefix"] = PREFIX
-            _export_onnx(tmp / PREFIX, tmp / ONNX, spec, notes, failed)
+            _export_onnx(tmp / PREFIX, tmp / ONNX, notes, failed)
         files["onnx"] = ONNX
         if export == "int8":
             _quantize(tmp / ONNX, tmp / INT8, spec, notes, failed)
@@ -74,7 +73,7 @@ def write_models(rundir: Path, spec: dict, arrays: dict[str, np.ndarray], round_
     return {kind: str(final / name) for kind, name in files.items()}, notes, failed
 
 
-def _export_onnx(prefix: Path, onnx_path: Path, spec: dict, notes: list, failed: list) -> None:
+def _export_onnx(prefix: Path, onnx_path: Path, notes: list, failed: list) -> None:
     from .export import export
     from ..options import ExportOptions
 
@@ -83,11 +82,11 @@ def _export_onnx(prefix: Path, onnx_path: Path, spec: dict, notes: list, failed:
     notes += [f"ONNX export: {n}" for n in res.notes if "random weights" not in n]
 
 
-def _quantize(onnx_path: Path, int8_path: Path, spec: dict, notes: list, failed: list) -> None:
+def _quantize(onnx_path: Path, int8_path: Path, spec: ServeSpec, notes: list, failed: list) -> None:
     from .quantize import quantize
     from ..options import QuantizeOptions
 
-    res = quantize(str(onnx_path), QuantizeOptions(calib=spec["val"], output=str(int8_path), val=spec["val"],
+    res = quantize(str(onnx_path), QuantizeOptions(calib=spec.val, output=str(int8_path), val=spec.val,
                                                    latency=False))
     a = res.accuracy
     if a.int8_top1 is not None and a.fp32_top1 is not None:
