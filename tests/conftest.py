@@ -1,12 +1,20 @@
 """Shared fixtures: tiny models built in code, real image files, and a CLI runner in a child process."""
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from clitools import run_edgetrain
+
+# Ctrl-C as a terminal sends it. A suite started as a background job of a non-interactive shell (`cmd &` in a CI
+# script) inherits SIGINT ignored, and every child would too: Python then installs no KeyboardInterrupt handler,
+# and the tests of what a SIGINT does (exit 130, no process left behind) would test an ignored signal. A Python
+# handler here becomes the default disposition in each child at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
