@@ -33,9 +33,11 @@ def save_global(rundir: Path, round_no: int, arrays: dict, prefix: str = "global
     atomic_write_bytes(global_path(rundir, round_no, prefix), buf.getvalue(), "global weights")
 
 
-def load_global(rundir: Path, round_no: int, prefix: str = "global") -> dict:
+def load_global(rundir: Path, round_no: int, prefix: str = "global", keep=None) -> dict:
+    """The arrays of RUNDIR/PREFIX-NNNN.npz, as float32; with ``keep``, only the names it accepts (the others are
+    not read)."""
     with np.load(global_path(rundir, round_no, prefix), allow_pickle=False) as z:
-        return {k: z[k].astype(np.float32) for k in z.files}
+        return {k: z[k].astype(np.float32) for k in z.files if keep is None or keep(k)}
 
 
 def read_state(rundir: Path) -> dict | None:

@@ -205,8 +205,9 @@ class DeltaDownlink(WholeDownlink):
         path = global_path(self.rundir, version, HELD_PREFIX)
         if version < 0 or not path.exists():
             return None
-        mine = {k.partition("|")[2]: v for k, v in load_global(self.rundir, version, HELD_PREFIX).items()
-                if k.partition("|")[0] == key}
+        # (only this device's arrays are read: the file holds every device's)
+        mine = {k.partition("|")[2]: v for k, v in load_global(self.rundir, version, HELD_PREFIX,
+                                                                keep=lambda k: k.partition("|")[0] == key).items()}
         return mine or None
 
     def message(self, key: str, devices: dict) -> tuple[object, dict]:
