@@ -94,6 +94,33 @@ def test_the_written_statistics_follow_the_data_and_the_reported_top1_is_the_wri
         assert np.abs(after[var] - data_var).mean() < 0.25 * np.abs(before[var] - data_var).mean(), var
 
 
+@pytest.mark.parametrize("layers", ["all", "lite", "last:2"])
+def test_the_written_statistics_are_the_final_weights_own_not_a_lagging_average(shifted, tmp_path, layers):
+    """At an epoch's end the running statistics are re-estimated from the weights as they are (a forward over the
+    training rows, BatchNorm on the batch's statistics, pooled), not left as the step-by-step average, which lags
+    the weights. With the whole training set in one micro-batch the pass is the data's exact statistics under the
+    written model in inference mode: every trained BatchNorm's input mean and (unbiased) variance."""
+    folder, model = shifted
+    out = tmp_path / "run"
+    res = run_edgetrain("finetune", model, "--data", folder / "train.npz", "--val", folder / "val.npz", "-o", out,
+                        "--train-layers", layers, "--epochs", "2", "--batch-size", "200", "--lr", "0.05", "--seed", "1", "--threads", "1",
+                        "--allow-chance", "--json", "-")
+    assert res.code == 0, res.err
+    assert json.loads(res.out)["plan"]["micro_batch"] == 200   # one micro-batch: the pass sees all 200 rows at once
+    written = out / "model.onnx"
+    x, _ = load_data(str(folder / "train.npz"), load_onnx(written).preprocess).arrays()
+    data = _bn_inputs(written, x)
+    after = _stats(written)
+    trained = list(data)[-1:] if layers == "last:2" else list(data)
+    for mean in trained:
+        data_mean, data_var = data[mean]
+        var = mean[:-len("_mean")] + "_var"
+        # the variance to 1e-3: the written one is unbiased (count/(count - 1) above numpy's, count = 200 rows x 64
+        # values), and the pass normalised by the batch's; the step-by-step average was off by up to 100% here
+        np.testing.assert_allclose(after[mean], data_mean, rtol=1e-4, atol=1e-5, err_msg=mean)
+        np.testing.assert_allclose(after[var], data_var, rtol=1e-3, atol=1e-6, err_msg=var)
+
+
 @pytest.mark.parametrize("layers", ["bias", "head"])
 def test_the_other_modes_keep_the_files_statistics(shifted, tmp_path, layers):
     folder, model = shifted

@@ -74,6 +74,15 @@ BATCH_STATS = ("all", "tail", "lite")
 # step planned 449 MB for that run. The probe runs two (zero-scaled: no weight moves).
 PROBE_STEPS = 2
 
+# The rows of training data the running statistics are re-estimated from at an epoch's end (settle_statistics):
+# a forward over them, about this many rows' share of an epoch's time.
+SETTLE_ROWS = 256
+
+
+def settle_rows(rows: int) -> np.ndarray:
+    """The training rows the settle pass reads: SETTLE_ROWS of them, evenly spaced (all when fewer)."""
+    return np.unique(np.linspace(0, rows - 1, min(rows, SETTLE_ROWS)).round().astype(np.int64))
+
 
 def _probe_steps(step: ort_train.OrtTrain, m: int, shape: tuple) -> None:
     for _ in range(PROBE_STEPS):
@@ -678,6 +687,23 @@ class OnnxEngine:
             loss, right, _ = onnx_grad.softmax_cross_entropy(out.reshape(len(idx), -1), labels[idx])
             loss_sum, correct = loss_sum + loss, correct + right
         return correct / len(labels), loss_sum / len(labels)
+
+    def settle_statistics(self, inputs: Inputs, rows: int, micro: int) -> None:
+        """BatchNorm's running statistics (BATCH_STATS) re-estimated from the current weights: a forward with
+        BatchNorm on each micro-batch's statistics over SETTLE_ROWS of the ``rows`` training rows (evenly spaced),
+        pooled; no weight moves. Training normalises by the batch, so the running statistics are only what the
+        evaluation and the written model read: followed step by step, they lag the weights (MobileNetV2 lite's
+        held-out top-1 swung 0.39-0.67 over seeds)."""
+        if not self.stats:
+            return
+        idx = settle_rows(rows)
+        parts = []
+        for start in range(0, len(idx), micro):
+            part = idx[start:start + micro]
+            x = inputs(part)
+            stats = self.step_graph.batch_statistics(x) if self.step_graph is not None else self._forward(x)[1].stats
+            parts.append((len(part), stats))
+        self.grad.update_statistics(parts, replace=True)
 
     def predict(self, arrays: dict[str, np.ndarray], features: np.ndarray) -> np.ndarray:
         self.start_from(arrays)

@@ -483,6 +483,12 @@ class FinetuneJob:
         assert ds is not None, "held-out inputs asked for without held-out data"
         return ds.batch(idx)
 
+    def settle_statistics(self) -> None:
+        """BatchNorm's running statistics from the weights as they are (the engine's settle pass), before they are
+        evaluated, checkpointed or written."""
+        self.engine.settle_statistics(lambda idx: self.inputs("train", idx), len(self.train_ds.labels),
+                                      self.plan.micro_batch)
+
     def evaluate_held_out(self) -> tuple[float | None, float | None]:
         if self.val_ds is None:
             return None, None
@@ -681,6 +687,7 @@ class FinetuneJob:
                     self.save_checkpoint(epoch, step + 1, order, part)
                     self._interrupted(epoch, step + 1)
             start_step = 0
+            self.settle_statistics()
             seconds += time.monotonic() - t0
             val_acc, val_loss = self.evaluate_held_out()
             record = {"epoch": epoch + 1, "loss": loss_sum / max(seen, 1), "train_accuracy": correct / max(seen, 1),
@@ -699,6 +706,7 @@ class FinetuneJob:
     def _stop_inside(self, epoch: int, step: int, steps: int, order, part: dict) -> None:
         """stop_at_step reached inside an epoch: checkpointed there (a later run resumes at this step) and the
         held-out accuracy measured; the epoch's record is left to the run that finishes it."""
+        self.settle_statistics()
         self.save_checkpoint(epoch, step, order, part)
         val_acc, val_loss = self.evaluate_held_out()
         self.partial = {"epoch": epoch, "step": step, "steps": steps, "val_accuracy": val_acc, "val_loss": val_loss,

@@ -1754,11 +1754,12 @@ class GradGraph:
         """The running means and variances training mode updates (batch_stats), in graph order."""
         return [n for node, op in self.nodes if getattr(op, "batch_stats", False) for n in node.input[3:5]]
 
-    def update_statistics(self, parts: list[tuple]) -> None:
+    def update_statistics(self, parts: list[tuple], replace: bool = False) -> None:
         """The running statistics (in ``params``, in place) moved toward one training step's batch, as ONNX's
         BatchNormalization says (running * momentum + batch * (1 - momentum), the variance unbiased). ``parts``:
         one (samples, {BatchNorm node index: (mean, variance, values per channel per sample)}) per micro-batch;
-        their statistics are combined into the whole batch's (the variance: within plus between micro-batches)."""
+        their statistics are combined into the whole batch's (the variance: within plus between micro-batches).
+        ``replace``: the running statistics become the combined ones (the engine's settle pass)."""
         total = sum(n for n, _ in parts)
         for index, (node, op) in enumerate(self.nodes):
             if not getattr(op, "batch_stats", False):
@@ -1769,7 +1770,7 @@ class GradGraph:
                       for (n, st), (_, m) in zip(parts, means)) / total
             count = total * parts[0][1][index][2]
             var *= count / max(count - 1, 1)
-            k = op.momentum()
+            k = 0.0 if replace else op.momentum()
             for name, batch in ((node.input[3], mean), (node.input[4], var)):
                 running = self.params[name]
                 running[...] = (running * k + batch * (1 - k)).astype(running.dtype)

@@ -35,6 +35,7 @@ from .onnx_grad import GradGraph, NotEmitted, load_model
 from .onnx_layers import shapes_of, without_weights
 
 ONEHOT, SCALE, TRAIN, PREFIX = "edgetrain_onehot", "edgetrain_scale", "edgetrain_train", "edgetrain_bwd"
+BATCH = "edgetrain_batch_stats"   # BatchNorm on the batch's statistics (a step, the settle pass) or the running ones
 
 # What the session takes beyond the process before it (the library, 20 MB; the graph, its kernels and thread
 # pool; the first run's arena is STEP_PER_SAMPLE's), MiB: measured 38 MB for MobileNetV2-1.0 bias (an 8.7 MB
@@ -286,6 +287,8 @@ class OrtTrain:
         graph.input.extend([helper.make_tensor_value_info(ONEHOT, onnx.TensorProto.FLOAT, [None, self.classes]),
                             helper.make_tensor_value_info(SCALE, onnx.TensorProto.FLOAT, []),
                             helper.make_tensor_value_info(TRAIN, onnx.TensorProto.BOOL, [])])
+        if self.stat_outputs:
+            graph.input.append(helper.make_tensor_value_info(BATCH, onnx.TensorProto.BOOL, []))
         graph.output.extend(helper.make_empty_tensor_value_info(n) for n in self.grad_outputs.values())
         graph.output.extend(helper.make_empty_tensor_value_info(n) for _, mean, var, _ in self.stat_outputs
                             for n in (mean, var))
@@ -299,7 +302,7 @@ class OrtTrain:
     @staticmethod
     def _batch_norms(e: _Emitter, grad: GradGraph) -> tuple:
         """Each training-mode BatchNorm (GradGraph's batch_stats) as ONNX nodes: normalised by the batch's mean and
-        variance when TRAIN is true (each an output, for the running statistics), by the running ones (fed) when
+        variance when BATCH is true (each an output, for the running statistics), by the running ones (fed) when
         false. Returns {BatchNorm output: its nodes} and [(node index, mean output, variance output, values per
         channel per sample)]; the backward (onnx_grad's emit) reads the normalised input and 1/deviation."""
         helper = e.helper
@@ -320,9 +323,9 @@ class OrtTrain:
                 return out
             batch_mean, batch_var = f"{PREFIX}_bnmean{len(stats)}", f"{PREFIX}_bnvar{len(stats)}"
             e.reduce_mean(x, axes, batch_mean, made)
-            d = add("Sub", [x, add("Where", [TRAIN, batch_mean, add("Reshape", [mean, per_channel])])])
+            d = add("Sub", [x, add("Where", [BATCH, batch_mean, add("Reshape", [mean, per_channel])])])
             e.reduce_mean(add("Mul", [d, d]), axes, batch_var, made)
-            used_var = add("Where", [TRAIN, batch_var, add("Reshape", [var, per_channel])])
+            used_var = add("Where", [BATCH, batch_var, add("Reshape", [var, per_channel])])
             eps = e.const(np.float32(op.a.get("epsilon", 1e-5)))
             inv = add("Reciprocal", [add("Sqrt", [add("Add", [used_var, eps])])])
             xhat = add("Mul", [d, inv])
@@ -355,19 +358,28 @@ class OrtTrain:
         ({node index: (mean, variance, values per channel per sample)}: GradGraph.update_statistics)."""
         logits, grads = self._run(x, labels, scale, True)
         k = len(self.grad_outputs)
-        got = grads[k:]
-        self.last_stats = {index: (got[2 * i], got[2 * i + 1], n) for i, (index, _, _, n) in enumerate(self.stat_outputs)}
+        self.last_stats = self._stats(grads[k:])
         return logits, {n: g.reshape(self.grad.params[n].shape) for n, g in zip(self.grad_outputs, grads[:k])}
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self._run(x, np.zeros(len(x), np.int64), 0.0, False)[0]
 
-    def _run(self, x, labels, scale, train: bool) -> tuple:
+    def batch_statistics(self, x: np.ndarray) -> dict[int, tuple]:
+        """The forward alone with BatchNorm on the batch's statistics: each training-mode BatchNorm's (mean,
+        variance, values per channel per sample), as ``last_stats`` after a step (no backward runs)."""
+        return self._stats(self._run(x, np.zeros(len(x), np.int64), 0.0, False, batch=True)[1][len(self.grad_outputs):])
+
+    def _stats(self, got: list) -> dict[int, tuple]:
+        return {index: (got[2 * i], got[2 * i + 1], n) for i, (index, _, _, n) in enumerate(self.stat_outputs)}
+
+    def _run(self, x, labels, scale, train: bool, batch: bool | None = None) -> tuple:
         feeds = {self.grad.input: np.asarray(x, np.float32)}
         feeds.update({n: self.grad.params[n] for n in self.fed})
         onehot = np.zeros((len(labels), self.classes), np.float32)
         onehot[np.arange(len(labels)), np.asarray(labels, np.int64)] = 1
         feeds[ONEHOT], feeds[SCALE], feeds[TRAIN] = onehot, np.asarray(scale, np.float32), np.asarray(train)
+        if self.stat_outputs:
+            feeds[BATCH] = np.asarray(train if batch is None else batch)
         got = self.session.run(self.outputs, feeds)
         return got[0], got[1:]
 
