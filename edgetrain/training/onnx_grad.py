@@ -574,10 +574,6 @@ class _BatchNorm(_Op):
         y += _per_channel(b - mean * a, x.ndim)
         return y, ({"input": x} if self.need[1] else {})
 
-    def momentum(self) -> float:
-        """ONNX's: running = running * momentum + batch * (1 - momentum)."""
-        return float(self.a.get("momentum", 0.9))
-
     def forward_batch(self, xs) -> tuple:
         """Training mode (``batch_stats``): normalised by the batch's own mean and (biased) variance per channel.
         Returns the output, what backward keeps (the normalised input and the inverse deviation) and the
@@ -1723,7 +1719,7 @@ class GradGraph:
     ``extra`` names initializers that train on top of a mode (the lite residual modules' weights).
     ``batch_stats``: BatchNorm in training mode where a gradient passes (each BatchNorm whose input, scale or
     shift needs one): a training forward normalises by the batch's own mean and variance (and backward
-    differentiates through them), its tape's ``stats`` holds them for :meth:`update_statistics`; a forward with
+    differentiates through them), its tape's ``stats`` holds them for :meth:`set_statistics`; a forward with
     ``train=False`` (evaluation) uses the running statistics in ``params``, as the written model does.
     """
 
@@ -1754,12 +1750,11 @@ class GradGraph:
         """The running means and variances training mode updates (batch_stats), in graph order."""
         return [n for node, op in self.nodes if getattr(op, "batch_stats", False) for n in node.input[3:5]]
 
-    def update_statistics(self, parts: list[tuple], replace: bool = False) -> None:
-        """The running statistics (in ``params``, in place) moved toward one training step's batch, as ONNX's
-        BatchNormalization says (running * momentum + batch * (1 - momentum), the variance unbiased). ``parts``:
-        one (samples, {BatchNorm node index: (mean, variance, values per channel per sample)}) per micro-batch;
-        their statistics are combined into the whole batch's (the variance: within plus between micro-batches).
-        ``replace``: the running statistics become the combined ones (the engine's settle pass)."""
+    def set_statistics(self, parts: list[tuple]) -> None:
+        """The running statistics (in ``params``, in place) set to the batches' (the engine's settle pass), the
+        variance unbiased as ONNX's BatchNormalization keeps it. ``parts``: one (samples, {BatchNorm node index:
+        (mean, variance, values per channel per sample)}) per micro-batch; their statistics are combined into the
+        whole's (the variance: within plus between micro-batches)."""
         total = sum(n for n, _ in parts)
         for index, (node, op) in enumerate(self.nodes):
             if not getattr(op, "batch_stats", False):
@@ -1770,10 +1765,8 @@ class GradGraph:
                       for (n, st), (_, m) in zip(parts, means)) / total
             count = total * parts[0][1][index][2]
             var *= count / max(count - 1, 1)
-            k = 0.0 if replace else op.momentum()
             for name, batch in ((node.input[3], mean), (node.input[4], var)):
-                running = self.params[name]
-                running[...] = (running * k + batch * (1 - k)).astype(running.dtype)
+                self.params[name][...] = batch.reshape(self.params[name].shape)
 
     # -- loading
     def _check_opset(self, model):

@@ -295,7 +295,6 @@ class OrtTrain:
         self.fed = [t.name for t in moved]
         self.outputs = [grad.output, *self.grad_outputs.values(),
                         *(n for _, mean, var, _ in self.stat_outputs for n in (mean, var))]
-        self.last_stats: dict[int, tuple] = {}
         self.proto = proto
         self.session: Any = None
 
@@ -354,11 +353,9 @@ class OrtTrain:
         self.proto = None
 
     def step(self, x: np.ndarray, labels: np.ndarray, scale: float) -> tuple:
-        """(logits, {trainable: gradient}); a training-mode BatchNorm's batch statistics in ``last_stats``
-        ({node index: (mean, variance, values per channel per sample)}: GradGraph.update_statistics)."""
+        """(logits, {trainable: gradient})."""
         logits, grads = self._run(x, labels, scale, True)
         k = len(self.grad_outputs)
-        self.last_stats = self._stats(grads[k:])
         return logits, {n: g.reshape(self.grad.params[n].shape) for n, g in zip(self.grad_outputs, grads[:k])}
 
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -366,10 +363,8 @@ class OrtTrain:
 
     def batch_statistics(self, x: np.ndarray) -> dict[int, tuple]:
         """The forward alone with BatchNorm on the batch's statistics: each training-mode BatchNorm's (mean,
-        variance, values per channel per sample), as ``last_stats`` after a step (no backward runs)."""
-        return self._stats(self._run(x, np.zeros(len(x), np.int64), 0.0, False, batch=True)[1][len(self.grad_outputs):])
-
-    def _stats(self, got: list) -> dict[int, tuple]:
+        variance, values per channel per sample), for GradGraph.set_statistics (no backward runs)."""
+        got = self._run(x, np.zeros(len(x), np.int64), 0.0, False, batch=True)[1][len(self.grad_outputs):]
         return {index: (got[2 * i], got[2 * i + 1], n) for i, (index, _, _, n) in enumerate(self.stat_outputs)}
 
     def _run(self, x, labels, scale, train: bool, batch: bool | None = None) -> tuple:
