@@ -313,6 +313,30 @@ def test_a_resume_with_a_changed_grid_data_or_seed_is_refused(tuned, task, chang
     assert (out / "journal.jsonl").read_bytes() == before
 
 
+def test_each_journal_line_is_on_the_disk_before_any_later_checkpoint(task, tmp_path, monkeypatch):
+    """A line's fsync runs beside the next trial's set-up: every checkpoint a later job writes comes after it is
+    waited for (a power cut then finds every fact the checkpoint builds on)."""
+    from edgetrain.training import checkpoint
+    from edgetrain.tuning import journal
+
+    journals, unsynced_at_save = [], []
+    append, save = journal.Journal.append, checkpoint.save
+
+    def appending(self, *records):
+        journals.append(self)
+        append(self, *records)
+
+    def saving(*args, **kwargs):
+        unsynced_at_save.append(any(j._syncing is not None for j in journals))
+        save(*args, **kwargs)
+
+    monkeypatch.setattr(journal.Journal, "append", appending)
+    monkeypatch.setattr(checkpoint, "save", saving)
+    edgetrain.tune(task["model"], task["train"], tmp_path / "out", val=task["val"], grid=GRID, epochs=2, threads=1,
+                   progress=None)
+    assert journals and len(unsynced_at_save) >= 4 and not any(unsynced_at_save)   # 4 trials, one or more each
+
+
 def test_a_resume_after_a_torn_journal_line_decides_the_same(tuned, task, tmp_path):
     """A power cut in the middle of the journal's last line: the line is dropped and its fact measured again."""
     import shutil

@@ -20,7 +20,8 @@ BuildStore) likewise the model loaded, its graphs, step session and memory plan 
 the same way (buildstore.py: a job that takes one trains as it would have alone). ``stop_at_step``
 ends the run after that many steps in all, inside an epoch (a tune's rung of a fraction of an epoch): the
 checkpoint is written there, as a stop by a signal writes it, so a later run with more epochs resumes exactly
-there, and the held-out accuracy at that step is the result's (``partial_epoch``).
+there, and the held-out accuracy at that step is the result's (``partial_epoch``). ``before_checkpoint`` is called
+before each checkpoint is written (a tune waits there for its journal's last line to reach the disk).
 
 Test hook (for the kill-at-phase tests, never set by users): ``EDGETRAIN_TEST_KILL_AT=PHASE:N`` makes
 the process SIGKILL itself the N-th time it reaches PHASE: ``features`` (after a feature-pass batch is
@@ -37,6 +38,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,7 +169,8 @@ class FinetuneJob:
                  initial: dict[str, np.ndarray] | None = None, initial_where: str = "initial arrays",
                  correction: dict[str, np.ndarray] | None = None, write_model: bool = True,
                  feature_store: FeatureStore | None = None, stop_at_step: int | None = None,
-                 data_store: dict | None = None, build_store: BuildStore | None = None):
+                 data_store: dict | None = None, build_store: BuildStore | None = None,
+                 before_checkpoint: Callable[[], None] | None = None):
         self.model, self.opts, self.val_split = model, opts, val_split
         # parsed once, at the declaration (options edgetrain makes itself, unchecked, may hold its text)
         self.layers = TrainLayers(opts.train_layers)
@@ -182,6 +185,7 @@ class FinetuneJob:
         self.stop_at_step = stop_at_step    # the run ends after this many steps in all (None: after --epochs)
         self.data_store = data_store        # DATA/--val read once for the jobs of a process that share it (a tune)
         self.build_store = build_store      # the model's build shared with the jobs that train the same part (a tune)
+        self.before_checkpoint = before_checkpoint  # called before each checkpoint is written (a tune's journal sync)
         self.build: Build | None = None     # the build this job took from the store, or made and may keep there
         self.build_taken = False
         self.partial: dict | None = None     # where it ended inside an epoch, with the held-out accuracy there
@@ -510,6 +514,8 @@ class FinetuneJob:
     # --- checkpoints -------------------------------------------------------------------------------
 
     def save_checkpoint(self, epoch: int, step: int, order: np.ndarray, partial: dict) -> None:
+        if self.before_checkpoint is not None:
+            self.before_checkpoint()
         rng_meta, rng_arrays = ckpt.rng_to_arrays(self.rng)
         arrays = self.param_arrays()
         arrays.update({f"opt/{k}": np.asarray(v)
