@@ -58,7 +58,7 @@ from . import checkpoint as ckpt
 from . import store
 from .engine import Engine, EngineContext
 from .engine_onnx import OnnxEngine
-from .buildstore import Build, BuildStore
+from .buildstore import Build, BuildStore, PlannedBuild
 from .featurecache import FeatureCache, FeatureStore
 from .memplan import READ_AHEAD, Costs, MemoryPlan, same_run
 from .optimizers import DEFAULT_MOMENTUM, DEFAULT_WEIGHT_DECAY, Corrected, default_lr
@@ -187,7 +187,7 @@ class FinetuneJob:
         self.build_store = build_store      # the model's build shared with the jobs that train the same part (a tune)
         self.before_checkpoint = before_checkpoint  # called before each checkpoint is written (a tune's journal sync)
         self.build: Build | None = None     # the build this job took from the store, or made and may keep there
-        self.build_taken = False
+        self.taken: PlannedBuild | None = None   # the build taken from the store (planned: the store keeps no other)
         self.partial: dict | None = None     # where it ended inside an epoch, with the held-out accuracy there
         self.notes: list[str] = []
         # what the engine reads of the run (a build taken from the store is attached to it)
@@ -300,7 +300,7 @@ class FinetuneJob:
             self.load_data(self.engine.open(source))
             self.engine.load(self.pre, within)
             if key is not None:
-                self.build = Build(self.engine, None, None, self.model_pre, self.notes[self.data_notes_end:],
+                self.build = Build(self.engine, self.model_pre, self.notes[self.data_notes_end:],
                                    self.engine.loaded_state())
         if self.initial is not None:
             check_shapes(self.engine.trainable_arrays(), {k: v.shape for k, v in self.initial.items()},
@@ -308,7 +308,7 @@ class FinetuneJob:
                          "(same class_names) with the same --train-layers")
             self.engine.start_from(self.initial)
 
-    def _take(self, build: Build) -> None:
+    def _take(self, build: PlannedBuild) -> None:
         """The store's build as this job's: bound to it, its data read, its trained arrays as loaded."""
         assert self.build_store is not None, "a build is taken from a store"
         self.engine = build.engine
@@ -316,7 +316,7 @@ class FinetuneJob:
         self.load_data(build.preprocess)
         self.notes += build.notes
         self.engine.reset(build.initial)
-        self.build, self.build_taken = build, True
+        self.build = self.taken = build
         self.build_store.reused += 1
 
     def _keep_build(self) -> None:
@@ -324,13 +324,13 @@ class FinetuneJob:
         Runtime step graph and, with a frozen part, the part's features are in the feature store (the part's file
         goes with this job's OUTDIR, so a job taking the build never runs it)."""
         build = self.build
-        if build is None or self.build_taken or not self.engine.shareable():
+        if build is None or self.taken is not None or not self.engine.shareable():
             return
         if self.engine.has_frozen and not self._cache_shared():
             return
         assert self.build_store is not None and (key := self.build_key()) is not None, "made for a store"
-        build.plan, build.costs, build.features = self.plan, self.costs, self.features_key()
-        self.build_store.put(key, build)
+        self.build = build.planned(self.plan, self.costs, self.features_key())
+        self.build_store.put(key, self.build)
 
     def write_model(self, folder: Path, extra: dict) -> Path:
         """The fine-tuned model in ``folder``: model.onnx, and for a Gluon model its PREFIX files too (what the
@@ -606,10 +606,9 @@ class FinetuneJob:
             self.resumed_from = {"epoch": start_epoch, "step": start_step}
             self.notes.append(f"resumed from the checkpoint at epoch {start_epoch}, step {start_step}")
         rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
-        if self.build_taken:
-            assert self.build is not None and self.build.plan is not None, "a kept build is planned"
-            self.plan, self.costs = dataclasses.replace(self.build.plan, notes=list(self.build.plan.notes)), \
-                self.build.costs
+        if self.taken is not None:
+            self.plan, self.costs = dataclasses.replace(self.taken.plan, notes=list(self.taken.plan.notes)), \
+                self.taken.costs
         else:
             self.plan, self.costs = self.engine.plan(rows, meta["plan"] if meta is not None else None)
         self.frozen_record = (meta or {}).get("frozen_onnx")
