@@ -401,6 +401,62 @@ def test_a_recipe_tune_step_hands_its_model_to_the_next_step(tmp_path):
     assert (run / "tune" / "trials.csv").is_file() and (run / "steps" / "tune.files.json").is_file()
 
 
+def _top_fields(data: bytes) -> list[tuple[int, int, int, int]]:
+    """The top-level protobuf fields of ``data``: (number, start, end of tag and value/length, end)."""
+    def varint(i):
+        n = shift = 0
+        while True:
+            n |= (data[i] & 0x7F) << shift
+            shift += 7
+            i += 1
+            if data[i - 1] < 0x80:
+                return n, i
+
+    fields, i = [], 0
+    while i < len(data):
+        tag, j = varint(i)
+        value, k = varint(j)   # (ModelProto: varint and length-delimited fields only)
+        fields.append((tag >> 3, i, k, k + (value if tag & 7 == 2 else 0)))
+        i = fields[-1][3]
+    return fields
+
+
+def test_a_model_cut_inside_any_field_is_refused_not_written_with_a_zero(tmp_path):
+    """with_metadata_streamed on a real ONNX file (the shipped digits CNN, with a model_version of 6 varint bytes)
+    cut at every byte inside each varint field, inside each length-delimited field's tag and length, at the
+    last byte of its payload and at every byte of its metadata entries: each refused, naming the file, and the
+    output (there before) left as it was."""
+    import onnx
+
+    from edgetrain.training import with_metadata_streamed
+
+    model = onnx.load(str(Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx"))
+    model.model_version = 2**40 + 12345
+    data = model.SerializeToString()
+    fields = _top_fields(data)
+    assert {n for n, *_ in fields} >= {1, 5, 7, 8, 14}   # ir_version, model_version, graph, opset, metadata
+    cuts = set()
+    for number, start, head, end in fields:
+        if head == end:   # a varint field: every byte after its start
+            cuts.update(range(start + 1, end))
+        else:
+            cuts.update(range(start + 1, head + 1))
+            cuts.update(range(head + 1, end) if number == 14 else [end - 1])
+    assert len(cuts) > 100 and all(0 < c < len(data) for c in cuts)
+    dst = tmp_path / "out.onnx"
+    dst.write_bytes(b"kept")
+    for cut in sorted(cuts):
+        src = tmp_path / "cut.onnx"
+        src.write_bytes(data[:cut])
+        with pytest.raises(UsageError, match="truncated") as info:
+            with_metadata_streamed(src, dst, "k", "v", "model")
+        assert info.value.where.endswith("cut.onnx"), cut
+        assert dst.read_bytes() == b"kept", cut
+    src.write_bytes(data)   # whole, it is copied
+    with_metadata_streamed(src, dst, "k", "v", "model")
+    assert onnx.load(str(dst)).model_version == model.model_version
+
+
 def test_the_chosen_model_is_written_streamed_with_its_configuration_replacing_any_earlier(tuned, tmp_path):
     """output.write_model copies the trial's file field by field (not loaded: 36 MB at MobileNetV2 80x80 where a
     budgeted run peaked): the same model onnx's load and save would give, its entry set once however often."""
