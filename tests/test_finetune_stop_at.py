@@ -43,3 +43,22 @@ def test_a_run_stopped_inside_an_epoch_resumes_to_the_weights_of_one_never_stopp
 
     mine, ref = model_weights(Path(rest.model)), model_weights(Path(whole.model))
     assert mine.keys() == ref.keys() and all(np.array_equal(mine[k], ref[k]) for k in mine)
+
+
+def test_before_checkpoint_is_called_before_each_checkpoint_is_written(digits_npz, tmp_path):
+    """The hook a tune waits for its journal in: called before every checkpoint write (the state on the disk at
+    each call is the one before that write)."""
+    from edgetrain.training import checkpoint
+
+    out = tmp_path / "run"
+    seen: list = []
+    opts = FinetuneOptions.unchecked(data=str(digits_npz), val=str(digits_npz), out=str(out), epochs=2,
+                                     train_layers="head", lr=0.01, seed=2, threads=1, allow_chance=True)
+    path = out / checkpoint.FILENAME
+    job = FinetuneJob(str(BASE), opts, val_split=None, budget_mb=None, threads=1, profile=None,
+                      progress=lambda info: None, stop_at_step=12,
+                      before_checkpoint=lambda: seen.append(checkpoint.peek(path).get("global_step")
+                                                            if path.exists() else None))
+    job.run(False)
+    steps = -(-300 // 32)
+    assert seen == [None, steps]   # the first epoch's end, then the stop 3 steps into the second

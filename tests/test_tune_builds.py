@@ -42,11 +42,11 @@ def test_a_job_that_takes_a_build_trains_as_it_would_alone(digits_npz, tmp_path,
     builds, store = BuildStore(), FeatureStore()
     # the first job makes the build (and trains it: its arrays are no longer the loaded ones); the second takes it
     first, _ = _job(digits_npz, tmp_path / "first", builds=builds, store=store, layers=layers, lr=0.03)
-    assert not first.build_taken and builds.made == 1
+    assert first.taken is None and builds.made == 1
     taken, got = _job(digits_npz, tmp_path / "taken", builds=builds, store=store, layers=layers, optimizer="sgd")
-    assert taken.build_taken and taken.engine is first.engine and builds.reused == 1
+    assert taken.taken is not None and taken.engine is first.engine and builds.reused == 1
     alone, ref = _job(digits_npz, tmp_path / "alone", builds=None, layers=layers, optimizer="sgd")
-    assert not alone.build_taken and alone.engine is not first.engine
+    assert alone.taken is None and alone.engine is not first.engine
     assert [e["val_accuracy"] for e in got.epochs] == [e["val_accuracy"] for e in ref.epochs]
     assert [e["loss"] for e in got.epochs] == [e["loss"] for e in ref.epochs]
     # (head: the taken job's features came from the store, the lone job's from its own pass)
@@ -62,9 +62,9 @@ def test_a_build_is_not_taken_by_another_part_batch_size_or_data(digits_npz, tmp
     first, _ = _job(digits_npz, tmp_path / "lite", builds=builds, epochs=1)
     kept = builds.key
     other, _ = _job(digits_npz, tmp_path / "bias", builds=builds, layers="bias", epochs=1)
-    assert not other.build_taken and other.engine is not first.engine and builds.key != kept
+    assert other.taken is None and other.engine is not first.engine and builds.key != kept
     smaller, _ = _job(digits_npz, tmp_path / "b16", builds=builds, layers="bias", batch_size=16, epochs=1)
-    assert not smaller.build_taken and smaller.engine is not other.engine
+    assert smaller.taken is None and smaller.engine is not other.engine
     assert (smaller.plan.micro_batch, other.plan.micro_batch) == (16, 32)
     # other data: three classes, so another output layer (the build's has ten)
     x, y = np.load(digits_npz)["data"], np.load(digits_npz)["label"]
@@ -77,7 +77,7 @@ def test_a_build_is_not_taken_by_another_part_batch_size_or_data(digits_npz, tmp
     job = FinetuneJob(str(BASE), opts, val_split=None, budget_mb=None, threads=1, profile=None,
                       progress=lambda info: None, build_store=builds)
     res = job.run(has)
-    assert not job.build_taken and job.engine is not smaller.engine and len(res.classes) == 3
+    assert job.taken is None and job.engine is not smaller.engine and len(res.classes) == 3
     assert (builds.made, builds.reused) == (4, 0)
     # and what each let go is gone, though the tuner froze it out of the collector's reach
     builds.release()
@@ -92,13 +92,13 @@ def test_a_resume_planned_otherwise_builds_its_own(digits_npz, tmp_path):
     for out in (same, other):
         _job(digits_npz, out, builds=None, epochs=1)
     job, _ = _job(digits_npz, same, builds=builds, epochs=2)   # its checkpoint's plan is the build's
-    assert job.build_taken
+    assert job.taken is not None
     meta, arrays = ckpt.load(other / ckpt.FILENAME)
     assert meta["plan"]["micro_batch"] == 32
     meta["plan"]["micro_batch"] = 16
     ckpt.save(other / ckpt.FILENAME, {k: v for k, v in meta.items() if k not in ("format", "sha256")}, arrays)
     job, res = _job(digits_npz, other, builds=builds, epochs=2)
-    assert not job.build_taken and res.resumed_from == {"epoch": 1, "step": 0} and res.plan["micro_batch"] == 16
+    assert job.taken is None and res.resumed_from == {"epoch": 1, "step": 0} and res.plan["micro_batch"] == 16
     builds.release()
 
 

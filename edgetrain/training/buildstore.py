@@ -17,32 +17,44 @@ between trials out of the collector's reach (gc.freeze), a build among it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+from ..preprocess import Preprocess
+from .engine import Engine
+from .memplan import Costs, MemoryPlan
 
 
 @dataclass
 class Build:
-    engine: Any              # the OnnxEngine, planned; bound to the job running it, none between jobs
-    plan: Any                # its MemoryPlan (a job takes a copy)
-    costs: Any               # its Costs
-    preprocess: Any          # the model's preprocessing (the data is read for it)
-    notes: list[str] = field(default_factory=list)   # what loading said (the job that takes it says it too)
-    initial: dict = field(default_factory=dict)       # what the graph does not hold of the loaded arrays
-    features: str = ""       # with a frozen part: its features' key in the feature store (there, or not taken)
+    """A job's build from loading the model on, before its memory plan is made (kept in the store planned)."""
+    engine: Engine           # the OnnxEngine; bound to the job running it, none between jobs
+    preprocess: Preprocess   # the model's preprocessing (the data is read for it)
+    notes: list[str]         # what loading said (the job that takes it says it too)
+    initial: dict            # what the graph does not hold of the loaded arrays
+
+    def planned(self, plan: MemoryPlan, costs: Costs, features: str) -> PlannedBuild:
+        return PlannedBuild(self.engine, self.preprocess, self.notes, self.initial, plan, costs, features)
+
+
+@dataclass
+class PlannedBuild(Build):
+    """A build with the memory plan its session was probed at: the only kind the store keeps and a job takes."""
+    plan: MemoryPlan         # a job takes a copy
+    costs: Costs
+    features: str            # with a frozen part: its features' key in the feature store (there, or not taken)
 
 
 class BuildStore:
     def __init__(self) -> None:
         self.key: str | None = None
-        self.build: Build | None = None
+        self.build: PlannedBuild | None = None
         self.made = 0     # builds kept
         self.reused = 0   # builds taken by a later job
 
-    def get(self, key: str) -> Build | None:
+    def get(self, key: str) -> PlannedBuild | None:
         return self.build if key == self.key else None
 
-    def put(self, key: str, build: Build) -> None:
+    def put(self, key: str, build: PlannedBuild) -> None:
         self.release()
         self.key, self.build = key, build
         self.made += 1

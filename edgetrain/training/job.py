@@ -20,7 +20,8 @@ BuildStore) likewise the model loaded, its graphs, step session and memory plan 
 the same way (buildstore.py: a job that takes one trains as it would have alone). ``stop_at_step``
 ends the run after that many steps in all, inside an epoch (a tune's rung of a fraction of an epoch): the
 checkpoint is written there, as a stop by a signal writes it, so a later run with more epochs resumes exactly
-there, and the held-out accuracy at that step is the result's (``partial_epoch``).
+there, and the held-out accuracy at that step is the result's (``partial_epoch``). ``before_checkpoint`` is called
+before each checkpoint is written (a tune waits there for its journal's last line to reach the disk).
 
 Test hook (for the kill-at-phase tests, never set by users): ``EDGETRAIN_TEST_KILL_AT=PHASE:N`` makes
 the process SIGKILL itself the N-th time it reaches PHASE: ``features`` (after a feature-pass batch is
@@ -37,6 +38,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,7 +58,7 @@ from . import checkpoint as ckpt
 from . import store
 from .engine import Engine, EngineContext
 from .engine_onnx import OnnxEngine
-from .buildstore import Build, BuildStore
+from .buildstore import Build, BuildStore, PlannedBuild
 from .featurecache import FeatureCache, FeatureStore
 from .memplan import READ_AHEAD, Costs, MemoryPlan, same_run
 from .optimizers import DEFAULT_MOMENTUM, DEFAULT_WEIGHT_DECAY, Corrected, default_lr
@@ -167,7 +169,8 @@ class FinetuneJob:
                  initial: dict[str, np.ndarray] | None = None, initial_where: str = "initial arrays",
                  correction: dict[str, np.ndarray] | None = None, write_model: bool = True,
                  feature_store: FeatureStore | None = None, stop_at_step: int | None = None,
-                 data_store: dict | None = None, build_store: BuildStore | None = None):
+                 data_store: dict | None = None, build_store: BuildStore | None = None,
+                 before_checkpoint: Callable[[], None] | None = None):
         self.model, self.opts, self.val_split = model, opts, val_split
         # parsed once, at the declaration (options edgetrain makes itself, unchecked, may hold its text)
         self.layers = TrainLayers(opts.train_layers)
@@ -182,8 +185,9 @@ class FinetuneJob:
         self.stop_at_step = stop_at_step    # the run ends after this many steps in all (None: after --epochs)
         self.data_store = data_store        # DATA/--val read once for the jobs of a process that share it (a tune)
         self.build_store = build_store      # the model's build shared with the jobs that train the same part (a tune)
+        self.before_checkpoint = before_checkpoint  # called before each checkpoint is written (a tune's journal sync)
         self.build: Build | None = None     # the build this job took from the store, or made and may keep there
-        self.build_taken = False
+        self.taken: PlannedBuild | None = None   # the build taken from the store (planned: the store keeps no other)
         self.partial: dict | None = None     # where it ended inside an epoch, with the held-out accuracy there
         self.notes: list[str] = []
         # what the engine reads of the run (a build taken from the store is attached to it)
@@ -296,7 +300,7 @@ class FinetuneJob:
             self.load_data(self.engine.open(source))
             self.engine.load(self.pre, within)
             if key is not None:
-                self.build = Build(self.engine, None, None, self.model_pre, self.notes[self.data_notes_end:],
+                self.build = Build(self.engine, self.model_pre, self.notes[self.data_notes_end:],
                                    self.engine.loaded_state())
         if self.initial is not None:
             check_shapes(self.engine.trainable_arrays(), {k: v.shape for k, v in self.initial.items()},
@@ -304,7 +308,7 @@ class FinetuneJob:
                          "(same class_names) with the same --train-layers")
             self.engine.start_from(self.initial)
 
-    def _take(self, build: Build) -> None:
+    def _take(self, build: PlannedBuild) -> None:
         """The store's build as this job's: bound to it, its data read, its trained arrays as loaded."""
         assert self.build_store is not None, "a build is taken from a store"
         self.engine = build.engine
@@ -312,7 +316,7 @@ class FinetuneJob:
         self.load_data(build.preprocess)
         self.notes += build.notes
         self.engine.reset(build.initial)
-        self.build, self.build_taken = build, True
+        self.build = self.taken = build
         self.build_store.reused += 1
 
     def _keep_build(self) -> None:
@@ -320,13 +324,13 @@ class FinetuneJob:
         Runtime step graph and, with a frozen part, the part's features are in the feature store (the part's file
         goes with this job's OUTDIR, so a job taking the build never runs it)."""
         build = self.build
-        if build is None or self.build_taken or not self.engine.shareable():
+        if build is None or self.taken is not None or not self.engine.shareable():
             return
         if self.engine.has_frozen and not self._cache_shared():
             return
         assert self.build_store is not None and (key := self.build_key()) is not None, "made for a store"
-        build.plan, build.costs, build.features = self.plan, self.costs, self.features_key()
-        self.build_store.put(key, build)
+        self.build = build.planned(self.plan, self.costs, self.features_key())
+        self.build_store.put(key, self.build)
 
     def write_model(self, folder: Path, extra: dict) -> Path:
         """The fine-tuned model in ``folder``: model.onnx, and for a Gluon model its PREFIX files too (what the
@@ -516,6 +520,8 @@ class FinetuneJob:
     # --- checkpoints -------------------------------------------------------------------------------
 
     def save_checkpoint(self, epoch: int, step: int, order: np.ndarray, partial: dict) -> None:
+        if self.before_checkpoint is not None:
+            self.before_checkpoint()
         rng_meta, rng_arrays = ckpt.rng_to_arrays(self.rng)
         arrays = self.param_arrays()
         arrays.update({f"opt/{k}": np.asarray(v)
@@ -606,10 +612,9 @@ class FinetuneJob:
             self.resumed_from = {"epoch": start_epoch, "step": start_step}
             self.notes.append(f"resumed from the checkpoint at epoch {start_epoch}, step {start_step}")
         rows = len(self.train_ds) + (len(self.val_ds) if self.val_ds is not None else 0)
-        if self.build_taken:
-            assert self.build is not None and self.build.plan is not None, "a kept build is planned"
-            self.plan, self.costs = dataclasses.replace(self.build.plan, notes=list(self.build.plan.notes)), \
-                self.build.costs
+        if self.taken is not None:
+            self.plan, self.costs = dataclasses.replace(self.taken.plan, notes=list(self.taken.plan.notes)), \
+                self.taken.costs
         else:
             self.plan, self.costs = self.engine.plan(rows, meta["plan"] if meta is not None else None)
         self.frozen_record = (meta or {}).get("frozen_onnx")

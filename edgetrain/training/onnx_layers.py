@@ -210,29 +210,43 @@ def with_metadata_streamed(src, dst, key: str, value: str, what: str) -> None:
     """The ONNX file ``src`` copied to ``dst`` (atomically) with the metadata entry ``key`` set to ``value``, field
     by field of the ModelProto without parsing it: the graph's bytes go through in 1 MiB pieces (onnx.load and
     save held the file three times over: 36 MB at the end of a tune of MobileNetV2 at 80x80, where its peak was).
-    Entries named ``key`` are left out and the new one follows the rest (protobuf reads repeated fields in order)."""
+    Entries named ``key`` are left out and the new one follows the rest (protobuf reads repeated fields in order).
+    A file that ends inside a field is refused (UsageError; ``dst`` is left as it was)."""
     with open(src, "rb") as fh, atomic_path(dst, what) as tmp, open(tmp, "wb") as out:
-        while (tag := _read_varint(fh)) is not None:
-            kind = tag & 7
-            if kind == 0:
-                out.write(_varint(tag) + _varint(_read_varint(fh) or 0))
-                continue
-            if kind != 2:   # ModelProto has varint and length-delimited fields only
-                raise ValueError(f"{src}: field {tag >> 3} of wire type {kind} in a ModelProto")
-            size = _read_varint(fh) or 0
-            if tag >> 3 == 14:   # metadata_props: a StringStringEntryProto (key 1, value 2)
-                entry = fh.read(size)
-                onnx = _lazy.onnx()
-                if onnx.StringStringEntryProto.FromString(entry).key != key:
-                    out.write(_field(14, entry))
-                continue
-            out.write(_varint(tag) + _varint(size))
-            while size:
-                piece = fh.read(min(size, 1 << 20))
-                if not piece:
-                    raise ValueError(f"{src}: truncated")
-                out.write(piece)
-                size -= len(piece)
+        field = 0
+
+        def need(got):
+            if got is None:
+                raise ValueError("no bytes")
+            return got
+
+        try:
+            while (tag := _read_varint(fh)) is not None:
+                field, kind = tag >> 3, tag & 7
+                if kind == 0:
+                    out.write(_varint(tag) + _varint(need(_read_varint(fh))))
+                    continue
+                if kind != 2:   # ModelProto has varint and length-delimited fields only
+                    raise UsageError(f"not an ONNX model: field {field} has wire type {kind}", str(src),
+                                     "give a file edgetrain or onnx.save wrote")
+                size = need(_read_varint(fh))
+                if field == 14:   # metadata_props: a StringStringEntryProto (key 1, value 2)
+                    entry = fh.read(size)
+                    if len(entry) < size:
+                        raise ValueError("short entry")
+                    onnx = _lazy.onnx()
+                    if onnx.StringStringEntryProto.FromString(entry).key != key:
+                        out.write(_field(14, entry))
+                    continue
+                out.write(_varint(tag) + _varint(size))
+                while size:
+                    piece = need(fh.read(min(size, 1 << 20)) or None)
+                    out.write(piece)
+                    size -= len(piece)
+        except ValueError:   # (_read_varint's "truncated varint" too)
+            raise UsageError(f"the ONNX file is truncated: it ends inside field {field} of its ModelProto",
+                             str(src), "restore it, or write it again (a tune's trial model.onnx: remove it and run "
+                             "the tune again with --resume)") from None
         entry = _field(1, key.encode("utf-8")) + _field(2, value.encode("utf-8"))
         out.write(_field(14, entry))
 

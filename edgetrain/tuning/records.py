@@ -118,12 +118,24 @@ class TuneResult(Result):
         if self.budget_mb and self.peak_rss_mb and self.peak_rss_mb > self.budget_mb:
             failed.append(f"peak RSS {self.peak_rss_mb:.0f} MB went over the memory budget {self.budget_mb:.0f} MB")
         if self.time_budget_s is not None:
-            epoch_s = max([r["device_seconds"] / max(r["epochs_run"], 1) for r in self.trials if r["epochs_run"]],
-                          default=0.0)
+            epoch_s = self.trial_epoch_s()
             if self.seconds > self.time_budget_s + epoch_s:
                 failed.append(f"the run took {self.seconds:.1f} s, more than one trial-epoch ({epoch_s:.1f} s) over "
                               f"the time budget {self.time_budget_s:.0f} s")
         return failed
+
+    def trial_epoch_s(self) -> float:
+        """One trial-epoch as this run measured it: the most seconds a trial took per epoch in any one of its runs,
+        its job's set-up with it (the tuner runs a trial an epoch at a time under --time-budget until it knows its
+        cost), on this device at this load. --time-budget is kept to within it."""
+        per = []
+        for t in self.trials:
+            seconds = epochs = 0.0
+            for r in t["accuracy_by_rung"]:
+                if r["epochs"] > epochs:
+                    per.append((r["device_seconds"] - seconds) / (r["epochs"] - epochs))
+                seconds, epochs = r["device_seconds"], r["epochs"]
+        return max(per, default=0.0)
 
 
 def reached(trial: Trial, k: int) -> dict | None:

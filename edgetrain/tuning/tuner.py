@@ -9,12 +9,14 @@ the held-out split) decoded once into OUTDIR/data/*.npz, which every trial reads
 Then the schedule (schedule.py): a trial is a FinetuneJob in OUTDIR/trials/NNN; it moves up a rung by resuming
 its own checkpoint with more epochs (the job's resume gives the weights of an uninterrupted run). The trials of
 head/last:N share their frozen features through one FeatureStore: computed once per frozen part. Every rung's
-result goes to the journal (journal.py) before the next starts: after a power cut, ``--resume`` replays it and
-only the interrupted rung of one trial goes on, from that trial's last epoch checkpoint.
+result goes to the journal (journal.py), on the disk before the next checkpoint is written: after a power cut,
+``--resume`` replays it and only the interrupted rung of one trial goes on, from that trial's last epoch checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import gc
 import json
 import math
 import os
@@ -82,6 +84,7 @@ class Tuner:
         self.builds = None   # the BuildStore: a trial of the kind just run takes its build (model, graphs, plan)
         self.built_kind: tuple | None = None   # (train_layers, batch_size) of the trial run last
         self.stopped_by_time = False
+        self.settled = False   # _settle done (once, before the first trial's job)
         self.done_runs = 0
         self.objective = "accuracy"   # the run's (--objective, or the grid file's)
         self.train_rows = 0   # rows of the decoded training data (a rung of a fraction of an epoch is in steps)
@@ -265,7 +268,8 @@ class Tuner:
         job = FinetuneJob(self.model, fopts, val_split=None,
                           budget_mb=self.budget_mb, threads=self.threads, profile=self.profile, progress=progress,
                           resume=has_checkpoint, feature_store=self.store, stop_at_step=stop_at,
-                          write_model=write_model, data_store=self.datasets, build_store=self.builds)
+                          write_model=write_model, data_store=self.datasets, build_store=self.builds,
+                          before_checkpoint=self.journal.sync)
         return job, has_checkpoint
 
     def ensure_model(self, trial: Trial) -> None:
@@ -296,11 +300,13 @@ class Tuner:
         if kind != self.built_kind:
             self.release_build()   # another part's build goes before this trial's memory is measured
         self.built_kind = kind
-        _settle()  # before the job exists: a frozen job (a cycle with its engine) would never be collected
+        if not self.settled:  # before the job exists: a frozen job (a cycle with its engine) would never be collected
+            _settle(collect=self.budget_mb is not None)
+            self.settled = True
         _reset_peak()
         before = trial.epochs_run
         # the trial's time from its folder and job on (its set-up, as a lone finetune's would be)
-        t0, c0 = time.monotonic(), time.process_time()
+        t0, c0, waited = time.monotonic(), time.process_time(), self.journal.waited
         job, has_checkpoint = self._job(trial, target, relay, write_model=final)
         trial.status = "running"
         try:
@@ -317,12 +323,15 @@ class Tuner:
             trial.status, trial.why = "skipped", f"would not fit (its plan, at its start): {exc.what}"
             self.journal.append({"kind": "skipped", "trial": trial.number, "why": trial.why, "clock": self.clock()})
             return
-        seconds, cpu = time.monotonic() - t0, time.process_time() - c0
+        # (a wait for the journal's last line, at the job's first checkpoint, is the tuner's, not the trial's)
+        seconds, cpu = time.monotonic() - t0 - (self.journal.waited - waited), time.process_time() - c0
         trial.lr_used = job.lr
         del job
         if self.budget_mb is not None:
-            # the next trial plans from this process's memory: what this one freed goes back (~80 ms)
+            # the next trial plans from this process's memory: what this one freed goes back (~80 ms), and what
+            # is left alive (no job: it was collected) goes out of the collector's reach as _settle's did
             procmem.release_freed_memory()
+            gc.freeze()
         # where this run started (a power cut may have left the checkpoint further on than the journal) and ended,
         # in epochs: whole ones plus the steps of one stopped inside
         resumed = res.resumed_from or {}
@@ -390,8 +399,11 @@ class Tuner:
         return setup + per * epochs
 
     def within_time(self, trial: Trial, target: float) -> float:
-        """The epochs ``trial`` may reach within --time-budget (``target`` if no budget, or it fits; else the most
-        whole epochs that fit)."""
+        """The epochs ``trial`` may reach within --time-budget: ``target`` if no budget; else as far towards it as
+        takes at most half the time left, or one epoch if only that fits. The estimate comes from the runs before,
+        and misses by a share of the run's length when the load changes (a first epoch of 0.17 s at load 11, then
+        13 epochs estimated at 2.25 s took 3.01 s): halving what is left keeps the last runs an epoch long, so the
+        budget is overrun by at most about one trial-epoch's miss."""
         budget = self.opts.time_budget
         if budget is None:
             return target
@@ -402,11 +414,13 @@ class Tuner:
         need = self.estimate_s(trial, target - have)
         if need is None:  # nothing of this kind measured yet: one epoch (or less, to the target), to learn its cost
             return min(target, math.floor(have) + 1)
-        if need <= left:
+        if need <= left / 2:
             return target
-        stops = [e for e in range(math.floor(have) + 1, math.ceil(target)) if e < target]
-        fits = [e for e in stops if self.estimate_s(trial, e - have) <= left]
-        return fits[-1] if fits else have
+        stops = [e for e in range(math.floor(have) + 1, math.ceil(target)) if e < target] + [target]
+        half = [e for e in stops if self.estimate_s(trial, e - have) <= left / 2]
+        if half:
+            return half[-1]
+        return stops[0] if self.estimate_s(trial, stops[0] - have) <= left else have
 
     def measure_model(self, trial: Trial, objective: str) -> None:
         """The latency (and modelled energy) of one inference of the trial's model, once per kind of graph."""
@@ -469,14 +483,17 @@ def _epochs(value: float) -> float | int:
     return int(round(value)) if abs(value - round(value)) < 1e-9 else round(value, 4)
 
 
-def _settle() -> None:
-    """Before a trial's job is made: what earlier trials left collected, then everything alive moved out of the
-    collector's reach (gc.freeze): the job's own collections (its memory releases) then scan only its own objects,
-    not the libraries' tens of thousands (a collection took 7-70 ms each here, dozens per trial). Never with a
-    job alive: it is a cycle (job and engine), and frozen it, and all it holds, would never be freed."""
-    import gc
-
-    gc.collect()
+def _settle(collect: bool) -> None:
+    """Before the first trial's job is made: everything alive moved out of the collector's reach (gc.freeze): the
+    jobs' own collections (their memory releases) then scan only the trials' objects, not the libraries' tens of
+    thousands (a collection took 7-70 ms each here, dozens per trial). Never with a job alive: it is a cycle (job
+    and engine), and frozen it, and all it holds, would never be freed. Under a memory budget (``collect``), what
+    the set-up left is collected first (99 objects on bench_tune's task); without one it is frozen with the rest
+    (9 objects of 41,500: the collection that found them took 20-50 ms). Once, not before every trial (21 of them
+    took 36-105 ms of bench_tune's default run, 0.7-1.5% of it): what a trial leaves is collected after it under a
+    budget (run_rung), else by the collector's own passes."""
+    if collect:
+        gc.collect()
     gc.freeze()
 
 
@@ -523,10 +540,14 @@ def tune(model: str, opts: TuneOptions, progress: ProgressFn | None = None) -> T
     try:
         return _run(tuner, grid, points, tried, objective, fp, resumed)
     except UsageError:
+        with contextlib.suppress(OSError):
+            tuner.journal.sync()
         if created and not any(r.get("kind") == "rung" for r in tuner.journal.records):
             shutil.rmtree(tuner.outdir, ignore_errors=True)  # a refusal before any trial leaves nothing behind
         raise
     finally:
+        with contextlib.suppress(OSError):  # (a failed fsync was raised by the sync before the outputs)
+            tuner.journal.close()
         if tuner.store is not None:
             tuner.store.close()
         if tuner.builds is not None:
@@ -559,11 +580,11 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
     tuner.precheck()
     tuner.timers["precheck"] = time.monotonic() - t1
     tuner.setup_peak_mb = procmem.peak_rss_mb()
-    if not resumed:
-        tuner.journal.append({"format": FORMAT, "fingerprint": fp, "tried": tried, "clock": 0.0})
+    head = [] if resumed else [{"format": FORMAT, "fingerprint": fp, "tried": tried, "clock": 0.0}]
     if not have:
-        tuner.journal.append({"kind": "data", "train": file_digest(data / "train.npz"),
-                              "val": file_digest(data / "val.npz")})
+        head.append({"kind": "data", "train": file_digest(data / "train.npz"), "val": file_digest(data / "val.npz")})
+    if head:
+        tuner.journal.append(*head)
     if resumed:
         tuner.replay()
         tuner.notes.append(f"resumed: {tuner.done_runs} trial rung(s) from the journal")
@@ -632,6 +653,7 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
     best = min(done, key=lambda t: rank_key(t, objective))
     tuner.ensure_model(best)
     tuner.release_build()
+    tuner.journal.sync()
     from .output import write_outputs
 
     return write_outputs(tuner, grid, points, best, objective, rungs, resumed)
