@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from clitools import assert_user_error, run_edgetrain  # noqa: E402
-from fleettools import MODEL, fleet, fleet_cache, report, shares, wait_for  # noqa: E402,F401  (fixtures)
+from fleettools import MODEL, RUN_TIMEOUT, fleet, fleet_cache, report, shares, wait_for  # noqa: E402,F401  (fixtures)
 
 
 # --- --resume compares with serve.json, read as the ServeSpec (no Flower process starts) ---------------------
@@ -45,3 +45,81 @@ def test_resume_refuses_a_different_setting_than_serve_json_says_old_and_new(tmp
     # a run stopped between its first state and its spec: its state names the model and codec it ran
     _stopped_run(tmp_path / "nospec", None, codec="ternary")
     assert_user_error(run_edgetrain(*base, "-o", tmp_path / "nospec", "--codec", "2bit"), 2, "different codec")
+
+
+# --- the per-device downlink bases (held-NNNN.npz) are pruned to what a device or a resume can need ----------
+
+HOLD = "EDGETRAIN_FLEET_TEST_DELAY"
+
+
+def _held_rounds(rundir) -> list[int]:
+    return sorted(int(p.name[5:9]) for p in rundir.glob("held-[0-9]*.npz"))
+
+
+def _needed(state: dict) -> set[int]:
+    """The held files a resume from ``state`` reads: each device's base (0: global-0000, -1: none)."""
+    return {int(e["held"]) for e in state["devices"].values() if int(e.get("held", 0)) > 0}
+
+
+def test_prune_keeps_each_devices_base_and_the_newest_and_nothing_else(tmp_path):
+    import numpy as np
+
+    from edgetrain.fleet import store
+    from edgetrain.fleet.strategy import DeltaDownlink
+
+    spec = store.ServeSpec(rundir=str(tmp_path), model=MODEL, val="v", rounds=9, min_clients=1, round_timeout=1.0,
+                           join_timeout=1.0, codec="ternary", epochs=1, batch_size=1, optimizer="sgd", seed=0)
+    for r in range(1, 8):
+        store.save_global(tmp_path, r, {"k|w": np.full(3, r, np.float32)}, store.HELD_PREFIX)
+    store.save_global(tmp_path, 0, {"w": np.zeros(3, np.float32)})
+    (tmp_path / "held-notes.npz").write_text("not a round's")  # not one of the downlink's: left alone
+    state = {"completed": 7, "devices": {"a": {"held": 2}, "b": {"held": 5}, "c": {"held": -1}, "d": {"held": 0},
+                                         "e": {"held": 5}}}
+    gone = list(DeltaDownlink(spec, state).prune(state))
+    assert sorted(p.name for p in gone) == ["held-0001.npz", "held-0003.npz", "held-0004.npz", "held-0006.npz"]
+    assert _held_rounds(tmp_path) == [2, 5, 7] and (tmp_path / "held-notes.npz").exists()
+    assert (tmp_path / "global-0000.npz").exists()  # the base of a device never asked, or a late one
+    assert list(DeltaDownlink(spec, state).prune(state)) == []  # nothing more to delete
+
+
+@pytest.mark.slow
+def test_a_long_ternary_fleet_keeps_a_bounded_number_of_bases_through_kills_while_pruning(fleet, tmp_path, shares):
+    """Three devices, one asked per round (--fraction 0.34, --seed 2: a b b b a): five rounds leave at most one held
+    file per device plus the newest, and a, asked in round 1 and again in round 5, still gets a delta against its
+    round-1 base. The coordinator is SIGKILLed after round 3's state is written with its stale file not yet
+    deleted, then after the first of round 4's two deletions; each time `--resume` goes on from there."""
+    from edgetrain.fleet.client import DEVICE_ID, DOWNLINK, _unpack
+    from edgetrain.fleet.codec import arrays_digest
+    from edgetrain.fleet.store import load_global, read_state
+
+    run = tmp_path / "run"
+    config = ("--rounds", 5, "--min-clients", 3, "--fraction", 0.34, "--seed", 2, "--codec", "ternary",
+              "--round-timeout", 60)
+    fleet.serve(run, *config, env={HOLD: "3:600:pruning"})
+    for d, data in zip("abc", shares["devices"]):
+        fleet.join(d, data)
+    for n, (marker, hook) in enumerate((("delayed-pruning-3", "4:600:pruned"), ("delayed-pruned-4", None))):
+        wait_for(lambda m=marker: (run / m).exists(), 3 * RUN_TIMEOUT, marker)
+        fleet.kill("serve" if n == 0 else f"serve-{n}")
+        state = read_state(run)
+        # killed after the state: it names only files still there (one stale file left over, either way)
+        assert state["completed"] == 3 + n and _needed(state) <= set(_held_rounds(run))
+        assert _held_rounds(run) == [[1, 2, 3], [1, 3, 4]][n]
+        fleet.serve(run, *config, "--resume", key=f"serve-{n + 1}", env={HOLD: hook} if hook else None)
+    code, _, err = fleet.wait("serve-2")
+    assert code == 0, err
+    res = report(run)
+    assert res["resumed_after"] == 4 and res["rounds_completed"] == 5
+    assert [[p["client"] for p in r["participants"]] for r in res["rounds"]] == [["a"], ["b"], ["b"], ["b"], ["a"]]
+    # every device got a delta against a base the coordinator still had, a's in round 5 the round-1 one
+    assert all(r["downlink_whole"] == [] and not r["failed"] and not r["refused"] for r in res["rounds"]), res
+    state = read_state(run)
+    assert _held_rounds(run) == sorted(_needed(state) | {5}) == [4, 5]
+    for d in "ab":
+        key = (tmp_path / d / DEVICE_ID).read_text().strip()
+        meta = _unpack(tmp_path / d / DOWNLINK)[0]
+        mine = load_global(run, meta["round"], "held", keep=lambda k, key=key: k.partition("|")[0] == key)
+        assert meta["digest"] == arrays_digest({k.partition("|")[2]: v for k, v in mine.items()})
+    assert _unpack(tmp_path / "a" / DOWNLINK)[0]["base"] == 1
+    for d in "abc":  # c, never asked, is told the run is over too
+        assert fleet.wait(d, timeout=60)[0] == 0

@@ -229,6 +229,9 @@ def run(grid, spec_path: str) -> None:
         # after the weights: the state never names weights not on disk; and a device's `accepted` becomes
         # true here, with the weights that hold its update (never before: a device commits on its word)
         write_state(rundir, state)
+        _hold(round_no, "pruning", rundir)
+        for _ in downlink.prune(state):  # only after the state: it no longer names what is deleted
+            _hold(round_no, "pruned", rundir)
         log(f"round {round_no}: {len(updates)} update(s) accepted, held-out top-1 {record.accuracy:.4f}, "
             f"{record.bytes_up} bytes up, {record.seconds:.1f}s"
             + ("" if record.updated else " (no update accepted: not a completed round)"))

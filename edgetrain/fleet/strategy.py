@@ -7,6 +7,7 @@ and saves it beside the global arrays (RUNDIR/NAME-NNNN.npz), so a resumed coord
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +170,11 @@ class WholeDownlink:
     def save(self, rundir: Path, round_no: int, state: dict) -> None:
         """Nothing kept between rounds."""
 
+    def prune(self, state: dict) -> Iterator[Path]:
+        """Delete what no device's next message nor a resume from ``state`` (written) can need, yielding each file
+        deleted (nothing here)."""
+        return iter(())
+
 
 class DeltaDownlink(WholeDownlink):
     """The ternary codec's downlink, per device: the round's arrays as a delta against what that device reconstructed last,
@@ -176,9 +182,10 @@ class DeltaDownlink(WholeDownlink):
     error feedback per device (what a message drops is in that device's next delta). A device's base is the round
     named by ``held`` in its entry of the state (0, or no entry: the model's initial arrays, which the device
     computes itself; -1: unknown); what each device asked reconstructs is saved by device key (RUNDIR/held-NNNN.npz)
-    as its next base. A device whose base is unknown (it could not rebuild the arrays it was last sent, or a run
-    begun before the per-device downlink) gets the arrays whole (float32). One that did not answer otherwise holds
-    its base still, as the last arrays it rebuilt or as the base of those (client.received keeps both)."""
+    as its next base; a round's file is deleted once no device holds it and a newer one is saved (``prune``). A
+    device whose base is unknown (it could not rebuild the arrays it was last sent, or a run begun before the
+    per-device downlink) gets the arrays whole (float32). One that did not answer otherwise holds its base still,
+    as the last arrays it rebuilt or as the base of those (client.received keeps both)."""
 
     def __init__(self, spec: ServeSpec, state: dict):
         super().__init__(spec)
@@ -242,6 +249,17 @@ class DeltaDownlink(WholeDownlink):
     def save(self, rundir: Path, round_no: int, state: dict) -> None:
         save_global(rundir, round_no, {f"{key}|{k}": v for key, (sent, _) in self.sent.items()
                                        for k, v in sent.items()}, HELD_PREFIX)
+
+    def prune(self, state: dict) -> Iterator[Path]:
+        """Delete the held files of the rounds no device holds and that are not the newest: called once ``state`` is
+        written, which names no other base, so a kill between two deletions (or before them) leaves files the state
+        does not need, deleted after a later round; RUNDIR keeps at most one held file per device, plus the newest."""
+        keep = {int(e.get("held", 0)) for e in state.get("devices", {}).values()} | {int(state["completed"])}
+        for path in sorted(self.rundir.glob(f"{HELD_PREFIX}-*.npz")):
+            number = path.name[len(HELD_PREFIX) + 1:-len(".npz")]
+            if number.isdigit() and int(number) not in keep:
+                path.unlink(missing_ok=True)
+                yield path
 
 
 def downlink_for(spec: ServeSpec, state: dict) -> WholeDownlink:
