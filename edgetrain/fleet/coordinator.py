@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import EdgetrainError
 from ..figures import Chance
+from ..options import TrainLayers
 from .codec import decode_tensor
 from .local import Evaluator, LocalSpec, check_shapes
 from .store import ServeSpec, load_global, read_state, save_global, write_state
@@ -164,7 +165,7 @@ def sample(present: list, k: int, seed: int, round_no: int) -> list:
 
 @dataclass
 class _Update:
-    device: object  # a _Device
+    device: _Device
     delta: dict
     weight: int
     entry: dict  # its participants entry in the round's record
@@ -178,10 +179,12 @@ def run(grid, spec_path: str) -> None:
     rundir = Path(spec.rundir)
     log = _Log(rundir / "coordinator-rounds.log")
     state = read_state(rundir)
+    if state is None:  # `fleet serve` writes it before any Flower process starts
+        raise RuntimeError(f"{rundir} holds no fleet state")
     devices = state.setdefault("devices", {})  # device key -> name, accepted (its last round aggregated), ...
     evaluator = Evaluator(LocalSpec(model=spec.model, data=spec.val, workdir=str(rundir / "work"),
                                     threads=spec.threads, seed=spec.seed, params=spec.params,
-                                    train_layers=spec.train_layers), spec.val)
+                                    train_layers=TrainLayers(spec.train_layers)), spec.val)
     arrays = load_global(rundir, state["completed"])
     strategy = strategy_for(spec, state["completed"], arrays, evaluator.statistics)
     downlink = downlink_for(spec, state)
@@ -292,7 +295,7 @@ def _screen(d, reply, record: RoundRecord, arrays: dict, received: tuple[dict, s
     norm = update_norm(delta)
     if why is None and not np.isfinite(norm):
         why = "its update is not finite (NaN or inf)"
-    if why is not None:
+    if why is not None or count is None:  # (no count: why says so)
         record.drop("refused", d, why, log)
         return None
     entry = {"client": d.name, "device_id": d.key, "node_id": d.node, "device": facts.get("device"),
@@ -323,7 +326,7 @@ def _weigh(updates: list[_Update], record: RoundRecord, log) -> list[_Update]:
     capped, cap = weights([u.weight for u in updates])
     for u, w in zip(updates, capped):
         u.entry["weight"] = w
-        if w < u.weight:
+        if cap is not None and w < u.weight:
             log(f"round {record.round}: capped the weight of {u.device.name}: it claims {u.weight} samples, more "
                 f"than {COUNT_FACTOR}x the round's median ({cap // COUNT_FACTOR})")
         u.weight = w
@@ -423,7 +426,7 @@ class _Roster:
     # it (measured: 5 devices held in round 2 while the coordinator was killed; 4 of 5 missed round 2 at 60 s)
     SILENT_RETRY = HELLO_SECONDS
 
-    def __init__(self, grid, log):
+    def __init__(self, grid, log) -> None:
         self.grid, self.log = grid, log
         self.known: dict[int, _Device] = {}
         self.silent: dict[int, float] = {}

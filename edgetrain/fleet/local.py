@@ -18,17 +18,17 @@ gradients (``correction``) and no model written (``write_model=False``): a round
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
 from .. import runtime
 from ..options import DEFAULT_TRAIN_LAYERS, FinetuneOptions, TrainLayers
-from ..training import FinetuneJob, ShapeMismatch, check_shapes
+from ..training import FinetuneJob, FinetuneResult, ShapeMismatch, check_shapes
 
-__all__ = ["Evaluator", "LocalSpec", "ShapeMismatch", "check_shapes", "class_view", "displacement_per_gradient",
-           "initial_arrays", "train_round"]
+__all__ = ["Evaluator", "LocalSpec", "RoundResult", "ShapeMismatch", "check_shapes", "class_view",
+           "displacement_per_gradient", "initial_arrays", "train_round"]
 
 
 def displacement_per_gradient(steps: int, lr: float, momentum: float) -> float:
@@ -63,28 +63,36 @@ def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, **extension) -> 
     opts = FinetuneOptions.unchecked(data=str(data), out=str(outdir), epochs=epochs, batch_size=spec.batch_size,
                                     lr=spec.lr, optimizer=spec.optimizer, seed=spec.seed, params=spec.params,
                                     train_layers=spec.train_layers)
-    return FinetuneJob(spec.model, opts, val_split=0.0,
-                       budget_mb=spec.budget_mb, threads=spec.threads, profile=spec.device,
+    return FinetuneJob(spec.model, opts, val_split=0.0, budget_mb=spec.budget_mb,
+                       threads=runtime.current_threads() if spec.threads is None else spec.threads, profile=spec.device,
                        progress=lambda info: None, write_model=False, **extension)
 
 
+@dataclass
+class RoundResult(FinetuneResult):
+    """A device's round: the job's result, how far the weights moved per unit of constant gradient over its steps
+    (``fleet_scale``: the new control variate is the displacement divided by it) and the names of the arrays no
+    gradient trains (``fleet_statistics``)."""
+
+    fleet_scale: float = 0.0
+    fleet_statistics: set[str] = field(default_factory=set)
+
+
 def train_round(spec: LocalSpec, global_arrays: dict[str, np.ndarray], round_no: int,
-                correction: dict[str, np.ndarray] | None = None):
-    """Train from ``global_arrays`` on the device's data for ``spec.epochs``; returns
-    (new arrays that travel, the engine's FinetuneResult). ``correction`` (SCAFFOLD's c - c_i, by name) is
-    added to the gradient of each array it names. The result also carries ``fleet_scale``: how far the
-    weights move per unit of constant gradient over this round's steps (the new control variate is the
-    displacement divided by it), and ``fleet_statistics``: the names of the arrays no gradient trains.
-    The round's folder is removed afterwards."""
+                correction: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], RoundResult]:
+    """Train from ``global_arrays`` on the device's data for ``spec.epochs``; returns (new arrays that travel, the
+    job's result with the round's ``fleet_scale`` and ``fleet_statistics``: RoundResult). ``correction`` (SCAFFOLD's
+    c - c_i, by name) is added to the gradient of each array it names. The round's folder is removed afterwards."""
     outdir = Path(spec.workdir) / f"round-{round_no:04d}"
     shutil.rmtree(outdir, ignore_errors=True)  # a round killed earlier left its scratch here
     job = _job(spec, spec.data, outdir, spec.epochs, initial=global_arrays,
                initial_where="global weights from the coordinator", correction=correction)
     try:
         result = job.run(False)
-        result.fleet_scale = displacement_per_gradient(job.opt.steps, float(job.lr), job.opt.momentum)
-        result.fleet_statistics = job.statistics()
-        return job.trainable_arrays(), result
+        assert job.lr is not None  # run() set the optimizer's default
+        scale = displacement_per_gradient(job.opt.steps, float(job.lr), job.opt.momentum)
+        return job.trainable_arrays(), RoundResult(**{f.name: getattr(result, f.name) for f in fields(result)},
+                                                   fleet_scale=scale, fleet_statistics=job.statistics())
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
 

@@ -97,7 +97,7 @@ class Scaffold(FedAvg):
         if not self.derived:
             return None
         scale, why = control_scale(metrics.get("control-scale"))
-        if why is None:
+        if scale is not None:
             c_sent = {k: sent[CONTROL + k] for k in self.control}
             delta.update({CONTROL + k: v for k, v in derived_control(c_sent, delta, scale, self.control_step).items()})
         return why
