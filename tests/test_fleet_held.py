@@ -123,3 +123,63 @@ def test_a_long_ternary_fleet_keeps_a_bounded_number_of_bases_through_kills_whil
     assert _unpack(tmp_path / "a" / DOWNLINK)[0]["base"] == 1
     for d in "abc":  # c, never asked, is told the run is over too
         assert fleet.wait(d, timeout=60)[0] == 0
+
+
+# --- a device whose own weights give other initial arrays gets its first round whole --------------------------
+
+MOVED_PARAMS = """
+import sys
+from importlib import resources
+from edgetrain import _lazy
+mx = _lazy.mxnet()
+with resources.as_file(resources.files("edgetrain._builtin").joinpath("digits5-0000.params")) as p:
+    saved = mx.nd.load(str(p))
+mx.nd.save(sys.argv[1], {k: v * 1.01 for k, v in saved.items()})
+"""
+
+
+def test_start_digests_tell_a_devices_own_weights_from_the_coordinators(tmp_path):
+    from edgetrain.fleet.local import same_start, start_digests
+
+    mine, copy, other = (tmp_path / n for n in ("mine.params", "copy.params", "other.params"))
+    mine.write_bytes(b"weights")
+    copy.write_bytes(b"weights")
+    other.write_bytes(b"weights, moved")
+    coordinator = start_digests(MODEL, str(mine))
+    assert same_start(start_digests(None, str(copy)), coordinator)  # the coordinator's model, the same weights
+    assert same_start(start_digests(MODEL, str(copy)), coordinator)
+    assert not same_start(start_digests(None, str(other)), coordinator)
+    assert not same_start(start_digests(None, None), coordinator)
+    assert not same_start(start_digests(None, str(tmp_path / "gone.params")), coordinator)
+    assert not same_start(start_digests("zoo:mobilenetv2_1.0", str(copy)), coordinator)
+    assert not same_start(None, coordinator)  # a device that did not say
+    (tmp_path / "m-symbol.json").write_text("{}")
+    (tmp_path / "m-0000.params").write_bytes(b"a")
+    prefix = start_digests(str(tmp_path / "m"), None)
+    (tmp_path / "m-0000.params").write_bytes(b"b")
+    assert not same_start(start_digests(str(tmp_path / "m"), None), prefix)
+
+
+@pytest.mark.slow
+def test_a_device_whose_own_params_differ_gets_its_first_round_whole_and_trains_it(fleet, tmp_path, shares):
+    """`--train-layers last:2` trains a layer the device's own --params set (each weight 1% off the built-in model's):
+    its initial arrays are not the coordinator's, so a delta against them cannot be rebuilt there. Its hello says
+    so; round 1 sends it the arrays whole and it trains that round (it failed it, before); round 2 is a delta."""
+    import subprocess
+    import sys
+
+    params = tmp_path / "moved.params"
+    subprocess.run([sys.executable, "-c", MOVED_PARAMS, str(params)], check=True, timeout=300)
+    run = tmp_path / "run"
+    fleet.serve(run, "--rounds", 2, "--min-clients", 2, "--codec", "ternary", "--train-layers", "last:2",
+                "--round-timeout", 90)
+    fleet.join("plain", shares["devices"][0])
+    fleet.join("own", shares["devices"][1], "--params", params)
+    code, _, err = fleet.wait("serve")
+    assert code == 0, err
+    r1, r2 = report(run)["rounds"]
+    assert [p["client"] for p in r1["participants"]] == ["own", "plain"] and not r1["failed"], r1
+    assert r1["downlink_whole"] == ["own"]
+    assert [p["client"] for p in r2["participants"]] == ["own", "plain"] and r2["downlink_whole"] == [], r2
+    for d in ("own", "plain"):
+        assert fleet.wait(d, timeout=60)[0] == 0

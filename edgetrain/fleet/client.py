@@ -45,7 +45,7 @@ from ..fileio import atomic_write_bytes, atomic_write_text
 from .codec import (CONTROL_STEP, DENSITY, DOWNLINK_WHERE, MIN_KEEP, Encoded, arrays_digest, decode_tensor,
                     derived_control, downlink_apply, encode_update, update_bytes)
 from .hooks import delay
-from .local import LocalSpec, ShapeMismatch, class_view, initial_arrays, train_round
+from .local import LocalSpec, ShapeMismatch, class_view, initial_arrays, start_digests, train_round
 from .store import CONTROL
 
 STATE = "state.npz"  # the committed round state (one file: it changes all at once or not at all)
@@ -75,9 +75,11 @@ def device_id(folder: Path) -> str:
 
 
 def identity(join_path: str) -> dict:
-    """The answer to the coordinator's hello: who this device is."""
+    """The answer to the coordinator's hello: who this device is, and where its initial arrays come from (its own
+    --model and --params: local.start_digests, as start-model and start-params)."""
     join = load_join(join_path)
-    return {"key": device_id(Path(join["state"])), "name": join["name"]}
+    start = start_digests(join.get("model"), join.get("params"))
+    return {"key": device_id(Path(join["state"])), "name": join["name"], **{f"start-{k}": v for k, v in start.items()}}
 
 
 # --- the state files ------------------------------------------------------------------------------------

@@ -256,7 +256,7 @@ def _messages(spec: ServeSpec, round_no: int, chosen: list, downlink, devices: d
               "classes": list(classes)}  # the fleet's: a device may hold any subset of them
     messages = []
     for d in chosen:
-        content, extra = downlink.message(d.key, devices)
+        content, extra = downlink.message(d.key, devices, d.start)
         # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
         accepted = int(devices.get(d.key, {}).get("accepted", 0))
         messages.append(Message(content=RecordDict({"arrays": content, "config": ConfigRecord(
@@ -408,10 +408,13 @@ def exchange(grid, messages: list, deadline: float, poll: float = 1.0) -> list:
 
 
 class _Device:
-    __slots__ = ("node", "key", "name", "seen")
+    """A device as its hello described it; ``start``: where its initial arrays come from (local.start_digests;
+    None: a device that did not say)."""
 
-    def __init__(self, node: int, key: str, name: str, seen: float):
-        self.node, self.key, self.name, self.seen = node, key, name, seen
+    __slots__ = ("node", "key", "name", "seen", "start")
+
+    def __init__(self, node: int, key: str, name: str, seen: float, start: dict | None = None):
+        self.node, self.key, self.name, self.seen, self.start = node, key, name, seen, start
 
 
 class _Roster:
@@ -443,7 +446,8 @@ class _Roster:
             for n, reply in zip(ask, exchange(self.grid, hello, time.monotonic() + seconds)):
                 if reply is not None and not reply.has_error():
                     c = dict(reply.content["config"])
-                    self.known[n] = _Device(n, str(c["key"]), str(c["name"]), time.monotonic())
+                    start = ({k: str(c[f"start-{k}"]) for k in ("model", "params")} if "start-params" in c else None)
+                    self.known[n] = _Device(n, str(c["key"]), str(c["name"]), time.monotonic(), start)
                     self.silent.pop(n, None)
                 else:
                     self.silent[n] = time.monotonic()

@@ -24,11 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import runtime
+from ..errors import EdgetrainError
 from ..options import DEFAULT_TRAIN_LAYERS, FinetuneOptions, TrainLayers
 from ..training import FinetuneJob, FinetuneResult, ShapeMismatch, check_shapes
 
 __all__ = ["Evaluator", "LocalSpec", "RoundResult", "ShapeMismatch", "check_shapes", "class_view",
-           "displacement_per_gradient", "initial_arrays", "train_round"]
+           "displacement_per_gradient", "initial_arrays", "same_start", "start_digests", "train_round"]
 
 
 def displacement_per_gradient(steps: int, lr: float, momentum: float) -> float:
@@ -109,6 +110,41 @@ def initial_arrays(spec: LocalSpec) -> dict[str, np.ndarray]:
         return job.trainable_arrays()
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
+
+
+def start_digests(model: str | None, params: str | None) -> dict[str, str]:
+    """Where a trainable part's initial arrays come from, as digests a device (in its hello) and the coordinator
+    compare before a device's first compact downlink, whose base is those arrays: ``model``, a built-in model's
+    name or the sha256 of a PREFIX's or an .onnx file's files ("": none given, the device runs the coordinator's),
+    and ``params``, the sha256 of a --params file (""). A file that cannot be read: "unreadable". The same digests
+    give the same initial arrays for the same classes, --train-layers and seed."""
+    import hashlib
+
+    from ..fileio import file_digest
+    from ..models import parse_model_ref
+
+    def files(paths) -> str:
+        try:
+            return hashlib.sha256(" ".join(file_digest(p) for p in paths).encode()).hexdigest()
+        except (OSError, EdgetrainError):
+            return "unreadable"
+
+    model_digest = ""
+    if model:
+        try:
+            ref = parse_model_ref(model, accept_onnx=True)
+        except EdgetrainError:
+            ref = None
+        paths = [] if ref is None else [p for p in (ref.symbol_file, ref.params_file, ref.onnx_file) if p]
+        model_digest = "unreadable" if ref is None else files(paths) if paths else ref.text
+    return {"model": model_digest, "params": files([params]) if params else ""}
+
+
+def same_start(device: dict | None, coordinator: dict[str, str]) -> bool:
+    """Whether a device whose hello said ``device`` (start_digests; None: it said nothing) starts from the
+    coordinator's initial arrays."""
+    return (device is not None and device.get("model") in ("", coordinator["model"])
+            and device.get("params") == coordinator["params"])
 
 
 def class_view(data: str, classes: list[str] | None, workdir: Path) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 
 from .codec import (CONTROL_STEP, DENSITY, DOWNLINK_WHERE, MIN_KEEP, arrays_digest, derived_control,
                     downlink_delta)
+from .local import same_start, start_digests
 from .store import (CONTROL, CONTROL_PREFIX, HELD_PREFIX, MOMENTUM_PREFIX, ServeSpec, global_path, load_global,
                     save_global)
 
@@ -151,8 +152,9 @@ class WholeDownlink:
         self.target, self.whole = target, wire.weights_record(target)
         self.digest = arrays_digest(target)
 
-    def message(self, key: str, devices: dict) -> tuple[object, dict]:
-        """The record and the config entries for device ``key``."""
+    def message(self, key: str, devices: dict, start: dict | None) -> tuple[object, dict]:
+        """The record and the config entries for device ``key``, whose hello said its initial arrays come from
+        ``start`` (local.start_digests)."""
         return self.whole, {}
 
     def received(self, key: str) -> tuple[dict, str]:
@@ -181,7 +183,8 @@ class DeltaDownlink(WholeDownlink):
     as int8 deltas or sized to ``--downlink-ratio`` times fewer bytes than float32 (codec.downlink_delta), with
     error feedback per device (what a message drops is in that device's next delta). A device's base is the round
     named by ``held`` in its entry of the state (0, or no entry: the model's initial arrays, which the device
-    computes itself; -1: unknown); what each device asked reconstructs is saved by device key (RUNDIR/held-NNNN.npz)
+    computes itself, when its hello says they come from the coordinator's model and --params: else whole; -1:
+    unknown); what each device asked reconstructs is saved by device key (RUNDIR/held-NNNN.npz)
     as its next base; a round's file is deleted once no device holds it and a newer one is saved (``prune``). A
     device whose base is unknown (it could not rebuild the arrays it was last sent, or a run begun before the
     per-device downlink) gets the arrays whole (float32). One that did not answer otherwise holds its base still,
@@ -195,6 +198,7 @@ class DeltaDownlink(WholeDownlink):
                          "min-keep": int(spec.ternary_min_keep or MIN_KEEP),
                          # a run begun before the codec sized itself keeps its fixed density on --resume
                          "uplink-ratio": float(spec.uplink_ratio or 0.0)}
+        self.start = start_digests(spec.model, spec.params)
 
     def config(self) -> dict:
         return dict(self.settings)
@@ -217,9 +221,10 @@ class DeltaDownlink(WholeDownlink):
                                                                 keep=lambda k: k.partition("|")[0] == key).items()}
         return mine or None
 
-    def message(self, key: str, devices: dict) -> tuple[object, dict]:
+    def message(self, key: str, devices: dict, start: dict | None) -> tuple[object, dict]:
         version = int(devices.get(key, {}).get("held", 0))
-        held = self.base(key, version)
+        # a device never asked starts from the initial arrays only if they are built from what the coordinator's are
+        held = self.base(key, version) if version or same_start(start, self.start) else None
         got: tuple[object, dict]
         if held is None:  # its base is unknown: the arrays whole
             sent, got = self.target, (self.fp32, {"down": "whole"})
