@@ -33,7 +33,7 @@ DECLARED: dict[str, str] = {
     "EDGETRAIN_WATCHED": "1: set on the command's own child under an address-space limit (its parent reports a crash)",
     "EDGETRAIN_FLEET_TAG": "set by edgetrain on the Flower processes a fleet starts, so all of them can be ended",
     "EDGETRAIN_FLEET_TEST_DELAY": "ROUND:SECONDS[:PHASE]: a fleet device (training, sending) or coordinator "
-                                  "(aggregating, saving) waits that long at that phase of that round (tests)",
+                                  "(aggregating, saving, pruning, pruned) waits that long at that phase of that round (tests)",
 }
 
 

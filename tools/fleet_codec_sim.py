@@ -32,6 +32,13 @@ each seed's line is followed by its round-2 top-1 and the fp32 fleet's per-round
 Bytes: every encoded payload byte (plus 4 per
 message in derived mode: the device's displacement scale, a float32 the coordinator needs); "x fewer" is
 against the fp32 fleet's messages (weights and control deltas, as the bench counts them).
+
+``--fraction F``: the devices asked each round, sampled as the coordinator samples them (seeded by the seed and
+the round; SCAFFOLD's global control moves by the askeds' share). The ternary downlink is the fleet's, per device
+(strategy.DeltaDownlink): each device asked gets the round's arrays as a delta against what *it* rebuilt the last
+time it was asked (at first the model's initial arrays), int8 or sized to ``--downlink-ratio``. A Dirichlet data
+folder as tools/bench_fleet_dirichlet.py makes one: ``python -c "from edgetrain.fleet.demo import split_digits;
+split_digits('DIR', seed=S, dirichlet=(10, 0.1))"``, then ``--seeds S --fraction 0.3 --uplink-ratio 100``.
 """
 from __future__ import annotations
 
@@ -41,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from edgetrain.fleet import codec
-from edgetrain.fleet.coordinator import SERVER_MOMENTUM
+from edgetrain.fleet.coordinator import SERVER_MOMENTUM, sample, weights
 from edgetrain.fleet.strategy import average
 from edgetrain.fleet.local import Evaluator, LocalSpec, train_round
 
@@ -73,6 +80,11 @@ def main() -> None:
                          "--uplink-ratio); 0: the fixed --density and --min-keep")
     ap.add_argument("--seeds", default="0", help="the devices' training seeds, comma-separated (the bench: 0)")
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--fraction", type=float, default=1.0, help="of the devices asked each round (as the fleet's "
+                    "--fraction: a sample seeded by the seed and the round)")
+    ap.add_argument("--downlink-ratio", type=float, default=codec.DOWNLINK_RATIO,
+                    help="ternary: each device's downlink message sized to its float32 bytes / this (the fleet's "
+                         "--downlink-ratio); 0: int8 deltas")
     ap.add_argument("--server-lr", type=float, default=1.0)
     ap.add_argument("--server-momentum", type=float, default=SERVER_MOMENTUM, help="the variant's server momentum")
     ap.add_argument("--ref-momentum", type=float, default=SERVER_MOMENTUM,
@@ -116,8 +128,6 @@ def main() -> None:
     d = Path(a.data)
     val = str(d / "val.npz")
     devs = sorted(str(p) for p in d.glob("device-*"))
-    ev = Evaluator(LocalSpec(model=MODEL, data=val, workdir=f"{a.work}/ev", threads=1, seed=0,
-                              train_layers=a.train_layers), val)
     cdc = a.codec if a.codec != "ternary" else "fp32" if a.density >= 1 else "ternary"
     a.mode = a.mode or ("derived" if cdc == "ternary" else "scaffold")
     smom = a.server_momentum
@@ -126,6 +136,9 @@ def main() -> None:
           f"slr {a.server_lr:g} smom {smom:g}, {a.rounds} rounds", flush=True)
     gaps, finals, ratios = [], [], []
     for seed in [int(x) for x in a.seeds.split(",")]:
+        # the fleet's seed is its initial arrays' too (a head the model lacks is drawn with it), as `fleet serve`
+        ev = Evaluator(LocalSpec(model=MODEL, data=val, workdir=f"{a.work}/ev", threads=1, seed=seed,
+                                 train_layers=a.train_layers), val)
         ref, _, _, fp32 = fleet_ref(a, ev, devs, seed)
         accs, up, down, _ = fleet(a, ev, devs, seed, cdc, smom, a.mode, a.density)
         gaps.append(100 * (ref[-1] - accs[-1]))
@@ -145,8 +158,8 @@ def fleet_ref(a, ev, devs, seed: int):
     import hashlib
 
     where = hashlib.sha256(str(Path(a.data).resolve()).encode()).hexdigest()[:12]
-    key = (Path(a.work) / f"ref-{seed}-{a.rounds}-{a.train_layers.replace(':', '_')}-{where}"
-           f"{'-m%g' % a.ref_momentum if a.ref_momentum else ''}.json")
+    key = (Path(a.work) / f"ref2-{seed}-{a.rounds}-{a.train_layers.replace(':', '_')}-{where}"
+           f"{'-m%g' % a.ref_momentum if a.ref_momentum else ''}{'-f%g' % a.fraction if a.fraction != 1 else ''}.json")
     if key.exists():
         return tuple(json.loads(key.read_text()))
     out = fleet(a, ev, devs, seed, "fp32", a.ref_momentum, "scaffold", 1.0, exact=set(), reset=False)
@@ -167,22 +180,28 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
     resid: list[dict] = [{} for _ in devs]
     hest: list[dict] = [{} for _ in devs]  # --ef21: each device's update as both sides estimate it
     mom = {k: np.zeros_like(v) for k, v in control.items()}
-    up, down, down32, held, accs = 0, 0, 0, {}, []
-    prev_start = None
+    up, down, down32, accs = 0, 0, 0, []
+    # the ternary downlink per device (strategy.DeltaDownlink): what each device rebuilt the last time it was
+    # asked, at first the model's initial arrays (which it computes itself: the coordinator's round 0)
+    held: list[dict] = [dict(ev.initial) for _ in devs]
+    prev_start: list[dict | None] = [None for _ in devs]
     for r in range(1, a.rounds + 1):
-        if dl:  # the coordinator's downlink: an int8 delta against what the devices hold
-            target = {**arrays, **({"control/" + k: v for k, v in control.items()} if mode != "fedavg" else {})}
-            enc_down, held = codec.downlink_delta(target, held, exact=stats)
-            down += codec.update_bytes(enc_down) * len(devs)
-            down32 += sum(4 * v.size for v in target.values()) * len(devs)
-        # what the devices train from: with ternary, what they rebuild from the int8 downlink (as the fleet)
-        start = {k: held[k] for k in arrays} if dl else arrays
-        c_down = ({k: held["control/" + k] for k in control} if dl and mode != "fedavg" else control)
-        step = ({k: (start[k] - prev_start[k]).astype(np.float64) for k in control}
-                if a.predict and prev_start is not None else None)
-        prev_start = {k: start[k].copy() for k in control}
+        sent = {**arrays, **({"control/" + k: v for k, v in control.items()} if mode != "fedavg" else {})}
+        asked = sample(list(range(len(devs))), max(1, int(round(len(devs) * a.fraction))), seed, r)
         deltas = []
-        for i, p in enumerate(devs):
+        for i in asked:
+            p = devs[i]
+            if dl:  # the coordinator's downlink to device i: a delta against what it holds
+                enc_down, held[i] = codec.downlink_delta(sent, held[i], exact=stats, ratio=a.downlink_ratio)
+                down += codec.update_bytes(enc_down)
+                down32 += sum(4 * v.size for v in sent.values())
+            # what the device trains from: with ternary, what it rebuilds from its downlink (as the fleet)
+            start = {k: held[i][k] for k in arrays} if dl else arrays
+            c_down = ({k: held[i]["control/" + k] for k in control} if dl and mode != "fedavg" else control)
+            before = prev_start[i]
+            step = ({k: (start[k] - before[k]).astype(np.float64) for k in control}
+                    if a.predict and before is not None else None)
+            prev_start[i] = {k: start[k].copy() for k in control}
             spec = LocalSpec(model=MODEL, data=p, workdir=f"{a.work}/d{i}", epochs=1, batch_size=32, seed=seed,
                              threads=1, train_layers=a.train_layers)
             # consistent: the correction uses c_i as the coordinator holds it (c_i minus its unsent residual)
@@ -334,6 +353,8 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                     cm[i] = {k: cm[i][k] + dc[k] for k in control}
                 dec.update({"control/" + k: dc[k] for k in control})
             deltas.append((dec, int(res.epochs[-1]["samples"])))
+        # each weighted by its sample count, capped at 10x the round's lower median, as the coordinator does
+        deltas = [(dd, w) for (dd, _), w in zip(deltas, weights([n for _, n in deltas])[0])]
         avg = average(deltas)
         for k in arrays:  # as the coordinator: no momentum for BatchNorm's running statistics
             if k in mom:
@@ -345,12 +366,14 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                 arrays[k] = (arrays[k] + avg[k]).astype(np.float32)
                 if "var" in k.rsplit("_", 1)[-1]:
                     arrays[k] = np.maximum(arrays[k], np.float32(0))
-        if mode != "fedavg":
-            control = {k: (control[k] + np.mean([dd["control/" + k] for dd, _ in deltas], axis=0)).astype(np.float32)
-                       for k in control}
+        if mode != "fedavg":  # as the coordinator: a device not asked keeps its share (strategy.Scaffold)
+            share = len(deltas) / len(devs)
+            control = {k: (control[k] + share * np.mean([dd["control/" + k] for dd, _ in deltas], axis=0))
+                       .astype(np.float32) for k in control}
         accs.append(round(ev.top1(arrays), 4))
     # the fp32 fleet's messages: every array and (SCAFFOLD) every control delta as float32
-    fp32 = (sum(4 * v.size for v in arrays.values()) + sum(4 * v.size for v in control.values())) * len(devs) * a.rounds
+    asked_n = max(1, int(round(len(devs) * a.fraction)))
+    fp32 = (sum(4 * v.size for v in arrays.values()) + sum(4 * v.size for v in control.values())) * asked_n * a.rounds
     return accs, up, (down32 / down if down else 1.0), fp32
 
 

@@ -22,14 +22,14 @@ def _serve(grid: Grid, context: Context) -> None:
 @client_app.train()
 def _train(msg: Message, context: Context) -> Message:
     join = str(context.node_config["edgetrain"])
-    config = dict(msg.content["config"])
-    global_arrays = wire.weights_from(msg.content["arrays"])
+    config = dict(msg.content.config_records["config"])
+    global_arrays = wire.weights_from(msg.content.array_records["arrays"])
     try:
         encoded, metrics, facts = _client.train(join, global_arrays, config)
     except Exception as exc:  # the coordinator sees why (Flower turns it into an error reply)
         import sys
 
-        print(f"Error: round {config.get('round')}: {_client.error_text(exc)}", file=sys.stderr, flush=True)
+        print(f"Error: round {config.get('round')!s}: {_client.error_text(exc)}", file=sys.stderr, flush=True)
         raise RuntimeError(_client.error_text(exc)) from None
     content = RecordDict({"update": wire.to_record(encoded), "metrics": MetricRecord(metrics),
                           "facts": ConfigRecord(facts)})
@@ -38,7 +38,7 @@ def _train(msg: Message, context: Context) -> Message:
 
 @client_app.query()
 def _query(msg: Message, context: Context) -> Message:
-    config = dict(msg.content["config"])
+    config = dict(msg.content.config_records["config"])
     join = str(context.node_config["edgetrain"])
     if config.get("hello"):  # the coordinator asks who this node is (its name and device key)
         return Message(content=RecordDict({"config": ConfigRecord(_client.identity(join))}), reply_to=msg)

@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import time
 import uuid
@@ -39,12 +40,12 @@ import numpy as np
 from .. import runtime
 from ..devices import load_device
 from ..errors import EdgetrainError, RunFailed, UsageError
-from ..options import DEFAULT_TRAIN_LAYERS
+from ..options import DEFAULT_TRAIN_LAYERS, TrainLayers
 from ..fileio import atomic_write_bytes, atomic_write_text
 from .codec import (CONTROL_STEP, DENSITY, DOWNLINK_WHERE, MIN_KEEP, Encoded, arrays_digest, decode_tensor,
                     derived_control, downlink_apply, encode_update, update_bytes)
 from .hooks import delay
-from .local import LocalSpec, ShapeMismatch, class_view, initial_arrays, train_round
+from .local import LocalSpec, ShapeMismatch, class_view, initial_arrays, start_digests, train_round
 from .store import CONTROL
 
 STATE = "state.npz"  # the committed round state (one file: it changes all at once or not at all)
@@ -74,15 +75,17 @@ def device_id(folder: Path) -> str:
 
 
 def identity(join_path: str) -> dict:
-    """The answer to the coordinator's hello: who this device is."""
+    """The answer to the coordinator's hello: who this device is, and where its initial arrays come from (its own
+    --model and --params: local.start_digests, as start-model and start-params)."""
     join = load_join(join_path)
-    return {"key": device_id(Path(join["state"])), "name": join["name"]}
+    start = start_digests(join.get("model"), join.get("params"))
+    return {"key": device_id(Path(join["state"])), "name": join["name"], **{f"start-{k}": v for k, v in start.items()}}
 
 
 # --- the state files ------------------------------------------------------------------------------------
 
 def _pack(meta: dict, groups: dict[str, dict[str, np.ndarray]]) -> bytes:
-    arrays = {f"{g}{_SEP}{k}": v for g, arrs in groups.items() for k, v in arrs.items()}
+    arrays: dict = {f"{g}{_SEP}{k}": v for g, arrs in groups.items() for k, v in arrs.items()}  # (names, not options)
     buf = io.BytesIO()
     np.savez(buf, meta=np.array(json.dumps(meta)), **arrays)
     return buf.getvalue()
@@ -130,12 +133,12 @@ def _locked(folder: Path, seconds: float | None = None):
     import fcntl
 
     with open(folder / LOCK, "a") as fh:
-        end = None if seconds is None else time.monotonic() + seconds
+        end = math.inf if seconds is None else time.monotonic() + seconds
         while True:
             try:
-                fcntl.flock(fh, fcntl.LOCK_EX | (fcntl.LOCK_NB if end is not None else 0))
+                fcntl.flock(fh, fcntl.LOCK_EX | (fcntl.LOCK_NB if seconds is not None else 0))
                 break
-            except BlockingIOError:
+            except BlockingIOError:  # (only without blocking: within ``seconds``)
                 if time.monotonic() > end:
                     yield False
                     return
@@ -271,7 +274,7 @@ def _spec(join: dict, folder: Path, config: dict) -> LocalSpec:
                      lr=float(config["lr"]) if float(config["lr"]) > 0 else None, optimizer=str(config["optimizer"]),
                      seed=int(config["seed"]), threads=threads, budget_mb=join.get("memory_budget"),
                      device=device, params=join.get("params"),
-                     train_layers=str(config.get("train_layers", DEFAULT_TRAIN_LAYERS)))
+                     train_layers=TrainLayers(config.get("train_layers", DEFAULT_TRAIN_LAYERS)))
 
 
 def _train(join: dict, folder: Path, global_arrays: dict, config: dict) -> tuple[dict, dict, dict]:

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import EdgetrainError
 from ..figures import Chance
+from ..options import TrainLayers
 from .codec import decode_tensor
 from .local import Evaluator, LocalSpec, check_shapes
 from .store import ServeSpec, load_global, read_state, save_global, write_state
@@ -164,7 +165,7 @@ def sample(present: list, k: int, seed: int, round_no: int) -> list:
 
 @dataclass
 class _Update:
-    device: object  # a _Device
+    device: _Device
     delta: dict
     weight: int
     entry: dict  # its participants entry in the round's record
@@ -178,10 +179,12 @@ def run(grid, spec_path: str) -> None:
     rundir = Path(spec.rundir)
     log = _Log(rundir / "coordinator-rounds.log")
     state = read_state(rundir)
+    if state is None:  # `fleet serve` writes it before any Flower process starts
+        raise RuntimeError(f"{rundir} holds no fleet state")
     devices = state.setdefault("devices", {})  # device key -> name, accepted (its last round aggregated), ...
     evaluator = Evaluator(LocalSpec(model=spec.model, data=spec.val, workdir=str(rundir / "work"),
                                     threads=spec.threads, seed=spec.seed, params=spec.params,
-                                    train_layers=spec.train_layers), spec.val)
+                                    train_layers=TrainLayers(spec.train_layers)), spec.val)
     arrays = load_global(rundir, state["completed"])
     strategy = strategy_for(spec, state["completed"], arrays, evaluator.statistics)
     downlink = downlink_for(spec, state)
@@ -229,6 +232,9 @@ def run(grid, spec_path: str) -> None:
         # after the weights: the state never names weights not on disk; and a device's `accepted` becomes
         # true here, with the weights that hold its update (never before: a device commits on its word)
         write_state(rundir, state)
+        _hold(round_no, "pruning", rundir)
+        for _ in downlink.prune(state):  # only after the state: it no longer names what is deleted
+            _hold(round_no, "pruned", rundir)
         log(f"round {round_no}: {len(updates)} update(s) accepted, held-out top-1 {record.accuracy:.4f}, "
             f"{record.bytes_up} bytes up, {record.seconds:.1f}s"
             + ("" if record.updated else " (no update accepted: not a completed round)"))
@@ -250,7 +256,7 @@ def _messages(spec: ServeSpec, round_no: int, chosen: list, downlink, devices: d
               "classes": list(classes)}  # the fleet's: a device may hold any subset of them
     messages = []
     for d in chosen:
-        content, extra = downlink.message(d.key, devices)
+        content, extra = downlink.message(d.key, devices, d.start)
         # `accepted` is what lets a device commit (or drop) the round it staged: see client.py
         accepted = int(devices.get(d.key, {}).get("accepted", 0))
         messages.append(Message(content=RecordDict({"arrays": content, "config": ConfigRecord(
@@ -289,7 +295,7 @@ def _screen(d, reply, record: RoundRecord, arrays: dict, received: tuple[dict, s
     norm = update_norm(delta)
     if why is None and not np.isfinite(norm):
         why = "its update is not finite (NaN or inf)"
-    if why is not None:
+    if why is not None or count is None:  # (no count: why says so)
         record.drop("refused", d, why, log)
         return None
     entry = {"client": d.name, "device_id": d.key, "node_id": d.node, "device": facts.get("device"),
@@ -320,7 +326,7 @@ def _weigh(updates: list[_Update], record: RoundRecord, log) -> list[_Update]:
     capped, cap = weights([u.weight for u in updates])
     for u, w in zip(updates, capped):
         u.entry["weight"] = w
-        if w < u.weight:
+        if cap is not None and w < u.weight:
             log(f"round {record.round}: capped the weight of {u.device.name}: it claims {u.weight} samples, more "
                 f"than {COUNT_FACTOR}x the round's median ({cap // COUNT_FACTOR})")
         u.weight = w
@@ -402,10 +408,13 @@ def exchange(grid, messages: list, deadline: float, poll: float = 1.0) -> list:
 
 
 class _Device:
-    __slots__ = ("node", "key", "name", "seen")
+    """A device as its hello described it; ``start``: where its initial arrays come from (local.start_digests;
+    None: a device that did not say)."""
 
-    def __init__(self, node: int, key: str, name: str, seen: float):
-        self.node, self.key, self.name, self.seen = node, key, name, seen
+    __slots__ = ("node", "key", "name", "seen", "start")
+
+    def __init__(self, node: int, key: str, name: str, seen: float, start: dict | None = None):
+        self.node, self.key, self.name, self.seen, self.start = node, key, name, seen, start
 
 
 class _Roster:
@@ -420,7 +429,7 @@ class _Roster:
     # it (measured: 5 devices held in round 2 while the coordinator was killed; 4 of 5 missed round 2 at 60 s)
     SILENT_RETRY = HELLO_SECONDS
 
-    def __init__(self, grid, log):
+    def __init__(self, grid, log) -> None:
         self.grid, self.log = grid, log
         self.known: dict[int, _Device] = {}
         self.silent: dict[int, float] = {}
@@ -437,7 +446,8 @@ class _Roster:
             for n, reply in zip(ask, exchange(self.grid, hello, time.monotonic() + seconds)):
                 if reply is not None and not reply.has_error():
                     c = dict(reply.content["config"])
-                    self.known[n] = _Device(n, str(c["key"]), str(c["name"]), time.monotonic())
+                    start = ({k: str(c[f"start-{k}"]) for k in ("model", "params")} if "start-params" in c else None)
+                    self.known[n] = _Device(n, str(c["key"]), str(c["name"]), time.monotonic(), start)
                     self.silent.pop(n, None)
                 else:
                     self.silent[n] = time.monotonic()

@@ -57,14 +57,15 @@ def split_digits(folder, shares=SHARES, val_fraction: float = 0.25, seed: int = 
     folder.mkdir(parents=True, exist_ok=True)
     x, y = _digits()
     rng = np.random.RandomState(seed)
-    val_idx, train_idx = [], []
+    val_idx: list[int] = []
+    train_list: list[int] = []
     for c in range(10):
         idx = rng.permutation(np.flatnonzero(y == c))
         k = int(round(len(idx) * val_fraction))
         val_idx += list(idx[:k])
-        train_idx += list(idx[k:])
+        train_list += list(idx[k:])
     _save(folder / "val.npz", x[val_idx], y[val_idx])
-    train_idx = np.array(train_idx)
+    train_idx = np.array(train_list)
     if dirichlet is not None:
         parts = [train_idx[p].tolist() for p in dirichlet_parts(y[train_idx], *dirichlet, rng)]
     else:

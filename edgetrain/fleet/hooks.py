@@ -3,7 +3,9 @@
 ``EDGETRAIN_FLEET_TEST_DELAY=ROUND:SECONDS[:PHASE]`` makes the process wait SECONDS in round ROUND (0: every
 round) at PHASE: ``training`` (a device, before it trains; the default), ``sending`` (a device, after its
 update is staged, before the reply leaves), ``aggregating`` (the coordinator, replies in hand, nothing
-averaged), ``saving`` (the coordinator, global weights written, the round's state not yet). On entering the
+averaged), ``saving`` (the coordinator, global weights written, the round's state not yet), ``pruning`` (the coordinator,
+the round's state written, the downlink's stale files not yet deleted), ``pruned`` (after each of those deletions,
+the rest still there). On entering the
 wait it writes ``delayed-PHASE-ROUND`` into its folder, so a test can SIGKILL it at exactly that point.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from .. import envvars
 
-PHASES = ("training", "sending", "aggregating", "saving")
+PHASES = ("training", "sending", "aggregating", "saving", "pruning", "pruned")
 
 
 def delay(round_no: int, phase: str, folder: Path) -> None:

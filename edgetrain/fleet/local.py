@@ -18,17 +18,18 @@ gradients (``correction``) and no model written (``write_model=False``): a round
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
 from .. import runtime
+from ..errors import EdgetrainError
 from ..options import DEFAULT_TRAIN_LAYERS, FinetuneOptions, TrainLayers
-from ..training import FinetuneJob, ShapeMismatch, check_shapes
+from ..training import FinetuneJob, FinetuneResult, ShapeMismatch, check_shapes
 
-__all__ = ["Evaluator", "LocalSpec", "ShapeMismatch", "check_shapes", "class_view", "displacement_per_gradient",
-           "initial_arrays", "train_round"]
+__all__ = ["Evaluator", "LocalSpec", "RoundResult", "ShapeMismatch", "check_shapes", "class_view",
+           "displacement_per_gradient", "initial_arrays", "same_start", "start_digests", "train_round"]
 
 
 def displacement_per_gradient(steps: int, lr: float, momentum: float) -> float:
@@ -63,28 +64,36 @@ def _job(spec: LocalSpec, data: str, outdir: Path, epochs: int, **extension) -> 
     opts = FinetuneOptions.unchecked(data=str(data), out=str(outdir), epochs=epochs, batch_size=spec.batch_size,
                                     lr=spec.lr, optimizer=spec.optimizer, seed=spec.seed, params=spec.params,
                                     train_layers=spec.train_layers)
-    return FinetuneJob(spec.model, opts, val_split=0.0,
-                       budget_mb=spec.budget_mb, threads=spec.threads, profile=spec.device,
+    return FinetuneJob(spec.model, opts, val_split=0.0, budget_mb=spec.budget_mb,
+                       threads=runtime.current_threads() if spec.threads is None else spec.threads, profile=spec.device,
                        progress=lambda info: None, write_model=False, **extension)
 
 
+@dataclass
+class RoundResult(FinetuneResult):
+    """A device's round: the job's result, how far the weights moved per unit of constant gradient over its steps
+    (``fleet_scale``: the new control variate is the displacement divided by it) and the names of the arrays no
+    gradient trains (``fleet_statistics``)."""
+
+    fleet_scale: float = 0.0
+    fleet_statistics: set[str] = field(default_factory=set)
+
+
 def train_round(spec: LocalSpec, global_arrays: dict[str, np.ndarray], round_no: int,
-                correction: dict[str, np.ndarray] | None = None):
-    """Train from ``global_arrays`` on the device's data for ``spec.epochs``; returns
-    (new arrays that travel, the engine's FinetuneResult). ``correction`` (SCAFFOLD's c - c_i, by name) is
-    added to the gradient of each array it names. The result also carries ``fleet_scale``: how far the
-    weights move per unit of constant gradient over this round's steps (the new control variate is the
-    displacement divided by it), and ``fleet_statistics``: the names of the arrays no gradient trains.
-    The round's folder is removed afterwards."""
+                correction: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], RoundResult]:
+    """Train from ``global_arrays`` on the device's data for ``spec.epochs``; returns (new arrays that travel, the
+    job's result with the round's ``fleet_scale`` and ``fleet_statistics``: RoundResult). ``correction`` (SCAFFOLD's
+    c - c_i, by name) is added to the gradient of each array it names. The round's folder is removed afterwards."""
     outdir = Path(spec.workdir) / f"round-{round_no:04d}"
     shutil.rmtree(outdir, ignore_errors=True)  # a round killed earlier left its scratch here
     job = _job(spec, spec.data, outdir, spec.epochs, initial=global_arrays,
                initial_where="global weights from the coordinator", correction=correction)
     try:
         result = job.run(False)
-        result.fleet_scale = displacement_per_gradient(job.opt.steps, float(job.lr), job.opt.momentum)
-        result.fleet_statistics = job.statistics()
-        return job.trainable_arrays(), result
+        assert job.lr is not None  # run() set the optimizer's default
+        scale = displacement_per_gradient(job.opt.steps, float(job.lr), job.opt.momentum)
+        return job.trainable_arrays(), RoundResult(**{f.name: getattr(result, f.name) for f in fields(result)},
+                                                   fleet_scale=scale, fleet_statistics=job.statistics())
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
 
@@ -101,6 +110,41 @@ def initial_arrays(spec: LocalSpec) -> dict[str, np.ndarray]:
         return job.trainable_arrays()
     finally:
         shutil.rmtree(outdir, ignore_errors=True)
+
+
+def start_digests(model: str | None, params: str | None) -> dict[str, str]:
+    """Where a trainable part's initial arrays come from, as digests a device (in its hello) and the coordinator
+    compare before a device's first compact downlink, whose base is those arrays: ``model``, a built-in model's
+    name or the sha256 of a PREFIX's or an .onnx file's files ("": none given, the device runs the coordinator's),
+    and ``params``, the sha256 of a --params file (""). A file that cannot be read: "unreadable". The same digests
+    give the same initial arrays for the same classes, --train-layers and seed."""
+    import hashlib
+
+    from ..fileio import file_digest
+    from ..models import parse_model_ref
+
+    def files(paths) -> str:
+        try:
+            return hashlib.sha256(" ".join(file_digest(p) for p in paths).encode()).hexdigest()
+        except (OSError, EdgetrainError):
+            return "unreadable"
+
+    model_digest = ""
+    if model:
+        try:
+            ref = parse_model_ref(model, accept_onnx=True)
+        except EdgetrainError:
+            ref = None
+        paths = [] if ref is None else [p for p in (ref.symbol_file, ref.params_file, ref.onnx_file) if p]
+        model_digest = "unreadable" if ref is None else files(paths) if paths else ref.text
+    return {"model": model_digest, "params": files([params]) if params else ""}
+
+
+def same_start(device: dict | None, coordinator: dict[str, str]) -> bool:
+    """Whether a device whose hello said ``device`` (start_digests; None: it said nothing) starts from the
+    coordinator's initial arrays."""
+    return (device is not None and device.get("model") in ("", coordinator["model"])
+            and device.get("params") == coordinator["params"])
 
 
 def class_view(data: str, classes: list[str] | None, workdir: Path) -> str:

@@ -151,7 +151,8 @@ class Watchdog:
     def close(self) -> None:
         """We are done (our own cleanup ran): let it check once more and exit."""
         try:
-            self.proc.stdin.close()
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
             self.proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             pass

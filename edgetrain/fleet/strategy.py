@@ -7,12 +7,14 @@ and saves it beside the global arrays (RUNDIR/NAME-NNNN.npz), so a resumed coord
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from .codec import (CONTROL_STEP, DENSITY, DOWNLINK_WHERE, MIN_KEEP, arrays_digest, derived_control,
                     downlink_delta)
+from .local import same_start, start_digests
 from .store import (CONTROL, CONTROL_PREFIX, HELD_PREFIX, MOMENTUM_PREFIX, ServeSpec, global_path, load_global,
                     save_global)
 
@@ -96,7 +98,7 @@ class Scaffold(FedAvg):
         if not self.derived:
             return None
         scale, why = control_scale(metrics.get("control-scale"))
-        if why is None:
+        if scale is not None:
             c_sent = {k: sent[CONTROL + k] for k in self.control}
             delta.update({CONTROL + k: v for k, v in derived_control(c_sent, delta, scale, self.control_step).items()})
         return why
@@ -150,8 +152,9 @@ class WholeDownlink:
         self.target, self.whole = target, wire.weights_record(target)
         self.digest = arrays_digest(target)
 
-    def message(self, key: str, devices: dict) -> tuple[object, dict]:
-        """The record and the config entries for device ``key``."""
+    def message(self, key: str, devices: dict, start: dict | None) -> tuple[object, dict]:
+        """The record and the config entries for device ``key``, whose hello said its initial arrays come from
+        ``start`` (local.start_digests)."""
         return self.whole, {}
 
     def received(self, key: str) -> tuple[dict, str]:
@@ -169,16 +172,23 @@ class WholeDownlink:
     def save(self, rundir: Path, round_no: int, state: dict) -> None:
         """Nothing kept between rounds."""
 
+    def prune(self, state: dict) -> Iterator[Path]:
+        """Delete what no device's next message nor a resume from ``state`` (written) can need, yielding each file
+        deleted (nothing here)."""
+        return iter(())
+
 
 class DeltaDownlink(WholeDownlink):
     """The ternary codec's downlink, per device: the round's arrays as a delta against what that device reconstructed last,
     as int8 deltas or sized to ``--downlink-ratio`` times fewer bytes than float32 (codec.downlink_delta), with
     error feedback per device (what a message drops is in that device's next delta). A device's base is the round
     named by ``held`` in its entry of the state (0, or no entry: the model's initial arrays, which the device
-    computes itself; -1: unknown); what each device asked reconstructs is saved by device key (RUNDIR/held-NNNN.npz)
-    as its next base. A device whose base is unknown (it could not rebuild the arrays it was last sent, or a run
-    begun before the per-device downlink) gets the arrays whole (float32). One that did not answer otherwise holds
-    its base still, as the last arrays it rebuilt or as the base of those (client.received keeps both)."""
+    computes itself, when its hello says they come from the coordinator's model and --params: else whole; -1:
+    unknown); what each device asked reconstructs is saved by device key (RUNDIR/held-NNNN.npz)
+    as its next base; a round's file is deleted once no device holds it and a newer one is saved (``prune``). A
+    device whose base is unknown (it could not rebuild the arrays it was last sent, or a run begun before the
+    per-device downlink) gets the arrays whole (float32). One that did not answer otherwise holds its base still,
+    as the last arrays it rebuilt or as the base of those (client.received keeps both)."""
 
     def __init__(self, spec: ServeSpec, state: dict):
         super().__init__(spec)
@@ -188,6 +198,7 @@ class DeltaDownlink(WholeDownlink):
                          "min-keep": int(spec.ternary_min_keep or MIN_KEEP),
                          # a run begun before the codec sized itself keeps its fixed density on --resume
                          "uplink-ratio": float(spec.uplink_ratio or 0.0)}
+        self.start = start_digests(spec.model, spec.params)
 
     def config(self) -> dict:
         return dict(self.settings)
@@ -210,9 +221,10 @@ class DeltaDownlink(WholeDownlink):
                                                                 keep=lambda k: k.partition("|")[0] == key).items()}
         return mine or None
 
-    def message(self, key: str, devices: dict) -> tuple[object, dict]:
+    def message(self, key: str, devices: dict, start: dict | None) -> tuple[object, dict]:
         version = int(devices.get(key, {}).get("held", 0))
-        held = self.base(key, version)
+        # a device never asked starts from the initial arrays only if they are built from what the coordinator's are
+        held = self.base(key, version) if version or same_start(start, self.start) else None
         got: tuple[object, dict]
         if held is None:  # its base is unknown: the arrays whole
             sent, got = self.target, (self.fp32, {"down": "whole"})
@@ -242,6 +254,17 @@ class DeltaDownlink(WholeDownlink):
     def save(self, rundir: Path, round_no: int, state: dict) -> None:
         save_global(rundir, round_no, {f"{key}|{k}": v for key, (sent, _) in self.sent.items()
                                        for k, v in sent.items()}, HELD_PREFIX)
+
+    def prune(self, state: dict) -> Iterator[Path]:
+        """Delete the held files of the rounds no device holds and that are not the newest: called once ``state`` is
+        written, which names no other base, so a kill between two deletions (or before them) leaves files the state
+        does not need, deleted after a later round; RUNDIR keeps at most one held file per device, plus the newest."""
+        keep = {int(e.get("held", 0)) for e in state.get("devices", {}).values()} | {int(state["completed"])}
+        for path in sorted(self.rundir.glob(f"{HELD_PREFIX}-*.npz")):
+            number = path.name[len(HELD_PREFIX) + 1:-len(".npz")]
+            if number.isdigit() and int(number) not in keep:
+                path.unlink(missing_ok=True)
+                yield path
 
 
 def downlink_for(spec: ServeSpec, state: dict) -> WholeDownlink:

@@ -34,7 +34,7 @@ from . import fleet_models as deploy
 from ..fleet import procs
 from ..fleet.local import Evaluator, LocalSpec
 from ..fleet.report import HTML, RESULT, FleetResult, JoinResult, html_section
-from ..options import DEFAULT_TRAIN_LAYERS, FleetJoinOptions, FleetServeOptions
+from ..options import FleetJoinOptions, FleetServeOptions
 from ..results import ProgressFn, report
 from ..run_report import page
 
@@ -172,22 +172,26 @@ def serve(model: str, opts: FleetServeOptions, progress: ProgressFn | None = Non
                 shutil.rmtree(rundir, ignore_errors=True)
             raise
         store.save_global(rundir, 0, ev.initial)
+        spec.write()  # before the state: a RUNDIR with a state has its spec
         state = {"format": store.STATE_FORMAT, "completed": 0, "classes": ev.classes,
                  "initial_accuracy": ev.top1(ev.initial), "rounds": [], "model": model, "codec": opts.codec}
         store.write_state(rundir, state)
         resumed_after = 0
     else:
-        old = json.loads((rundir / store.SPEC).read_text()) if (rundir / store.SPEC).exists() else {}
-        old.setdefault("train_layers", DEFAULT_TRAIN_LAYERS)  # a run made before --train-layers trained the head
+        # what the run was asked for (a field an older spec lacks has the default those runs had); no spec: a run
+        # stopped between its first state and its spec, whose state names its model and codec
+        given = rundir / store.SPEC
+        old = (store.ServeSpec.read(given).to_dict() if given.exists()
+               else {"model": state.get("model"), "codec": state.get("codec")})
         changed = [k for k in ("model", "val", "codec", "params", "aggregate", "train_layers")
-                   if old.get(k) != getattr(spec, k)]
+                   if k in old and old[k] != getattr(spec, k)]
         if changed:
             raise UsageError(f"--resume with a different {', '.join(changed)} than the run in RUNDIR", str(rundir),
                              "resume with the same MODEL, --val, --codec, --aggregate, --params and --train-layers")
+        spec.write()
         state.pop("finished", None)
         store.write_state(rundir, state)
         resumed_after = int(state["completed"])
-    spec.write()
     address = f"{opts.listen}:{opts.port}"
     if state["completed"] < opts.rounds:
         _run_flower(rundir, opts, tls, progress)
