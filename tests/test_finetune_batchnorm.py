@@ -1,7 +1,8 @@
 """BatchNorm in training mode (engine_onnx.BATCH_STATS: all, last:N, lite): a training step normalises by its
 batch's own statistics and differentiates through them, the running statistics are re-estimated from the weights
-at each epoch's end and are what model.onnx holds, so a shift in the input distribution (which makes the file's statistics wrong) is followed; the
-reported top-1 is the written model's. The other modes keep the file's statistics as constants."""
+at each epoch's end and are what model.onnx holds, so a shift in the input distribution (which makes the file's
+statistics wrong) is followed; the reported top-1 is the written model's. The other modes keep the file's
+statistics as constants."""
 from __future__ import annotations
 
 import json
@@ -103,8 +104,8 @@ def test_the_written_statistics_are_the_final_weights_own_not_a_lagging_average(
     folder, model = shifted
     out = tmp_path / "run"
     res = run_edgetrain("finetune", model, "--data", folder / "train.npz", "--val", folder / "val.npz", "-o", out,
-                        "--train-layers", layers, "--epochs", "2", "--batch-size", "200", "--lr", "0.05", "--seed", "1", "--threads", "1",
-                        "--allow-chance", "--json", "-")
+                        "--train-layers", layers, "--epochs", "2", "--batch-size", "200", "--lr", "0.05", "--seed", "1",
+                        "--threads", "1", "--allow-chance", "--json", "-")
     assert res.code == 0, res.err
     assert json.loads(res.out)["plan"]["micro_batch"] == 200   # one micro-batch: the pass sees all 200 rows at once
     written = out / "model.onnx"
