@@ -112,6 +112,20 @@ def test_plan_refuses_with_what_would_fit():
     assert "raise --memory-budget to at least" in err.value.fix and "--train-layers" in err.value.fix
 
 
+@pytest.mark.parametrize("budget", [None, 4096, 300, 200, 195, 190])
+def test_batchnorm_in_training_mode_is_never_planned_one_sample_at_a_time(budget):
+    """min_micro 2 (BatchNorm normalising by the micro-batch's statistics): every budget plans 2 or more, or is
+    refused naming micro-batch 2 and why; the same costs without it plan 1 where 2 does not fit."""
+    costs = dict(has_frozen=False, train_per_sample=12.0, base_mb=140.0, effective_batch=32)
+    try:
+        plan = choose(_costs(**costs, min_micro=2), budget)
+    except UsageError as err:
+        assert budget is not None and "even micro-batch 2 (BatchNorm" in err.what
+        assert choose(_costs(**costs), budget).micro_batch == 1   # the budget that only fits one sample
+        return
+    assert plan.micro_batch >= 2 and (budget is None or plan.estimate_mb <= budget)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "uint8", "int32", "int8", "int64"])
 def test_params_written_without_mxnet_are_byte_identical_to_mx_nd_save(dtype, tmp_path):
     import mxnet as mx

@@ -60,7 +60,8 @@ from . import lite, onnx_grad, roles, store
 from . import ort_forward, ort_train
 from .engine import EngineContext, Inputs
 from .ort_forward import OrtForward
-from .memplan import HEADROOM, MB, MEASURED_SPREAD_MB, READ_AHEAD, Costs, MemoryPlan, choose, plan_for
+from .memplan import (HEADROOM, MB, MEASURED_SPREAD_MB, READ_AHEAD, Costs, MemoryPlan, choose, estimate, plan_for,
+                      refusal)
 from .onnx_layers import cut_before_layer, extract, shapes_of, without_weights, write_streamed
 from .optimizers import Corrected, make_numpy_optimizer
 
@@ -384,7 +385,8 @@ class OnnxEngine:
         feat = int(np.prod(self.feature_shape)) if self.has_frozen else 0
         costs = Costs(base_mb + session_mb, self.frozen_per_sample_mb, train_mb,
                       params_mb + 3 * n_weights * 4 / MB, int(np.prod(self.input_shape)) * 4 / MB, rows,
-                      feat * 4, self.ctx.batch_size, self.has_frozen, spread_mb=spread_mb)
+                      feat * 4, self.ctx.batch_size, self.has_frozen, spread_mb=spread_mb,
+                      min_micro=2 if self.stats else 1)
         return self._plan_runtime(costs, train_mb, masks_mb, saved)
 
     def _frozen_to_file(self, frozen: bytes) -> None:
@@ -500,14 +502,21 @@ class OnnxEngine:
             plan.method, plan.probe_peak_mb = "probe", round(peak, 1)
             plan.estimate_mb = round(max(peak, (procmem.rss_mb() or 0.0) + later
                                          + (costs.cache_mb if plan.cache == "memory" else 0.0)), 1)
-            if budget is None or saved is not None or m == 1 or plan.estimate_mb <= budget * HEADROOM:
+            if budget is None or saved is not None or plan.estimate_mb <= budget * HEADROOM:
+                break
+            if m <= min(costs.min_micro, costs.effective_batch):
+                if m > 1:   # the least that trains does not fit, measured: refused as the analytic plan refuses
+                    raise refusal(dataclasses.replace(costs, base_mb=costs.base_mb + plan.estimate_mb
+                                                      - estimate(costs, 1, m, plan.cache)), budget)
                 break
             scale *= max(1.0, (plan.estimate_mb - before) / max(costs.train_per_sample * m, 1.0)) * 1.1
             try:
                 smaller = choose(costs, budget, scale=scale)
             except UsageError:
                 smaller = dataclasses.replace(plan, micro_batch=1)
-            plan = dataclasses.replace(plan, micro_batch=min(smaller.micro_batch, m // 2 or 1), notes=list(plan.notes))
+            least = min(costs.min_micro, costs.effective_batch)
+            plan = dataclasses.replace(plan, micro_batch=max(min(smaller.micro_batch, m // 2 or 1), least),
+                                       notes=list(plan.notes))
             step.stop()
             store.release_freed_memory()
         if budget is not None and saved is None and plan.estimate_mb <= budget * HEADROOM:
@@ -693,13 +702,13 @@ class OnnxEngine:
         if not self.stats:
             return
         idx = settle_rows(rows)
-        parts = []
-        for start in range(0, len(idx), micro):
-            part = idx[start:start + micro]
-            x = inputs(part)
-            stats = self.step_graph.batch_statistics(x) if self.step_graph is not None else self._forward(x)[1].stats
-            parts.append((len(part), stats))
-        self.grad.set_statistics(parts)
+
+        def parts():
+            for start in range(0, len(idx), micro):
+                x = inputs(idx[start:start + micro])
+                yield len(x), (self.step_graph.batch_statistics(x) if self.step_graph is not None
+                               else self._forward(x)[1].stats)
+        self.grad.set_statistics(parts())
 
     def predict(self, arrays: dict[str, np.ndarray], features: np.ndarray) -> np.ndarray:
         self.start_from(arrays)

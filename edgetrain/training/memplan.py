@@ -55,6 +55,10 @@ class Costs:
     # how much higher base_mb may read in another run of the same job (MEASURED_SPREAD_MB where part of it was
     # measured rather than reckoned)
     spread_mb: float = 0.0
+    # the smallest micro-batch that trains: 2 where BatchNorm normalises by the micro-batch's own statistics (one
+    # sample's are its own: MobileNetV2-1.0 lite at 96x96 under 200 MB stepped 1 sample at a time and ended at
+    # chance, 0.14-0.21 top-1 over 5 classes)
+    min_micro: int = 1
 
     @property
     def cache_mb(self) -> float:
@@ -106,11 +110,11 @@ def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
            and (b == 1 or c.frozen_per_sample * b * scale <= FROZEN_PASS_MB)] or [1]
     if not c.has_frozen:
         fbs = [1]
-    ms = divisors_desc(c.effective_batch)
+    ms = [d for d in divisors_desc(c.effective_batch) if d >= c.min_micro] or [c.effective_batch]
     caches = ("memory", "disk") if c.has_frozen else ("none",)
     if budget_mb is None:
         fb = fbs[0]
-        m = next((d for d in ms if c.train_per_sample * d * scale <= UNBUDGETED_TRAIN_MB), 1)
+        m = next((d for d in ms if c.train_per_sample * d * scale <= UNBUDGETED_TRAIN_MB), ms[-1])
         cache = caches[0] if c.cache_mb <= UNBUDGETED_CACHE_MB or not c.has_frozen else "disk"
         return MemoryPlan(fb, m, cache, estimate(c, fb, m, cache, scale), None, c.cache_mb)
     best = None
@@ -147,7 +151,8 @@ def same_run(saved: dict, plan: dict) -> bool:
 
 
 def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
-    least = estimate(c, 1, 1, "disk" if c.has_frozen else "none", scale)
+    least_m = min(c.min_micro, c.effective_batch)
+    least = estimate(c, 1, least_m, "disk" if c.has_frozen else "none", scale)
     # in whole MB, above what the plan may use of it (never the budget given), with room for what another run
     # measures (so that the re-run it advises is not refused in turn)
     need = math.floor((least + max(c.spread_mb, BASE_SPREAD_MB)) / HEADROOM) + 1
@@ -160,7 +165,10 @@ def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
     else:
         fix = (f"raise --memory-budget to at least {need:.0f} MB, or train fewer layers (--train-layers head), "
                "or use a smaller --input-shape")
-    return UsageError(f"memory budget {budget_mb:.0f} MB is too small: even micro-batch 1 with the feature "
-                      f"cache on disk needs about {least:.0f} MB ({parts}), and the plan may use "
+    why = " (BatchNorm trains on each micro-batch's own statistics: 1 sample has none to normalise by)" \
+        if least_m > 1 else ""
+    disk = " with the feature cache on disk" if c.has_frozen else ""
+    return UsageError(f"memory budget {budget_mb:.0f} MB is too small: even micro-batch {least_m}{why}{disk} "
+                      f"needs about {least:.0f} MB ({parts}), and the plan may use "
                       f"{budget_mb * HEADROOM:.0f} MB of it ({1 - HEADROOM:.0%} is kept for the allocator's slack)",
                       "--memory-budget", fix)

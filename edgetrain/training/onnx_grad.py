@@ -30,6 +30,7 @@ the node and why. Unnamed nodes (the exporter leaves Conv unnamed) are named by 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1750,23 +1751,32 @@ class GradGraph:
         """The running means and variances training mode updates (batch_stats), in graph order."""
         return [n for node, op in self.nodes if getattr(op, "batch_stats", False) for n in node.input[3:5]]
 
-    def set_statistics(self, parts: list[tuple]) -> None:
+    def set_statistics(self, parts: Iterable[tuple]) -> None:
         """The running statistics (in ``params``, in place) set to the batches' (the engine's settle pass), the
         variance unbiased as ONNX's BatchNormalization keeps it. ``parts``: one (samples, {BatchNorm node index:
-        (mean, variance, values per channel per sample)}) per micro-batch; their statistics are combined into the
-        whole's (the variance: within plus between micro-batches)."""
-        total = sum(n for n, _ in parts)
-        for index, (node, op) in enumerate(self.nodes):
-            if not getattr(op, "batch_stats", False):
-                continue
-            means = [(n, np.asarray(st[index][0], np.float64).reshape(-1)) for n, st in parts]
-            mean = sum(n * m for n, m in means) / total
-            var = sum(n * (np.asarray(st[index][1], np.float64).reshape(-1) + (m - mean) ** 2)
-                      for (n, st), (_, m) in zip(parts, means)) / total
-            count = total * parts[0][1][index][2]
-            var *= count / max(count - 1, 1)
-            for name, batch in ((node.input[3], mean), (node.input[4], var)):
-                self.params[name][...] = batch.reshape(self.params[name].shape)
+        (mean, variance, values per channel per sample)}) per micro-batch, read one at a time (a pass at
+        micro-batch 1 has 256 of them); their statistics are combined into the whole's as they come (Chan et
+        al.'s pairwise update: the variance within plus between micro-batches)."""
+        seen: dict[int, list] = {}   # node index -> [samples, mean, sum of squared deviations, values per sample]
+        for n, stats in parts:
+            for index, (mean, var, per) in stats.items():
+                m = np.asarray(mean, np.float64).reshape(-1)
+                sq = n * np.asarray(var, np.float64).reshape(-1)
+                if index not in seen:
+                    seen[index] = [n, m, sq, per]
+                    continue
+                acc = seen[index]
+                total = acc[0] + n
+                delta = m - acc[1]
+                acc[1] = acc[1] + delta * (n / total)
+                acc[2] = acc[2] + sq + delta ** 2 * (acc[0] * n / total)
+                acc[0] = total
+        for index, (total, mean, sq, per) in seen.items():
+            node = self.nodes[index][0]
+            count = total * per
+            var = sq / total * (count / max(count - 1, 1))
+            for name, value in ((node.input[3], mean), (node.input[4], var)):
+                self.params[name][...] = value.reshape(self.params[name].shape)
 
     # -- loading
     def _check_opset(self, model):
