@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("flwr")
 
 from clitools import assert_user_error, run_edgetrain  # noqa: E402
-from fleettools import (MODEL, RUN_TIMEOUT, fleet_of, free_port, make_shares, marked, report,  # noqa: E402
-                        wait_for)
+from fleettools import (MODEL, RUN_TIMEOUT, fault_free, fleet_of, free_port, make_shares, marked,  # noqa: E402
+                        report, wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -130,18 +130,14 @@ def test_last2_the_devices_train_the_tail_and_only_the_tail_travels(fleet, tmp_p
 
 
 @pytest.mark.slow
-def test_2bit_devices_keep_their_residual_between_rounds(fleet, tmp_path, shares):
-    run = tmp_path / "run"
-    fleet.serve(run, "--rounds", 2, "--min-clients", 2, "--codec", "2bit")
-    for d in range(2):
-        fleet.join(f"device{d}", shares["devices"][d])
-    code, _, err = fleet.wait("serve")
-    assert code == 0, err
-    res = report(run)
+def test_2bit_devices_keep_their_residual_between_rounds(tmp_path_factory, shares, cache):
+    """Read from the fault-free 2-bit run (two devices, two rounds) the kill tests of tests/test_fleet_faults.py
+    compare with: made once a session."""
+    _, res, folder = fault_free(tmp_path_factory, shares, cache, "reference")
     assert res["uplink_reduction"] >= 12
     from edgetrain.fleet.client import committed
 
-    residual = committed(tmp_path / "device0")[2]
+    residual = committed(folder / "dev0")[2]
     assert residual and all(np.abs(v).max() > 0 for v in residual.values())  # what 2-bit dropped, kept
 
 

@@ -7,7 +7,6 @@ output); the global arrays move; the written model predicts what the coordinator
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,24 +14,13 @@ import pytest
 
 pytest.importorskip("flwr")
 
-import edgetrain  # noqa: E402
 from clitools import run_edgetrain  # noqa: E402
-from fleettools import Fleet, make_shares, report  # noqa: E402
-
-BASE = Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx"
+from fleettools import make_shares, no_mxnet, onnx_reference, report  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def shares(tmp_path_factory):
     return make_shares(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def no_mxnet(tmp_path_factory) -> dict:
-    blocker = tmp_path_factory.mktemp("device") / "mxnet"
-    blocker.mkdir()
-    (blocker / "__init__.py").write_text("raise ImportError('No module named mxnet (this is the device)')\n")
-    return {"PYTHONPATH": os.pathsep.join(p for p in (str(blocker.parent), os.environ.get("PYTHONPATH")) if p)}
 
 
 def _arrays(path: Path) -> dict[str, np.ndarray]:
@@ -42,21 +30,11 @@ def _arrays(path: Path) -> dict[str, np.ndarray]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layers", ["bias", "lite"])
-def test_a_fleet_of_an_onnx_base_adapts_with_bias_and_lite_without_mxnet(layers, shares, no_mxnet, tmp_path):
-    f = Fleet(tmp_path, tmp_path / "cache")
-    f.shares, f.model, f.join_args = shares, str(BASE), ("--model", str(BASE))
-    run = tmp_path / "run"
-    try:
-        f.serve(run, "--rounds", 2, "--min-clients", 2, "--train-layers", layers, "--export", "int8", env=no_mxnet)
-        for d in range(2):
-            f.join(f"device{d}", shares["devices"][d], env=no_mxnet)
-        code, _, err = f.wait("serve")
-        assert code == 0, err
-        for d in range(2):
-            code, _, err = f.wait(f"device{d}", timeout=60)
-            assert code == 0, err
-    finally:
-        assert not f.close()
+def test_a_fleet_of_an_onnx_base_adapts_with_bias_and_lite_without_mxnet(layers, tmp_path_factory, shares):
+    """The run is the fault-free one tests/test_fleet_faults.py compares its kills with (made once a session):
+    two rounds, 2-bit updates with SCAFFOLD, --export int8."""
+    folder = onnx_reference(tmp_path_factory, shares, tmp_path_factory.mktemp("fleet-cache"), layers)[2]
+    run, env = folder / "run", no_mxnet(tmp_path_factory.getbasetemp())
     res = report(run)
     assert res["passed"] and res["rounds_completed"] == 2 and res["train_layers"] == layers
     start, end = _arrays(run / "global-0000.npz"), _arrays(run / "global-0002.npz")
@@ -76,13 +54,13 @@ def test_a_fleet_of_an_onnx_base_adapts_with_bias_and_lite_without_mxnet(layers,
     # the deployable model is the ONNX file (a fleet of an .onnx base has no PREFIX), and predict agrees with
     # the coordinator's held-out check, in the device's environment
     assert set(res["models"]) == {"onnx", "int8"}
-    pred = run_edgetrain("predict", res["models"]["onnx"], shares["val"], "--json", "-", "--threads", 1, env=no_mxnet)
+    pred = run_edgetrain("predict", res["models"]["onnx"], shares["val"], "--json", "-", "--threads", 1, env=env)
     assert pred.code == 0, pred.err
     out = json.loads(pred.out)
     assert abs(out["accuracy"]["top1"] / 100 - res["final_accuracy"]) <= 1 / out["accuracy"]["samples"] + 1e-9
     for kind in ("onnx", "int8"):
         prof = run_edgetrain("profile", res["models"][kind], "--runs", 3, "--warmup", 1, "--threads", 1, "--json", "-",
-                             env=no_mxnet)
+                             env=env)
         assert prof.code == 0, prof.err
 
 

@@ -21,69 +21,27 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from fleettools import (MODEL, RUN_TIMEOUT, Fleet, final_arrays, fleet, fleet_cache, marked, report,  # noqa: E402,F401
-                        shares,
-                        wait_for)
-
-DEVICES = ("dev0", "dev1")
-ROUNDS = 2
-TIMEOUT = 30  # --round-timeout: a round here takes about 6 s
-CONFIG = ("--rounds", ROUNDS, "--min-clients", len(DEVICES), "--codec", "2bit", "--aggregate", "scaffold",
-          "--round-timeout", TIMEOUT)
-HOLD = "EDGETRAIN_FLEET_TEST_DELAY"
+from fleettools import (CONFIG, DEVICES, HOLD, MODEL, RUN_TIMEOUT, TIMEOUT, Fleet, device,  # noqa: E402,F401
+                        exactly_once, fault_free, final_arrays, finish, fleet, fleet_cache, marked, no_mxnet, onnx_mode,
+                        onnx_reference, report, shares, wait_for)
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, shares, fleet_cache):
+    """The fault-free run every kill is compared with."""
+    arrays, res, _ = fault_free(tmp_path_factory, shares, fleet_cache, "reference")
+    assert all(r["updates"] == len(DEVICES) for r in res["rounds"])
+    return arrays
 
 
-def _device(fleet: Fleet, name: str, gen: int = 0, env: dict | None = None, devices=DEVICES):
-    """Device ``name`` (its own state folder, whatever the generation: a restart is the same device); more
-    devices than shares take the shares in turn."""
-    shares = fleet.shares["devices"]
-    return fleet.start(f"{name}-{gen}", "fleet", "join", f"127.0.0.1:{fleet.port}", "--data",
-                       shares[devices.index(name) % len(shares)], "-o", fleet.folder / name, "--name", name,
-                       "--threads", 1, *fleet.join_args, env=env)
-
-
-def _finish(fleet: Fleet, serve_key: str, device_keys) -> dict:
-    code, _, err = fleet.wait(serve_key)
-    assert code == 0, err
-    for key in device_keys:
-        code, _, err = fleet.wait(key, timeout=60)
-        assert code == 0, (key, err)
-    return report(fleet.folder / "run")
-
-
-def _journal(folder: Path) -> list[tuple[str, int]]:
-    text = (folder / "journal.log").read_text() if (folder / "journal.log").exists() else ""
-    return [(m.group(1), int(m.group(2))) for m in re.finditer(r"(staged|replayed|committed|dropped) round (\d+)", text)]
-
-
-def _exactly_once(fleet: Fleet, res: dict, devices=DEVICES, rounds=ROUNDS) -> dict[str, list]:
-    """Each device's committed state counts exactly the rounds the coordinator aggregated from it, and no
-    round was trained (staged) twice unless the first was dropped (never aggregated). Returns the journals."""
-    from edgetrain.fleet.client import committed
-
-    by_name = {d["client"]: d for d in res["devices"]}
-    journals = {}
-    for name in devices:
-        events = _journal(fleet.folder / name)
-        journals[name] = events
-        meta = committed(fleet.folder / name)[0]
-        took_part = [r["round"] for r in res["rounds"] if name in [p["client"] for p in r["participants"]]]
-        assert meta.get("trained", 0) == len(took_part) == by_name[name]["updates"], (name, meta, took_part, events)
-        assert [r for e, r in events if e == "committed"] == took_part, (name, events)
-        if took_part:
-            assert meta["round"] == took_part[-1]
-        for r in {r for e, r in events if e == "staged"}:
-            staged = sum(1 for e, x in events if (e, x) == ("staged", r))
-            dropped = sum(1 for e, x in events if (e, x) == ("dropped", r))
-            assert staged <= 1 + dropped, (name, r, events)  # trained twice only if the first never counted
-        assert not (fleet.folder / name / "staged.npz").exists()  # the goodbye settled the last round
-    assert [r["round"] for r in res["rounds"]] == list(range(1, rounds + 1))
-    for r in res["rounds"]:  # a device that rejoined (a new node id, the old one still listed) is asked once
-        named = [x["client"] for k in ("participants", "refused", "failed", "timed_out") for x in r[k]]
-        assert sorted(named) == sorted(set(named)), r
-    return journals
+@pytest.fixture(scope="module")
+def without_dev1_round1(tmp_path_factory, shares, fleet_cache):
+    """The fault-free run where dev1's round-1 update never arrives (dev1 is slower than the round)."""
+    arrays, res, _ = fault_free(tmp_path_factory, shares, fleet_cache, "slow-dev1",
+                                {"dev1": {HOLD: f"1:{TIMEOUT + 5}:training"}})
+    r1 = res["rounds"][0]
+    assert [x["client"] for x in r1["timed_out"]] == ["dev1"] and r1["updates"] == 1
+    return arrays
 
 
 def _equal(a: dict, b: dict) -> None:
@@ -92,50 +50,16 @@ def _equal(a: dict, b: dict) -> None:
     assert not diff, diff
 
 
-def _fault_free(tmp_path_factory, shares, fleet_cache, name: str, env: dict | None = None, mode=None,
-                extra=(), folder=None) -> tuple[dict, dict]:
-    folder = folder or tmp_path_factory.mktemp(name)
-    f = Fleet(folder, fleet_cache)
-    f.shares = shares
-    extra = (_mode(f, mode) if mode else ()) + tuple(extra)
-    try:
-        f.serve(folder / "run", *CONFIG, *extra)
-        for d in DEVICES:
-            _device(f, d, env=(env or {}).get(d))
-        res = _finish(f, "serve", [f"{d}-0" for d in DEVICES])
-        _exactly_once(f, res)
-        return final_arrays(folder / "run"), res
-    finally:
-        assert not f.close()
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, shares, fleet_cache):
-    """The fault-free run every kill is compared with."""
-    arrays, res = _fault_free(tmp_path_factory, shares, fleet_cache, "reference")
-    assert all(r["updates"] == len(DEVICES) for r in res["rounds"])
-    return arrays
-
-
-@pytest.fixture(scope="module")
-def without_dev1_round1(tmp_path_factory, shares, fleet_cache):
-    """The fault-free run where dev1's round-1 update never arrives (dev1 is slower than the round)."""
-    arrays, res = _fault_free(tmp_path_factory, shares, fleet_cache, "slow-dev1",
-                              {"dev1": {HOLD: f"1:{TIMEOUT + 5}:training"}})
-    r1 = res["rounds"][0]
-    assert [x["client"] for x in r1["timed_out"]] == ["dev1"] and r1["updates"] == 1
-    return arrays
-
-
 def _killed_run(fleet: Fleet, held: dict[str, str], wait: list[Path], kill: list[str], extra=(),
-                resumed_after: int = 0) -> tuple[dict, dict]:
-    """Start the coordinator and the devices (``held``: process -> hook value), wait for the markers,
-    SIGKILL the processes in ``kill`` (each with its whole Flower family), start them again (the
-    coordinator with --resume), run to the end. Returns (final arrays, fleet.json)."""
+                resumed_after: int = 0, env: dict | None = None) -> tuple[dict, dict]:
+    """Start the coordinator and the devices (``held``: process -> hook value; ``env``: every process's), wait
+    for the markers, SIGKILL the processes in ``kill`` (each with its whole Flower family), start them again
+    (the coordinator with --resume), run to the end. Returns (final arrays, fleet.json)."""
     run = fleet.folder / "run"
-    fleet.serve(run, *CONFIG, *extra, env={HOLD: held["serve"]} if "serve" in held else None)
+    env = env or {}
+    fleet.serve(run, *CONFIG, *extra, env={**env, HOLD: held["serve"]} if "serve" in held else env)
     for d in DEVICES:
-        _device(fleet, d, env={HOLD: held[d]} if d in held else None)
+        device(fleet, d, env={**env, HOLD: held[d]} if d in held else env)
     wait_for(lambda: all(p.exists() for p in wait), RUN_TIMEOUT, f"markers {[p.name for p in wait]}")
     for who in kill:
         fleet.kill("serve" if who == "serve" else f"{who}-0")
@@ -144,11 +68,11 @@ def _killed_run(fleet: Fleet, held: dict[str, str], wait: list[Path], kill: list
     for who in kill:
         if who == "serve":
             serve_key = "serve-1"
-            fleet.serve(run, *CONFIG, *extra, "--resume", key=serve_key)
+            fleet.serve(run, *CONFIG, *extra, "--resume", key=serve_key, env=env)
         else:
-            _device(fleet, who, 1)
+            device(fleet, who, 1, env=env)
             keys[who] = f"{who}-1"
-    res = _finish(fleet, serve_key, keys.values())
+    res = finish(fleet, serve_key, keys.values())
     if "serve" in kill:  # the kill came before the state of round resumed_after + 1 was written
         assert res["resumed_after"] == resumed_after
     return final_arrays(run), res
@@ -183,7 +107,7 @@ def _marker(fleet: Fleet, held: dict, where: str) -> Path:
 
 def _check(fleet, request, name: str, held, wait, kill, expected) -> dict:
     arrays, res = _killed_run(fleet, held, [_marker(fleet, held, w) for w in wait], kill)
-    journals = _exactly_once(fleet, res)
+    journals = exactly_once(fleet, res)
     _equal(arrays, request.getfixturevalue(expected))
     return journals
 
@@ -316,30 +240,20 @@ def test_a_round_without_an_accepted_update_is_not_a_completed_round(fleet, tmp_
 
 # --- bias and lite (issue 23, item 5): the same promise for a fleet of an .onnx base -------------------
 
-def _mode(fleet: Fleet, layers: str) -> tuple:
-    """A fleet of the shipped ONNX base (the digits model's export) training ``layers``; every device brings
-    the file (--model). Returns serve's extra arguments."""
-    import edgetrain
-
-    base = str(Path(edgetrain.__file__).parent / "_builtin" / "digits5.onnx")
-    fleet.model, fleet.join_args = base, ("--model", base)
-    # a ClientApp of these modes loads the gradient code at start: a longer round on a loaded machine (the last
-    # --round-timeout given is the one in force)
-    return ("--train-layers", layers, "--round-timeout", 4 * TIMEOUT)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("layers", ["bias", "lite"])
 def test_bias_and_lite_fleets_killed_while_saving_resume_to_the_fault_free_arrays(fleet, tmp_path_factory, shares,
                                                                                  fleet_cache, layers):
     """Coordinator and both devices SIGKILLed while the coordinator saves round 1, all started again: the
     devices answer round 1 from their stage, and the final arrays (biases, BatchNorm shifts, the lite
-    modules, the output layer and their control variates) are the fault-free run's, bit for bit."""
-    expected, _ = _fault_free(tmp_path_factory, shares, fleet_cache, f"reference-{layers}", mode=layers)
+    modules, the output layer and their control variates) are the fault-free run's, bit for bit. Every
+    process without mxnet, as in the fault-free run (tests/test_fleet_adapt.py checks that run)."""
+    expected = onnx_reference(tmp_path_factory, shares, fleet_cache, layers)[0]
     held = {"serve": "1:600:saving"}
-    extra = _mode(fleet, layers)
-    arrays, res = _killed_run(fleet, held, [_marker(fleet, held, "run")], ["serve", "dev0", "dev1"], extra)
-    journals = _exactly_once(fleet, res)
+    extra = onnx_mode(fleet, layers)
+    arrays, res = _killed_run(fleet, held, [_marker(fleet, held, "run")], ["serve", "dev0", "dev1"], extra,
+                              env=no_mxnet(fleet.folder))
+    journals = exactly_once(fleet, res)
     _equal(arrays, expected)
     assert any(k.startswith("global/lite") for k in arrays) == (layers == "lite")
     # a device that had answered round 1 before the kill answers it again from its stage; one the first
@@ -359,8 +273,7 @@ TERNARY = ("--codec", "ternary")
 def ternary_run(tmp_path_factory, shares, fleet_cache):
     """The fault-free ternary run (server momentum on, the downlink as compact per-device deltas): its final arrays, its
     report and its folder (the devices' state folders are FOLDER/NAME)."""
-    folder = tmp_path_factory.mktemp("reference-ternary")
-    arrays, res = _fault_free(tmp_path_factory, shares, fleet_cache, "", extra=TERNARY, folder=folder)
+    arrays, res, folder = fault_free(tmp_path_factory, shares, fleet_cache, "reference-ternary", extra=TERNARY)
     assert all(r["updates"] == len(DEVICES) for r in res["rounds"])
     return arrays, res, folder
 
@@ -406,7 +319,7 @@ def test_server_momentum_resumes_bit_for_bit_after_a_coordinator_kill_with_terna
     run = fleet.folder / "run"
     held = {"serve": f"2:600:{phase}"}
     arrays, res = _killed_run(fleet, held, [run / f"delayed-{phase}-2"], ["serve"], TERNARY, resumed_after=1)
-    journals = _exactly_once(fleet, res)
+    journals = exactly_once(fleet, res)
     assert any(k.startswith("momentum/") for k in arrays) and any(np.any(v) for k, v in arrays.items()
                                                                    if k.startswith("momentum/"))
     _equal(arrays, ternary_reference)
@@ -423,29 +336,30 @@ def test_five_devices_with_the_coordinator_killed_while_they_train_resume_to_the
     """Issue 38 item 4: five devices (ternary, SCAFFOLD, server momentum); the coordinator SIGKILLed while all
     five train round 2, then `--resume`: round 2 is asked again, every device answers from its stage (no
     second training), all five updates count in every round, and the arrays equal a fault-free run's."""
-    config = ("--rounds", 3, "--min-clients", len(FIVE), "--codec", "ternary", "--round-timeout", 90)
+    config = ("--rounds", 3, "--min-clients", len(FIVE), "--codec", "ternary", "--round-timeout", 90,
+              "--export", "none")
     ref = Fleet(tmp_path_factory.mktemp("five-reference"), fleet_cache)
     ref.shares = shares
     try:
         ref.serve(ref.folder / "run", *config)
         for d in FIVE:
-            _device(ref, d, devices=FIVE)
-        res = _finish(ref, "serve", [f"{d}-0" for d in FIVE])
-        _exactly_once(ref, res, FIVE, 3)
+            device(ref, d, devices=FIVE)
+        res = finish(ref, "serve", [f"{d}-0" for d in FIVE])
+        exactly_once(ref, res, FIVE, 3)
         want = final_arrays(ref.folder / "run")
     finally:
         assert not ref.close()
     run = fleet.folder / "run"
     fleet.serve(run, *config)
     for d in FIVE:
-        _device(fleet, d, env={HOLD: "2:25:training"}, devices=FIVE)
+        device(fleet, d, env={HOLD: "2:25:training"}, devices=FIVE)
     wait_for(lambda: all((fleet.folder / d / "delayed-training-2").exists() for d in FIVE), RUN_TIMEOUT,
              "all five devices inside round 2")
     fleet.kill("serve")
     fleet.serve(run, *config, "--resume", key="serve-1")
-    res = _finish(fleet, "serve-1", [f"{d}-0" for d in FIVE])
+    res = finish(fleet, "serve-1", [f"{d}-0" for d in FIVE])
     assert res["resumed_after"] == 1
-    journals = _exactly_once(fleet, res, FIVE, 3)
+    journals = exactly_once(fleet, res, FIVE, 3)
     assert all(("replayed", 2) in journals[d] for d in FIVE), journals
     assert all(sorted(p["client"] for p in r["participants"]) == list(FIVE) for r in res["rounds"]), res["rounds"]
     _equal(final_arrays(run), want)

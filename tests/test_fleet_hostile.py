@@ -28,7 +28,7 @@ def _hostile_env(plan: list[str]) -> dict:
 @pytest.mark.slow
 def test_every_hostile_update_is_refused_by_name_and_the_rounds_go_on(fleet, tmp_path, shares):
     run = tmp_path / "run"
-    fleet.serve(run, "--rounds", len(PLAN), "--min-clients", 3, "--codec", "fp32", "--round-timeout", 120)
+    fleet.serve(run, "--rounds", len(PLAN), "--min-clients", 3, "--codec", "fp32", "--round-timeout", 120, "--export", "none")
     fleet.join("honest-a", shares["devices"][0])
     fleet.join("honest-b", shares["devices"][1])
     fleet.join("mallory", shares["devices"][2], env=_hostile_env(PLAN))
@@ -67,7 +67,7 @@ def test_a_bound_the_user_sets_is_the_bound_and_a_model_driven_to_chance_exits_3
     exits 3, naming chance, instead of 0."""
     run = tmp_path / "run"
     fleet.serve(run, "--rounds", 2, "--min-clients", 2, "--codec", "fp32", "--max-update-norm", 1e38,
-                "--round-timeout", 120)
+                "--round-timeout", 120, "--export", "none")
     fleet.join("honest", shares["devices"][0])
     fleet.join("mallory", shares["devices"][2], env=_hostile_env(["inf", "huge"]))
     code, out, err = fleet.wait("serve")
@@ -89,7 +89,7 @@ def test_a_ternary_update_without_a_usable_control_scale_is_refused_by_name(flee
     the device is named with the reason, and the rounds go on with the honest device."""
     plan = ["scale=none", "scale=0", "scale=1e39"]
     run = tmp_path / "run"
-    fleet.serve(run, "--rounds", len(plan), "--min-clients", 2, "--codec", "ternary", "--round-timeout", 120)
+    fleet.serve(run, "--rounds", len(plan), "--min-clients", 2, "--codec", "ternary", "--round-timeout", 120, "--export", "none")
     fleet.join("honest", shares["devices"][0])
     fleet.join("mallory", shares["devices"][2], env=_hostile_env(plan))
     code, _, err = fleet.wait("serve")
@@ -164,7 +164,7 @@ def test_replays_lies_wrong_arrays_and_a_nan_scale_are_each_handled_and_no_hones
     run = tmp_path / "run"
     keep = tmp_path / "mallory-replies"
     keep.mkdir()
-    fleet.serve(run, "--rounds", len(BAD), "--min-clients", 3, "--codec", "ternary", "--round-timeout", 120)
+    fleet.serve(run, "--rounds", len(BAD), "--min-clients", 3, "--codec", "ternary", "--round-timeout", 120, "--export", "none")
     fleet.join("honest-a", shares["devices"][0])
     fleet.join("honest-b", shares["devices"][1])
     fleet.join("mallory", shares["devices"][2], env={**_hostile_env(BAD), "EDGETRAIN_TEST_HOSTILE_DIR": str(keep)})

@@ -27,11 +27,11 @@ def test_ternary_up_compact_delta_down_per_device_and_a_late_device_starts_from_
 
     run = tmp_path / "run"
     rounds = 5
-    # round 1 waits --join-timeout for three devices and starts with two; the next rounds wait for the third
+    # round 1 waits --join-timeout for three devices and starts with those there; the next rounds wait for the third
     # the head's 330 values at one entry in 80 (the defaults' floor of 48 entries a tensor is for larger layers)
-    fleet.serve(run, "--rounds", rounds, "--min-clients", 3, "--join-timeout", 60, "--codec", "ternary",
+    fleet.serve(run, "--rounds", rounds, "--min-clients", 3, "--join-timeout", 20, "--codec", "ternary",
                 "--round-timeout", 120, "--ternary-density", 0.0125,
-                "--ternary-min-keep", 1, "--uplink-ratio", 0, "--downlink-ratio", 16)
+                "--ternary-min-keep", 1, "--uplink-ratio", 0, "--downlink-ratio", 16, "--export", "none")
     fleet.join("a", shares["devices"][0])
     fleet.join("b", shares["devices"][1])
     log = run / "coordinator-rounds.log"
