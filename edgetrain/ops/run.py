@@ -342,7 +342,7 @@ def summarize(result: RunResult) -> dict:
         "energy_per_inference_mj": _dig(p, "energy", "per_inference", "total_mj"),
         "energy_provenance": _dig(p, "energy", "per_inference", "provenance"),
         "energy_per_inference_uncertainty_mj": _dig(p, "energy", "per_inference", "uncertainty", "plus_minus_mj"),
-        # the interval's two ends (+a/−b), what the run's report writes; the ± above is the larger of them
+        # the interval's two ends (+a/−b), what the run's report writes; the ± above only for a symmetric one
         "energy_per_inference_plus_mj": _end(_dig(p, "energy", "per_inference"), "plus"),
         "energy_per_inference_minus_mj": _end(_dig(p, "energy", "per_inference"), "minus"),
         "finetune_energy_j": _dig(f, "energy", "joules"),
