@@ -52,8 +52,9 @@ class QuantizeMemoryPlan:
     need_mb: float
     budget_mb: float | None
     weights_mb: float
-    activations_mb: float        # every tensor of one sample, added up
+    activations_mb: float        # every tensor of one input, added up
     peak_phase: str              # "pre-processing", "per-node SQNR" or "scheme timing"
+    input_shape: list[int]       # the one input the activations are of (N is 1 unless the graph fixes it)
 
     @property
     def fits(self) -> bool:
@@ -74,15 +75,25 @@ def memory_plan(fp32_path: Path, input_shape, budget_mb: float | None, search: b
     sqnr = SQNR_MB + SQNR_PER_WEIGHT * w + SQNR_PER_ACTIVATION * a
     timed = (SEARCH_MB + SEARCH_PER_WEIGHT * w + SEARCH_PER_LIVE * stats.activation_peak_bytes / MB) if search else 0.0
     need, phase = max((prepare, "pre-processing"), (sqnr, "per-node SQNR"), (timed, "scheme timing"))
-    return QuantizeMemoryPlan(need, budget_mb, w, a, phase)
+    return QuantizeMemoryPlan(need, budget_mb, w, a, phase, list(stats.input_shape))
 
 
-def check_memory_plan(p: QuantizeMemoryPlan, device: str, shape) -> None:
+def check_memory_plan(p: QuantizeMemoryPlan, device: str) -> None:
     """Refuse, in one line, a plan that does not fit the device's memory budget."""
     if p.fits:
         return
     raise UsageError(f"quantizing needs about {p.need_mb:.0f} MB at its peak ({p.peak_phase}: {p.weights_mb:.1f} MB "
-                     f"of weights, {p.activations_mb:.0f} MB of activations per sample at "
-                     f"{'x'.join(map(str, shape))}), more than {device}'s memory budget of {p.budget_mb:.0f} MB",
-                     "--device", "quantize on the host (or a bigger board) and copy the int8 file to the device, or "
+                     f"of weights, {p.activations_mb:.0f} MB of activations {_of_one_input(p.input_shape)}), more than "
+                     f"{device}'s memory budget of {p.budget_mb:.0f} MB", "--device",
+                     "quantize on the host (or a bigger board) and copy the int8 file to the device, or "
                      "quantize at a smaller --input-shape")
+
+
+def _of_one_input(shape: list[int]) -> str:
+    """'per sample at 1x16x16', or for a graph whose input fixes a batch 'for one input of 100000x1x16x16 (the
+    batch of 100000 its graph fixes)': the figure is of what one run takes."""
+    if not shape:
+        return "per input"
+    if shape[0] == 1:
+        return f"per sample at {'x'.join(map(str, shape[1:]))}"
+    return f"for one input of {'x'.join(map(str, shape))} (the batch of {shape[0]} its graph fixes)"
