@@ -555,13 +555,12 @@ MAX_G_PER_KWH = 2000.0  # as energy.carbon.MAX_G_PER_KWH, whose API checks the s
 
 
 def _grid_intensity(value: float) -> float:
-    if not 0 < value <= MAX_G_PER_KWH:
-        raise ValueError(f"{value:g} g CO2e/kWh is beyond any grid (lignite, the most intense source, is about 1,100; "
-                         f"the bound is {MAX_G_PER_KWH:g}); give grams of CO2e per kWh (not per MWh, not kg), e.g. 350")
-    return value
+    from .energy.carbon import check_g_per_kwh  # the check's one home, read only when the option is given
+
+    return check_g_per_kwh(value)
 
 
-GridIntensity = Annotated[Optional[float], Then(_grid_intensity), Range(gt=0, le=MAX_G_PER_KWH)]
+GridIntensity = Annotated[Optional[float], Then(_grid_intensity), Range(ge=0, le=MAX_G_PER_KWH)]
 
 
 def _clock_time(value) -> float:
@@ -666,7 +665,8 @@ class CarbonOptions(Options):
                            help="Where the device draws its power (ISO 3166 code, e.g. DE or DEU): grams of CO2e from "
                                 "that country's grid intensity in the bundled Ember table.")
     grid_intensity: GridIntensity = opt(None, metavar="G_PER_KWH",
-                                   help="Your grid's carbon intensity in g CO2e per kWh, instead of --country.")
+                                   help="Your grid's carbon intensity in g CO2e per kWh (0 for a fully renewable supply), "
+                                        "instead of --country.")
 
     def carbon_grid(self) -> dict | None:
         """The grid intensity the grams use (with its provenance), or None when neither was given."""

@@ -314,8 +314,9 @@ def test_the_zero_2_w_plans_lite_at_96_within_its_budget(mobilenet, device, tmp_
 
 
 def test_the_zero_2_w_refuses_a_quantize_that_would_not_fit_in_one_line_before_the_work(mobilenet, device, tmp_path):
-    """MobileNetV2 at 512x512: every tensor of one sample is about 420 MB, and the per-node SQNR pass holds one
-    sample's of the fp32 and the int8 model: the Zero 2 W's 320 MB budget refuses it from the graph alone."""
+    """MobileNetV2 at 512x512: every tensor of one sample is about 420 MB (275 MB once BatchNorm is folded), and
+    calibration and the per-node SQNR pass hold one sample's of the fp32 and the int8 model: the Zero 2 W's 320 MB
+    budget refuses it from the graph alone."""
     from clitools import assert_user_error
 
     res = device("quantize", mobilenet[512], "--calib", mobilenet["data"], "-o", tmp_path / "int8.onnx",

@@ -171,6 +171,29 @@ def test_energy_meter_without_a_source_models_at_the_busy_cores(pi4):
     assert EnergyMeter(None, source=None).start().stop() is None  # no device, nothing measures: no figure
 
 
+def test_a_runs_cpu_time_is_read_at_a_fine_resolution_for_the_process_and_its_children(pi4):
+    """os.times counts the kernel's 10 ms ticks: about ±5% of a tiny fine-tune's 0.2 s (ROUND5.md L10). The meter's
+    host CPU seconds, this process's and its waited-for children's, resolve far finer than a tick."""
+    import subprocess
+    import sys
+    import time
+
+    from edgetrain.energy.model import EnergyMeter
+
+    tick = 0.01
+    readings = []
+    for _ in range(3):
+        m = EnergyMeter(pi4, threads=1, source=None).start()
+        end = time.process_time() + 0.003  # 3 ms of this process's CPU...
+        while time.process_time() < end:
+            pass
+        subprocess.run([sys.executable, "-c", "pass"], check=True)  # ...and a child's start-up
+        readings.append(m.stop()["host_cpu_seconds"])
+    assert all(r > 0.003 for r in readings), readings  # the child's CPU time is in it: more than this process's
+    # whole ticks only, three times over, is what a 10 ms clock reads (a fine clock: about never)
+    assert any(abs(r / tick - round(r / tick)) > 1e-3 for r in readings), readings
+
+
 def test_energy_meter_with_a_source_measures(pi4, tmp_path):
     from edgetrain.energy import sensors as power
     from edgetrain.energy.model import EnergyMeter

@@ -94,7 +94,8 @@ def render(opts):
         out(f"start-up   model loaded in {t.load_s:.2f} s, first result {t.first_result_s:.2f} s after start")
         a = res.accuracy
         if a:
-            out(f"accuracy   top-1 {a.top1:.2f}%  top-{a.k} {a.topk:.2f}% on {a.samples} labelled input(s)")
+            topk = f"  top-{a.k} {a.topk:.2f}%" if a.k > 1 else ""  # --top-k 1: the one figure once
+            out(f"accuracy   top-1 {a.top1:.2f}%{topk} on {a.samples} labelled input(s)")
             worst = sorted(a.per_class, key=lambda c: (c.recall, -c.samples))[:CONFUSION_ROWS]
             shown = "" if len(worst) == len(a.per_class) else f" (the {len(worst)} with the lowest recall)"
             out(f"confusion  class: recall, most often mistaken for{shown}")

@@ -53,7 +53,21 @@ def country_row(code: str) -> dict | None:
 
 
 # No grid emits more per kWh: lignite plants are about 1,100 g (IPCC AR5 life-cycle median 820 g for coal).
+# 0 is a real figure: a node on its own solar panel, or a supply bought fully renewable (its grams are 0).
 MAX_G_PER_KWH = 2000.0
+
+
+def check_g_per_kwh(value: float) -> float:
+    """A grid intensity the grams may use: finite, 0 to MAX_G_PER_KWH; UsageError("what", fix) otherwise."""
+    value = float(value)
+    if value != value or value < 0:
+        raise UsageError(f"{value:g} g CO2e/kWh is not a grid's intensity (it is 0 or more)", "--grid-intensity",
+                         "give grams of CO2e per kWh, e.g. 350, or 0 for a fully renewable supply")
+    if value > MAX_G_PER_KWH:
+        raise UsageError(f"{value:g} g CO2e/kWh is beyond any grid (lignite, the most intense source, is about "
+                         f"1,100, the bound {MAX_G_PER_KWH:g})", "--grid-intensity",
+                         "give grams of CO2e per kWh (not per MWh, not kg), e.g. 350")
+    return value + 0.0  # -0.0 -> 0.0
 
 
 def grid_intensity(country: str | None = None, grid_g_per_kwh: float | None = None) -> dict | None:
@@ -62,12 +76,9 @@ def grid_intensity(country: str | None = None, grid_g_per_kwh: float | None = No
         raise UsageError("--country and --grid-intensity both given", "--grid-intensity",
                          "give the country (the bundled table's figure) or your own figure, not both")
     if grid_g_per_kwh is not None:
-        if not 0 < float(grid_g_per_kwh) <= MAX_G_PER_KWH:
-            raise UsageError(f"--grid-intensity {grid_g_per_kwh:g} g CO2e/kWh is beyond any grid (lignite, the most "
-                             f"intense source, is about 1,100; the bound is {MAX_G_PER_KWH:g})", "--grid-intensity",
-                             "give grams of CO2e per kWh (not per MWh, not kg), e.g. 350")
-        return {"g_co2e_per_kwh": float(grid_g_per_kwh), "provenance": "given",
-                "source": f"--grid-intensity {grid_g_per_kwh:g} g CO2e/kWh, given by the user"}
+        g = check_g_per_kwh(grid_g_per_kwh)
+        return {"g_co2e_per_kwh": g, "provenance": "given",
+                "source": f"--grid-intensity {g:g} g CO2e/kWh, given by the user"}
     if country is None:
         return None
     row = country_row(country)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from . import calibration, meterlog, sensors, uncertainty
 from .record import DEVICE, HOST, EnergyRecord
+from ..cputime import cpu_seconds
 from ..errors import UsageError
 from ..host import detect_host
 
@@ -499,18 +500,18 @@ class EnergyMeter:
                 time.sleep(sensors.DEFAULT_IDLE_S)
                 self.idle_window = (t, time.time())
             self._t0 = time.time()
-        self._cpu0 = _cpu_s()
+        self._cpu0 = cpu_seconds(children=True)
         return self
 
     def work_begins(self, what: str = "one-time host work") -> None:
         """The work proper begins now: what ran since ``start`` (``what``: loading the model, the ONNX export or
         prep child, a first run's cache) is one-time host work, left out of the figure and named beside it."""
-        self._work = (time.time(), what, _cpu_s())
+        self._work = (time.time(), what, cpu_seconds(children=True))
 
     def stop(self, epochs: int = 0, samples: int = 0) -> dict | None:
         if self.result is not None:  # stopped already (the context manager): add the per-unit figures
             return self._per_unit(self.result, epochs, samples)
-        t1, cpu1 = time.time(), _cpu_s()
+        t1, cpu1 = time.time(), cpu_seconds(children=True)
         t0 = self._work[0] if self._work else self._t0
         self.window = (t0, t1)
         seconds = t1 - t0
@@ -552,15 +553,6 @@ class EnergyMeter:
     @staticmethod
     def _per_unit(out, epochs: int, samples: int):
         return per_unit_of_run(out, epochs, samples)
-
-
-def _cpu_s() -> float:
-    """CPU seconds of this process and of the children it has waited for, every thread's: what a busy host does not
-    stretch, where it stretches the wall time."""
-    import os
-
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
 
 
 def board_watts(profile) -> list[float] | None:

@@ -17,6 +17,9 @@ is the p10 latency (or the measured duration) x the power the straight line from
 for the busy cores (a lower bound on the busy share), the upper end the p90 latency x the profile's
 full-load figure; where the full-load figure is a rated budget (``kind: rated``, a cap, not a draw) the
 lower end goes down to the idle figure. ``plus``/``minus`` are the distances of the ends from the figure.
+
+In the JSON a standard uncertainty is ``plus_minus_j`` (and ``relative``): one figure, as it is symmetric. An
+interval is its ends, ``low_j``/``high_j`` and ``plus_j``/``minus_j``, and never one ``plus_minus`` figure.
 """
 from __future__ import annotations
 
@@ -63,9 +66,9 @@ def per_unit(u: dict | None, n: float, unit_scale: float = 1000.0, suffix: str =
 
 def modelled(value_j: float, low_j: float, high_j: float, how: str) -> dict:
     low_j, high_j = min(low_j, value_j), max(high_j, value_j)
+    # both ends, never one "±" figure (it read as the whole interval: ±6.26 for +6.26/−0.16)
     return {"kind": "interval", "low_j": low_j, "high_j": high_j, "plus_j": high_j - value_j,
-            "minus_j": value_j - low_j, "plus_minus_j": max(high_j - value_j, value_j - low_j),
-            "relative": (max(high_j - value_j, value_j - low_j) / value_j) if value_j else None, "source": how}
+            "minus_j": value_j - low_j, "source": how}
 
 
 def text(value: float, u: dict | None, unit: str, provenance: str, detail: str = "") -> str:

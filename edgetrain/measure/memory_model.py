@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import _lazy, models
@@ -47,6 +47,8 @@ class GraphStats:
     nodes: int
     conv_weights_bytes: int      # the part of weights_bytes that convolutions use (re-laid-out by runtimes)
     source: str
+    input_shape: list[int] = field(default_factory=list)  # the data input's, as sized (a batch the graph fixes)
+    folded_bytes: int = 0        # the part of activation_total_bytes an optimiser folds away (BatchNorm after Conv)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -154,7 +156,7 @@ def onnx_stats(path: str | Path, input_shape: list[int] | None = None, batch: in
     weights = 0
     for t in graph.initializer:
         weights += int(np.prod(t.dims, dtype=np.int64)) * _ONNX_ITEMSIZE.get(t.data_type, 4)
-    input_bytes = 0
+    input_bytes, first_shape = 0, []
     for inp in graph.input:
         if inp.name in init_names:
             continue
@@ -168,6 +170,7 @@ def onnx_stats(path: str | Path, input_shape: list[int] | None = None, batch: in
             elif input_shape and len(input_shape) == len(dims):
                 d.dim_value = int(input_shape[i])
         shape = [d.dim_value for d in dims]
+        first_shape = first_shape or shape
         input_bytes += int(np.prod(shape, dtype=np.int64)) * _ONNX_ITEMSIZE.get(inp.type.tensor_type.elem_type, 4)
     inferred = shape_inference.infer_shapes(model)
     sizes: dict[str, int] = {}
@@ -182,7 +185,16 @@ def onnx_stats(path: str | Path, input_shape: list[int] | None = None, batch: in
                   for t in graph.initializer}
     conv = {n for node in graph.node if node.op_type in _ONNX_CONV for n in node.input[1:] if n in init_bytes}
     return GraphStats(weights, _liveness_peak(order, sizes, outputs), sum(sizes.values()), input_bytes,
-                      len(graph.node), sum(init_bytes[n] for n in conv), "ONNX shape inference")
+                      len(graph.node), sum(init_bytes[n] for n in conv), "ONNX shape inference", first_shape,
+                      _folded_bytes(graph, sizes))
+
+
+def _folded_bytes(graph, sizes: dict[str, int]) -> int:
+    """Bytes of the BatchNormalization outputs that follow a Conv: an optimiser folds each into its Conv's weights
+    (quantize's pre-processing does), so the tensor is not there to be run, calibrated or compared."""
+    made_by = {out: node.op_type for node in graph.node for out in node.output}
+    return sum(sizes.get(node.output[0], 0) for node in graph.node
+               if node.op_type == "BatchNormalization" and made_by.get(node.input[0]) == "Conv")
 
 
 def mxnet_stats(model_text: str, params: str | None = None, chw=None, batch: int = 1, with_info: bool = False):

@@ -171,7 +171,7 @@ def _quantize_ort(model, opts: QuantizeOptions, output: Path, scheme, threads: i
     if profile is not None:  # the device's budget: a quantize that would not fit is refused before the work
         plan = memory_plan(onnx_model.path, pre.input_shape, float(profile.memory_budget_mb),
                            search=_scheme_measured(opts, profile, detect_host()))
-        check_memory_plan(plan, profile.name, pre.input_shape)
+        check_memory_plan(plan, profile.name)
         notes.append(f"memory plan: about {plan.need_mb:.0f} MB at the peak ({plan.peak_phase}), within "
                      f"{profile.name}'s memory budget of {plan.budget_mb:.0f} MB")
     full_calib, calib_ds = load_calibration(calib, pre, samples)

@@ -342,7 +342,7 @@ def summarize(result: RunResult) -> dict:
         "energy_per_inference_mj": _dig(p, "energy", "per_inference", "total_mj"),
         "energy_provenance": _dig(p, "energy", "per_inference", "provenance"),
         "energy_per_inference_uncertainty_mj": _dig(p, "energy", "per_inference", "uncertainty", "plus_minus_mj"),
-        # the interval's two ends (+a/−b), what the run's report writes; the ± above is the larger of them
+        # the interval's two ends (+a/−b), what the run's report writes; the ± above only for a symmetric one
         "energy_per_inference_plus_mj": _end(_dig(p, "energy", "per_inference"), "plus"),
         "energy_per_inference_minus_mj": _end(_dig(p, "energy", "per_inference"), "minus"),
         "finetune_energy_j": _dig(f, "energy", "joules"),
@@ -353,9 +353,9 @@ def summarize(result: RunResult) -> dict:
         "carbon_per_inference_g": _dig(p, "energy", "carbon", "per_inference_g"),
         "carbon_per_day_g": _dig(p, "energy", "carbon", "per_day_g"),
         "finetune_carbon_g": _dig(f, "energy", "carbon", "grams"),
-        "carbon_g_per_kwh": _dig(p, "energy", "carbon", "g_co2e_per_kwh") or _dig(f, "energy", "carbon", "g_co2e_per_kwh"),
-        "carbon_intensity_source": (_dig(p, "energy", "carbon", "intensity", "source")
-                                    or _dig(f, "energy", "carbon", "intensity", "source")),
+        # 0 g/kWh (a fully renewable supply) is a figure: the finetune's only where the profile has none
+        "carbon_g_per_kwh": _first(_dig(step, "energy", "carbon", "g_co2e_per_kwh") for step in (p, f)),
+        "carbon_intensity_source": _first(_dig(step, "energy", "carbon", "intensity", "source") for step in (p, f)),
         "battery_life_days": _dig(p, "energy", "daily", "battery_days"),
         "battery_wh": _dig(p, "energy", "daily", "battery_wh"),
         "rate_per_h": _dig(p, "energy", "daily", "rate_per_h"),
@@ -370,6 +370,10 @@ def _end(record: dict | None, which: str) -> float | None:
     if not isinstance(record, dict) or (record.get("total_mj") is None and record.get("joules") is None):
         return None
     return getattr(EnergyRecord.of(record), which)
+
+
+def _first(values):
+    return next((v for v in values if v is not None), None)
 
 
 def _dig(d: dict, *keys):

@@ -41,6 +41,44 @@ def otii_over(path, t0: float, seconds: float, hz: float = 1000.0):
     return metertools.otii_export(path, seconds, lambda s: values[int(s * hz) % len(values)], hz), metertools.stamp(t0)
 
 
+def assert_both_ends(d, where="") -> int:
+    """Every interval in a result's JSON is written as its two ends, never as one "plus_minus" figure (ROUND5.md
+    L7: `plus_minus_mj` 6.26 for +6.26/−0.16); the count of intervals found."""
+    found = 0
+    if isinstance(d, dict):
+        if d.get("kind") == "interval":
+            unit = "mj" if "plus_mj" in d else "j"
+            assert {f"plus_{unit}", f"minus_{unit}", f"low_{unit}", f"high_{unit}"} <= d.keys(), (where, d)
+            assert not [k for k in d if k.startswith("plus_minus") or k == "relative"], (where, d)
+            found += 1
+        for k, v in d.items():
+            if k.startswith("plus_minus_") and not k.endswith("_g"):  # grams: carbon's own, symmetric only
+                assert isinstance(d.get("kind"), str) and d["kind"] != "interval", (where, k, d)
+            found += assert_both_ends(v, f"{where}.{k}")
+    elif isinstance(d, list):
+        found += sum(assert_both_ends(v, f"{where}[{i}]") for i, v in enumerate(d))
+    return found
+
+
+def test_an_interval_is_its_two_ends_in_the_json_and_in_a_runs_summary():
+    from edgetrain.energy import uncertainty
+    from edgetrain.ops.run import RunResult, StepRun, summarize
+
+    u = uncertainty.modelled(1.0, 0.84, 7.26, "p10-p90 x power range")
+    assert (u["plus_j"], u["minus_j"]) == pytest.approx((6.26, 0.16)) and assert_both_ends(u) == 1
+    per = uncertainty.per_unit(u, 1)
+    assert (per["plus_mj"], per["minus_mj"]) == pytest.approx((6260, 160)) and assert_both_ends(per) == 1
+    profile = {"energy": {"per_inference": {"total_mj": 1000.0, "provenance": "modelled", "uncertainty": per}}}
+    summary = summarize(RunResult(recipe="r", source="s", rundir="d", device="x",
+                                  steps=[StepRun("profile", "done", 0, 1.0, [], "log", profile)]))
+    assert (summary["energy_per_inference_plus_mj"], summary["energy_per_inference_minus_mj"]) == pytest.approx(
+        (6260, 160))
+    assert "energy_per_inference_uncertainty_mj" not in summary  # a "±" that was the plus end alone
+    # a standard uncertainty is symmetric: its one figure means what it says
+    std = uncertainty.measured(10.0, 2.0, 40, 0.5, 0.05, 0.01, "the file's unit", "a meter")
+    assert std["plus_minus_j"] > 0 and assert_both_ends(std) == 0
+
+
 # --- intervals: +a/−b where the ends differ, ± where they agree: one formatting function -----------------------
 
 def test_one_function_writes_every_interval():
@@ -73,6 +111,7 @@ def test_profile_writes_an_asymmetric_interval_as_plus_minus_in_every_renderer(c
     u = pi["uncertainty"]
     assert u["kind"] == "interval" and f"{u['plus_mj']:.2g}" != f"{u['minus_mj']:.2g}"  # the p10-p90 x power range
     assert pi["machine"] == "device" and pi["total_mj"] > 0  # the JSON keeps its names, and says what it is of
+    assert assert_both_ends(json.loads(js.read_text())) >= 1
     line = next(ln for ln in res.out.splitlines() if ln.startswith("energy "))
     assert ASYMMETRIC.search(line) and "\u00b1" not in line
     carbon = next(ln for ln in res.out.splitlines() if ln.startswith("carbon "))
@@ -101,6 +140,7 @@ def test_finetune_energy_on_a_device_is_host_time_x_its_speed_factor_without_the
     for r, out in runs:
         e = r["energy"]
         assert e["provenance"] == "modelled" and e["machine"] == "device"
+        assert assert_both_ends(r) >= 1
         ref = e["speed"]["reference"]
         assert e["speed_factor"] == pytest.approx(ref["device_ms"] / ref["host_ms"])  # as profile scales latency
         # in CPU time, which a busy host does not stretch: over the device's busy threads (all of the time, or one

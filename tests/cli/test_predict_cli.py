@@ -67,6 +67,8 @@ def test_csv_and_jsonl_on_stdout_summary_on_stderr(cli, models):  # noqa: F811
     assert len(lines) == 200 and all(len(r["top"]) == 1 and "label" in r for r in lines)
     hits = sum(r["top"][0]["label"] == r["label"] for r in lines)
     assert f"top-1 {100 * hits / 200:.2f}%" in res.err
+    accuracy = next(ln for ln in res.err.splitlines() if ln.startswith("accuracy "))
+    assert accuracy.count("top-") == 1, accuracy  # --top-k 1: "top-1 x%  top-1 x%" said it twice
 
 
 def test_table_with_summary_and_confusion_on_stdout(cli, models):  # noqa: F811
