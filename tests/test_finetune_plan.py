@@ -118,6 +118,8 @@ def test_the_planned_peak_is_the_measured_one_within_10_percent(built, tmp_path,
     """The plan's estimate (its probe step at the chosen micro-batch, and for head/last:N a feature pass at the chosen
     feature batch, plus what the run adds after it) is the run's measured peak within 10%, and under a budget the
     peak stays within it (issue 34: the plan spends the budget, it does not guess)."""
+    if budget and layers == "all":
+        budget = 240   # all's BatchNorm steps 2 samples or more: about 209 MB here (200 MB is refused, saying so)
     more = ("--memory-budget", f"{budget}MB") if budget else ()
     res = _finetune(built, tmp_path / "run", layers, *more)
     assert res.code == 0, res.err[-3000:]

@@ -426,8 +426,10 @@ class OnnxEngine:
                                        train_per_sample=train_mb + masks_mb)
         step = None
         # measured, not guessed: head/last:N's step graph is small, and BatchNorm in training mode may not step
-        # below 2 samples, where the analytic bound (STEP_PER_SAMPLE) is loosest; the probe decides for both
-        measured = self.has_frozen or bool(self.stats)
+        # below 2 samples, where the analytic bound (STEP_PER_SAMPLE) is loosest: the probe decides, for BatchNorm
+        # where the bound is within the whole budget (a probe over it would take the run over: a lite step of 2
+        # samples under 89 MB peaked at 97)
+        measured = self.has_frozen or bool(self.stats) and self._fits(fused, whole=True)
         if saved.get("ort_step", False) if saved is not None else measured or self._fits(fused):
             try:   # written only when it may run: the graph's making alone takes memory (a NumPy plan's margin)
                 step = ort_train.OrtTrain(model, self.grad)
@@ -570,11 +572,12 @@ class OnnxEngine:
         plan.estimate_mb = max(plan.estimate_mb, round(peak, 1))   # the process touched the larger probe's peak
         return plan
 
-    def _fits(self, costs: Costs) -> bool:
+    def _fits(self, costs: Costs, whole: bool = False) -> bool:
+        """Whether a plan fits the budget by the analytic bound (``whole``: all of it, the headroom too)."""
         if self.ctx.budget_mb is None:
             return True
         try:
-            choose(costs, self.ctx.budget_mb)
+            choose(costs, self.ctx.budget_mb / (HEADROOM if whole else 1.0))
         except UsageError:
             return False
         return True
