@@ -60,8 +60,7 @@ from . import lite, onnx_grad, roles, store
 from . import ort_forward, ort_train
 from .engine import EngineContext, Inputs
 from .ort_forward import OrtForward
-from .memplan import (HEADROOM, MB, MEASURED_SPREAD_MB, READ_AHEAD, Costs, MemoryPlan, choose, estimate, plan_for,
-                      refusal)
+from .memplan import HEADROOM, MB, MEASURED_SPREAD_MB, READ_AHEAD, Costs, MemoryPlan, choose, plan_for
 from .onnx_layers import cut_before_layer, extract, shapes_of, without_weights, write_streamed
 from .optimizers import Corrected, make_numpy_optimizer
 
@@ -467,21 +466,18 @@ class OnnxEngine:
         model = None
         self.step_model = None
         if use_step and step is not None:   # (use_step says step was made)
-            try:
-                self.step_graph, plan = self._probe(step, plan, costs, saved)
-                if refused is not None and ctx.budget_mb is not None and plan.estimate_mb > ctx.budget_mb:
-                    raise refused
+            self.step_graph, plan = self._probe(step, plan, costs, saved)
+            if refused is None or ctx.budget_mb is None or plan.estimate_mb <= ctx.budget_mb:
                 return plan, costs
-            except UsageError:
-                if refused is None or self.has_frozen or saved is not None:
-                    raise
-                # BatchNorm's 2 samples do not fit beside ONNX Runtime's sessions, measured: NumPy's step, which has
-                # no sessions, may (MobileNetV2-1.0 lite at 96x96 under 200 MB: 4 samples, 137 MB)
-                step.stop()
-                self.step_graph, costs = None, numpy_costs
-                store.release_freed_memory()
-                plan = plan_for(costs, ctx.budget_mb, saved)
-                plan.ort_step = plan.ort_forward = use_step = False
+            if self.has_frozen or saved is not None:
+                raise refused
+            # BatchNorm's 2 samples do not fit beside ONNX Runtime's sessions, measured: NumPy's step, which has no
+            # sessions, may (MobileNetV2-1.0 lite at 96x96 under 200 MB: 4 samples, 137 MB)
+            step.stop()
+            self.step_graph, costs = None, numpy_costs
+            store.release_freed_memory()
+            plan = plan_for(costs, ctx.budget_mb, saved)
+            plan.ort_step = plan.ort_forward = use_step = False
         if plan.arena is False:   # a saved plan's: the feature pass makes its own session without the arena
             self.eval_session = None
         x = np.zeros((1, *self.input_shape), np.float32)
@@ -523,10 +519,7 @@ class OnnxEngine:
                                          + (costs.cache_mb if plan.cache == "memory" else 0.0)), 1)
             if budget is None or saved is not None or plan.estimate_mb <= budget * HEADROOM:
                 break
-            if m <= min(costs.min_micro, costs.effective_batch):
-                if m > 1:   # the least that trains does not fit, measured: refused as the analytic plan refuses
-                    raise refusal(dataclasses.replace(costs, base_mb=costs.base_mb + plan.estimate_mb
-                                                      - estimate(costs, 1, m, plan.cache)), budget)
+            if m <= min(costs.min_micro, costs.effective_batch):   # the least that trains: the caller decides
                 break
             scale *= max(1.0, (plan.estimate_mb - before) / max(costs.train_per_sample * m, 1.0)) * 1.1
             try:
