@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from .. import procmem
+from ..cputime import cpu_seconds
 from ..fileio import atomic_write_text
 from ..svgchart import H, PAD_B, PAD_R, PAD_T, W, axes, fmt, nice_max, pad_left, svg, text
 from .records import TuneResult, score
@@ -170,4 +171,4 @@ def _finish_times(result: TuneResult, tuner, total: float) -> None:
     overhead = max(total - result.trial_seconds - sum(tuner.timers.values()), 0.0)
     result.overhead_seconds = round(overhead, 4)
     result.overhead_pct = round(100.0 * overhead / max(total, 1e-9), 3)
-    result.cpu_seconds = round(time.process_time() - tuner.cpu0, 4)
+    result.cpu_seconds = round(cpu_seconds() - tuner.cpu0, 4)

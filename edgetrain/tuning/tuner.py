@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import procmem, runtime
+from ..cputime import cpu_seconds
 from ..errors import RunFailed, UsageError
 from ..fileio import file_digest
 from ..options import FinetuneOptions, TuneOptions
@@ -77,7 +78,7 @@ class Tuner:
         # shared work, not overhead; "imports": loading the trainer's and the report's modules (what any run of
         # them pays once, like the interpreter's start, which no clock here counts)
         self.timers = {"check": 0.0, "imports": 0.0, "decode": 0.0, "precheck": 0.0, "latency": 0.0}
-        self.cpu0 = time.process_time()
+        self.cpu0 = cpu_seconds()
         self.setup_peak_mb: float | None = None
         self.trials: list[Trial] = []
         self.store = None
@@ -306,7 +307,7 @@ class Tuner:
         _reset_peak()
         before = trial.epochs_run
         # the trial's time from its folder and job on (its set-up, as a lone finetune's would be)
-        t0, c0, waited = time.monotonic(), time.process_time(), self.journal.waited
+        t0, c0, waited = time.monotonic(), cpu_seconds(), self.journal.waited
         job, has_checkpoint = self._job(trial, target, relay, write_model=final)
         trial.status = "running"
         try:
@@ -324,7 +325,7 @@ class Tuner:
             self.journal.append({"kind": "skipped", "trial": trial.number, "why": trial.why, "clock": self.clock()})
             return
         # (a wait for the journal's last line, at the job's first checkpoint, is the tuner's, not the trial's)
-        seconds, cpu = time.monotonic() - t0 - (self.journal.waited - waited), time.process_time() - c0
+        seconds, cpu = time.monotonic() - t0 - (self.journal.waited - waited), cpu_seconds() - c0
         trial.lr_used = job.lr
         del job
         if self.budget_mb is not None:
