@@ -1,4 +1,5 @@
-"""CPU time, the one clock every CPU-time figure reads (a fine-tune's energy, profile's per-run CPU time, tune's trials and overhead).
+"""CPU time, the one clock every CPU-time figure reads (a fine-tune's energy, profile's per-run CPU time, tune's
+trials and overhead).
 
 ``os.times`` counts in the kernel's clock ticks (10 ms on Linux): about ±5% of a tiny fine-tune's 0.2 s. This
 process's own time comes from ``time.process_time`` (CLOCK_PROCESS_CPUTIME_ID, nanoseconds); its waited-for
