@@ -26,8 +26,8 @@ fleet). Measured on a held-out shift (tools/bench_torch_peer.py) it took
 ``all`` from 0.457 to 0.571 top-1 (adam 0.0003; 0.730 at 0.001, its default since) and ``lite`` from 0.548 to
 0.712 (PyTorch's full fine-tune: 0.601; 0.503 with its BatchNorm frozen); refreshing the frozen statistics on the
 data once before training changed nothing (0.460, 0.535); refreshing them after training lost (0.457 -> 0.174)
-(both in inference mode, as the settle pass's statistics taken that way lose too: 0.18-0.60 where the pass's
-own, in training mode, gave 0.57-0.80).
+(statistics taken in inference mode lose here too: 0.18-0.60 on weights where the settle pass's, taken in training
+mode, gave 0.57-0.80).
 ``head`` and ``bias`` keep the file's statistics as constants.
 
 In every mode the whole step (forward, the loss's gradient, backward) is one ONNX Runtime graph (ort_train, the
