@@ -555,9 +555,9 @@ MAX_G_PER_KWH = 2000.0  # as energy.carbon.MAX_G_PER_KWH, whose API checks the s
 
 
 def _grid_intensity(value: float) -> float:
-    from .energy.carbon import check_g_per_kwh  # the check's one home, read only when the option is given
+    from . import energy  # the check's one home (energy.carbon), read only when the option is given
 
-    return check_g_per_kwh(value)
+    return energy.check_g_per_kwh(value)
 
 
 GridIntensity = Annotated[Optional[float], Then(_grid_intensity), Range(ge=0, le=MAX_G_PER_KWH)]

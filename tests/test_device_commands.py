@@ -294,13 +294,14 @@ def mobilenet(tmp_path_factory) -> dict:
 
 
 def test_the_zero_2_w_refuses_a_finetune_that_would_not_fit_in_one_line_before_the_work(mobilenet, device, tmp_path):
-    """Every weight of MobileNetV2 at 512x512 needs about 500 MB even one sample at a time: the Zero 2 W's profile
-    refuses it before any training (exit 2, one line, nothing written)."""
+    """Every weight of MobileNetV2 at 512x512 needs about 500 MB even one sample at a time, and its BatchNorm trains on
+    2 or more: the Zero 2 W's profile refuses it before any training (exit 2, one line naming the floor and why,
+    nothing written)."""
     from clitools import assert_user_error
 
     res = device("finetune", mobilenet[512], "--data", mobilenet["data"], "-o", tmp_path / "run", "--train-layers",
                  "all", "--device", "rpi-zero2w", "--epochs", "1")
-    assert_user_error(res, 2, "memory budget 320 MB is too small", "micro-batch 1")
+    assert_user_error(res, 2, "memory budget 320 MB is too small", "micro-batch 2 (BatchNorm trains on each")
     assert not (tmp_path / "run").exists()
 
 

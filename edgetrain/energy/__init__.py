@@ -20,6 +20,7 @@ _FACE = {  # name -> the module of this wing that defines it
     "parse_power_log": "meterlog", "read_power_log": "meterlog", "read_meter_export": "meterlog", "figure_text": "model",
     "grid_intensity": "carbon", "country_row": "carbon", "carbon_of_report": "carbon", "carbon_of_run": "carbon",
     "carbon_text": "carbon", "calibrate": "calibration", "budget_verdict": "model", "board_watts": "model",
+    "check_g_per_kwh": "carbon",
     "measured_run": "model", "run_record": "model", "per_unit_of_run": "model",
     "EnergyRecord": "record", "interval_text": "record", "energy_digits": "record",
 }
@@ -27,7 +28,7 @@ __all__ = sorted(_FACE)
 
 if TYPE_CHECKING:
     from .calibration import calibrate, detect
-    from .carbon import carbon_of_report, carbon_of_run, carbon_text, country_row, grid_intensity
+    from .carbon import carbon_of_report, carbon_of_run, carbon_text, check_g_per_kwh, country_row, grid_intensity
     from .model import (EnergyMeter, board_watts, budget_verdict, energy_report, figure_text, measured_per_inference,
                         measured_run, parse_rate, per_unit_of_run, rapl_delta_j, rapl_per_inference, read_rapl,
                         reliability, run_record)
