@@ -22,8 +22,9 @@ cover them:
 
 The coefficients were fitted here (x86-64, onnxruntime 1.32, Python 3.11, numpy 1.23; peak RSS of the whole
 `edgetrain quantize --device` process, imports included, as ru_maxrss of the child) over four families, then
-raised so that no measured peak is above its plan (the process's peak moves by a few percent from run to run:
-the heap's fragmentation). Measured (each run) against planned, MB, the plan 3-8% above:
+raised so that no measured peak here is above its plan (the process's peak moves by a few percent from run to
+run, the heap's fragmentation, and between machines: CI's fresh venv peaked at 241.7 MB on the digits CNN at
+400x400, 2.4% above its plan). Measured (each run) against planned, MB, the plan 3-8% above:
 
     digits CNN (symbolic H/W)  400x400 219-226 / 236   500x500 260-261 / 279   560x560 294-298 / 309
     MobileNetV2-1.0            96x96   209-216 / 224   224x224 292-293 / 303   320x320 408-409 / 421
