@@ -456,8 +456,7 @@ class OnnxEngine:
                 raise
             # the analytic bound (its headroom on top) refused: the smallest plan is probed and refused only if what
             # it measures breaks the budget
-            least = min(costs.min_micro, costs.effective_batch)
-            refused, plan = e, MemoryPlan(1, least, "disk" if self.has_frozen else "none", 0.0, ctx.budget_mb,
+            refused, plan = e, MemoryPlan(1, costs.least_micro, "disk" if self.has_frozen else "none", 0.0, ctx.budget_mb,
                                           costs.cache_mb)
         plan.ort_step, plan.ort_forward = use_step, use_fwd
         if not use_fwd and not self.has_frozen:
@@ -521,15 +520,14 @@ class OnnxEngine:
                                          + (costs.cache_mb if plan.cache == "memory" else 0.0)), 1)
             if budget is None or saved is not None or plan.estimate_mb <= budget * HEADROOM:
                 break
-            if m <= min(costs.min_micro, costs.effective_batch):   # the least that trains: the caller decides
+            if m <= costs.least_micro:   # the least that trains: the caller decides
                 break
             scale *= max(1.0, (plan.estimate_mb - before) / max(costs.train_per_sample * m, 1.0)) * 1.1
             try:
                 smaller = choose(costs, budget, scale=scale)
             except UsageError:
                 smaller = dataclasses.replace(plan, micro_batch=1)
-            least = min(costs.min_micro, costs.effective_batch)
-            plan = dataclasses.replace(plan, micro_batch=max(min(smaller.micro_batch, m // 2 or 1), least),
+            plan = dataclasses.replace(plan, micro_batch=max(min(smaller.micro_batch, m // 2 or 1), costs.least_micro),
                                        notes=list(plan.notes))
             step.stop()
             store.release_freed_memory()

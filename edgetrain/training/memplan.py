@@ -61,6 +61,11 @@ class Costs:
     min_micro: int = 1
 
     @property
+    def least_micro(self) -> int:
+        """The smallest micro-batch a plan may take: min_micro, or the whole batch when that is smaller."""
+        return min(self.min_micro, self.effective_batch)
+
+    @property
     def cache_mb(self) -> float:
         return self.cache_rows * self.feature_bytes / MB if self.has_frozen else 0.0
 
@@ -110,7 +115,7 @@ def choose(c: Costs, budget_mb: float | None, scale: float = 1.0) -> MemoryPlan:
            and (b == 1 or c.frozen_per_sample * b * scale <= FROZEN_PASS_MB)] or [1]
     if not c.has_frozen:
         fbs = [1]
-    ms = [d for d in divisors_desc(c.effective_batch) if d >= c.min_micro] or [c.effective_batch]
+    ms = [d for d in divisors_desc(c.effective_batch) if d >= c.least_micro]
     caches = ("memory", "disk") if c.has_frozen else ("none",)
     if budget_mb is None:
         fb = fbs[0]
@@ -151,7 +156,7 @@ def same_run(saved: dict, plan: dict) -> bool:
 
 
 def refusal(c: Costs, budget_mb: float, scale: float = 1.0) -> UsageError:
-    least_m = min(c.min_micro, c.effective_batch)
+    least_m = c.least_micro
     least = estimate(c, 1, least_m, "disk" if c.has_frozen else "none", scale)
     # in whole MB, above what the plan may use of it (never the budget given), with room for what another run
     # measures (so that the re-run it advises is not refused in turn)
