@@ -10,9 +10,14 @@ Values are parsed once, here, into what the library uses: sizes into megabytes (
 megabytes, never bytes), shapes into (C, H, W), rates into inferences per hour, ``train_layers`` checked.
 The declarations are plain Python, not pydantic: every command imports this module, and on a Pi the
 import and first validation of a pydantic model cost more than the work of a short command.
-pydantic stays where YAML is read (recipes, device profiles).
+pydantic stays where YAML is read (recipes, device profiles). The annotations stay text until a class's fields
+are first read (``Options.fields``): `edgetrain predict` reads one class's, and evaluating every class's at import
+was most of this module's import time (predict's start-up is held to a bare ONNX Runtime loop's).
 """
+from __future__ import annotations
+
 import math
+import sys
 import os
 import re
 import typing
@@ -236,6 +241,24 @@ def opt(default: Any = REQUIRED, *, help: str, flag: str | None = None, short: s
     return Opt(default, help, flag, short, metavar, recipe, bounds)
 
 
+class _Fields:
+    """``Options.fields``: a class's fields, each bound to its annotation (evaluated in the declaring module) the
+    first time the class's fields are read."""
+
+    def __get__(self, obj, owner) -> dict[str, Opt]:
+        got = owner.__dict__.get("_bound")
+        if got is None:
+            got = {}
+            for name in owner._names:
+                klass = next(k for k in owner.__mro__ if isinstance(vars(k).get(name), Opt))
+                field = vars(klass)[name]
+                if not field.name:
+                    field._bind(name, eval(klass.__annotations__[name], vars(sys.modules[klass.__module__])))
+                got[name] = field
+            owner._bound = got
+        return got
+
+
 class Options:
     """Base of every command's options: unknown names are errors; values are read and checked once, when the
     options are made (``Options.parse(values)`` or ``SomeOptions(**values)``), and never change after.
@@ -244,9 +267,10 @@ class Options:
     given (not its default) without them, it is refused in one line before any work, never silently ignored.
     A class's NEEDS add to its bases'."""
 
-    fields: dict[str, Opt] = {}
+    fields = _Fields()  # the class's fields in declaration order, read on first use
     NEEDS: dict[str, tuple[dict[str, Any], str]] = {}
     needs: dict[str, tuple[dict[str, Any], str]] = {}  # NEEDS of the class and its bases
+    _names: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -256,19 +280,12 @@ class Options:
             for name in vars(klass).get("__annotations__", {}):
                 if isinstance(vars(klass).get(name), Opt):
                     order[name] = None
-        fields = {}
-        for name in order:
-            owner = next(k for k in cls.__mro__ if isinstance(vars(k).get(name), Opt))
-            field = vars(owner)[name]
-            if not field.name:
-                field._bind(name, owner.__annotations__[name])
-            fields[name] = field
-        cls.fields = fields
+        cls._names = tuple(order)
         needs: dict = {}
         for klass in reversed(cls.__mro__):
             needs.update(vars(klass).get("NEEDS", {}))
         for name, (conditions, _) in needs.items():
-            if name not in fields or not set(conditions) <= set(fields):
+            if name not in order or not set(conditions) <= set(order):
                 raise TypeError(f"{cls.__name__}.NEEDS names an option it does not have: {name}: {conditions}")
         cls.needs = needs
 
