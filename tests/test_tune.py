@@ -56,6 +56,30 @@ def test_a_first_rung_of_a_fraction_of_an_epoch_with_min_rung():
     assert planned_epochs(rungs, [6] * 15) == pytest.approx(15 * 0.6667 + 5 * (2 - 0.6667) + 4)
 
 
+def test_a_tie_in_held_out_accuracy_goes_to_the_cheaper_work_not_to_the_less_loaded_run():
+    """Two trials of the same work (trained part, batch size, epochs) tie on device time and memory whatever their
+    runs measured (the load's share), so a tie in accuracy goes to grid order; another kind of work that costs less
+    per epoch wins it. Costs per kind come from the first rung's runs."""
+    from edgetrain.tuning.records import Trial, rank_key, work_costs
+
+    def trial(number, layers, seconds, peak, acc=0.95):
+        t = Trial(number, {"lr": 0.01 * number, "optimizer": "adam", "batch_size": 32, "train_layers": layers,
+                           "epochs": 6})
+        t.rungs = [{"rung": 0, "epochs": 6, "trained": 6, "val_accuracy": acc, "seconds": seconds, "peak_mb": peak}]
+        return t
+
+    a, b = trial(1, "lite", 8.6, 101.0), trial(2, "lite", 8.4, 100.5)   # b's run was less slowed
+    costs = work_costs([a, b])
+    assert costs[("lite", 32)] == (pytest.approx(8.5 / 6), 101.0)
+    assert min([b, a], key=lambda t: rank_key(t, "accuracy", costs=costs)) is a        # grid order
+    assert min([a, b], key=lambda t: rank_key(t, "accuracy")) is b                      # (measured: the load's pick)
+    c = trial(3, "bias", 4.0, 99.0)
+    costs = work_costs([a, b, c])
+    assert min([a, b, c], key=lambda t: rank_key(t, "accuracy", costs=costs)) is c     # cheaper work wins the tie
+    d = trial(4, "lite", 9.0, 101.0, acc=0.96)
+    assert min([a, b, c, d], key=lambda t: rank_key(t, "accuracy", costs=work_costs([a, b, c, d]))) is d
+
+
 def test_a_grid_in_the_seeds_form_reads_as_the_flags_do(tmp_path):
     f = tmp_path / "grid.yaml"
     f.write_text("param_dict:\n  learning_rate: [0.1, 0.01, 1e-3]\n  train_layers: [head, last:2]\n"

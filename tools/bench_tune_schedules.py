@@ -4,9 +4,12 @@ A trial trains the same bits whatever the schedule (a rung resumes its checkpoin
 the held-out accuracy a schedule sees at epoch e is the grid's history at e, and a pick that ends at 6 epochs is
 the grid's model of that trial, scored on the test set here. Runs kept by ``tools/bench_tune.py --keep DIR``
 (``SEEDDIR/grid`` and ``SEEDDIR/halving-eta3``) are read; each run's CPU seconds are a line per trained part,
-set-up + epochs x an epoch, fitted to every run recorded there. A pick short of 6 epochs has no test figure (no
-model of it was kept) and counts as a miss. Ranking as the tuner's (held-out, then grid order); into the last rung
-also the best of each part that trains more weights than the leader.
+set-up + epochs x an epoch, fitted to every run recorded there (a SEEDDIR with the grid alone, e.g. one made by
+a grid run of another seed, adds its trials but no runs to the fit). Ranking as the tuner's (held-out, then grid
+order); into the last rung also the best of each part that trains more weights than the leader; the pick among
+the trials trained to 6 epochs, as the tuner's. With ties Z (the rows marked `ties`), a point within Z standard
+errors of the last one kept (the held-out difference of two readings on HELD_OUT rows) goes on too: a cut
+inside the held-out figure's noise is not made on its noise.
 
     python tools/bench_tune_schedules.py SEEDDIR [SEEDDIR ...]
 """
@@ -21,14 +24,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_tune import test_top1  # noqa: E402
 
 WEIGHTS = {"head": 165, "bias": 245, "lite": 7877}   # the digits CNN's trained weights per part (tune.json)
-SCHEDULES = [([1, 2, 6], [15, 5, 1]), ([1, 2, 6], [15, 5, 2]), ([1, 2, 6], [15, 3, 2]), ([1, 2, 6], [15, 5, 3]),
-             ([1, 3, 6], [15, 5, 1]), ([1, 3, 6], [15, 5, 2]), ([1, 6], [15, 1]), ([1, 6], [15, 2]), ([1, 6], [15, 3])]
+HELD_OUT = 200   # bench_tune's held-out rows
+SCHEDULES = [([1, 2, 6], [15, 5, 1], 0), ([1, 2, 6], [15, 3, 1], 0), ([1, 2, 6], [15, 5, 2], 0),
+             ([1, 2, 6], [15, 3, 2], 0), ([1, 2, 6], [15, 5, 3], 0), ([1, 3, 6], [15, 3, 1], 0),
+             ([1, 3, 6], [15, 5, 1], 0), ([1, 6], [15, 1], 0), ([1, 6], [15, 2], 0), ([1, 6], [15, 3], 0),
+             ([1, 2, 6], [15, 5, 1], 1), ([1, 2, 6], [15, 5, 1], 2), ([1, 3, 6], [15, 3, 1], 1),
+             ([1, 3, 6], [15, 3, 1], 2), ([1, 6], [15, 1], 2)]
 
 
 def read(seed_dir: Path) -> tuple[dict, list]:
     grid = json.loads((seed_dir / "grid" / "tune.json").read_text())
     runs, trials = [], []
     for name in ("grid", "halving-eta3"):
+        if not (seed_dir / name / "tune.json").is_file():
+            continue
         kind = {t["trial"]: t["train_layers"] for t in json.loads((seed_dir / name / "tune.json").read_text())["trials"]}
         for line in (seed_dir / name / "journal.jsonl").read_text().splitlines():
             rec = json.loads(line)
@@ -51,7 +60,7 @@ def fit(runs: list) -> dict:
     return out
 
 
-def replay(trials: list, rungs: list, keeps: list, cost) -> tuple[dict, int, float]:
+def replay(trials: list, rungs: list, keeps: list, cost, ties: float = 0) -> tuple[dict, int, float]:
     by = {t["trial"]: t for t in trials}
     at = dict.fromkeys(by, 0)
     spent, alive = 0.0, list(by)
@@ -60,6 +69,9 @@ def replay(trials: list, rungs: list, keeps: list, cost) -> tuple[dict, int, flo
         if k:
             ranked = sorted(alive, key=lambda n: (-acc(n), n))
             alive = ranked[:keep]
+            last = acc(alive[-1])
+            noise = ties * (2 * max(last * (1 - last), 0.0025) / HELD_OUT) ** 0.5
+            alive += [n for n in ranked[keep:] if ties and last - acc(n) <= noise]
             if k == len(rungs) - 1:
                 lead = WEIGHTS[by[alive[0]]["layers"]]
                 alive += [n for n in ranked if WEIGHTS[by[n]["layers"]] > lead
@@ -67,7 +79,7 @@ def replay(trials: list, rungs: list, keeps: list, cost) -> tuple[dict, int, flo
         for n in alive:
             spent += cost(by[n]["layers"], epochs - at[n])
             at[n] = epochs
-    pick = min((n for n in at if at[n]), key=lambda n: (-acc(n), n))
+    pick = min((n for n in at if at[n] == 6), key=lambda n: (-acc(n), n))
     return by[pick], at[pick], spent
 
 
@@ -76,16 +88,17 @@ def main() -> None:
     line = fit([r for _, runs in seeds for r in runs])
     print("CPU seconds per run: " + ", ".join(f"{k} {a:.4f} + {b:.4f}/epoch" for k, (a, b) in line.items()))
     cost = lambda kind, n: line[kind][0] + line[kind][1] * n if n > 0 else 0.0  # noqa: E731
-    for rungs, keeps in SCHEDULES:
+    for rungs, keeps, ties in SCHEDULES:
         drops, ratios = [], []
         for grid, _ in seeds:
             best = next(t for t in grid["trials"] if t["trial"] == grid["pick"])
-            pick, epochs, spent = replay(grid["trials"], rungs, keeps, cost)
+            pick, epochs, spent = replay(grid["trials"], rungs, keeps, cost, ties)
             drops.append(best["test"] - pick["test"] if epochs == 6 else float("inf"))
             ratios.append(spent / sum(cost(t["layers"], 6) for t in grid["trials"]))
         ok = sum(d <= 1.0 for d in drops)
-        print(f"rungs {str(rungs):10s} keep {str(keeps):12s} within 1 point {ok:2d} of {len(seeds)}  CPU / grid "
-              f"median {statistics.median(ratios):.3f}  misses " + " ".join(f"{d:+.1f}" for d in drops if d > 1.0))
+        print(f"rungs {str(rungs):10s} keep {str(keeps):12s} {f'ties {ties}' if ties else '':6s} within 1 point "
+              f"{ok:2d} of {len(seeds)}  CPU / grid median {statistics.median(ratios):.3f} max {max(ratios):.3f}  "
+              "misses " + " ".join(f"{d:+.1f}" for d in drops if d > 1.0))
 
 
 if __name__ == "__main__":
