@@ -1037,14 +1037,104 @@ class FleetJoinOptions(DeviceOptions):
 
 
 # --- edgetrain tune -------------------------------------------------------------------------------------
+# The grid's names and values are read here, as finetune's own options read them (the tuning wing reads the
+# YAML files and runs the trials).
 
-def _grid_text(value) -> str | None:
-    """``--grid`` as one text, ``NAME=V1,V2;NAME=V1,...`` or a YAML file: a repeated flag (a list), a mapping
-    (the API: ``{"lr": [0.01, 0.1]}``) or that text. Names and values are checked by edgetrain.tuning, as
-    finetune checks them."""
-    from .tuning import grid_text  # lazy: the tuner's grid reader, one place
+# a name a user may give -> the FinetuneOptions field it sets (MXNet's spellings too)
+GRID_NAMES = {"lr": "lr", "learning_rate": "lr", "optimizer": "optimizer", "momentum": "momentum",
+              "weight_decay": "weight_decay", "wd": "weight_decay", "batch_size": "batch_size",
+              "train_layers": "train_layers", "epochs": "epochs"}
+GRID_OBJECTIVES = ("accuracy", "validation_accuracy", "val_accuracy")
+GRID_FIX = (f"search {', '.join(sorted(set(GRID_NAMES.values())))} (as finetune's options), "
+            "e.g. --grid lr=0.003,0.01,0.03")
 
-    return grid_text(value)
+
+def grid_field(name: str, where: str) -> str:
+    """The FinetuneOptions field a grid's ``name`` sets."""
+    key = str(name).strip().lower().replace("-", "_")
+    if key in GRID_NAMES:
+        return GRID_NAMES[key]
+    raise UsageError(f"unknown name '{name}' in the grid", where, GRID_FIX)
+
+
+def grid_values(name: str, raw: list, where: str) -> list:
+    """``raw`` read as finetune reads ``name``: each value checked, duplicates (0.01 and 1e-2) once."""
+    fld = FinetuneOptions.fields[name]
+    if not raw:
+        raise UsageError(f"the grid's '{name}' has no values", where, "give one or more, e.g. lr=0.003,0.03")
+    out = []
+    for value in raw:
+        if isinstance(value, str) and not value.strip():
+            raise UsageError(f"the grid's '{name}' has an empty value", where, "separate values by single commas")
+        try:
+            got = fld.read(value.strip() if isinstance(value, str) else value)
+        except ValueError as exc:
+            what, _, fix = str(exc).partition("; ")
+            raise UsageError(f"finetune refuses {fld.on_flag} {str(value)[:40]!r} in the grid: {what}", where,
+                             fix or "give a value `edgetrain finetune` takes") from None
+        if got is None:
+            raise UsageError(f"the grid's '{name}' needs a value, not {value!r}", where, "give e.g. lr=0.003,0.03")
+        if got not in out:
+            out.append(got)
+    return out
+
+
+def grid_entries(value) -> list[str]:
+    """The grid's ``NAME=V1,V2`` entries and YAML paths, from a text, a list of them or the API's mapping."""
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        return [f"{k}={','.join(str(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs]))}"
+                for k, vs in value.items()]
+    if isinstance(value, (list, tuple)):
+        return [e for item in value for e in grid_entries(item)]
+    if not isinstance(value, str):
+        raise UsageError(f"cannot read the grid {value!r}", "--grid", "give NAME=V1,V2 (or a YAML file)")
+    return [e.strip() for e in value.split(";") if e.strip()]
+
+
+def grid_text(value) -> str | None:
+    """``--grid`` (a repeated flag: a list; the API's mapping, ``{"lr": [0.01, 0.1]}``; or that text) as one text,
+    ``name=v1,v2;...`` (each name and value checked, a YAML file's path kept): what the declaration holds, and
+    reads back."""
+    parts, seen = [], set()
+    for entry in grid_entries(value):
+        if "=" not in entry:
+            if not entry.lower().endswith((".yaml", ".yml")):
+                raise UsageError(f"cannot read the grid entry '{entry[:40]}'", "--grid",
+                                 "give NAME=V1,V2,... or a YAML file (*.yaml) with a param_dict")
+            parts.append(entry)
+            continue
+        name, _, raw = entry.partition("=")
+        key = grid_field(name, "--grid")
+        if key in seen:
+            raise UsageError(f"the grid names '{key}' twice", "--grid", "give each name once, its values comma-separated")
+        seen.add(key)
+        values = grid_values(key, raw.split(","), "--grid")
+        parts.append(f"{key}={','.join(str(v) for v in values)}")
+    return ";".join(parts) or None
+
+
+MAX_OBJECTIVE_WEIGHT = 1e6
+
+
+def objective_text(value) -> str:
+    """``accuracy``, ``latency:W`` or ``energy:W`` (W > 0: accuracy points per ms / mJ of one inference)."""
+    text = str(value).strip().lower()
+    if text in GRID_OBJECTIVES:
+        return "accuracy"
+    kind, sep, weight = text.partition(":")
+    if kind in ("latency", "energy") and sep:
+        try:
+            w = float(weight)
+        except ValueError:
+            w = float("nan")
+        # at most a million points per ms or mJ: far beyond it (latency:1e308) the accuracy vanished in the
+        # score's rounding and a tie on the same graph chose the less accurate trial, exit 0
+        if 0 < w <= MAX_OBJECTIVE_WEIGHT:
+            return f"{kind}:{w:g}"
+    raise ValueError("not an objective; give accuracy, latency:W or energy:W (W: accuracy points given up per ms "
+                     f"or mJ of one inference, more than 0 and at most {MAX_OBJECTIVE_WEIGHT:g}, e.g. latency:0.5)")
 
 
 def _duration(value) -> float:
@@ -1062,16 +1152,10 @@ def _duration(value) -> float:
     return seconds
 
 
-def _objective(value) -> str:
-    from .tuning import objective_text
-
-    return objective_text(value)
-
-
-GridText = Annotated[Optional[str], Parse(_grid_text)]
+GridText = Annotated[Optional[str], Parse(grid_text)]
 # at most a year: beyond it a figure is a typo (or an infinity), not a plan
 Duration = Annotated[Optional[float], Parse(_duration, show=lambda s: f"{s:g}s"), Range(gt=0, le=366 * 86400)]
-ObjectiveText = Annotated[str, Parse(_objective)]
+ObjectiveText = Annotated[str, Parse(objective_text)]
 
 
 class TuneOptions(DeviceOptions):

@@ -11,14 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
+from ..options import grid_entries, grid_field, grid_values, objective_text
 
-# a name a user may give -> the FinetuneOptions field it sets (MXNet's spellings too)
-NAMES = {"lr": "lr", "learning_rate": "lr", "optimizer": "optimizer", "momentum": "momentum",
-         "weight_decay": "weight_decay", "wd": "weight_decay", "batch_size": "batch_size",
-         "train_layers": "train_layers", "epochs": "epochs"}
-OBJECTIVES = ("accuracy", "validation_accuracy", "val_accuracy")
 YAML_KEYS = ("param_dict", "objective")
-FIX = f"search {', '.join(sorted(set(NAMES.values())))} (as finetune's options), e.g. --grid lr=0.003,0.01,0.03"
 
 
 @dataclass
@@ -38,100 +33,13 @@ class Grid:
         return {name: list(values) for name, values in self.axes.items()}
 
 
-def _field(name: str, where: str) -> str:
-    key = str(name).strip().lower().replace("-", "_")
-    if key in NAMES:
-        return NAMES[key]
-    raise UsageError(f"unknown name '{name}' in the grid", where, FIX)
-
-
-def _values(name: str, raw: list, where: str) -> list:
-    """``raw`` read as finetune reads ``name``: each value checked, duplicates (0.01 and 1e-2) once."""
-    from ..options import FinetuneOptions
-
-    fld = FinetuneOptions.fields[name]
-    if not raw:
-        raise UsageError(f"the grid's '{name}' has no values", where, "give one or more, e.g. lr=0.003,0.03")
-    out = []
-    for value in raw:
-        if isinstance(value, str) and not value.strip():
-            raise UsageError(f"the grid's '{name}' has an empty value", where, "separate values by single commas")
-        try:
-            got = fld.read(value.strip() if isinstance(value, str) else value)
-        except ValueError as exc:
-            what, _, fix = str(exc).partition("; ")
-            raise UsageError(f"finetune refuses {fld.on_flag} {str(value)[:40]!r} in the grid: {what}", where,
-                             fix or "give a value `edgetrain finetune` takes") from None
-        if got is None:
-            raise UsageError(f"the grid's '{name}' needs a value, not {value!r}", where, "give e.g. lr=0.003,0.03")
-        if got not in out:
-            out.append(got)
-    return out
-
-
-def _entries(value) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, dict):
-        return [f"{k}={','.join(str(v) for v in (vs if isinstance(vs, (list, tuple)) else [vs]))}"
-                for k, vs in value.items()]
-    if isinstance(value, (list, tuple)):
-        return [e for item in value for e in _entries(item)]
-    if not isinstance(value, str):
-        raise UsageError(f"cannot read the grid {value!r}", "--grid", "give NAME=V1,V2 (or a YAML file)")
-    return [e.strip() for e in value.split(";") if e.strip()]
-
-
-def grid_text(value) -> str | None:
-    """The grid as one text, ``name=v1,v2;...`` (each name and value checked, a YAML file's path kept): what
-    the declaration holds, and reads back."""
-    parts, seen = [], set()
-    for entry in _entries(value):
-        if "=" not in entry:
-            if not entry.lower().endswith((".yaml", ".yml")):
-                raise UsageError(f"cannot read the grid entry '{entry[:40]}'", "--grid",
-                                 "give NAME=V1,V2,... or a YAML file (*.yaml) with a param_dict")
-            parts.append(entry)
-            continue
-        name, _, raw = entry.partition("=")
-        key = _field(name, "--grid")
-        if key in seen:
-            raise UsageError(f"the grid names '{key}' twice", "--grid", "give each name once, its values comma-separated")
-        seen.add(key)
-        values = _values(key, raw.split(","), "--grid")
-        parts.append(f"{key}={','.join(str(v) for v in values)}")
-    return ";".join(parts) or None
-
-
-MAX_OBJECTIVE_WEIGHT = 1e6
-
-
-def objective_text(value) -> str:
-    """``accuracy``, ``latency:W`` or ``energy:W`` (W > 0: accuracy points per ms / mJ of one inference)."""
-    text = str(value).strip().lower()
-    if text in OBJECTIVES:
-        return "accuracy"
-    kind, sep, weight = text.partition(":")
-    if kind in ("latency", "energy") and sep:
-        try:
-            w = float(weight)
-        except ValueError:
-            w = float("nan")
-        # at most a million points per ms or mJ: far beyond it (latency:1e308) the accuracy vanished in the
-        # score's rounding and a tie on the same graph chose the less accurate trial, exit 0
-        if 0 < w <= MAX_OBJECTIVE_WEIGHT:
-            return f"{kind}:{w:g}"
-    raise ValueError("not an objective; give accuracy, latency:W or energy:W (W: accuracy points given up per ms "
-                     f"or mJ of one inference, more than 0 and at most {MAX_OBJECTIVE_WEIGHT:g}, e.g. latency:0.5)")
-
-
 def read_grid(text: str | None) -> Grid:
     """The Grid ``text`` (as grid_text wrote it) stands for, YAML files read; an empty grid is refused."""
     grid = Grid()
-    for entry in _entries(text):
+    for entry in grid_entries(text):
         if "=" in entry:
             name, _, raw = entry.partition("=")
-            _add(grid, _field(name, "--grid"), raw.split(","), "--grid")
+            _add(grid, grid_field(name, "--grid"), raw.split(","), "--grid")
         else:
             _read_yaml(grid, Path(entry))
     if not grid.axes:
@@ -143,7 +51,7 @@ def read_grid(text: str | None) -> Grid:
 def _add(grid: Grid, key: str, raw: list, where: str) -> None:
     if key in grid.axes:
         raise UsageError(f"the grid names '{key}' twice", where, "give each name once")
-    grid.axes[key] = _values(key, raw, where)
+    grid.axes[key] = grid_values(key, raw, where)
 
 
 def _read_yaml(grid: Grid, path: Path) -> None:
@@ -168,7 +76,7 @@ def _read_yaml(grid: Grid, path: Path) -> None:
         values = values if isinstance(values, list) else [values]
         if any(isinstance(v, (dict, list)) or v is None for v in values):
             raise UsageError("each value is a number or a word", where, "give a list, e.g. [0.01, 0.1]")
-        _add(grid, _field(name, where), values, where)
+        _add(grid, grid_field(name, where), values, where)
     if "objective" in data:
         try:
             grid.objective = objective_text(data["objective"])

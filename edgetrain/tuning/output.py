@@ -16,9 +16,10 @@ from ..cputime import cpu_seconds
 from ..fileio import atomic_write_text
 from ..svgchart import H, PAD_B, PAD_R, PAD_T, W, axes, fmt, nice_max, pad_left, svg, text
 from .records import TuneResult, score
-from .tuner import CSV, JSON, MODEL, REPORT, TRIALS_DIR
 
 META_KEY = "edgetrain.tune"
+# what a tune writes into OUTDIR: the chosen model, the trials table, the JSON, the report; each trial in TRIALS_DIR
+MODEL, CSV, JSON, REPORT, TRIALS_DIR = "model.onnx", "trials.csv", "tune.json", "report.html", "trials"
 CSV_COLUMNS = ("trial", "status", "lr", "lr_used", "optimizer", "momentum", "weight_decay", "batch_size",
                "train_layers", "epochs", "epochs_run", "val_accuracy", "accuracy_by_rung", "device_seconds",
                "cpu_seconds", "train_seconds", "feature_seconds", "peak_mb", "estimate_mb", "energy_j",

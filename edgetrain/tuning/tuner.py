@@ -37,10 +37,10 @@ from . import schedule
 from .grid import Grid, read_grid
 from .inputs import configs_of, check_points, decode_data, fingerprint
 from .journal import FORMAT, Journal
+from .output import MODEL, TRIALS_DIR, write_outputs
 from .records import Trial, TuneResult, rank_key, reached, work_costs
 
-TRIALS_DIR, DATA_DIR, LOCK = "trials", "data", ".tune.lock"
-MODEL, CSV, JSON, REPORT = "model.onnx", "trials.csv", "tune.json", "report.html"
+DATA_DIR, LOCK = "data", ".tune.lock"
 LATENCY_RUNS = 30
 OUTPUT_RESERVE_S = 0.25  # of --time-budget, kept for writing the outputs (the model, the table, the report)
 # what a resume must find as it was: changed, the trials would not be the same ones
@@ -663,6 +663,5 @@ def _run(tuner: Tuner, grid: Grid, points: list[dict], tried: list[int], objecti
     tuner.ensure_model(best)
     tuner.release_build()
     tuner.journal.sync()
-    from .output import write_outputs
 
     return write_outputs(tuner, grid, points, best, objective, rungs, resumed)
