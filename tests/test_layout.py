@@ -119,3 +119,67 @@ def test_other_code_uses_a_wing_through_its_face():
             if name.split(".")[1] != wing:
                 offenders.append(f"{rel}: {name}")
     assert offenders == []
+
+
+def _module_of(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _face_names(package: str) -> dict[str, str]:
+    """A wing's face: name -> the module of the wing that defines it (its ``_FACE``/``_API`` mapping)."""
+    init = PACKAGE.parent.joinpath(*package.split("."), "__init__.py")
+    for node in ast.walk(ast.parse(init.read_text())) if init.is_file() else ():
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") in ("_FACE", "_API") for t in node.targets):
+            return {k: f"{package}.{v}" for k, v in ast.literal_eval(node.value).items()}
+    return {}
+
+
+def _imports_run(path: Path, known: set[str]) -> set[str]:
+    """The edgetrain modules ``path`` imports when it runs, at any depth (a function's lazy import too, and
+    through a wing's face the module that defines the name; not what only a type checker reads, under
+    ``if TYPE_CHECKING:``)."""
+    me = _module_of(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: set[str] = set()
+
+    def visit(node) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            base = ".".join(p for p in (base, node.module or "") if p)
+            face = _face_names(base) if base.startswith("edgetrain") else {}
+            for a in node.names:   # `from . import x`: the submodule x where there is one
+                out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+                if a.name in face:
+                    out.add(face[a.name])
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {m for m in out if m in known and m != me}
+
+
+def test_no_import_circle():
+    """No module imports, at any depth, a module that imports it back (lazy imports count: a circle written
+    with them still ties the two places together, and says one of them is in the wrong home)."""
+    paths = {_module_of(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {m: _imports_run(p, set(paths)) for m, p in paths.items()}
+    circles, done = [], set()
+    for start in sorted(graph):   # each module's reach; a circle is a module that reaches itself
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            node, trail = stack.pop()
+            for nxt in sorted(graph[node]):
+                if nxt == start and frozenset(trail) not in done:
+                    done.add(frozenset(trail))
+                    circles.append(" -> ".join(trail + [start]))
+                elif nxt not in seen and nxt != start:
+                    seen.add(nxt)
+                    stack.append((nxt, trail + [nxt]))
+    assert circles == []
