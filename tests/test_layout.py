@@ -126,7 +126,7 @@ def _module_of(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _face_names(package: str) -> dict[str, str]:
+def _face_modules(package: str) -> dict[str, str]:
     """A wing's face: name -> the module of the wing that defines it (its ``_FACE``/``_API`` mapping)."""
     init = PACKAGE.parent.joinpath(*package.split("."), "__init__.py")
     for node in ast.walk(ast.parse(init.read_text())) if init.is_file() else ():
@@ -153,7 +153,7 @@ def _imports_run(path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = package.rsplit(".", node.level - 1)[0] if node.level else ""
             base = ".".join(p for p in (base, node.module or "") if p)
-            face = _face_names(base) if base.startswith("edgetrain") else {}
+            face = _face_modules(base) if base.startswith("edgetrain") else {}
             for a in node.names:   # `from . import x`: the submodule x where there is one
                 out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
                 if a.name in face:
