@@ -65,7 +65,7 @@ class _Emitter:
         self.before: dict[str, list] = {}     # forward node (first output) -> nodes that run just before it
         self.outputs: dict[str, list] = {}    # forward node (first output) -> its added outputs
         self.current: Any = None  # (node, op) being differentiated
-        self.batch_norm: dict[str, tuple] = {}   # training-mode BatchNorm (output) -> (normalised input, 1/deviation)
+        self.batch_norm: dict[str, tuple] = {}   # training-mode BatchNorm (output) -> (centred input, 1/deviation, gain)
         self.opset = 13
         self._count = 0
         self._ints: dict[tuple, str] = {}
@@ -303,7 +303,7 @@ class OrtTrain:
         """Each training-mode BatchNorm (GradGraph's batch_stats) as ONNX nodes: normalised by the batch's mean and
         variance when BATCH is true (each an output, for the running statistics), by the running ones (fed) when
         false. Returns {BatchNorm output: its nodes} and [(node index, mean output, variance output, values per
-        channel per sample)]; the backward (onnx_grad's emit) reads the normalised input and 1/deviation."""
+        channel per sample)]; the backward (onnx_grad's emit) reads the centred input, 1/deviation and the gain."""
         helper = e.helper
         swap, stats = {}, list[tuple]()
         for index, (node, op) in enumerate(grad.nodes):
@@ -327,11 +327,11 @@ class OrtTrain:
             used_var = add("Where", [BATCH, batch_var, add("Reshape", [var, per_channel])])
             eps = e.const(np.float32(op.a.get("epsilon", 1e-5)))
             inv = add("Reciprocal", [add("Sqrt", [add("Add", [used_var, eps])])])
-            xhat = add("Mul", [d, inv])
-            add("Add", [add("Mul", [xhat, add("Reshape", [scale, per_channel])]), add("Reshape", [b, per_channel])],
-                node.output[0])
+            # y = d (scale inv) + b: the normalised input is never made (one pass over the values fewer)
+            gain = add("Mul", [inv, add("Reshape", [scale, per_channel])])
+            add("Add", [add("Mul", [d, gain]), add("Reshape", [b, per_channel])], node.output[0])
             swap[node.output[0]] = made
-            e.batch_norm[node.output[0]] = (xhat, inv)
+            e.batch_norm[node.output[0]] = (d, inv, gain)
             stats.append((index, batch_mean, batch_var, int(np.prod(dims[2:]))))
         return swap, stats
 
