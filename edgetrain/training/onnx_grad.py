@@ -157,19 +157,25 @@ def _normalised_backward(dy, scale, xhat, inv, over: tuple, need: tuple) -> list
     return grads
 
 
-def _emit_normalised(e, dy: str, scale: str, xhat: str | None, inv: str | None, over: list, rank: int,
+def _emit_normalised(e, dy: str, d: str | None, inv: str | None, gain: str | None, over: list, rank: int,
                      need: tuple) -> list:
-    """:func:`_normalised_backward` as ONNX nodes (ort_train's emitter ``e``)."""
+    """:func:`_normalised_backward` as ONNX nodes (ort_train's emitter ``e``), from the centred input ``d`` (xhat
+    is d inv), ``inv`` (1/deviation, constant over ``over``) and ``gain`` (scale inv): with ga = dy gain,
+    dx = ga - mean(ga) - d (inv^2 mean(ga d)), five passes over the values where the normalised input's form took
+    six, and the forward makes no xhat."""
     grads: list = [None, None, None]
     if need[2]:
         grads[2] = e.channel_sum(dy, rank)
     if need[1]:
-        grads[1] = e.channel_sum(e.node("Mul", [dy, xhat]), rank)
+        if 0 in over:   # one 1/deviation per channel (BatchNorm): summed first, then scaled
+            grads[1] = e.node("Mul", [e.channel_sum(e.node("Mul", [dy, d]), rank),
+                                      e.node("Reshape", [inv, e.ints([-1])])])
+        else:
+            grads[1] = e.channel_sum(e.node("Mul", [dy, e.node("Mul", [d, inv])]), rank)
     if need[0]:
-        g = e.node("Mul", [dy, e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))])])
-        centred = e.node("Sub", [g, e.reduce_mean(g, over)])
-        along = e.node("Mul", [xhat, e.reduce_mean(e.node("Mul", [g, xhat]), over)])
-        grads[0] = e.node("Mul", [inv, e.node("Sub", [centred, along])])
+        ga = e.node("Mul", [dy, gain])
+        k = e.node("Mul", [e.reduce_mean(e.node("Mul", [ga, d]), over), e.node("Mul", [inv, inv])])
+        grads[0] = e.node("Sub", [e.node("Sub", [ga, e.node("Mul", [d, k])]), e.reduce_mean(ga, over)])
     return grads
 
 
@@ -608,9 +614,9 @@ class _BatchNorm(_Op):
     def emit(self, e, node, dy):
         x, scale, _, mean, var = node.input
         rank = len(e.dims(x))
-        if self.batch_stats:   # training mode: ort_train wrote the forward (the normalised input, 1/deviation)
-            xhat, inv = e.batch_norm[node.output[0]]
-            return _emit_normalised(e, dy, scale, xhat, inv, [0] + list(range(2, rank)), rank, self.need) + [None] * 2
+        if self.batch_stats:   # training mode: ort_train wrote the forward (the centred input, 1/deviation, gain)
+            d, inv, gain = e.batch_norm[node.output[0]]
+            return _emit_normalised(e, dy, d, inv, gain, [0] + list(range(2, rank)), rank, self.need) + [None] * 2
         var_c = e.const_value(var)
         inv = _per_channel(1 / np.sqrt(var_c + var_c.dtype.type(self.a.get("epsilon", 1e-5))), rank)
         grads = [None] * 5
@@ -1418,14 +1424,14 @@ class _InstanceNorm(_Op):
     def emit(self, e, node, dy):
         x, scale, _ = node.input
         rank = len(e.dims(x))
-        spatial, xhat, inv = list(range(2, rank)), None, None
+        spatial, d, inv, gain = list(range(2, rank)), None, None, None
         if self.need[0] or self.need[1]:
             d = e.node("Sub", [x, e.reduce_mean(x, spatial)])
             var = e.reduce_mean(e.node("Mul", [d, d]), spatial)
             eps = e.const(np.float32(self.a.get("epsilon", 1e-5)))
             inv = e.node("Reciprocal", [e.node("Sqrt", [e.node("Add", [var, eps])])])
-            xhat = e.node("Mul", [d, inv])
-        return _emit_normalised(e, dy, scale, xhat, inv, spatial, rank, self.need)
+            gain = e.node("Mul", [inv, e.node("Reshape", [scale, e.ints([-1] + [1] * (rank - 2))])])
+        return _emit_normalised(e, dy, d, inv, gain, spatial, rank, self.need)
 
 
 class _Erf(_Pointwise):

@@ -65,7 +65,7 @@ class _Emitter:
         self.before: dict[str, list] = {}     # forward node (first output) -> nodes that run just before it
         self.outputs: dict[str, list] = {}    # forward node (first output) -> its added outputs
         self.current: Any = None  # (node, op) being differentiated
-        self.batch_norm: dict[str, tuple] = {}   # training-mode BatchNorm (output) -> (normalised input, 1/deviation)
+        self.batch_norm: dict[str, tuple] = {}   # training-mode BatchNorm (output) -> (centred input, 1/deviation, gain)
         self.opset = 13
         self._count = 0
         self._ints: dict[tuple, str] = {}
@@ -303,7 +303,7 @@ class OrtTrain:
         """Each training-mode BatchNorm (GradGraph's batch_stats) as ONNX nodes: normalised by the batch's mean and
         variance when BATCH is true (each an output, for the running statistics), by the running ones (fed) when
         false. Returns {BatchNorm output: its nodes} and [(node index, mean output, variance output, values per
-        channel per sample)]; the backward (onnx_grad's emit) reads the normalised input and 1/deviation."""
+        channel per sample)]; the backward (onnx_grad's emit) reads the centred input, 1/deviation and the gain."""
         helper = e.helper
         swap, stats = {}, list[tuple]()
         for index, (node, op) in enumerate(grad.nodes):
@@ -327,11 +327,11 @@ class OrtTrain:
             used_var = add("Where", [BATCH, batch_var, add("Reshape", [var, per_channel])])
             eps = e.const(np.float32(op.a.get("epsilon", 1e-5)))
             inv = add("Reciprocal", [add("Sqrt", [add("Add", [used_var, eps])])])
-            xhat = add("Mul", [d, inv])
-            add("Add", [add("Mul", [xhat, add("Reshape", [scale, per_channel])]), add("Reshape", [b, per_channel])],
-                node.output[0])
+            # y = d (scale inv) + b: the normalised input is never made (one pass over the values fewer)
+            gain = add("Mul", [inv, add("Reshape", [scale, per_channel])])
+            add("Add", [add("Mul", [d, gain]), add("Reshape", [b, per_channel])], node.output[0])
             swap[node.output[0]] = made
-            e.batch_norm[node.output[0]] = (xhat, inv)
+            e.batch_norm[node.output[0]] = (d, inv, gain)
             stats.append((index, batch_mean, batch_var, int(np.prod(dims[2:]))))
         return swap, stats
 
@@ -382,10 +382,14 @@ class OrtTrain:
 def frozen_weights(graph, grad: GradGraph) -> list[str]:
     """The initializers a session takes from ``grad.params`` rather than from the graph: the frozen float32
     weights (a scalar or a few values stay in the graph, where constant folding may read them; the trained ones
-    are inputs)."""
+    are inputs). A frozen grouped Conv's weight (a depthwise one) stays in the graph too: ONNX Runtime lays a
+    constant one out for its blocked (NCHWc) depthwise kernel, several times faster than its NCHW one, which
+    loops over every channel of every sample (MobileNetV2-1.0's are 0.25 MB of its 9)."""
     trainable = set(grad.trainable)
+    grouped = {node.input[1] for node in graph.node if node.op_type == "Conv" and len(node.input) > 1
+               and any(a.name == "group" and a.i > 1 for a in node.attribute)}
     return [t.name for t in graph.initializer if t.name in grad.params and t.name not in trainable
-            and t.data_type == 1 and grad.params[t.name].dtype == np.float32
+            and t.name not in grouped and t.data_type == 1 and grad.params[t.name].dtype == np.float32
             and grad.params[t.name].size > 16 and grad.params[t.name].flags.c_contiguous]
 
 
@@ -396,7 +400,7 @@ def _session(proto, threads: int, arena: bool):
     # the arena without ORT's memory pattern: the pattern's one block came on top of the first run's chunks,
     # which the arena keeps (a batch-4 lite step at 160x160 peaked 36 MB higher with it, at the same speed)
     opts.enable_mem_pattern = False
-    # ENABLE_ALL's NCHWc layout copied every Conv weight again (9 MB more for MobileNetV2 lite) for no speed
-    # here: a step took 151-200 ms either way (160x160, batch 4)
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    # ort_session_options' ENABLE_ALL lays out the Convs whose weights are constants (frozen depthwise ones, the
+    # backward's flipped ones) in NCHWc; the fed weights are not copied: a MobileNetV2-1.0 lite step at 96x96 took
+    # 8-11% less CPU at 32 samples and at 2 than with ENABLE_EXTENDED (load 14-18)
     return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
