@@ -248,8 +248,9 @@ def test_derived_control_keeps_the_coordinators_control_variate_the_mean_of_the_
 
 @pytest.mark.parametrize("seed", range(5))
 def test_ternary_error_feedback_sends_everything_eventually(seed):
-    """sum(decoded) == sum(true updates) - final residual, exactly round by round; and the residual stays
-    bounded, so every coordinate's push arrives (plain top-k without feedback never sends the small ones)."""
+    """With ``feedback=True`` (the codec before TERNARY_FEEDBACK was False): sum(decoded) == sum(true
+    updates) - final residual, exactly round by round; and the residual stays bounded, so every
+    coordinate's push arrives (plain top-k without feedback never sends the small ones)."""
     rng = np.random.RandomState(seed)
     shape = (10, 32)
     residual: dict = {}
@@ -261,7 +262,7 @@ def test_ternary_error_feedback_sends_everything_eventually(seed):
         delta = (bias + rng.normal(scale=0.002, size=shape)).astype(np.float32)
         biggest = max(biggest, float(np.abs(delta).max()))
         before = residual.get("w", np.zeros(shape, np.float32)).copy()
-        enc, residual = encode_update({"w": delta}, "ternary", residual)
+        enc, residual = encode_update({"w": delta}, "ternary", residual, feedback=True)
         decoded = decode_tensor(enc["w"])
         np.testing.assert_array_equal(residual["w"], (delta + before) - decoded)
         sent += decoded
@@ -464,7 +465,7 @@ def test_the_ternary_codec_sizes_each_message_to_its_bytes_target(sizes, ratio):
     update = {k: rng.standard_normal(shape).astype(np.float32) for k, shape in sizes.items()}
     residual = {k: (0.1 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in update.items()}
     target = sum(4 * v.size for v in update.values()) // ratio
-    enc, new_res = encode_update(update, "ternary", residual, target=target)
+    enc, new_res = encode_update(update, "ternary", residual, target=target, feedback=True)
     spent = update_bytes(enc)
     assert spent <= target and spent >= 0.8 * target, (spent, target)
     for k, v in update.items():
@@ -481,7 +482,7 @@ def test_a_generous_bytes_target_buys_levels_not_only_entries():
 
     update = {"w": np.linspace(-1, 1, 320, dtype=np.float32).reshape(10, 32), "b": np.ones(10, np.float32)}
     for target, codec in ((330 + 16, "int8"), (330 // 4 + 2 + 16, "2bit"), (60, "ternary")):
-        enc, res = encode_update(update, "ternary", {}, target=target)
+        enc, res = encode_update(update, "ternary", {}, target=target, feedback=True)
         assert {e.codec for e in enc.values()} == {codec} and update_bytes(enc) <= target
         assert set(res) == set(update) if codec != "int8" else True
 
@@ -555,7 +556,7 @@ def test_a_ternary_update_with_int8s_statistics_crosses_the_wire_and_a_hostile_o
 
     rng = np.random.RandomState(3)
     update = {"w": rng.normal(size=(10, 32)).astype(np.float32), "running_var": rng.normal(size=32).astype(np.float32)}
-    enc, residual = encode_update(update, "ternary", {}, exact={"running_var"})
+    enc, residual = encode_update(update, "ternary", {}, exact={"running_var"}, feedback=True)
     back = decode_update(wire.from_record(wire.to_record(enc)), update, "dev")
     assert enc["running_var"].codec == "int8s" and set(residual) == set(update)
     for k in update:  # what the device kept as sent (update - residual, to float32 rounding)
@@ -571,3 +572,34 @@ def test_a_ternary_update_with_int8s_statistics_crosses_the_wire_and_a_hostile_o
         with pytest.raises(ValueError, match=why) as info:
             decode_update(wire.from_record(wire.to_record(hostile)), update, "dev")
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("target", [None, 26])
+def test_ternary_keeps_no_residual_for_the_trained_tensors_by_default_but_keeps_the_statistics(target):
+    """TERNARY_FEEDBACK is False: each message is the top entries of this round's update alone (a residual a
+    device's state still holds for a trained tensor is neither added nor kept), while the statistics' int8s
+    residual is added and kept as before: what the device would have sent with no residual at all, byte for
+    byte, and the statistics' error feedback sums exactly."""
+    from edgetrain.fleet import codec as c
+
+    assert c.TERNARY_FEEDBACK is False
+    rng = np.random.RandomState(5)
+    update = {"w": rng.normal(size=(10, 32)).astype(np.float32), "b": rng.normal(size=10).astype(np.float32),
+              "running_var": rng.normal(size=32).astype(np.float32)}
+    old = {k: (10 * rng.normal(size=v.shape)).astype(np.float32) for k, v in update.items()}
+    enc, residual = encode_update(update, "ternary", old, exact={"running_var"}, target=target)
+    assert set(residual) == {"running_var"}
+    fresh, _ = encode_update(update, "ternary", {"running_var": old["running_var"]}, exact={"running_var"},
+                             target=target, feedback=True)
+    assert {k: e.data for k, e in enc.items()} == {k: e.data for k, e in fresh.items()}
+    np.testing.assert_array_equal(residual["running_var"],
+                                  update["running_var"] + old["running_var"] - decode_tensor(enc["running_var"]))
+    # the trained tensors: the top entries of the update itself, whatever the old residual
+    for k in ("w", "b"):
+        back = decode_tensor(enc[k])
+        kept = back != 0
+        assert kept.any() and np.all(np.sign(back[kept]) == np.sign(update[k][kept]))
+        assert np.abs(update[k][kept]).min() >= np.abs(update[k][~kept]).max(initial=0)
+    # with feedback the old residual would have changed what is sent
+    with_old, _ = encode_update(update, "ternary", old, exact={"running_var"}, target=target, feedback=True)
+    assert with_old["w"].data != enc["w"].data
