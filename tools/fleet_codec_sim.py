@@ -119,9 +119,8 @@ def main() -> None:
                     "only; 2: two scales, 2 bits an entry)")
     ap.add_argument("--control-rows", default="", help="experiment: a 2-d or 4-d tensor's control variate is one "
                     "number per output row (its mean), on the device too; its delta goes as CODEC (fp32 or int8s)")
-    ap.add_argument("--ternary-feedback", action="store_true",
-                    help="the trained tensors keep an error-feedback residual (the codec before TERNARY_FEEDBACK "
-                    "was False)")
+    ap.add_argument("--ternary-decay", type=float, default=None,
+                    help="the codec's RESIDUAL_DECAY instead (1: the whole residual, the codec before; 0: none)")
     ap.add_argument("--residual-stale", type=int, default=0,
                     help="a device's weights residual is dropped when it was last asked more than this many rounds "
                     "before (0: never dropped)")
@@ -271,7 +270,7 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             enc, r1 = codec.encode_update({k: v for k, v in wts.items() if k not in named},
                                           wcodec, rw,
                                           density=density, floor=a.min_keep, target=target,
-                                          feedback=a.ternary_feedback or None)
+                                          decay=a.ternary_decay)
             enc4, _ = codec.encode_update({k: wts[k] for k in named}, "fp32")
             enc.update(enc4)
             enc.update(enc3)
