@@ -248,8 +248,9 @@ def test_derived_control_keeps_the_coordinators_control_variate_the_mean_of_the_
 
 @pytest.mark.parametrize("seed", range(5))
 def test_ternary_error_feedback_sends_everything_eventually(seed):
-    """sum(decoded) == sum(true updates) - final residual, exactly round by round; and the residual stays
-    bounded, so every coordinate's push arrives (plain top-k without feedback never sends the small ones)."""
+    """With ``decay=1.0`` (the whole residual, the codec before RESIDUAL_DECAY): sum(decoded) == sum(true
+    updates) - final residual, exactly round by round; and the residual stays bounded, so every
+    coordinate's push arrives (plain top-k without feedback never sends the small ones)."""
     rng = np.random.RandomState(seed)
     shape = (10, 32)
     residual: dict = {}
@@ -261,7 +262,7 @@ def test_ternary_error_feedback_sends_everything_eventually(seed):
         delta = (bias + rng.normal(scale=0.002, size=shape)).astype(np.float32)
         biggest = max(biggest, float(np.abs(delta).max()))
         before = residual.get("w", np.zeros(shape, np.float32)).copy()
-        enc, residual = encode_update({"w": delta}, "ternary", residual)
+        enc, residual = encode_update({"w": delta}, "ternary", residual, decay=1.0)
         decoded = decode_tensor(enc["w"])
         np.testing.assert_array_equal(residual["w"], (delta + before) - decoded)
         sent += decoded
@@ -464,7 +465,7 @@ def test_the_ternary_codec_sizes_each_message_to_its_bytes_target(sizes, ratio):
     update = {k: rng.standard_normal(shape).astype(np.float32) for k, shape in sizes.items()}
     residual = {k: (0.1 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in update.items()}
     target = sum(4 * v.size for v in update.values()) // ratio
-    enc, new_res = encode_update(update, "ternary", residual, target=target)
+    enc, new_res = encode_update(update, "ternary", residual, target=target, decay=1.0)
     spent = update_bytes(enc)
     assert spent <= target and spent >= 0.8 * target, (spent, target)
     for k, v in update.items():
@@ -481,7 +482,7 @@ def test_a_generous_bytes_target_buys_levels_not_only_entries():
 
     update = {"w": np.linspace(-1, 1, 320, dtype=np.float32).reshape(10, 32), "b": np.ones(10, np.float32)}
     for target, codec in ((330 + 16, "int8"), (330 // 4 + 2 + 16, "2bit"), (60, "ternary")):
-        enc, res = encode_update(update, "ternary", {}, target=target)
+        enc, res = encode_update(update, "ternary", {}, target=target, decay=1.0)
         assert {e.codec for e in enc.values()} == {codec} and update_bytes(enc) <= target
         assert set(res) == set(update) if codec != "int8" else True
 
@@ -555,7 +556,7 @@ def test_a_ternary_update_with_int8s_statistics_crosses_the_wire_and_a_hostile_o
 
     rng = np.random.RandomState(3)
     update = {"w": rng.normal(size=(10, 32)).astype(np.float32), "running_var": rng.normal(size=32).astype(np.float32)}
-    enc, residual = encode_update(update, "ternary", {}, exact={"running_var"})
+    enc, residual = encode_update(update, "ternary", {}, exact={"running_var"}, decay=1.0)
     back = decode_update(wire.from_record(wire.to_record(enc)), update, "dev")
     assert enc["running_var"].codec == "int8s" and set(residual) == set(update)
     for k in update:  # what the device kept as sent (update - residual, to float32 rounding)
@@ -571,3 +572,40 @@ def test_a_ternary_update_with_int8s_statistics_crosses_the_wire_and_a_hostile_o
         with pytest.raises(ValueError, match=why) as info:
             decode_update(wire.from_record(wire.to_record(hostile)), update, "dev")
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("decay", [None, 0.0])
+@pytest.mark.parametrize("target", [None, 26])
+def test_ternary_adds_a_decayed_residual_for_the_trained_tensors_and_the_whole_one_for_the_statistics(target, decay):
+    """RESIDUAL_DECAY (0.5; ``decay`` 0: none): the trained tensors' residual is scaled before it is added, so the
+    message is what the whole-residual codec sends from the scaled residual, byte for byte; the statistics' int8s
+    residual is added whole and its error feedback sums exactly; with 0 no trained residual is added or kept."""
+    from edgetrain.fleet import codec as c
+
+    assert c.RESIDUAL_DECAY == 0.5
+    f = c.RESIDUAL_DECAY if decay is None else decay
+    rng = np.random.RandomState(5)
+    update = {"w": rng.normal(size=(10, 32)).astype(np.float32), "b": rng.normal(size=10).astype(np.float32),
+              "running_var": rng.normal(size=32).astype(np.float32)}
+    old = {k: (10 * rng.normal(size=v.shape)).astype(np.float32) for k, v in update.items()}
+    enc, residual = encode_update(update, "ternary", old, exact={"running_var"}, target=target, decay=decay)
+    scaled = {k: v if k == "running_var" else (v * np.float32(f)).astype(np.float32) for k, v in old.items()}
+    same, _ = encode_update(update, "ternary", scaled if f else {"running_var": old["running_var"]},
+                            exact={"running_var"}, target=target, decay=1.0)
+    assert {k: e.data for k, e in enc.items()} == {k: e.data for k, e in same.items()}
+    np.testing.assert_array_equal(residual["running_var"],
+                                  update["running_var"] + old["running_var"] - decode_tensor(enc["running_var"]))
+    if f:
+        assert set(residual) == set(update)
+        for k in ("w", "b"):  # what this message did not send of the update plus the scaled residual
+            np.testing.assert_array_equal(residual[k], (update[k] + scaled[k]) - decode_tensor(enc[k]))
+    else:
+        assert set(residual) == {"running_var"}
+        for k in ("w", "b"):  # the top entries of the update itself, whatever the old residual
+            back = decode_tensor(enc[k])
+            kept = back != 0
+            assert kept.any() and np.all(np.sign(back[kept]) == np.sign(update[k][kept]))
+            assert np.abs(update[k][kept]).min() >= np.abs(update[k][~kept]).max(initial=0)
+    # the whole residual would have sent something else
+    whole, _ = encode_update(update, "ternary", old, exact={"running_var"}, target=target, decay=1.0)
+    assert whole["w"].data != enc["w"].data

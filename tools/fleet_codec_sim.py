@@ -119,6 +119,11 @@ def main() -> None:
                     "only; 2: two scales, 2 bits an entry)")
     ap.add_argument("--control-rows", default="", help="experiment: a 2-d or 4-d tensor's control variate is one "
                     "number per output row (its mean), on the device too; its delta goes as CODEC (fp32 or int8s)")
+    ap.add_argument("--ternary-decay", type=float, default=None,
+                    help="the codec's RESIDUAL_DECAY instead (1: the whole residual, the codec before; 0: none)")
+    ap.add_argument("--residual-stale", type=int, default=0,
+                    help="a device's weights residual is dropped when it was last asked more than this many rounds "
+                    "before (0: never dropped)")
     ap.add_argument("--reset-residual", action="store_true",
                     help="diagnosis: a device's error-feedback residual is dropped after each round, not carried")
     a = ap.parse_args()
@@ -185,6 +190,7 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
     # asked, at first the model's initial arrays (which it computes itself: the coordinator's round 0)
     held: list[dict] = [dict(ev.initial) for _ in devs]
     prev_start: list[dict | None] = [None for _ in devs]
+    last_asked = [0 for _ in devs]
     for r in range(1, a.rounds + 1):
         sent = {**arrays, **({"control/" + k: v for k, v in control.items()} if mode != "fedavg" else {})}
         asked = sample(list(range(len(devs))), max(1, int(round(len(devs) * a.fraction))), seed, r)
@@ -227,6 +233,9 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
             cd = density if a.ctl_density is None or density >= 1 else a.ctl_density
             if reset:
                 resid[i] = {}
+            if a.residual_stale and last_asked[i] and r - last_asked[i] > a.residual_stale:
+                resid[i] = {k: v for k, v in resid[i].items() if k in res.fleet_statistics}
+            last_asked[i] = r
             rw_all = dict(resid[i])
             st = set(res.fleet_statistics)
             wts = {k: v for k, v in delta.items() if k not in ctl and k not in st}
@@ -260,7 +269,8 @@ def fleet(a, ev, devs, seed: int, cdc: str, smom: float, mode: str, density: flo
                     - codec.update_bytes(enc3)
             enc, r1 = codec.encode_update({k: v for k, v in wts.items() if k not in named},
                                           wcodec, rw,
-                                          density=density, floor=a.min_keep, target=target)
+                                          density=density, floor=a.min_keep, target=target,
+                                          decay=a.ternary_decay)
             enc4, _ = codec.encode_update({k: wts[k] for k in named}, "fp32")
             enc.update(enc4)
             enc.update(enc3)

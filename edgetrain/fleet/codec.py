@@ -7,11 +7,12 @@ Each tensor travels as ``(lo, scale)`` (two float32) followed by its codes:
 - ``2bit``: per-tensor affine with four levels, four codes per byte, and *error feedback*: what the
   quantizer dropped (``residual``) stays on the device and is added to the next round's update, so
   over rounds the sum of what was sent equals the sum of the true updates minus one residual.
-- ``ternary``: sparse ternary compression (STC, Sattler et al. 2019) with error feedback: of each tensor
-  (plus its residual) only the ``k = max(ceil(n * density), MIN_KEEP)`` (``--ternary-density``,
-  ``--ternary-min-keep``) largest magnitudes travel, each as ``+-scale``
-  with one shared scale (the mean magnitude of the kept entries, rounded to bfloat16: what the receiver
-  decodes is what the sender subtracts), everything else stays in the residual. Payload: ``k`` as a
+- ``ternary``: sparse ternary compression (STC, Sattler et al. 2019): of each tensor only the
+  ``k = max(ceil(n * density), MIN_KEEP)`` (``--ternary-density``, ``--ternary-min-keep``) largest magnitudes
+  travel, each as ``+-scale`` with one shared scale (the mean magnitude of the kept entries, rounded to
+  bfloat16: what the receiver decodes is what the sender subtracts). The rest stays in an error-feedback
+  residual, of which the next round's update gets ``RESIDUAL_DECAY`` (0.5; ``decay`` in ``encode_update``; 1,
+  all of it, was the codec before). Payload: ``k`` as a
   LEB128 varint, then (when ``k > 0``) the scale's two bfloat16 bytes, then a bit stream of ``k`` entries in
   position order, each the gap to the previous kept position Golomb-Rice coded (parameter
   ``floor(log2(n / k))``, derived, not sent) followed by its sign bit, zero-padded to a byte. For the
@@ -58,12 +59,20 @@ CONTROL_STEP = 0.4
 MIN_KEEP = 48
 # ternary: the uplink's default bytes target, as a ratio to the message's float32 bytes (--uplink-ratio); 0:
 # the fixed --ternary-density / --ternary-min-keep. 0 by default: sized to 100x, the head ended 14.7 points and
-# bias 40.5 points below the fp32 fleet over 16 seeds, against 5.8 and 2.7 at the fixed density (README, "Sizing")
+# bias 40.5 points below the fp32 fleet over 16 seeds, against 5.8 and 2.7 at the fixed density, both with the whole
+# residual (README, "Sizing"; with RESIDUAL_DECAY 0.5 the sized head is 6.7 below on its 3-device split)
 UPLINK_RATIO = 0.0
 # ternary: the downlink's default bytes target, as a ratio to the message's float32 bytes (--downlink-ratio); 0:
 # int8 deltas. 0 by default: sized to 16x (issue 38's goal), the head fleet on a uniform split ended 10.1 points
 # below fp32 over 4 seeds, against 3.2 with int8 deltas (README, "Sizing")
 DOWNLINK_RATIO = 0.0
+# ternary: how much of the trained tensors' error-feedback residual is added to the next update (the statistics'
+# always whole); 1: all of it (the codec before), 0: none. At 100x a device's residual holds many rounds of what
+# it did not send (about n / k rounds' worth), so its top-k picks old, large entries and delivers them against a
+# model that has moved since (with 30% of the devices asked a round, 3 rounds later on average). Measured with
+# tools/fleet_codec_sim.py, head, 100x, 16 seeds, points below the fp32 fleet (README, "Error feedback"):
+# Dirichlet 0.1 split 10.7 (1), 5.0 (0.5), 3.4 (0); IID 6.5 (1), 6.0 (0.5), 7.9 (0)
+RESIDUAL_DECAY = 0.5
 DOWNLINK_WHERE = "fleet downlink"  # where a device's error says it could not rebuild the arrays it was sent
 _BITS = {"int8": 8, "2bit": 2}
 _HEADER = struct.Struct("<ff")  # lo, scale
@@ -151,14 +160,24 @@ def decode_tensor(enc: Encoded) -> np.ndarray:
 
 def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str, np.ndarray] | None = None,
                   exact=(), density: float = DENSITY, floor: int = MIN_KEEP,
-                  target: int | None = None) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
+                  target: int | None = None,
+                  decay: float | None = None) -> tuple[dict[str, Encoded], dict[str, np.ndarray]]:
     """Encode a whole update (name -> delta), tensor by tensor. With ``2bit`` or ``ternary`` the residual
     from earlier rounds is added first and the new residual (what this encoding dropped) is returned; other
     codecs return none. The tensors named in ``exact`` (no gradient trains them) travel as fp32 (nothing
     dropped), with ``ternary`` as ``int8s`` with error feedback (``stats_codec``).
 
+    ``decay`` (with ``ternary``; None: ``RESIDUAL_DECAY``): the trained tensors' residual is multiplied by it
+    before it is added (1: all of it; 0: none, and none is kept); the ``exact`` tensors' residual is added whole.
+
     ``target`` (with ``ternary``): the message's bytes budget; ``density`` and ``floor`` are then ignored and the
     codec sizes itself (``sized``): the trained tensors take what the statistics leave."""
+    f = RESIDUAL_DECAY if decay is None else float(decay)
+    if codec == "ternary" and f != 1:
+        residual = {k: v if k in exact else (v * np.float32(f)).astype(np.float32)
+                    for k, v in (residual or {}).items() if f or k in exact}
+        coded, kept = encode_update(update, codec, residual, exact, density, floor, target, decay=1.0)
+        return coded, {k: v for k, v in kept.items() if f or k in exact}
     if codec == "ternary" and target is not None:
         return _encode_sized(update, residual, exact, int(target))
     out: dict[str, Encoded] = {}
