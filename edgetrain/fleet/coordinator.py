@@ -455,11 +455,14 @@ class _Roster:
     # ClientApp it is running) is not asked again within --join-timeout and the resumed round goes on without
     # it (measured: 5 devices held in round 2 while the coordinator was killed; 4 of 5 missed round 2 at 60 s)
     SILENT_RETRY = HELLO_SECONDS
+    # the goodbye waits at most this long for a node's hello to be answered: a live SuperNode takes a message within
+    # its 3 s poll and its ClientApp answers a hello at once; one still silent by then is dead or busy with a round
+    SETTLE_SECONDS = 10.0
 
     def __init__(self, grid, log) -> None:
         self.grid, self.log = grid, log
         self.known: dict[int, _Device] = {}
-        self.asking: dict[int, tuple[float, _Replies, int]] = {}  # node -> its hello's end, the hellos, its index
+        self.asking: dict[int, tuple[float, float, _Replies, int]] = {}  # node -> its hello's start, end, ... its index
         self.silent: set[int] = set()  # nodes that let a whole hello's wait pass without saying who they are
         self.listed: list[int] = []  # the nodes Flower listed at the last call of identify
 
@@ -474,9 +477,10 @@ class _Roster:
         if ask:
             hello = [Message(content=RecordDict({"config": ConfigRecord({"hello": True})}), message_type="query",
                              dst_node_id=n, ttl=seconds) for n in ask]
-            end = time.monotonic() + min(seconds, self.SILENT_RETRY)
+            now = time.monotonic()
+            end = now + min(seconds, self.SILENT_RETRY)
             replies = _Replies(self.grid, hello, end)
-            self.asking.update({n: (end, replies, i) for i, n in enumerate(ask)})
+            self.asking.update({n: (now, end, replies, i) for i, n in enumerate(ask)})
         newest: dict[str, _Device] = {}
         for n in nodes:
             d = self.known.get(n)
@@ -487,12 +491,13 @@ class _Roster:
     def _heard(self) -> None:
         """Take the hellos answered since the last call; a node whose hello's wait passed is asked again."""
         now = time.monotonic()
-        for n, (end, replies, i) in list(self.asking.items()):
+        for n, (asked, end, replies, i) in list(self.asking.items()):
             reply = replies.got[i]
             if reply is not None and not reply.has_error():
                 c = dict(reply.content["config"])
                 start = ({k: str(c[f"start-{k}"]) for k in ("model", "params")} if "start-params" in c else None)
                 self.known[n] = _Device(n, str(c["key"]), str(c["name"]), now, start)
+                self.log(f"{c['name']} said who it is {now - asked:.1f}s after it was asked")
                 self.silent.discard(n)
                 del self.asking[n]
             elif now >= end:  # (an error reply too: the node is asked again once the hello's wait is over)
@@ -511,12 +516,14 @@ class _Roster:
             time.sleep(0.5)
 
     def settle(self, seconds: float) -> list[_Device]:
-        """The devices known once every node listed has said who it is or had a whole hello's wait to (a node
-        silent through one before is not waited for again: its SuperNode is gone), or after ``seconds``."""
+        """The devices known once every node listed has said who it is or was asked SETTLE_SECONDS ago (a node
+        silent through a whole hello's wait before is not waited for again), or after ``seconds``."""
         end = time.monotonic() + seconds
         while True:
             present = self.identify(min(self.HELLO_SECONDS, seconds))
-            if not [n for n in self.listed if n in self.asking and n not in self.silent] or time.monotonic() > end:
+            now = time.monotonic()
+            if now > end or not [n for n in self.listed if n in self.asking and n not in self.silent
+                                 and now - self.asking[n][0] < self.SETTLE_SECONDS]:
                 return present
             time.sleep(0.5)
 
