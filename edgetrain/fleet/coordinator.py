@@ -444,10 +444,12 @@ class _Roster:
     and device key). A device that rejoins gets a new node id while Flower still lists the old one for a
     while; the newest node of a key stands for the device, so each device is asked once per round.
 
-    A hello is never waited for: it is sent, its reply pulled in the background, and each call of ``identify``
-    takes the replies come since. Flower lists a node whose SuperNode died (killed with its device, or before
-    the coordinator restarted) until its heartbeat runs out (up to a minute): such a node never answers, and a
-    round waits for the devices it needs (``wait``), not for every node listed."""
+    A hello does not block: it is sent, its reply pulled in the background, and each call of ``identify`` takes
+    the replies come since. Flower lists a node whose SuperNode died until its heartbeat runs out (up to a
+    minute): after a restart, the nodes of devices killed with the coordinator never answer. So the nodes listed
+    when the coordinator starts are waited for only as long as a round needs devices (``wait``'s ``want``); a
+    node that appears later (a device joining, or rejoining with a new node id while its old one is known) is
+    waited for through its hello, as it always was, so a device that rejoined takes part in the next round."""
 
     HELLO_SECONDS = 20.0
     # a node that did not say who it is is asked again after this long: no longer than a hello's wait, or a
@@ -455,9 +457,6 @@ class _Roster:
     # ClientApp it is running) is not asked again within --join-timeout and the resumed round goes on without
     # it (measured: 5 devices held in round 2 while the coordinator was killed; 4 of 5 missed round 2 at 60 s)
     SILENT_RETRY = HELLO_SECONDS
-    # the goodbye waits at most this long for a node's hello to be answered: a live SuperNode takes a message within
-    # its 3 s poll and its ClientApp answers a hello at once; one still silent by then is dead or busy with a round
-    SETTLE_SECONDS = 10.0
 
     def __init__(self, grid, log) -> None:
         self.grid, self.log = grid, log
@@ -465,6 +464,7 @@ class _Roster:
         self.asking: dict[int, tuple[float, float, _Replies, int]] = {}  # node -> its hello's start, end, ... its index
         self.silent: set[int] = set()  # nodes that let a whole hello's wait pass without saying who they are
         self.listed: list[int] = []  # the nodes Flower listed at the last call of identify
+        self.initial: set[int] | None = None  # ... at the first: dead ones among them after a restart
 
     def identify(self, seconds: float) -> list[_Device]:
         """The devices known now, newest node of each key, by name; every node listed that has not said who it
@@ -472,6 +472,8 @@ class _Roster:
         from flwr.app import ConfigRecord, Message, RecordDict
 
         nodes = self.listed = sorted(self.grid.get_node_ids())
+        if self.initial is None:
+            self.initial = set(nodes)
         self._heard()
         ask = [n for n in nodes if n not in self.known and n not in self.asking]
         if ask:
@@ -504,26 +506,30 @@ class _Roster:
                 self.silent.add(n)
                 del self.asking[n]
 
+    def joining(self) -> list[int]:
+        """The nodes that appeared after the coordinator started and are being asked who they are for the first
+        time (a device joining or rejoining: each answers within its hello's wait, unless it is gone already)."""
+        initial = self.initial or set()
+        return [n for n in self.listed if n in self.asking and n not in self.silent and n not in initial]
+
     def wait(self, want: int, seconds: float) -> list[_Device]:
-        """``want`` devices, as soon as they are known, or after ``seconds`` whoever is there (at least one)."""
+        """``want`` devices, as soon as they are known and no device joining is still saying who it is, or after
+        ``seconds`` whoever is there (at least one)."""
         end = time.monotonic() + seconds
         while True:
             present = self.identify(min(self.HELLO_SECONDS, seconds))
-            if len(present) >= want or present and time.monotonic() > end:
+            if len(present) >= want and not self.joining() or present and time.monotonic() > end:
                 return present
             if time.monotonic() > end + seconds:
                 raise RuntimeError(f"no device joined within {2 * seconds:.0f}s")
             time.sleep(0.5)
 
     def settle(self, seconds: float) -> list[_Device]:
-        """The devices known once every node listed has said who it is or was asked SETTLE_SECONDS ago (a node
-        silent through a whole hello's wait before is not waited for again), or after ``seconds``."""
+        """The devices known once no device joining is still saying who it is, or after ``seconds``."""
         end = time.monotonic() + seconds
         while True:
             present = self.identify(min(self.HELLO_SECONDS, seconds))
-            now = time.monotonic()
-            if now > end or not [n for n in self.listed if n in self.asking and n not in self.silent
-                                 and now - self.asking[n][0] < self.SETTLE_SECONDS]:
+            if not self.joining() or time.monotonic() > end:
                 return present
             time.sleep(0.5)
 
