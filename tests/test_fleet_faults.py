@@ -182,6 +182,69 @@ def test_a_device_killed_leaves_no_flower_process(fleet, tmp_path, shares):
     wait_for(lambda: not marked(f"{fleet.mark}:dev:"), 2, "every Flower process of join to end")
 
 
+# --- a node Flower still lists whose SuperNode is dead never holds up a round --------------------------
+
+class _Reply:
+    def __init__(self, key: str):
+        from flwr.app import ConfigRecord, RecordDict
+
+        self.content = RecordDict({"config": ConfigRecord({"key": key, "name": key})})
+
+    def has_error(self) -> bool:
+        return False
+
+
+class _Grid:
+    """Flower's Grid as a coordinator restarted after its devices were killed and started again sees it: the live
+    nodes answer a hello (``late``: only after that many pulls, a device still busy with a round); the dead ones,
+    still listed until their heartbeat runs out, never do."""
+
+    def __init__(self, live: dict[int, str], dead: list[int], late: dict[int, int] | None = None):
+        self.live, self.nodes, self.late = live, sorted([*live, *dead]), dict(late or {})
+        self.sent: list[int] = []
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def push_messages(self, messages):
+        self.sent += [m.metadata.dst_node_id for m in messages]
+        return [f"{m.metadata.dst_node_id}:{len(self.sent)}" for m in messages]
+
+    def pull_messages(self, ids):
+        node = int(ids[0].partition(":")[0])
+        if node not in self.live:
+            return []
+        if self.late.get(node, 0) > 0:
+            self.late[node] -= 1
+            return []
+        return [_Reply(self.live[node])]
+
+
+def test_a_resumed_coordinator_does_not_wait_for_nodes_whose_supernode_is_dead(monkeypatch):
+    """The round starts as soon as the devices it needs are known (it waited a whole hello, 20 s, for every dead
+    node before); a device that answers late (busy with the killed coordinator's round) is still taken when the
+    round needs it; a device that rejoins later (a new node) is waited for, by the round and by the goodbye."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from edgetrain.fleet.coordinator import _Roster
+
+    for name in ("_run_id", "_node_id", "_task_id"):  # what Flower sets in a ServerApp (its messages need them)
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    lines: list[str] = []
+    roster = _Roster(_Grid({3: "a", 4: "b", 7: "c"}, dead=[1, 2], late={7: 3}), lines.append)
+    t0 = time.monotonic()
+    assert [d.name for d in roster.wait(2, 60)] == ["a", "b"]
+    assert [d.name for d in roster.wait(3, 60)] == ["a", "b", "c"]  # c: after its ClientApp (3 pulls, ~3 s)
+    assert sorted(roster.grid.sent) == [1, 2, 3, 4, 7]  # each node asked once
+    roster.grid.nodes.append(9)  # b rejoins: a new node, answering after 2 pulls, while its old one is known
+    roster.grid.live[9] = "b"
+    roster.grid.late[9] = 2
+    assert [(d.name, d.node) for d in roster.wait(3, 60)] == [("a", 3), ("b", 9), ("c", 7)]
+    assert [d.name for d in roster.settle(60)] == ["a", "b", "c"]
+    assert time.monotonic() - t0 < roster.HELLO_SECONDS  # (the dead nodes' hellos are still unanswered)
+    assert [ln.split()[0] for ln in lines] == ["a", "b", "c", "b"]  # who said who it is, once a node
+
+
 # --- a round's outcome per device, each once by name; the timeout is a hard bound -------------------
 
 @pytest.fixture(scope="module")

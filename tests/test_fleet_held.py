@@ -1,6 +1,6 @@
 """The coordinator's RUNDIR over a long run: what `--resume` compares with (serve.json, read as the typed
-ServeSpec), and the per-device downlink bases (held-NNNN.npz) pruned to what a device or a resume can still
-need, crash-safely."""
+ServeSpec), the per-device downlink bases (held-NNNN.npz) and the rounds' global arrays, control variates and
+momentum steps pruned to what a device or a resume can still need, crash-safely."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("flwr")
 
 from clitools import assert_user_error, run_edgetrain  # noqa: E402
-from fleettools import MODEL, RUN_TIMEOUT, fleet, fleet_cache, report, shares, wait_for  # noqa: E402,F401  (fixtures)
+from fleettools import (CONFIG, DEVICES, HOLD, MODEL, RUN_TIMEOUT, device, exactly_once,  # noqa: E402,F401  (fixtures)
+                        fault_free, final_arrays, finish, fleet, fleet_cache, report, shares, wait_for)
 
 
 # --- --resume compares with serve.json, read as the ServeSpec (no Flower process starts) ---------------------
@@ -123,6 +124,62 @@ def test_a_long_ternary_fleet_keeps_a_bounded_number_of_bases_through_kills_whil
     assert _unpack(tmp_path / "a" / DOWNLINK)[0]["base"] == 1
     for d in "abc":  # c, never asked, is told the run is over too
         assert fleet.wait(d, timeout=60)[0] == 0
+
+
+# --- the rounds' global arrays, control variates and momentum steps: only the last saved round's (and the start) ---
+
+def _round_files(rundir) -> list[str]:
+    return sorted(p.name for p in rundir.glob("*-[0-9][0-9][0-9][0-9].npz") if not p.name.startswith("held-"))
+
+
+def test_prune_rounds_keeps_the_start_and_the_last_round_and_nothing_else(tmp_path):
+    import numpy as np
+
+    from edgetrain.fleet import store
+
+    for r in range(6):
+        for prefix in store.ROUND_PREFIXES[: 1 if r == 0 else 3]:
+            store.save_global(tmp_path, r, {"w": np.full(3, r, np.float32)}, prefix)
+    store.save_global(tmp_path, 6, {"w": np.zeros(3, np.float32)})  # a round saved, its state not written
+    (tmp_path / "global-notes.npz").write_text("not a round's")  # left alone
+    gone = list(store.prune_rounds(tmp_path, 5))
+    assert [p.name for p in gone] == [f"{prefix}-000{r}.npz" for prefix in store.ROUND_PREFIXES for r in range(1, 5)]
+    assert _round_files(tmp_path) == ["control-0005.npz", "global-0000.npz", "global-0005.npz", "global-0006.npz",
+                                      "momentum-0005.npz"]
+    assert (tmp_path / "global-notes.npz").exists()
+    assert list(store.prune_rounds(tmp_path, 5)) == []  # nothing more to delete
+    assert store.load_global(tmp_path, 5, store.MOMENTUM_PREFIX)["w"][0] == 5
+
+
+@pytest.mark.slow
+def test_a_coordinator_killed_between_deleting_a_rounds_files_resumes_and_a_later_round_deletes_the_rest(
+        fleet, tmp_path_factory, shares, fleet_cache):
+    """Three rounds of two devices (2-bit, SCAFFOLD, server momentum): after round 2's state is written the coordinator
+    deletes round 1's global arrays, control variate and momentum step; SIGKILLed after the first of those deletions,
+    it leaves round 2's files as the fault-free run saved them (bit for bit) and only extras no resume reads;
+    `--resume` runs round 3 from them, every round counted exactly once, and round 3 deletes the leftovers."""
+    from edgetrain.fleet.store import load_global
+
+    want = fault_free(tmp_path_factory, shares, fleet_cache, "reference")[0]  # (shared with test_fleet_faults.py)
+    three = ("--rounds", 3)
+    run = fleet.folder / "run"
+    fleet.serve(run, *CONFIG, *three, env={HOLD: "2:600:pruned"})
+    for d in DEVICES:
+        device(fleet, d)
+    wait_for(lambda: (run / "delayed-pruned-2").exists(), 2 * RUN_TIMEOUT, "the first deletion of round 2")
+    fleet.kill("serve")
+    assert json.loads((run / "fleet-state.json").read_text())["completed"] == 2
+    assert _round_files(run) == ["control-0001.npz", "control-0002.npz", "global-0000.npz", "global-0002.npz",
+                                 "momentum-0001.npz", "momentum-0002.npz"]
+    saved = {f"{prefix}/{k}": v for prefix in ("global", "control", "momentum")
+             for k, v in load_global(run, 2, prefix).items()}
+    assert sorted(saved) == sorted(want) and all((saved[k] == want[k]).all() for k in want)
+    fleet.serve(run, *CONFIG, *three, "--resume", key="serve-1")
+    res = finish(fleet, "serve-1", [f"{d}-0" for d in DEVICES])
+    assert res["resumed_after"] == 2 and res["rounds_completed"] == 3
+    assert all(r["updates"] == len(DEVICES) for r in res["rounds"]), res["rounds"]
+    exactly_once(fleet, res, rounds=3)
+    assert _round_files(run) == ["control-0003.npz", "global-0000.npz", "global-0003.npz", "momentum-0003.npz"]
 
 
 # --- a device whose own weights give other initial arrays gets its first round whole --------------------------

@@ -29,16 +29,22 @@ def test_ternary_up_compact_delta_down_per_device_and_a_late_device_starts_from_
     rounds = 5
     # round 1 waits --join-timeout for three devices and starts with those there; the next rounds wait for the third
     # the head's 330 values at one entry in 80 (the defaults' floor of 48 entries a tensor is for larger layers)
+    # held with the last round's replies in hand: the global arrays the devices were sent are still on disk (the
+    # next state deletes them), to compare with what each device rebuilt
     fleet.serve(run, "--rounds", rounds, "--min-clients", 3, "--join-timeout", 20, "--codec", "ternary",
                 "--round-timeout", 120, "--ternary-density", 0.0125,
-                "--ternary-min-keep", 1, "--uplink-ratio", 0, "--downlink-ratio", 16, "--export", "none")
+                "--ternary-min-keep", 1, "--uplink-ratio", 0, "--downlink-ratio", 16, "--export", "none",
+                env={"EDGETRAIN_FLEET_TEST_DELAY": f"{rounds}:10:aggregating"})
     fleet.join("a", shares["devices"][0])
     fleet.join("b", shares["devices"][1])
     log = run / "coordinator-rounds.log"
     wait_for(lambda: log.exists() and "round 1: sent to" in log.read_text(), RUN_TIMEOUT, "round 1")
     fleet.join("c", shares["devices"][2])  # late: it starts from the model's initial arrays, as round 1 did
+    wait_for(lambda: (run / f"delayed-aggregating-{rounds}").exists(), 3 * RUN_TIMEOUT, "the last round's replies")
+    final = _npz(run / f"global-{rounds - 1:04d}.npz")
     code, _, err = fleet.wait("serve", timeout=3 * RUN_TIMEOUT)  # five rounds and a wait for a third device
     assert code == 0, err
+    assert not (run / f"global-{rounds - 1:04d}.npz").exists()  # deleted once the last round's state was written
     res = report(run)
     assert res["rounds_completed"] == rounds
     first_of_c = None
@@ -54,7 +60,6 @@ def test_ternary_up_compact_delta_down_per_device_and_a_late_device_starts_from_
     assert first_of_c and first_of_c >= 2
     # every device holds exactly what the coordinator recorded as sent to it in the last round
     held = _npz(run / f"held-{rounds:04d}.npz")
-    final = _npz(run / f"global-{rounds - 1:04d}.npz")
     start = _npz(run / "global-0000.npz")
     for d in ("a", "b", "c"):
         key = (tmp_path / d / DEVICE_ID).read_text().strip()

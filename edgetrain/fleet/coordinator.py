@@ -15,10 +15,12 @@ device asked is recorded once, by its name: a participant, refused, failed (with
 A round with fewer than ``min_updates`` usable updates leaves the global weights unchanged and is not a
 completed round. After each round the global weights, then the round's state (its record, and which
 device's update is in those weights) are written atomically to RUNDIR, so a coordinator killed and
-started again with ``--resume`` continues after the last saved round, asking for the unsaved one again.
+started again with ``--resume`` continues after the last saved round, asking for the unsaved one again; then the
+previous round's files are deleted (store.prune_rounds).
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -31,7 +33,7 @@ from ..figures import Chance
 from ..options import TrainLayers
 from .codec import decode_tensor
 from .local import Evaluator, LocalSpec, check_shapes
-from .store import ServeSpec, load_global, read_state, save_global, write_state
+from .store import ServeSpec, load_global, prune_rounds, read_state, save_global, write_state
 from .strategy import downlink_for, strategy_for
 
 # the default server momentum, every codec: +1.2 points for fp32 on the last:2 fleet over 48 seeds, +1.8 on the
@@ -233,7 +235,8 @@ def run(grid, spec_path: str) -> None:
         # true here, with the weights that hold its update (never before: a device commits on its word)
         write_state(rundir, state)
         _hold(round_no, "pruning", rundir)
-        for _ in downlink.prune(state):  # only after the state: it no longer names what is deleted
+        # only after the state: it no longer names what is deleted (the previous round's global arrays included)
+        for _ in itertools.chain(downlink.prune(state), prune_rounds(rundir, round_no)):
             _hold(round_no, "pruned", rundir)
         log(f"round {round_no}: {len(updates)} update(s) accepted, held-out top-1 {record.accuracy:.4f}, "
             f"{record.bytes_up} bytes up, {record.seconds:.1f}s"
@@ -376,35 +379,54 @@ def exchange(grid, messages: list, deadline: float, poll: float = 1.0) -> list:
     messages' order, None where none came. A hard bound: Flower's own send_and_receive pulls every reply
     in one call that waits (up to hours) for a half-uploaded one; here each message is pulled by its own
     thread, and at the deadline the round goes on without the threads still waiting."""
-    import threading
+    return _Replies(grid, messages, deadline, poll).collect()
 
-    results: list = [None] * len(messages)
-    ids: list = []
-    stop = threading.Event()
 
-    def push():
-        ids.extend(grid.push_messages(messages))
+class _Replies:
+    """``messages`` sent, and their replies pulled in the background (each message by its own thread) until
+    ``deadline``: ``got`` holds each reply as it comes (None: none yet), in the messages' order."""
 
-    def pull(i: int, mid: str):
-        while not stop.is_set() and time.monotonic() < deadline:
-            got = list(grid.pull_messages([mid]))
+    def __init__(self, grid, messages: list, deadline: float, poll: float = 1.0) -> None:
+        import threading
+
+        self.grid, self.messages, self.deadline, self.poll = grid, messages, deadline, poll
+        self.got: list = [None] * len(messages)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import threading
+
+        ids: list = []
+
+        def push():
+            ids.extend(self.grid.push_messages(self.messages))
+
+        pusher = threading.Thread(target=push, daemon=True)
+        pusher.start()
+        pusher.join(max(0.0, self.deadline - time.monotonic()))
+        if pusher.is_alive() or not ids:
+            return
+        threads = [threading.Thread(target=self._pull, args=(i, mid), daemon=True) for i, mid in enumerate(ids) if mid]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(max(0.0, self.deadline - time.monotonic()))
+
+    def _pull(self, i: int, mid: str) -> None:
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            got = list(self.grid.pull_messages([mid]))
             if got:
-                results[i] = got[0]
+                self.got[i] = got[0]
                 return
-            stop.wait(poll)
+            self.stop.wait(self.poll)
 
-    pusher = threading.Thread(target=push, daemon=True)
-    pusher.start()
-    pusher.join(max(0.0, deadline - time.monotonic()))
-    if pusher.is_alive() or not ids:
-        return list(results)
-    threads = [threading.Thread(target=pull, args=(i, mid), daemon=True) for i, mid in enumerate(ids) if mid]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(max(0.0, deadline - time.monotonic()))
-    stop.set()
-    return list(results)  # a copy: a reply pulled after the deadline is not this round's
+    def collect(self) -> list:
+        """The replies once all came or at the deadline (later replies are dropped)."""
+        self.thread.join(max(0.0, self.deadline - time.monotonic()))
+        self.stop.set()
+        return list(self.got)  # a copy: a reply pulled after the deadline is not this round's
 
 
 class _Device:
@@ -420,7 +442,14 @@ class _Device:
 class _Roster:
     """Who is there, by device: Flower's node ids, each asked once who it is (a ``hello`` query: its name
     and device key). A device that rejoins gets a new node id while Flower still lists the old one for a
-    while; the newest node of a key stands for the device, so each device is asked once per round."""
+    while; the newest node of a key stands for the device, so each device is asked once per round.
+
+    A hello does not block: it is sent, its reply pulled in the background, and each call of ``identify`` takes
+    the replies come since. Flower lists a node whose SuperNode died until its heartbeat runs out (up to a
+    minute): after a restart, the nodes of devices killed with the coordinator never answer. So the nodes listed
+    when the coordinator starts are waited for only as long as a round needs devices (``wait``'s ``want``); a
+    node that appears later (a device joining, or rejoining with a new node id while its old one is known) is
+    waited for through its hello, as it always was, so a device that rejoined takes part in the next round."""
 
     HELLO_SECONDS = 20.0
     # a node that did not say who it is is asked again after this long: no longer than a hello's wait, or a
@@ -432,25 +461,28 @@ class _Roster:
     def __init__(self, grid, log) -> None:
         self.grid, self.log = grid, log
         self.known: dict[int, _Device] = {}
-        self.silent: dict[int, float] = {}
+        self.asking: dict[int, tuple[float, float, _Replies, int]] = {}  # node -> its hello's start, end, ... its index
+        self.silent: set[int] = set()  # nodes that let a whole hello's wait pass without saying who they are
+        self.listed: list[int] = []  # the nodes Flower listed at the last call of identify
+        self.initial: set[int] | None = None  # ... at the first: dead ones among them after a restart
 
     def identify(self, seconds: float) -> list[_Device]:
+        """The devices known now, newest node of each key, by name; every node listed that has not said who it
+        is (and is not being asked) is sent a hello that waits ``seconds`` for it, not blocking this call."""
         from flwr.app import ConfigRecord, Message, RecordDict
 
-        nodes = sorted(self.grid.get_node_ids())
-        now = time.monotonic()
-        ask = [n for n in nodes if n not in self.known and now - self.silent.get(n, -1e9) > self.SILENT_RETRY]
+        nodes = self.listed = sorted(self.grid.get_node_ids())
+        if self.initial is None:
+            self.initial = set(nodes)
+        self._heard()
+        ask = [n for n in nodes if n not in self.known and n not in self.asking]
         if ask:
             hello = [Message(content=RecordDict({"config": ConfigRecord({"hello": True})}), message_type="query",
                              dst_node_id=n, ttl=seconds) for n in ask]
-            for n, reply in zip(ask, exchange(self.grid, hello, time.monotonic() + seconds)):
-                if reply is not None and not reply.has_error():
-                    c = dict(reply.content["config"])
-                    start = ({k: str(c[f"start-{k}"]) for k in ("model", "params")} if "start-params" in c else None)
-                    self.known[n] = _Device(n, str(c["key"]), str(c["name"]), time.monotonic(), start)
-                    self.silent.pop(n, None)
-                else:
-                    self.silent[n] = time.monotonic()
+            now = time.monotonic()
+            end = now + min(seconds, self.SILENT_RETRY)
+            replies = _Replies(self.grid, hello, end)
+            self.asking.update({n: (now, end, replies, i) for i, n in enumerate(ask)})
         newest: dict[str, _Device] = {}
         for n in nodes:
             d = self.known.get(n)
@@ -458,15 +490,47 @@ class _Roster:
                 newest[d.key] = d
         return sorted(newest.values(), key=lambda d: (d.name, d.key))
 
+    def _heard(self) -> None:
+        """Take the hellos answered since the last call; a node whose hello's wait passed is asked again."""
+        now = time.monotonic()
+        for n, (asked, end, replies, i) in list(self.asking.items()):
+            reply = replies.got[i]
+            if reply is not None and not reply.has_error():
+                c = dict(reply.content["config"])
+                start = ({k: str(c[f"start-{k}"]) for k in ("model", "params")} if "start-params" in c else None)
+                self.known[n] = _Device(n, str(c["key"]), str(c["name"]), now, start)
+                self.log(f"{c['name']} said who it is {now - asked:.1f}s after it was asked")
+                self.silent.discard(n)
+                del self.asking[n]
+            elif now >= end:  # (an error reply too: the node is asked again once the hello's wait is over)
+                self.silent.add(n)
+                del self.asking[n]
+
+    def joining(self) -> list[int]:
+        """The nodes that appeared after the coordinator started and are being asked who they are for the first
+        time (a device joining or rejoining: each answers within its hello's wait, unless it is gone already)."""
+        initial = self.initial or set()
+        return [n for n in self.listed if n in self.asking and n not in self.silent and n not in initial]
+
     def wait(self, want: int, seconds: float) -> list[_Device]:
-        """``want`` devices, or after ``seconds`` whoever is there (at least one)."""
+        """``want`` devices, as soon as they are known and no device joining is still saying who it is, or after
+        ``seconds`` whoever is there (at least one)."""
         end = time.monotonic() + seconds
         while True:
             present = self.identify(min(self.HELLO_SECONDS, seconds))
-            if len(present) >= want or present and time.monotonic() > end:
+            if len(present) >= want and not self.joining() or present and time.monotonic() > end:
                 return present
             if time.monotonic() > end + seconds:
                 raise RuntimeError(f"no device joined within {2 * seconds:.0f}s")
+            time.sleep(0.5)
+
+    def settle(self, seconds: float) -> list[_Device]:
+        """The devices known once no device joining is still saying who it is, or after ``seconds``."""
+        end = time.monotonic() + seconds
+        while True:
+            present = self.identify(min(self.HELLO_SECONDS, seconds))
+            if not self.joining() or time.monotonic() > end:
+                return present
             time.sleep(0.5)
 
 
@@ -478,7 +542,7 @@ def _goodbye(grid, roster: _Roster, state: dict, timeout: float) -> None:
     last = state["rounds"][-1] if state["rounds"] else {}
     devices = state.get("devices", {})
     messages = []
-    for d in roster.identify(min(roster.HELLO_SECONDS, timeout)):
+    for d in roster.settle(min(roster.HELLO_SECONDS, timeout)):
         mine = devices.get(d.key, {})
         messages.append(Message(content=RecordDict({"config": ConfigRecord({
             "finished": True, "rounds": int(state["completed"]), "accuracy": float(last.get("accuracy") or 0.0),

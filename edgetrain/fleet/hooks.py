@@ -4,8 +4,8 @@
 round) at PHASE: ``training`` (a device, before it trains; the default), ``sending`` (a device, after its
 update is staged, before the reply leaves), ``aggregating`` (the coordinator, replies in hand, nothing
 averaged), ``saving`` (the coordinator, global weights written, the round's state not yet), ``pruning`` (the coordinator,
-the round's state written, the downlink's stale files not yet deleted), ``pruned`` (after each of those deletions,
-the rest still there). On entering the
+the round's state written, the downlink's stale files and the previous round's files not yet deleted), ``pruned``
+(after each of those deletions, the downlink's first, the rest still there). On entering the
 wait it writes ``delayed-PHASE-ROUND`` into its folder, so a test can SIGKILL it at exactly that point.
 """
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""The coordinator's RUNDIR: what it was asked for (serve.json), the global arrays after each round (and beside
-them what a strategy keeps between rounds, under its own prefix), and the run's state file. Every write is
-atomic."""
+"""The coordinator's RUNDIR: what it was asked for (serve.json), the global arrays after the last saved round (and
+beside them what a strategy keeps between rounds, under its own prefix; older rounds' are deleted: prune_rounds) and
+the starting arrays (global-0000), and the run's state file. Every write is atomic."""
 from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -21,6 +22,7 @@ CONTROL = "control/"  # the SCAFFOLD control variates travel beside the weights 
 CONTROL_PREFIX = "control"  # RUNDIR/control-NNNN.npz: the global control variate after round NNNN
 HELD_PREFIX = "held"  # RUNDIR/held-NNNN.npz: what each device sent round NNNN reconstructed (DEVICE-KEY|NAME)
 MOMENTUM_PREFIX = "momentum"  # RUNDIR/momentum-NNNN.npz: the server momentum's last global step (FedAvgM)
+ROUND_PREFIXES = ("global", CONTROL_PREFIX, MOMENTUM_PREFIX)  # what a round saves that the next round replaces
 
 
 def global_path(rundir: Path, round_no: int, prefix: str = "global") -> Path:
@@ -38,6 +40,20 @@ def load_global(rundir: Path, round_no: int, prefix: str = "global", keep=None) 
     not read)."""
     with np.load(global_path(rundir, round_no, prefix), allow_pickle=False) as z:
         return {k: z[k].astype(np.float32) for k in z.files if keep is None or keep(k)}
+
+
+def prune_rounds(rundir: Path, completed: int) -> Iterator[Path]:
+    """Delete the global arrays, control variates and momentum steps of the rounds before ``completed``, oldest first,
+    yielding each file deleted; global-0000 (the starting arrays: a device's first downlink base) is kept. Call it once
+    the state naming ``completed`` is written: a resume reads only round ``completed``'s files (and a round saved
+    after it but not named by the state is saved again), so a kill between two deletions leaves only files no resume
+    reads, deleted after a later round."""
+    for prefix in ROUND_PREFIXES:
+        for path in sorted(rundir.glob(f"{prefix}-*.npz")):
+            number = path.name[len(prefix) + 1:-len(".npz")]
+            if number.isdigit() and 0 < int(number) < completed:
+                path.unlink(missing_ok=True)
+                yield path
 
 
 def read_state(rundir: Path) -> dict | None:
