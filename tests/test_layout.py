@@ -3,6 +3,7 @@ other code uses a wing through its face (``__init__``), never through the wing's
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import json
@@ -126,6 +127,7 @@ def _module_of(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=None)
 def _face_modules(package: str) -> dict[str, str]:
     """A wing's face: name -> the module of the wing that defines it (its ``_FACE``/``_API`` mapping)."""
     init = PACKAGE.parent.joinpath(*package.split("."), "__init__.py")

@@ -173,24 +173,22 @@ def encode_update(update: dict[str, np.ndarray], codec: str, residual: dict[str,
     ``target`` (with ``ternary``): the message's bytes budget; ``density`` and ``floor`` are then ignored and the
     codec sizes itself (``sized``): the trained tensors take what the statistics leave."""
     f = RESIDUAL_DECAY if decay is None else float(decay)
-    if codec == "ternary" and f != 1:
+    if codec == "ternary" and f != 1:   # the trained tensors' residual scaled (none with 0), the statistics' whole
         residual = {k: v if k in exact else (v * np.float32(f)).astype(np.float32)
                     for k, v in (residual or {}).items() if f or k in exact}
-        coded, kept = encode_update(update, codec, residual, exact, density, floor, target, decay=1.0)
-        return coded, {k: v for k, v in kept.items() if f or k in exact}
     if codec == "ternary" and target is not None:
-        return _encode_sized(update, residual, exact, int(target))
-    out: dict[str, Encoded] = {}
-    new_residual: dict[str, np.ndarray] = {}
-    for name, delta in update.items():
-        value = np.asarray(delta, np.float32)
-        mine = stats_codec(codec) if name in exact else codec
-        if mine in FEEDBACK and residual and name in residual and residual[name].shape == value.shape:
-            value = value + residual[name]
-        enc, decoded = encode_tensor(value, mine, density, floor)
-        out[name] = enc
-        if mine in FEEDBACK:
-            new_residual[name] = (value - decoded).astype(np.float32)
+        out, new_residual = _encode_sized(update, residual, exact, int(target))
+    else:
+        out, new_residual = {}, {}
+        for name in update:
+            mine = stats_codec(codec) if name in exact else codec
+            value = _with_residual(update, residual if mine in FEEDBACK else None, name)
+            enc, decoded = encode_tensor(value, mine, density, floor)
+            out[name] = enc
+            if mine in FEEDBACK:
+                new_residual[name] = (value - decoded).astype(np.float32)
+    if codec == "ternary" and not f:
+        new_residual = {k: v for k, v in new_residual.items() if k in exact}
     return out, new_residual
 
 
